@@ -1,0 +1,1 @@
+"""Headless benchmarks behind `python -m kvlab bench <name>`. Each returns a JSON-ready dict."""

@@ -1,0 +1,180 @@
+"""Block tables for many sequences over one BlockPool: prefix sharing, fork and copy-on-write.
+
+Tensor-free: it decides which block and slot every token goes to, and which blocks must be copied
+before a write; `PagedKVCache` applies those decisions to the K/V tensors.
+
+Prefix sharing. When a sequence comes with token ids, each of its full blocks gets the key
+`(parent_block_id, tokens_in_block)`, where the parent is the block before it (None for the
+first). Keys chain, so two blocks have equal keys exactly when the whole prefixes up to their ends
+are equal. No hash of a hash is involved, so no collision can alias two different prefixes.
+"""
+
+from dataclasses import dataclass, field
+
+from kvlab.cache.block_pool import BlockPool, OutOfBlocksError
+from kvlab.checks import check_positive_int
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """What the cache must do after the manager placed tokens of sequence `seq_id`.
+
+    copies: (src_block_id, dst_block_id) pairs to copy first (copy-on-write).
+    write_start: the first token position whose K/V must be written; earlier tokens live in blocks
+        that were already written (shared prefix blocks, or the sequence's previous tokens).
+    """
+
+    seq_id: int
+    write_start: int
+    copies: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass
+class _Sequence:
+    block_ids: list[int]
+    num_tokens: int
+    # None once any token arrived without an id: later full blocks are then never prefix-shared.
+    token_ids: list[int] | None = field(default=None)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class BlockManager:
+    """Allocates blocks to sequences. Every failed call leaves the manager unchanged."""
+
+    def __init__(self, num_blocks: int, block_size: int):
+        self.pool = BlockPool(num_blocks, block_size)
+        self.block_size = block_size
+        self._seqs: dict[int, _Sequence] = {}
+        self._next_seq_id = 0
+
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
+
+    @property
+    def seq_ids(self) -> list[int]:
+        return list(self._seqs)
+
+    def seq_len(self, seq_id: int) -> int:
+        return self._seq(seq_id).num_tokens
+
+    def block_table(self, seq_id: int) -> list[int]:
+        """Physical block ids of the sequence, in logical order."""
+        return list(self._seq(seq_id).block_ids)
+
+    def slot_mapping(self, seq_id: int, start: int, stop: int) -> list[int]:
+        """Slot `block_id * block_size + offset` of each token position in [start, stop)."""
+        block_ids, bs = self._seq(seq_id).block_ids, self.block_size
+        return [block_ids[pos // bs] * bs + pos % bs for pos in range(start, stop)]
+
+    def add_sequence(self, num_tokens: int, token_ids=None) -> Allocation:
+        """Place a new sequence of `num_tokens` tokens, reusing live blocks with an equal prefix."""
+        check_positive_int("num_tokens", num_tokens)
+        token_ids = self._check_token_ids(token_ids, num_tokens)
+        shared = self._match_prefix(token_ids) if token_ids is not None else []
+        num_new = _cdiv(num_tokens, self.block_size) - len(shared)
+        if not self.pool.can_allocate(num_new):
+            raise OutOfBlocksError(num_new, self.pool.num_free_blocks)
+        self.pool.share(shared)
+        seq = _Sequence(shared + self.pool.allocate(num_new), num_tokens, token_ids)
+        self._register_full_blocks(seq, first_block=len(shared))
+        seq_id = self._new_seq_id()
+        self._seqs[seq_id] = seq
+        return Allocation(seq_id, write_start=len(shared) * self.block_size)
+
+    def append(self, seq_id: int, num_tokens: int, token_ids=None) -> Allocation:
+        """Extend a sequence by `num_tokens` tokens.
+
+        A partly filled last block shared with another sequence is first replaced by a private copy
+        (copy-on-write). Appending without token ids ends prefix sharing for the later blocks.
+        """
+        seq = self._seq(seq_id)
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+            raise ValueError(f"num_tokens={num_tokens!r}: must be an integer >= 0")
+        token_ids = self._check_token_ids(token_ids, num_tokens)
+        old_len, bs = seq.num_tokens, self.block_size
+        room = len(seq.block_ids) * bs - old_len
+        cow = num_tokens > 0 and room > 0 and self.pool.ref_cnt(seq.block_ids[-1]) > 1
+        num_new = _cdiv(max(0, num_tokens - room), bs) + cow
+        if not self.pool.can_allocate(num_new):
+            raise OutOfBlocksError(num_new, self.pool.num_free_blocks)
+        new_block_ids = self.pool.allocate(num_new)
+        copies = ()
+        if cow:
+            src, dst = seq.block_ids[-1], new_block_ids.pop()
+            self.pool.free([src])
+            seq.block_ids[-1] = dst
+            copies = ((src, dst),)
+        seq.block_ids.extend(new_block_ids)
+        seq.num_tokens += num_tokens
+        if seq.token_ids is not None and token_ids is not None:
+            seq.token_ids.extend(token_ids)
+            self._register_full_blocks(seq, first_block=old_len // bs)
+        elif num_tokens:
+            seq.token_ids = None
+        return Allocation(seq_id, write_start=old_len, copies=copies)
+
+    def fork(self, seq_id: int) -> int:
+        """A new sequence sharing every block of `seq_id`. Returns its id."""
+        seq = self._seq(seq_id)
+        self.pool.share(seq.block_ids)
+        token_ids = None if seq.token_ids is None else list(seq.token_ids)
+        child_id = self._new_seq_id()
+        self._seqs[child_id] = _Sequence(list(seq.block_ids), seq.num_tokens, token_ids)
+        return child_id
+
+    def free(self, seq_id: int) -> None:
+        self.pool.free(self._seq(seq_id).block_ids)
+        del self._seqs[seq_id]
+
+    def _seq(self, seq_id: int) -> _Sequence:
+        try:
+            return self._seqs[seq_id]
+        except (KeyError, TypeError):
+            raise ValueError(
+                f"seq_id={seq_id!r}: not a live sequence (never added, or already freed)"
+            ) from None
+
+    def _new_seq_id(self) -> int:
+        self._next_seq_id += 1
+        return self._next_seq_id - 1
+
+    def _check_token_ids(self, token_ids, num_tokens: int) -> list[int] | None:
+        if token_ids is None:
+            return None
+        token_ids = [int(t) for t in token_ids]
+        if len(token_ids) != num_tokens:
+            raise ValueError(
+                f"token_ids has {len(token_ids)} ids: must have one per token ({num_tokens})"
+            )
+        return token_ids
+
+    def _block_key(self, token_ids: list[int], parent: int | None, index: int) -> tuple:
+        bs = self.block_size
+        return parent, tuple(token_ids[index * bs : (index + 1) * bs])
+
+    def _match_prefix(self, token_ids: list[int]) -> list[int]:
+        """The live blocks holding the longest run of this sequence's leading full blocks."""
+        shared: list[int] = []
+        for index in range(len(token_ids) // self.block_size):
+            parent = shared[-1] if shared else None
+            block_id = self.pool.lookup(self._block_key(token_ids, parent, index))
+            if block_id is None:
+                break
+            shared.append(block_id)
+        return shared
+
+    def _register_full_blocks(self, seq: _Sequence, first_block: int) -> None:
+        if seq.token_ids is None:
+            return
+        for index in range(first_block, seq.num_tokens // self.block_size):
+            parent = seq.block_ids[index - 1] if index else None
+            key = self._block_key(seq.token_ids, parent, index)
+            self.pool.register(seq.block_ids[index], key)

@@ -1,0 +1,167 @@
+"""PagedKVCache: K and V for many sequences in fixed-size blocks of two torch tensors.
+
+Layouts (per block; `x = 16 // itemsize`, so one x-vector is 16 bytes):
+    "hnd":  k_cache, v_cache  [num_blocks, num_kv_heads, block_size, head_dim]
+    "vllm": k_cache           [num_blocks, num_kv_heads, head_dim // x, block_size, x]
+            v_cache           [num_blocks, num_kv_heads, head_dim, block_size]
+"""
+
+import torch
+
+from kvlab.cache.block_manager import Allocation, BlockManager
+from kvlab.checks import check_head_dim, check_positive_int
+
+LAYOUTS = ("hnd", "vllm")
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def cache_shapes(num_blocks, block_size, num_kv_heads, head_dim, dtype, layout):
+    """(k_cache shape, v_cache shape) of a paged cache."""
+    if layout == "hnd":
+        shape = (num_blocks, num_kv_heads, block_size, head_dim)
+        return shape, shape
+    x = 16 // torch.empty((), dtype=dtype).element_size()
+    return (
+        (num_blocks, num_kv_heads, head_dim // x, block_size, x),
+        (num_blocks, num_kv_heads, head_dim, block_size),
+    )
+
+
+class PagedKVCache:
+    """A paged KV cache on any torch device (one attention layer's worth of K and V).
+
+    Args:
+        num_blocks, block_size: pool size; block_size a power of two in [1, 256].
+        num_kv_heads: KV heads; head_dim: one of 64, 80, 96, 112, 128, 256.
+        dtype: torch.float16, torch.bfloat16 or torch.float32. layout: "hnd" or "vllm".
+
+    Every method that fails raises before changing anything: the cache stays as it was.
+    """
+
+    def __init__(self, num_blocks, block_size, num_kv_heads, head_dim, dtype=torch.float16,
+                 device="cpu", layout="hnd"):
+        check_positive_int("num_kv_heads", num_kv_heads)
+        check_head_dim(head_dim)
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype={dtype!r}: must be one of {DTYPES}")
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout={layout!r}: must be one of {LAYOUTS}")
+        self.manager = BlockManager(num_blocks, block_size)
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
+        self.dtype, self.layout = dtype, layout
+        k_shape, v_shape = cache_shapes(
+            num_blocks, block_size, num_kv_heads, head_dim, dtype, layout
+        )
+        self.k_cache = torch.zeros(k_shape, dtype=dtype, device=device)
+        self.v_cache = torch.zeros(v_shape, dtype=dtype, device=device)
+        self.device = self.k_cache.device
+
+    def __repr__(self):
+        return (
+            f"PagedKVCache(num_blocks={self.num_blocks}, block_size={self.block_size}, "
+            f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, dtype={self.dtype}, "
+            f"device={self.device}, layout={self.layout!r}, num_seqs={len(self.seq_ids)}, "
+            f"num_free_blocks={self.num_free_blocks})"
+        )
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.manager.num_free_blocks
+
+    @property
+    def seq_ids(self) -> list[int]:
+        return self.manager.seq_ids
+
+    @property
+    def nbytes(self) -> int:
+        return self.k_cache.nbytes + self.v_cache.nbytes
+
+    def add_sequence(self, k, v, token_ids=None) -> int:
+        """Store a new sequence. k, v: [seq_len, num_kv_heads, head_dim] in the cache's dtype and
+        device, seq_len >= 1. token_ids (seq_len ints), if given, let full blocks be shared with
+        live sequences of equal prefix; their K/V is then taken to be equal and not rewritten.
+        Returns the new seq_id. Raises ValueError on bad input, OutOfBlocksError when full."""
+        self._check_kv(k, v)
+        if k.shape[0] == 0:
+            raise ValueError("k has 0 tokens: a sequence needs at least one token")
+        return self._write(self.manager.add_sequence(k.shape[0], token_ids), k, v)
+
+    def append(self, seq_id: int, k, v, token_ids=None) -> None:
+        """Append n tokens to a sequence. k, v: [n, num_kv_heads, head_dim], n >= 0."""
+        self._check_kv(k, v)
+        self._write(self.manager.append(seq_id, k.shape[0], token_ids), k, v)
+
+    def fork(self, seq_id: int) -> int:
+        """A new sequence sharing all of `seq_id`'s blocks (copy-on-write). Returns its seq_id."""
+        return self.manager.fork(seq_id)
+
+    def free(self, seq_id: int) -> None:
+        self.manager.free(seq_id)
+
+    def gather(self, seq_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Dense copies (k, v) of a sequence, each [seq_len, num_kv_heads, head_dim]."""
+        seq_len = self.manager.seq_len(seq_id)
+        return self._read(self.manager.slot_mapping(seq_id, 0, seq_len))
+
+    def block_tables(self, seq_ids) -> torch.Tensor:
+        """int32 [len(seq_ids), max_num_blocks] on the cache's device. Rows are padded with 0
+        (a valid block id, so that an over-read stays in bounds): use seq_lens to bound them."""
+        tables = [self.manager.block_table(s) for s in seq_ids]
+        width = max((len(t) for t in tables), default=0)
+        padded = [t + [0] * (width - len(t)) for t in tables]
+        return torch.tensor(padded, dtype=torch.int32, device=self.device).view(len(tables), width)
+
+    def seq_lens(self, seq_ids) -> torch.Tensor:
+        """int32 [len(seq_ids)] on the cache's device."""
+        lens = [self.manager.seq_len(s) for s in seq_ids]
+        return torch.tensor(lens, dtype=torch.int32, device=self.device)
+
+    def _check_kv(self, k, v) -> None:
+        expected = (self.num_kv_heads, self.head_dim)
+        for name, t in (("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor):
+                raise ValueError(f"{name}: must be a torch.Tensor, got {type(t).__name__}")
+            if t.dim() != 3 or tuple(t.shape[1:]) != expected:
+                raise ValueError(
+                    f"{name}.shape={tuple(t.shape)}: must be [n, num_kv_heads={expected[0]}, "
+                    f"head_dim={expected[1]}]"
+                )
+            if t.dtype != self.dtype:
+                raise ValueError(f"{name}.dtype={t.dtype}: must be the cache's {self.dtype}")
+            if t.device != self.device:
+                raise ValueError(f"{name}.device={t.device}: must be the cache's {self.device}")
+        if k.shape != v.shape:
+            raise ValueError(f"k.shape={tuple(k.shape)} and v.shape={tuple(v.shape)}: must match")
+
+    def _write(self, alloc: Allocation, k, v) -> int:
+        for src, dst in alloc.copies:
+            self.k_cache[dst] = self.k_cache[src]
+            self.v_cache[dst] = self.v_cache[src]
+        seq_len = self.manager.seq_len(alloc.seq_id)
+        first = alloc.write_start - (seq_len - k.shape[0])  # index into k of the first new token
+        if alloc.write_start < seq_len:
+            slots = self.manager.slot_mapping(alloc.seq_id, alloc.write_start, seq_len)
+            self._scatter(slots, k[first:], v[first:])
+        return alloc.seq_id
+
+    def _block_offset(self, slots: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        slots_t = torch.tensor(slots, dtype=torch.int64, device=self.device)
+        return slots_t // self.block_size, slots_t % self.block_size
+
+    def _scatter(self, slots: list[int], k, v) -> None:
+        block, offset = self._block_offset(slots)
+        if self.layout == "hnd":
+            self.k_cache[block, :, offset] = k
+            self.v_cache[block, :, offset] = v
+        else:
+            x = self.k_cache.shape[-1]
+            self.k_cache[block, :, :, offset] = k.reshape(len(slots), self.num_kv_heads, -1, x)
+            self.v_cache[block, :, :, offset] = v
+
+    def _read(self, slots: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        block, offset = self._block_offset(slots)
+        if self.layout == "hnd":
+            return self.k_cache[block, :, offset], self.v_cache[block, :, offset]
+        k = self.k_cache[block, :, :, offset].reshape(len(slots), self.num_kv_heads, self.head_dim)
+        return k, self.v_cache[block, :, :, offset]

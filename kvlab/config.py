@@ -1,0 +1,128 @@
+"""Model shapes: the published dimensions of the models the lab studies, as plain data.
+
+Only what the memory side of decoding needs: layer count, head layout, hidden and MLP sizes, and the
+norm / activation / position family that a recomputation of K and V must reproduce.
+"""
+
+from dataclasses import dataclass
+
+from kvlab.checks import check_head_dim, check_num_heads, check_positive_int
+
+FAMILIES = ("llama", "qwen2", "opt")
+NORMS = ("rmsnorm", "layernorm")
+ACTIVATIONS = ("silu", "relu")
+POSITIONS = ("rope", "learned")
+
+
+def _check_choice(name: str, value, allowed: tuple) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r}: must be one of {allowed}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """One decoder-only transformer's shape. Validated on construction."""
+
+    name: str
+    family: str
+    num_layers: int
+    hidden_size: int
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    max_position: int
+    norm: str
+    activation: str
+    position: str
+    qkv_bias: bool
+    rope_theta: float | None = None
+
+    def __post_init__(self):
+        sizes = ("num_layers", "hidden_size", "intermediate_size", "vocab_size", "max_position")
+        for name in sizes:
+            check_positive_int(name, getattr(self, name))
+        check_num_heads(self.num_qo_heads, self.num_kv_heads)
+        check_head_dim(self.head_dim)
+        _check_choice("family", self.family, FAMILIES)
+        _check_choice("norm", self.norm, NORMS)
+        _check_choice("activation", self.activation, ACTIVATIONS)
+        _check_choice("position", self.position, POSITIONS)
+        if (self.position == "rope") != (self.rope_theta is not None):
+            raise ValueError(
+                f"rope_theta={self.rope_theta!r}: must be set exactly when position='rope'"
+            )
+
+    @property
+    def gqa_group(self) -> int:
+        """Query heads per KV head (1 for multi-head attention)."""
+        return self.num_qo_heads // self.num_kv_heads
+
+    @property
+    def q_size(self) -> int:
+        return self.num_qo_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        """Elements of K (or of V) per token and layer."""
+        return self.num_kv_heads * self.head_dim
+
+    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
+        """Bytes of K and V for one token over all layers."""
+        return 2 * self.num_layers * self.kv_size * dtype_bytes
+
+    def activation_bytes_per_token(self, dtype_bytes: int = 2) -> int:
+        """Bytes of one layer's input activation for one token (what KVPR recomputes K, V from)."""
+        return self.hidden_size * dtype_bytes
+
+
+def model_table(models=None):
+    """A pandas DataFrame, one row per preset: the head layout and the KV bytes per token (fp16)."""
+    import pandas as pd
+
+    rows = [
+        {
+            "model": m.name, "family": m.family, "layers": m.num_layers, "hidden": m.hidden_size,
+            "num_qo_heads": m.num_qo_heads, "num_kv_heads": m.num_kv_heads,
+            "gqa_group": m.gqa_group, "head_dim": m.head_dim,
+            "kv_KiB_per_token": m.kv_bytes_per_token() / 1024, "max_position": m.max_position,
+        }
+        for m in (MODELS.values() if models is None else models)
+    ]
+    return pd.DataFrame(rows).set_index("model")
+
+
+def _llama(name, layers, hidden, heads, kv_heads, inter, vocab, max_pos, theta, family="llama"):
+    return ModelConfig(
+        name, family, layers, hidden, heads, kv_heads, hidden // heads, inter, vocab, max_pos,
+        norm="rmsnorm", activation="silu", position="rope", qkv_bias=family == "qwen2",
+        rope_theta=theta,
+    )
+
+
+def _opt(name, layers, hidden, heads, ffn, max_pos=2048, vocab=50272):
+    return ModelConfig(
+        name, "opt", layers, hidden, heads, heads, hidden // heads, ffn, vocab, max_pos,
+        norm="layernorm", activation="relu", position="learned", qkv_bias=True,
+    )
+
+
+# Published configurations (the models' config.json files on their hubs).
+MODELS: dict[str, ModelConfig] = {
+    m.name: m
+    for m in (
+        _llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096, 10000.0),
+        _llama("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096, 10000.0),
+        _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, 500000.0),
+        _llama("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, 32768, 1e6, family="qwen2"),
+        _llama("qwen2.5-14b", 48, 5120, 40, 8, 13824, 152064, 32768, 1e6, family="qwen2"),
+        _opt("opt-6.7b", 32, 4096, 32, 16384),
+        _opt("opt-13b", 40, 5120, 40, 20480),
+        _opt("opt-30b", 48, 7168, 56, 28672),
+        # Tiny shapes for tests and CPU demos: one of each family, GQA group 2 and 3.
+        _llama("tiny-llama", 2, 256, 4, 2, 512, 1024, 512, 10000.0),
+        _llama("tiny-qwen", 2, 384, 6, 2, 768, 1024, 512, 1e6, family="qwen2"),
+        _opt("tiny-opt", 2, 256, 4, 1024, max_pos=512, vocab=1024),
+    )
+}

@@ -1,0 +1,57 @@
+"""Which backend the lab runs on: "cuda" (every number measured on this GPU) or "sim" (recorded
+measurements plus calibrated models, for machines without a GPU).
+
+`KVLAB_BACKEND=cuda|sim` overrides the detection. Detection imports torch (and CuPy where it is
+installed) on first call only, so `import kvlab` stays cheap.
+"""
+
+import functools
+import importlib.util
+import os
+
+BACKENDS = ("cuda", "sim")
+
+
+@functools.cache
+def _gpu_name() -> str | None:
+    """Name of the first CUDA device usable through torch (and CuPy, if installed), else None."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    if importlib.util.find_spec("cupy") is not None:
+        try:
+            import cupy
+
+            if cupy.cuda.runtime.getDeviceCount() < 1:
+                return None
+        except Exception:  # CuPy installed for another CUDA version than the driver's
+            return None
+    return torch.cuda.get_device_name(0)
+
+
+def backend() -> str:
+    """ "cuda" when a GPU is usable, else "sim"; `KVLAB_BACKEND` overrides.
+
+    Raises ValueError for an unknown `KVLAB_BACKEND`, and RuntimeError when it asks for "cuda" on
+    a machine where no GPU is usable.
+    """
+    forced = os.environ.get("KVLAB_BACKEND", "").strip().lower()
+    if forced and forced not in BACKENDS:
+        raise ValueError(f"KVLAB_BACKEND={forced!r}: must be one of {BACKENDS} (or unset)")
+    if forced == "sim":
+        return "sim"
+    if _gpu_name() is not None:
+        return "cuda"
+    if forced == "cuda":
+        raise RuntimeError(
+            "KVLAB_BACKEND='cuda' but no CUDA GPU is usable through torch (and CuPy, if installed)"
+        )
+    return "sim"
+
+
+def device_label() -> str:
+    """How the numbers on screen come about: 'measured on <GPU>' or the simulated backend."""
+    if backend() == "cuda":
+        return f"measured on {_gpu_name()}"
+    return "simulated backend: recorded measurements and calibrated models (no GPU in use)"

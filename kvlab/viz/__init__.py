@@ -1,0 +1,1 @@
+"""Plotly figures of kvlab results: plain functions from result dataclasses to `go.Figure`."""

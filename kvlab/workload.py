@@ -1,0 +1,352 @@
+"""Request-length workloads: how many tokens each request holds in the KV cache.
+
+A `Workload` is plain data: per-request prompt and output lengths, an optional shared prefix
+(a system prompt several requests begin with), and the `max_seq_len` a contiguous cache must
+preallocate per request. The generators (`uniform`, `lognormal`, `shared_prefix`) are seeded;
+`make_workload` combines a named distribution (`DISTRIBUTIONS`) with a shared-prefix fraction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+__all__ = [
+    "DISTRIBUTIONS",
+    "Workload",
+    "lognormal",
+    "make_workload",
+    "shared_prefix",
+    "uniform",
+]
+
+
+def _int_array(name: str, values) -> np.ndarray:
+    arr = np.asarray(values)
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"{name}: dtype {arr.dtype}: must be an integer array")
+    if arr.ndim != 1:
+        raise ValueError(f"{name}: shape {arr.shape}: must be 1-D")
+    arr = arr.astype(np.int64)
+    arr.setflags(write=False)
+    return arr
+
+
+def _check_all(name: str, arr: np.ndarray, ok: np.ndarray, allowed: str) -> None:
+    """Raise for the first index where `ok` is False: `name[i]=value: must be <allowed>`."""
+    bad = np.flatnonzero(~ok)
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"{name}[{i}]={int(arr[i])}: must be {allowed}")
+
+
+def _check_count(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name}={value!r}: must be an int >= {minimum}")
+    if value < minimum:
+        raise ValueError(f"{name}={value}: must be >= {minimum}")
+    return int(value)
+
+
+@dataclass(frozen=True, eq=False)
+class Workload:
+    """Per-request KV lengths of a batch of requests, at their final lengths.
+
+    Attributes:
+        prompt_lens: int64 `[num_requests]`, >= 1. Prompt tokens, shared prefix included.
+        output_lens: int64 `[num_requests]`, >= 0. Generated tokens.
+        max_seq_len: per-request length a contiguous cache preallocates; every
+            `prompt_lens[i] + output_lens[i] <= max_seq_len`.
+        prefix_group: int64 `[num_requests]`; -1 = no shared prefix, else an index into
+            `prefix_lens`. Default: no request shares a prefix.
+        prefix_lens: int64 `[num_groups]`, >= 1. Request i in group g begins with the
+            `prefix_lens[g]` tokens of that group, so `prompt_lens[i] >= prefix_lens[g]`.
+        name: label for plots and tables.
+
+    Arrays are converted to read-only int64. Raises ValueError on any violated constraint,
+    naming the field, the index and the value.
+    """
+
+    prompt_lens: np.ndarray
+    output_lens: np.ndarray
+    max_seq_len: int
+    prefix_group: np.ndarray | None = None
+    prefix_lens: np.ndarray | None = None
+    name: str = "custom"
+
+    def __post_init__(self) -> None:
+        defaults = {"prefix_group": np.full(len(self.prompt_lens), -1), "prefix_lens": []}
+        for field in ("prompt_lens", "output_lens", "prefix_group", "prefix_lens"):
+            value = getattr(self, field)
+            value = _int_array(field, defaults[field] if value is None else value)
+            object.__setattr__(self, field, value)
+        for field in ("output_lens", "prefix_group"):
+            if getattr(self, field).shape != self.prompt_lens.shape:
+                raise ValueError(
+                    f"{field}: shape {getattr(self, field).shape}: "
+                    f"must match prompt_lens {self.prompt_lens.shape}"
+                )
+        object.__setattr__(self, "max_seq_len", _check_count("max_seq_len", self.max_seq_len, 1))
+        self._check_lengths()
+
+    def _check_lengths(self) -> None:
+        prompt, output, prefix = self.prompt_lens, self.output_lens, self.prefix_lens
+        _check_all("prompt_lens", prompt, prompt >= 1, ">= 1")
+        _check_all("output_lens", output, output >= 0, ">= 0")
+        _check_all("prefix_lens", prefix, prefix >= 1, ">= 1")
+        group, num_groups = self.prefix_group, len(prefix)
+        _check_all(
+            "prefix_group",
+            group,
+            (group >= -1) & (group < num_groups),
+            f"-1 or in [0, {num_groups})",
+        )
+        _check_all(
+            "prompt_lens",
+            prompt,
+            prompt >= self.request_prefix_lens,
+            ">= its shared prefix, prefix_lens[prefix_group[i]]",
+        )
+        _check_all(
+            "seq_lens",
+            self.seq_lens,
+            self.seq_lens <= self.max_seq_len,
+            f"<= max_seq_len={self.max_seq_len} (seq_lens = prompt_lens + output_lens)",
+        )
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.prompt_lens)
+
+    @property
+    def seq_lens(self) -> np.ndarray:
+        """int64 `[num_requests]`: prompt + output tokens, the final KV length of each request."""
+        return self.prompt_lens + self.output_lens
+
+    @property
+    def request_prefix_lens(self) -> np.ndarray:
+        """int64 `[num_requests]`: shared-prefix tokens of each request (0 when not in a group)."""
+        padded = np.append(self.prefix_lens, 0)  # index -1 -> the trailing 0
+        return padded[self.prefix_group]
+
+    def token_ids(self, i: int) -> list[int]:
+        """Synthetic token ids of request `i` at its full length `seq_lens[i]`.
+
+        Requests in the same prefix group start with identical ids for their `prefix_lens[g]`
+        prefix tokens; every other token id is unique across the whole workload, so prefix
+        caching can share exactly the blocks this workload says are shared.
+
+        Raises IndexError if `i` is not in [0, num_requests).
+        """
+        if not 0 <= i < self.num_requests:
+            raise IndexError(f"i={i}: must be in [0, {self.num_requests})")
+        seq_len = int(self.seq_lens[i])
+        # NOTE: ids [0, sum(prefix_lens)) are prefix tokens; request i owns the range
+        # starting at sum(prefix_lens) + i * max_seq_len, so no two requests collide.
+        own_start = int(self.prefix_lens.sum()) + i * self.max_seq_len
+        group = int(self.prefix_group[i])
+        if group < 0:
+            return list(range(own_start, own_start + seq_len))
+        prefix_start = int(self.prefix_lens[:group].sum())
+        prefix_len = int(self.prefix_lens[group])
+        return list(range(prefix_start, prefix_start + prefix_len)) + list(
+            range(own_start + prefix_len, own_start + seq_len)
+        )
+
+
+def _check_range(name: str, value, minimum: int) -> tuple[int, int]:
+    try:
+        lo, hi = value
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}={value!r}: must be a (lo, hi) pair of ints") from None
+    lo = _check_count(f"{name}[0]", lo, minimum)
+    hi = _check_count(f"{name}[1]", hi, minimum)
+    if lo > hi:
+        raise ValueError(f"{name}=({lo}, {hi}): lo must be <= hi")
+    return lo, hi
+
+
+def uniform(
+    num_requests: int,
+    prompt_len: tuple[int, int] = (128, 1024),
+    output_len: tuple[int, int] = (32, 512),
+    max_seq_len: int | None = None,
+    seed: int = 0,
+) -> Workload:
+    """Lengths drawn uniformly from the inclusive ranges `prompt_len` and `output_len`.
+
+    Args:
+        num_requests: >= 1.
+        prompt_len: (lo, hi) with 1 <= lo <= hi.
+        output_len: (lo, hi) with 0 <= lo <= hi.
+        max_seq_len: contiguous preallocation per request; default `prompt_len[1] + output_len[1]`,
+            and it must be at least that.
+        seed: seed of `numpy.random.default_rng`.
+    """
+    num_requests = _check_count("num_requests", num_requests, 1)
+    p_lo, p_hi = _check_range("prompt_len", prompt_len, 1)
+    o_lo, o_hi = _check_range("output_len", output_len, 0)
+    longest = p_hi + o_hi
+    if max_seq_len is None:
+        max_seq_len = longest
+    elif _check_count("max_seq_len", max_seq_len, 1) < longest:
+        raise ValueError(
+            f"max_seq_len={max_seq_len}: must be >= prompt_len[1] + output_len[1] = {longest}"
+        )
+    rng = np.random.default_rng(seed)
+    return Workload(
+        prompt_lens=rng.integers(p_lo, p_hi, size=num_requests, endpoint=True),
+        output_lens=rng.integers(o_lo, o_hi, size=num_requests, endpoint=True),
+        max_seq_len=int(max_seq_len),
+        name=f"uniform prompt {p_lo}-{p_hi}, output {o_lo}-{o_hi}",
+    )
+
+
+def lognormal(
+    num_requests: int,
+    prompt_median: int,
+    output_median: int,
+    sigma: float = 1.0,
+    max_seq_len: int = 4096,
+    seed: int = 0,
+) -> Workload:
+    """Long-tailed lengths: `median * exp(sigma * N(0, 1))`, rounded, clipped into range.
+
+    Prompts are clipped into [1, max_seq_len], then outputs into [0, max_seq_len - prompt],
+    so every request fits `max_seq_len`.
+
+    Args:
+        num_requests: >= 1.
+        prompt_median: in [1, max_seq_len].
+        output_median: in [1, max_seq_len].
+        sigma: >= 0, spread of log-length (0 gives every request the medians).
+        max_seq_len: >= 1, contiguous preallocation per request.
+        seed: seed of `numpy.random.default_rng`.
+    """
+    num_requests = _check_count("num_requests", num_requests, 1)
+    max_seq_len = _check_count("max_seq_len", max_seq_len, 1)
+    for name, median in [("prompt_median", prompt_median), ("output_median", output_median)]:
+        if _check_count(name, median, 1) > max_seq_len:
+            raise ValueError(f"{name}={median}: must be in [1, max_seq_len={max_seq_len}]")
+    if not sigma >= 0:
+        raise ValueError(f"sigma={sigma}: must be >= 0")
+    rng = np.random.default_rng(seed)
+    prompt = np.rint(prompt_median * rng.lognormal(0.0, sigma, num_requests)).astype(np.int64)
+    output = np.rint(output_median * rng.lognormal(0.0, sigma, num_requests)).astype(np.int64)
+    prompt = np.clip(prompt, 1, max_seq_len)
+    output = np.clip(output, 0, max_seq_len - prompt)
+    return Workload(
+        prompt_lens=prompt,
+        output_lens=output,
+        max_seq_len=max_seq_len,
+        name=f"lognormal prompt~{prompt_median}, output~{output_median}, sigma={sigma:g}",
+    )
+
+
+def shared_prefix(
+    base: Workload,
+    shared_fraction: float,
+    prefix_len: int,
+    num_prefixes: int = 1,
+    seed: int = 0,
+) -> Workload:
+    """`base` where a fraction of requests begin with one of `num_prefixes` shared prefixes.
+
+    `round(shared_fraction * num_requests)` requests, chosen at random, get a shared prefix
+    (a system prompt) of `prefix_len` tokens prepended to their prompt; each picks one of the
+    `num_prefixes` prefixes at random. `max_seq_len` grows by `prefix_len` for every request,
+    since a contiguous cache cannot know in advance which requests carry the prefix.
+
+    Args:
+        base: a workload without shared prefixes.
+        shared_fraction: in [0, 1].
+        prefix_len: >= 1, tokens of each shared prefix.
+        num_prefixes: >= 1, number of distinct prefixes (prefix groups).
+        seed: seed of `numpy.random.default_rng`.
+    """
+    if len(base.prefix_lens):
+        raise ValueError(
+            f"base has {len(base.prefix_lens)} prefix groups: must have none to add shared prefixes"
+        )
+    if not 0.0 <= shared_fraction <= 1.0:
+        raise ValueError(f"shared_fraction={shared_fraction}: must be in [0, 1]")
+    prefix_len = _check_count("prefix_len", prefix_len, 1)
+    num_prefixes = _check_count("num_prefixes", num_prefixes, 1)
+    rng = np.random.default_rng(seed)
+    num_shared = int(round(shared_fraction * base.num_requests))
+    shared_ids = rng.permutation(base.num_requests)[:num_shared]
+    group = np.full(base.num_requests, -1, dtype=np.int64)
+    group[shared_ids] = rng.integers(0, num_prefixes, size=num_shared)
+    return Workload(
+        prompt_lens=base.prompt_lens + np.where(group >= 0, prefix_len, 0),
+        output_lens=base.output_lens,
+        max_seq_len=base.max_seq_len + prefix_len,
+        prefix_group=group,
+        prefix_lens=np.full(num_prefixes, prefix_len, dtype=np.int64),
+        name=f"{base.name}; {shared_fraction:.0%} share a {prefix_len}-token prefix",
+    )
+
+
+def _uniform_up_to(num_requests: int, max_seq_len: int, seed: int = 0) -> Workload:
+    prompt_hi = max(1, max_seq_len // 2)
+    return uniform(
+        num_requests,
+        prompt_len=(1, prompt_hi),
+        output_len=(0, max_seq_len - prompt_hi),
+        max_seq_len=max_seq_len,
+        seed=seed,
+    )
+
+
+def _chat(num_requests: int, max_seq_len: int, seed: int = 0) -> Workload:
+    median = max(1, min(256, max_seq_len // 8))
+    return lognormal(num_requests, median, median, sigma=1.0, max_seq_len=max_seq_len, seed=seed)
+
+
+def _long_prompt(num_requests: int, max_seq_len: int, seed: int = 0) -> Workload:
+    prompt_median = max(1, min(2048, max_seq_len // 4))
+    output_median = max(1, min(128, max_seq_len // 32))
+    return lognormal(
+        num_requests, prompt_median, output_median, sigma=0.6, max_seq_len=max_seq_len, seed=seed
+    )
+
+
+# name -> generator(num_requests, max_seq_len, seed) -> Workload, every request <= max_seq_len.
+DISTRIBUTIONS: dict[str, Callable[[int, int, int], Workload]] = {
+    "chat (lognormal)": _chat,
+    "long prompt (lognormal)": _long_prompt,
+    "uniform": _uniform_up_to,
+}
+
+
+def make_workload(
+    distribution: str,
+    num_requests: int,
+    max_seq_len: int,
+    shared_fraction: float = 0.0,
+    prefix_len: int = 0,
+    num_prefixes: int = 1,
+    seed: int = 0,
+) -> Workload:
+    """A `DISTRIBUTIONS[distribution]` workload plus a shared-prefix fraction, within `max_seq_len`.
+
+    The base lengths are drawn within `max_seq_len - prefix_len` so that, prefix included, the
+    result's `max_seq_len` is exactly `max_seq_len` (e.g. the model's context length) whatever
+    the shared fraction. `shared_fraction=0` or `prefix_len=0` gives no shared prefix.
+
+    Raises ValueError for an unknown `distribution` or `prefix_len` not in [0, max_seq_len).
+    """
+    if distribution not in DISTRIBUTIONS:
+        raise ValueError(f"distribution={distribution!r}: must be one of {sorted(DISTRIBUTIONS)}")
+    max_seq_len = _check_count("max_seq_len", max_seq_len, 1)
+    prefix_len = _check_count("prefix_len", prefix_len, 0)
+    if prefix_len >= max_seq_len:
+        raise ValueError(f"prefix_len={prefix_len}: must be in [0, max_seq_len={max_seq_len})")
+    if not 0.0 <= shared_fraction <= 1.0:
+        raise ValueError(f"shared_fraction={shared_fraction}: must be in [0, 1]")
+    base = DISTRIBUTIONS[distribution](num_requests, max_seq_len - prefix_len, seed)
+    if shared_fraction == 0 or prefix_len == 0:
+        return replace(base, max_seq_len=max_seq_len)
+    return shared_prefix(base, shared_fraction, prefix_len, num_prefixes, seed=seed + 1)

@@ -1,0 +1,145 @@
+import pytest
+
+from kvlab.cache import BlockManager, OutOfBlocksError
+
+
+def snapshot(manager: BlockManager):
+    pool = manager.pool
+    return (
+        {s: (manager.block_table(s), manager.seq_len(s)) for s in manager.seq_ids},
+        pool.free_block_ids(),
+        [pool.ref_cnt(b) for b in range(pool.num_blocks)],
+    )
+
+
+def test_blocks_are_allocated_on_demand():
+    manager = BlockManager(8, 4)
+    seq_id = manager.add_sequence(5).seq_id
+    assert len(manager.block_table(seq_id)) == 2
+    manager.append(seq_id, 3)
+    assert len(manager.block_table(seq_id)) == 2
+    manager.append(seq_id, 1)
+    assert len(manager.block_table(seq_id)) == 3
+    assert manager.seq_len(seq_id) == 9
+
+
+def test_slot_mapping_follows_the_block_table():
+    manager = BlockManager(8, 4)
+    manager.add_sequence(3)  # takes block 0
+    seq_id = manager.add_sequence(6).seq_id
+    first, second = manager.block_table(seq_id)
+    assert manager.slot_mapping(seq_id, 2, 6) == [
+        first * 4 + 2, first * 4 + 3, second * 4, second * 4 + 1
+    ]
+
+
+def test_equal_prefix_shares_full_blocks_only():
+    manager = BlockManager(16, 4)
+    a = manager.add_sequence(10, token_ids=range(10))
+    b = manager.add_sequence(11, token_ids=range(11))
+    table_a, table_b = manager.block_table(a.seq_id), manager.block_table(b.seq_id)
+    assert table_b[:2] == table_a[:2]
+    assert table_b[2] != table_a[2]  # partly filled in a: never shared by prefix
+    assert b.write_start == 8
+    assert [manager.pool.ref_cnt(x) for x in table_a] == [2, 2, 1]
+
+
+def test_prefix_keys_chain_so_equal_blocks_after_different_prefixes_are_not_shared():
+    manager = BlockManager(16, 2)
+    a = manager.add_sequence(4, token_ids=[1, 2, 7, 7]).seq_id
+    b = manager.add_sequence(4, token_ids=[3, 4, 7, 7]).seq_id
+    assert not set(manager.block_table(a)) & set(manager.block_table(b))
+
+
+def test_blocks_filled_by_append_become_shareable():
+    manager = BlockManager(16, 4)
+    a = manager.add_sequence(3, token_ids=[5, 6, 7]).seq_id
+    manager.append(a, 1, token_ids=[8])
+    b = manager.add_sequence(5, token_ids=[5, 6, 7, 8, 9]).seq_id
+    assert manager.block_table(b)[0] == manager.block_table(a)[0]
+
+
+def test_append_without_token_ids_ends_sharing():
+    manager = BlockManager(16, 2)
+    a = manager.add_sequence(1, token_ids=[5]).seq_id
+    manager.append(a, 1)
+    b = manager.add_sequence(2, token_ids=[5, 6]).seq_id
+    assert manager.block_table(a)[0] != manager.block_table(b)[0]
+
+
+def test_fork_shares_everything_and_append_copies_the_shared_partial_block():
+    manager = BlockManager(8, 4)
+    parent = manager.add_sequence(6).seq_id
+    child = manager.fork(parent)
+    assert manager.block_table(child) == manager.block_table(parent)
+    alloc = manager.append(child, 1)
+    old_last, new_last = manager.block_table(parent)[1], manager.block_table(child)[1]
+    assert alloc.copies == ((old_last, new_last),)
+    assert alloc.write_start == 6
+    assert manager.pool.ref_cnt(old_last) == 1
+    # The parent is now the only owner of its last block: no copy for it.
+    assert manager.append(parent, 1).copies == ()
+
+
+def test_append_after_a_shared_full_block_needs_no_copy():
+    manager = BlockManager(8, 4)
+    parent = manager.add_sequence(8).seq_id
+    child = manager.fork(parent)
+    alloc = manager.append(child, 2)
+    assert alloc.copies == ()
+    assert manager.block_table(child)[:2] == manager.block_table(parent)
+
+
+def test_out_of_blocks_leaves_everything_unchanged():
+    manager = BlockManager(4, 4)
+    a = manager.add_sequence(6, token_ids=range(6)).seq_id
+    child = manager.fork(a)
+    before = snapshot(manager)
+    for call in (
+        lambda: manager.add_sequence(13, token_ids=range(13)),  # shares 1, needs 3 more
+        lambda: manager.append(child, 11),  # copy-on-write + 2 blocks: 3 > 2 free
+        lambda: manager.add_sequence(9),
+    ):
+        with pytest.raises(OutOfBlocksError):
+            call()
+        assert snapshot(manager) == before
+
+
+def test_freeing_everything_returns_every_block():
+    manager = BlockManager(8, 4)
+    a = manager.add_sequence(9, token_ids=range(9)).seq_id
+    b = manager.add_sequence(9, token_ids=range(9)).seq_id
+    c = manager.fork(b)
+    manager.append(c, 3)
+    for seq_id in (a, b, c):
+        manager.free(seq_id)
+    assert manager.num_free_blocks == 8
+    assert manager.pool.lookup((None, (0, 1, 2, 3))) is None
+
+
+@pytest.mark.parametrize("seq_id", [99, -1, None, "a"])
+def test_unknown_seq_id(seq_id):
+    manager = BlockManager(8, 4)
+    for call in (manager.free, manager.fork, manager.block_table, lambda s: manager.append(s, 1)):
+        with pytest.raises(ValueError, match=f"seq_id={seq_id!r}: not a live sequence"):
+            call(seq_id)
+
+
+def test_freed_seq_id_is_rejected():
+    manager = BlockManager(8, 4)
+    seq_id = manager.add_sequence(3).seq_id
+    manager.free(seq_id)
+    with pytest.raises(ValueError, match="not a live sequence"):
+        manager.free(seq_id)
+
+
+def test_bad_token_counts():
+    manager = BlockManager(8, 4)
+    with pytest.raises(ValueError, match="num_tokens=0"):
+        manager.add_sequence(0)
+    with pytest.raises(ValueError, match="token_ids has 2 ids: must have one per token"):
+        manager.add_sequence(3, token_ids=[1, 2])
+    seq_id = manager.add_sequence(3).seq_id
+    with pytest.raises(ValueError, match="num_tokens=-1"):
+        manager.append(seq_id, -1)
+    assert manager.num_free_blocks == 7

@@ -1,0 +1,193 @@
+import pytest
+import torch
+from factories import make_cache, make_kv, make_seq
+
+from kvlab.cache import PagedKVCache, cache_shapes
+
+DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+
+
+def assert_gather(cache, seq_id, k, v):
+    got_k, got_v = cache.gather(seq_id)
+    assert torch.equal(got_k, k)
+    assert torch.equal(got_v, v)
+
+
+def cache_state(cache):
+    manager = cache.manager
+    return (
+        {s: (manager.block_table(s), manager.seq_len(s)) for s in manager.seq_ids},
+        manager.pool.free_block_ids(),
+        cache.k_cache.clone(),
+        cache.v_cache.clone(),
+    )
+
+
+def assert_unchanged(cache, before):
+    after = cache_state(cache)
+    assert after[:2] == before[:2]
+    assert torch.equal(after[2], before[2]) and torch.equal(after[3], before[3])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", [64, 80, 96, 112, 128, 256])
+def test_layout_shapes(dtype, head_dim):
+    x = 16 // torch.empty((), dtype=dtype).element_size()
+    hnd = make_cache(num_blocks=3, block_size=8, head_dim=head_dim, dtype=dtype)
+    vllm = make_cache(num_blocks=3, block_size=8, head_dim=head_dim, dtype=dtype, layout="vllm")
+    assert hnd.k_cache.shape == hnd.v_cache.shape == (3, 2, 8, head_dim)
+    assert vllm.k_cache.shape == (3, 2, head_dim // x, 8, x)
+    assert vllm.v_cache.shape == (3, 2, head_dim, 8)
+    shapes = cache_shapes(3, 8, 2, head_dim, dtype, "vllm")
+    assert shapes == (vllm.k_cache.shape, vllm.v_cache.shape)
+
+
+def test_vllm_layout_puts_each_value_where_vllm_expects_it():
+    cache = make_cache(num_blocks=4, block_size=8, head_dim=64, dtype=torch.float16, layout="vllm")
+    seq_id, k, v = make_seq(cache, 11)
+    block = cache.manager.block_table(seq_id)[1]
+    token, head, d = 9, 1, 37  # token 9 sits at offset 1 of the second block
+    assert cache.k_cache[block, head, d // 8, 1, d % 8] == k[token, head, d]
+    assert cache.v_cache[block, head, d, 1] == v[token, head, d]
+
+
+@pytest.mark.parametrize("layout", ["hnd", "vllm"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block_size", [1, 16, 256])
+def test_gather_returns_what_was_written(layout, dtype, block_size):
+    cache = make_cache(num_blocks=160, block_size=block_size, dtype=dtype, layout=layout)
+    seqs = [make_seq(cache, n, seed=n) for n in (1, 17, 97)]
+    seq_id, k, v = seqs[1]
+    k2, v2 = make_kv(cache, 20, seed=5)
+    cache.append(seq_id, k2, v2)
+    seqs[1] = (seq_id, torch.cat([k, k2]), torch.cat([v, v2]))
+    for seq_id, k, v in seqs:
+        assert_gather(cache, seq_id, k, v)
+
+
+@pytest.mark.parametrize("layout", ["hnd", "vllm"])
+def test_fork_then_append_copies_on_write(layout):
+    cache = make_cache(block_size=4, layout=layout)
+    parent, k, v = make_seq(cache, 6)
+    child = cache.fork(parent)
+    assert cache.block_tables([parent]).tolist() == cache.block_tables([child]).tolist()
+    kc, vc = make_kv(cache, 3, seed=1)
+    kp, vp = make_kv(cache, 1, seed=2)
+    cache.append(child, kc, vc)
+    cache.append(parent, kp, vp)
+    assert_gather(cache, child, torch.cat([k, kc]), torch.cat([v, vc]))
+    assert_gather(cache, parent, torch.cat([k, kp]), torch.cat([v, vp]))
+    assert cache.block_tables([parent])[0, 0] == cache.block_tables([child])[0, 0]
+
+
+def test_shared_prefix_blocks_are_not_rewritten():
+    cache = make_cache(block_size=4)
+    a, k, v = make_seq(cache, 9, token_ids=range(9))
+    kb, vb = make_kv(cache, 10, seed=3)
+    kb[:8], vb[:8] = k[:8], v[:8]  # same tokens, same prefix K/V
+    b = cache.add_sequence(kb, vb, token_ids=range(10))
+    assert cache.num_free_blocks == 64 - 3 - 1
+    assert_gather(cache, a, k, v)
+    assert_gather(cache, b, kb, vb)
+
+
+def test_block_tables_and_seq_lens_are_padded_int32():
+    cache = make_cache(block_size=4)
+    a, _, _ = make_seq(cache, 9)
+    b, _, _ = make_seq(cache, 2)
+    tables, lens = cache.block_tables([a, b]), cache.seq_lens([a, b])
+    assert tables.dtype == lens.dtype == torch.int32
+    assert tables.tolist() == [cache.manager.block_table(a), cache.manager.block_table(b) + [0, 0]]
+    assert lens.tolist() == [9, 2]
+    assert cache.block_tables([]).shape == (0, 0)
+
+
+def test_append_zero_tokens_is_a_no_op():
+    cache = make_cache()
+    seq_id, k, v = make_seq(cache, 5)
+    cache.append(seq_id, *make_kv(cache, 0))
+    assert_gather(cache, seq_id, k, v)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"block_size": 48}, r"block_size=48: must be a power of two in \[1, 256\]"),
+        ({"head_dim": 100}, r"head_dim=100: must be one of \(64, 80, 96, 112, 128, 256\)"),
+        ({"dtype": torch.float64}, r"dtype=torch.float64: must be one of"),
+        ({"dtype": torch.int8}, r"dtype=torch.int8: must be one of"),
+        ({"layout": "nhd"}, r"layout='nhd': must be one of \('hnd', 'vllm'\)"),
+        ({"num_kv_heads": 0}, r"num_kv_heads=0: must be an integer >= 1"),
+        ({"num_blocks": 0}, r"num_blocks=0: must be an integer >= 1"),
+    ],
+)
+def test_bad_construction(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        make_cache(**kwargs)
+
+
+def test_bad_kv_is_rejected_and_leaves_the_cache_unchanged():
+    cache = make_cache(num_blocks=8, block_size=4)
+    seq_id, k, v = make_seq(cache, 5)
+    before = cache_state(cache)
+    good_k, good_v = make_kv(cache, 3)
+    bad = [
+        ((good_k[:, :1], good_v[:, :1]), r"k.shape=\(3, 1, 64\): must be \[n, num_kv_heads=2"),
+        ((good_k, good_v[:2]), r"v.shape=\(2, 2, 64\)"),  # caught as a mismatch with k
+        ((good_k.half(), good_v.half()), r"k.dtype=torch.float16: must be the cache's"),
+        ((good_k.numpy(), good_v), r"k: must be a torch.Tensor, got ndarray"),
+        ((good_k[0], good_v[0]), r"k.shape=\(2, 64\)"),
+        ((good_k.to("meta"), good_v.to("meta")), r"k.device=meta: must be the cache's cpu"),
+    ]
+    for (bk, bv), message in bad:
+        with pytest.raises(ValueError, match=message):
+            cache.append(seq_id, bk, bv)
+        with pytest.raises(ValueError, match=message):
+            cache.add_sequence(bk, bv)
+        assert_unchanged(cache, before)
+    with pytest.raises(ValueError, match="k has 0 tokens"):
+        cache.add_sequence(*make_kv(cache, 0))
+    with pytest.raises(ValueError, match="token_ids has 2 ids"):
+        cache.add_sequence(good_k, good_v, token_ids=[1, 2])
+    assert_unchanged(cache, before)
+
+
+def test_out_of_blocks_leaves_the_cache_unchanged():
+    from kvlab.cache import OutOfBlocksError
+
+    cache = make_cache(num_blocks=3, block_size=4)
+    seq_id, _, _ = make_seq(cache, 6)
+    before = cache_state(cache)
+    with pytest.raises(OutOfBlocksError):
+        cache.append(seq_id, *make_kv(cache, 7))
+    with pytest.raises(OutOfBlocksError):
+        make_seq(cache, 5)
+    assert_unchanged(cache, before)
+
+
+@pytest.mark.parametrize("seq_id", [7, None])
+def test_unknown_or_freed_seq_id(seq_id):
+    cache = make_cache()
+    live, _, _ = make_seq(cache, 3)
+    cache.free(live)
+    for bad in (seq_id, live):
+        for call in (cache.gather, cache.free, cache.fork,
+                     lambda s: cache.block_tables([s]), lambda s: cache.seq_lens([s]),
+                     lambda s: cache.append(s, *make_kv(cache, 1))):
+            with pytest.raises(ValueError, match=f"seq_id={bad!r}: not a live sequence"):
+                call(bad)
+
+
+def test_repr_and_nbytes():
+    cache = PagedKVCache(10, 16, 2, 64, dtype=torch.float16)
+    assert cache.nbytes == 2 * 10 * 2 * 16 * 64 * 2
+    assert "num_free_blocks=10" in repr(cache)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["hnd", "vllm"])
+def test_on_cuda(layout):
+    cache = make_cache(layout=layout, dtype=torch.float16, device="cuda")
+    seq_id, k, v = make_seq(cache, 37)
+    assert_gather(cache, seq_id, k, v)
+    assert cache.block_tables([seq_id]).device.type == "cuda"

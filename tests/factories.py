@@ -1,0 +1,26 @@
+"""Small factories for tests: explicit data, no hidden fixtures."""
+
+import torch
+
+from kvlab.cache import PagedKVCache
+
+
+def make_cache(num_blocks=64, block_size=16, num_kv_heads=2, head_dim=64, dtype=torch.float32,
+               layout="hnd", device="cpu") -> PagedKVCache:
+    return PagedKVCache(num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype,
+                        device=device, layout=layout)
+
+
+def make_kv(cache: PagedKVCache, seq_len: int, seed: int = 0):
+    """Random (k, v), each [seq_len, num_kv_heads, head_dim], in the cache's dtype and device."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = (seq_len, cache.num_kv_heads, cache.head_dim)
+    k = torch.randn(shape, generator=gen).to(cache.dtype).to(cache.device)
+    v = torch.randn(shape, generator=gen).to(cache.dtype).to(cache.device)
+    return k, v
+
+
+def make_seq(cache: PagedKVCache, seq_len: int, seed: int = 0, token_ids=None):
+    """Add a random sequence; returns (seq_id, k, v)."""
+    k, v = make_kv(cache, seq_len, seed)
+    return cache.add_sequence(k, v, token_ids=token_ids), k, v

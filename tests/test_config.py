@@ -1,0 +1,69 @@
+import dataclasses
+
+import pytest
+
+import kvlab
+from kvlab import MODELS, ModelConfig
+
+PAPER_MODELS = ["llama2-7b", "llama2-13b", "llama3-8b", "qwen2.5-7b", "qwen2.5-14b",
+                "opt-6.7b", "opt-13b", "opt-30b"]
+
+
+def test_every_published_preset_is_there():
+    assert set(PAPER_MODELS) <= set(MODELS)
+    assert any(name.startswith("tiny-") for name in MODELS)
+
+
+@pytest.mark.parametrize(
+    ("name", "layers", "qo", "kv", "group", "kv_bytes_fp16"),
+    [
+        ("llama2-7b", 32, 32, 32, 1, 512 * 1024),  # the well-known 0.5 MiB per token
+        ("llama3-8b", 32, 32, 8, 4, 128 * 1024),
+        ("qwen2.5-7b", 28, 28, 4, 7, 56 * 1024),
+        ("qwen2.5-14b", 48, 40, 8, 5, 192 * 1024),
+        ("opt-30b", 48, 56, 56, 1, 2 * 48 * 7168 * 2),
+    ],
+)
+def test_derived_values(name, layers, qo, kv, group, kv_bytes_fp16):
+    model = MODELS[name]
+    assert (model.num_layers, model.num_qo_heads, model.num_kv_heads) == (layers, qo, kv)
+    assert model.gqa_group == group
+    assert model.kv_bytes_per_token() == kv_bytes_fp16
+    assert model.kv_bytes_per_token(dtype_bytes=4) == 2 * kv_bytes_fp16
+
+
+def test_families():
+    assert MODELS["opt-13b"].position == "learned" and MODELS["opt-13b"].qkv_bias
+    assert MODELS["qwen2.5-7b"].qkv_bias and MODELS["qwen2.5-7b"].rope_theta == 1e6
+    assert not MODELS["llama3-8b"].qkv_bias and MODELS["llama3-8b"].norm == "rmsnorm"
+    for model in MODELS.values():
+        assert model.hidden_size == model.q_size
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"num_kv_heads": 3}, "num_qo_heads=32: must be divisible by num_kv_heads=3"),
+        ({"head_dim": 100}, r"head_dim=100: must be one of \(64, 80, 96, 112, 128, 256\)"),
+        ({"num_layers": 0}, "num_layers=0: must be an integer >= 1"),
+        ({"norm": "batchnorm"}, "norm='batchnorm': must be one of"),
+        ({"family": "gpt2"}, "family='gpt2': must be one of"),
+        ({"rope_theta": None}, "rope_theta=None: must be set exactly when position='rope'"),
+    ],
+)
+def test_presets_validate_themselves(change, message):
+    with pytest.raises(ValueError, match=message):
+        dataclasses.replace(MODELS["llama2-7b"], **change)
+
+
+def test_configs_are_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        MODELS["llama2-7b"].num_layers = 1
+    assert isinstance(MODELS["tiny-llama"], ModelConfig)
+
+
+def test_model_table():
+    table = kvlab.config.model_table()
+    assert list(table.index) == list(MODELS)
+    assert table.loc["llama3-8b", "kv_KiB_per_token"] == 128
+    assert table.loc["qwen2.5-7b", "gqa_group"] == 7

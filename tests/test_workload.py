@@ -1,0 +1,186 @@
+"""Workload: validation, generator ranges and determinism, shared prefixes, synthetic token ids."""
+
+import numpy as np
+import pytest
+
+from kvlab.workload import (
+    DISTRIBUTIONS,
+    Workload,
+    lognormal,
+    make_workload,
+    shared_prefix,
+    uniform,
+)
+
+
+def make_workload_of(prompt_lens, output_lens, max_seq_len, prefix_group=None, prefix_lens=None):
+    return Workload(
+        np.array(prompt_lens),
+        np.array(output_lens),
+        max_seq_len,
+        None if prefix_group is None else np.array(prefix_group),
+        None if prefix_lens is None else np.array(prefix_lens),
+    )
+
+
+def test_workload_converts_to_read_only_int64():
+    w = make_workload_of([3, 5], [0, 2], 8)
+    assert w.prompt_lens.dtype == np.int64 and not w.prompt_lens.flags.writeable
+    assert w.num_requests == 2
+    assert w.seq_lens.tolist() == [3, 7]
+    assert w.prefix_group.tolist() == [-1, -1]
+    assert w.prefix_lens.shape == (0,)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (
+            dict(prompt_lens=[0, 4], output_lens=[1, 1], max_seq_len=8),
+            r"prompt_lens\[0\]=0: must be >= 1",
+        ),
+        (dict(prompt_lens=[2, 4], output_lens=[1, -1], max_seq_len=8), r"output_lens\[1\]=-1"),
+        (dict(prompt_lens=[2, 4], output_lens=[1], max_seq_len=8), r"output_lens: shape"),
+        (
+            dict(prompt_lens=[2, 7], output_lens=[1, 2], max_seq_len=8),
+            r"seq_lens\[1\]=9: must be <= max_seq_len=8",
+        ),
+        (dict(prompt_lens=[2.0], output_lens=[1], max_seq_len=8), r"prompt_lens: dtype float64"),
+        (dict(prompt_lens=[2], output_lens=[1], max_seq_len=0), r"max_seq_len=0"),
+        (
+            dict(
+                prompt_lens=[2], output_lens=[1], max_seq_len=8, prefix_group=[1], prefix_lens=[2]
+            ),
+            r"prefix_group\[0\]=1: must be -1 or in \[0, 1\)",
+        ),
+        (
+            dict(
+                prompt_lens=[2], output_lens=[1], max_seq_len=8, prefix_group=[0], prefix_lens=[3]
+            ),
+            r"prompt_lens\[0\]=2: must be >= its shared prefix",
+        ),
+        (
+            dict(
+                prompt_lens=[2], output_lens=[1], max_seq_len=8, prefix_group=[-1], prefix_lens=[0]
+            ),
+            r"prefix_lens\[0\]=0",
+        ),
+    ],
+)
+def test_workload_rejects_bad_fields(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        make_workload_of(**kwargs)
+
+
+def test_uniform_stays_in_ranges_and_is_seeded():
+    w = uniform(500, prompt_len=(3, 9), output_len=(0, 4), seed=7)
+    assert w.prompt_lens.min() == 3 and w.prompt_lens.max() == 9
+    assert w.output_lens.min() == 0 and w.output_lens.max() == 4
+    assert w.max_seq_len == 13
+    again = uniform(500, prompt_len=(3, 9), output_len=(0, 4), seed=7)
+    assert np.array_equal(w.prompt_lens, again.prompt_lens)
+    other = uniform(500, prompt_len=(3, 9), output_len=(0, 4), seed=8)
+    assert not np.array_equal(w.prompt_lens, other.prompt_lens)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(num_requests=0), r"num_requests=0: must be >= 1"),
+        (dict(num_requests=4, prompt_len=(0, 3)), r"prompt_len\[0\]=0: must be >= 1"),
+        (dict(num_requests=4, prompt_len=(5, 3)), r"prompt_len=\(5, 3\): lo must be <= hi"),
+        (dict(num_requests=4, output_len=7), r"output_len=7: must be a \(lo, hi\) pair"),
+        (
+            dict(num_requests=4, prompt_len=(1, 4), output_len=(0, 4), max_seq_len=7),
+            r"max_seq_len=7: must be >= prompt_len\[1\] \+ output_len\[1\] = 8",
+        ),
+    ],
+)
+def test_uniform_rejects_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        uniform(**kwargs)
+
+
+def test_lognormal_clips_into_max_seq_len():
+    w = lognormal(2000, prompt_median=300, output_median=200, sigma=1.5, max_seq_len=1024, seed=1)
+    assert w.seq_lens.max() <= 1024 and w.prompt_lens.min() >= 1 and w.output_lens.min() >= 0
+    assert 200 < np.median(w.prompt_lens) < 400  # the median survives clipping of the tails
+    flat = lognormal(5, prompt_median=30, output_median=20, sigma=0.0, max_seq_len=64)
+    assert flat.prompt_lens.tolist() == [30] * 5 and flat.output_lens.tolist() == [20] * 5
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(prompt_median=0), r"prompt_median=0"),
+        (dict(output_median=5000), r"output_median=5000: must be in \[1, max_seq_len=4096\]"),
+        (dict(sigma=-0.5), r"sigma=-0.5: must be >= 0"),
+    ],
+)
+def test_lognormal_rejects_bad_arguments(kwargs, match):
+    args = dict(num_requests=4, prompt_median=100, output_median=100) | kwargs
+    with pytest.raises(ValueError, match=match):
+        lognormal(**args)
+
+
+def test_shared_prefix_prepends_to_a_fraction_of_requests():
+    base = uniform(200, prompt_len=(1, 50), output_len=(0, 20), seed=3)
+    w = shared_prefix(base, shared_fraction=0.3, prefix_len=17, num_prefixes=3, seed=4)
+    shared = w.prefix_group >= 0
+    assert shared.sum() == 60
+    assert set(w.prefix_group[shared].tolist()) == {0, 1, 2}
+    assert w.prefix_lens.tolist() == [17, 17, 17]
+    assert np.array_equal(w.prompt_lens, base.prompt_lens + 17 * shared)
+    assert np.array_equal(w.output_lens, base.output_lens)
+    assert w.max_seq_len == base.max_seq_len + 17
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(shared_fraction=1.5), r"shared_fraction=1.5: must be in \[0, 1\]"),
+        (dict(prefix_len=0), r"prefix_len=0: must be >= 1"),
+        (dict(num_prefixes=0), r"num_prefixes=0"),
+    ],
+)
+def test_shared_prefix_rejects_bad_arguments(kwargs, match):
+    args = dict(shared_fraction=0.5, prefix_len=8) | kwargs
+    with pytest.raises(ValueError, match=match):
+        shared_prefix(uniform(4), **args)
+
+
+def test_shared_prefix_rejects_a_base_that_already_shares():
+    once = shared_prefix(uniform(4), 0.5, 8)
+    with pytest.raises(ValueError, match="base has 1 prefix groups"):
+        shared_prefix(once, 0.5, 8)
+
+
+def test_token_ids_share_exactly_the_group_prefix():
+    w = make_workload_of(
+        [5, 6, 4, 3], [2, 0, 1, 0], 8, prefix_group=[0, 1, 0, -1], prefix_lens=[4, 6]
+    )
+    ids = [w.token_ids(i) for i in range(w.num_requests)]
+    assert [len(t) for t in ids] == w.seq_lens.tolist()
+    assert ids[0][:4] == ids[2][:4]
+    # Apart from the group prefixes, no token id occurs twice in the workload.
+    rest = ids[0] + ids[1] + ids[2][4:] + ids[3]
+    assert len(set(rest)) == len(rest)
+    with pytest.raises(IndexError, match=r"i=4: must be in \[0, 4\)"):
+        w.token_ids(4)
+
+
+@pytest.mark.parametrize("distribution", sorted(DISTRIBUTIONS))
+@pytest.mark.parametrize("max_seq_len", [64, 4096, 32768])
+def test_make_workload_fits_max_seq_len_at_any_shared_fraction(distribution, max_seq_len):
+    for fraction in (0.0, 0.5, 1.0):
+        w = make_workload(distribution, 300, max_seq_len, fraction, prefix_len=max_seq_len // 4)
+        assert w.max_seq_len == max_seq_len
+        assert w.seq_lens.max() <= max_seq_len
+        assert (w.prefix_group >= 0).sum() == round(300 * fraction)
+
+
+def test_make_workload_rejects_bad_arguments():
+    with pytest.raises(ValueError, match=r"distribution='zipf': must be one of"):
+        make_workload("zipf", 10, 128)
+    with pytest.raises(ValueError, match=r"prefix_len=128: must be in \[0, max_seq_len=128\)"):
+        make_workload("uniform", 10, 128, 0.5, prefix_len=128)

@@ -15,8 +15,11 @@ _LAZY = {
     "BlockPool": ("kvlab.cache", "BlockPool"),
     "OutOfBlocksError": ("kvlab.cache", "OutOfBlocksError"),
     "dashboard": ("kvlab.panels", "dashboard"),
+    "decode_attention": ("kvlab.kernels.decode", "decode_attention"),
+    "DecodePlan": ("kvlab.kernels.decode", "DecodePlan"),
+    "PrefetchConfig": ("kvlab.kernels.prefetch", "PrefetchConfig"),
 }
-_SUBMODULES = ("cache", "reference", "workload", "panels", "viz", "bench")
+_SUBMODULES = ("cache", "reference", "workload", "kernels", "panels", "viz", "bench")
 
 __all__ = ["MODELS", "ModelConfig", "backend", "device_label", *_LAZY, *_SUBMODULES]
 

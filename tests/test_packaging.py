@@ -12,7 +12,8 @@ import pytest
 import kvlab
 
 ROOT = Path(__file__).resolve().parents[1]
-CONDA_NAMES = {"torch": "pytorch-cpu"}  # conda-forge's name for a PyPI requirement
+# conda-forge's names for PyPI requirements
+CONDA_NAMES = {"torch": "pytorch-cpu", "nvidia-cuda-nvrtc": "cuda-nvrtc"}
 
 
 def requirement_name(spec: str) -> str:

@@ -39,8 +39,12 @@ def _time_sequences(num_seqs: int, seq_len: int, num_repeats: int) -> float:
     return statistics.median(rates)
 
 
-def run(quick: bool = False) -> dict:
-    num_pairs, num_repeats = (20_000, 3) if quick else (200_000, 7)
+def add_arguments(parser) -> None:
+    parser.add_argument("--quick", action="store_true", help="fewer repeats (a smoke run)")
+
+
+def run(args) -> dict:
+    num_pairs, num_repeats = (20_000, 3) if args.quick else (200_000, 7)
     core = pin_to_one_core()
     single = _time_pool_pairs(1, num_pairs, num_repeats)
     batched = _time_pool_pairs(16, num_pairs // 16, num_repeats)

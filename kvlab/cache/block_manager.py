@@ -44,8 +44,8 @@ def _cdiv(a: int, b: int) -> int:
 class BlockManager:
     """Allocates blocks to sequences. Every failed call leaves the manager unchanged."""
 
-    def __init__(self, num_blocks: int, block_size: int):
-        self.pool = BlockPool(num_blocks, block_size)
+    def __init__(self, num_blocks: int, block_size: int, seed: int | None = None):
+        self.pool = BlockPool(num_blocks, block_size, seed)
         self.block_size = block_size
         self._seqs: dict[int, _Sequence] = {}
         self._next_seq_id = 0

@@ -34,19 +34,20 @@ class PagedKVCache:
         num_blocks, block_size: pool size; block_size a power of two in [1, 256].
         num_kv_heads: KV heads; head_dim: one of 64, 80, 96, 112, 128, 256.
         dtype: torch.float16, torch.bfloat16 or torch.float32. layout: "hnd" or "vllm".
+        seed: if given, blocks are handed out in a random order (scattered block tables).
 
     Every method that fails raises before changing anything: the cache stays as it was.
     """
 
     def __init__(self, num_blocks, block_size, num_kv_heads, head_dim, dtype=torch.float16,
-                 device="cpu", layout="hnd"):
+                 device="cpu", layout="hnd", seed=None):
         check_positive_int("num_kv_heads", num_kv_heads)
         check_head_dim(head_dim)
         if dtype not in DTYPES:
             raise ValueError(f"dtype={dtype!r}: must be one of {DTYPES}")
         if layout not in LAYOUTS:
             raise ValueError(f"layout={layout!r}: must be one of {LAYOUTS}")
-        self.manager = BlockManager(num_blocks, block_size)
+        self.manager = BlockManager(num_blocks, block_size, seed)
         self.num_blocks, self.block_size = num_blocks, block_size
         self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
         self.dtype, self.layout = dtype, layout

@@ -61,3 +61,10 @@ def test_bad_block_size(block_size):
 def test_bad_num_blocks(num_blocks):
     with pytest.raises(ValueError, match="num_blocks="):
         BlockPool(num_blocks, 16)
+
+
+def test_seed_scatters_the_free_queue_reproducibly():
+    assert BlockPool(8, 16).allocate(8) == list(range(8))
+    scattered = BlockPool(64, 16, seed=3).allocate(64)
+    assert sorted(scattered) == list(range(64)) and scattered != list(range(64))
+    assert BlockPool(64, 16, seed=3).allocate(64) == scattered

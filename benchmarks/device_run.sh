@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: GPU tests, sanitizers, ptxas report, benchmark. Logs and JSON go
+# to $OUT. Usage (from the repo root there): bash benchmarks/device_run.sh [bench options...]
+set -uo pipefail
+OUT=${OUT:-/tmp/kvlab-out}
+mkdir -p "$OUT"
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -m gpu -p no:cacheprovider --import-mode=importlib \
+    tests/kernels tests/cache/test_paged_cache.py tests/test_device.py \
+    2>&1 | tail -40 | tee "$OUT/pytest.log"
+fi
+if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
+  for tool in memcheck racecheck; do
+    timeout ${SANITIZER_TIMEOUT:-90} compute-sanitizer --tool $tool python3 benchmarks/sanitize_cases.py \
+      > "$OUT/sanitizer_$tool.log" 2>&1
+    tail -3 "$OUT/sanitizer_$tool.log"
+  done
+fi
+if [ "$#" -gt 0 ]; then
+  timeout "${BENCH_TIMEOUT:-300}" python3 -m kvlab bench attention --json "$OUT/attention.json" \
+    --checkpoint "$OUT/attention_partial.json" "$@" \
+    > "$OUT/attention.txt" 2> "$OUT/attention.err"
+  tail -60 "$OUT/attention.txt"; tail -5 "$OUT/attention.err"
+fi

@@ -1,0 +1,33 @@
+"""Small launches of every kernel family and prefetch mode, for compute-sanitizer:
+
+    compute-sanitizer --tool memcheck python benchmarks/sanitize_cases.py
+    compute-sanitizer --tool racecheck python benchmarks/sanitize_cases.py
+"""
+
+import torch
+
+import kvlab
+from kvlab.cache import PagedKVCache
+
+PREFETCHES = [kvlab.PrefetchConfig(), kvlab.PrefetchConfig("bulk", evict_last=True),
+              kvlab.PrefetchConfig("line")]
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    for kernel, layout, block_size in (("vllm_v1", "vllm", 16), ("gqa", "hnd", 16),
+                                       ("gqa", "hnd", 128)):
+        for lens in ([1, 17, 97], [700, 5]):  # single-CTA paths, then partitions / split-KV
+            cache = PagedKVCache(64, block_size, 2, 128, dtype=torch.float16, device="cuda",
+                                 layout=layout, seed=1)
+            seq_ids = [cache.add_sequence(*torch.randn(2, n, 2, 128, device="cuda").half())
+                       for n in lens]
+            q = torch.randn(len(lens), 6, 128, device="cuda", dtype=torch.float16)
+            for prefetch in PREFETCHES:
+                kvlab.decode_attention(q, cache, seq_ids, kernel=kernel, prefetch=prefetch)
+    torch.cuda.synchronize()
+    print("sanitize cases ran")
+
+
+if __name__ == "__main__":
+    main()

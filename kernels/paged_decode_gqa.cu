@@ -1,0 +1,521 @@
+// Group-aware paged decode attention on the "hnd" cache layout (family: gqa_decode + gqa_merge).
+//
+// One CTA owns one (sequence, KV head, chunk of the sequence) and ALL the GROUP query heads that
+// read that KV head, so every K/V byte is read from HBM once (a per-query-head kernel reads it
+// GROUP times).
+//
+//   gqa_decode<T, HEAD_DIM, BLOCK_SIZE, GROUP, PF_MODE, PF_K, PF_V, PF_DIST, PF_EVICT_LAST>
+//     T           __half or __nv_bfloat16 (q, caches, out); softmax and accumulation in fp32.
+//     HEAD_DIM    64, 80, 96, 112, 128, 256.
+//     BLOCK_SIZE  tokens per cache block, a power of two in [8, 256].
+//     GROUP       num_qo_heads / num_kv_heads, 1..8.
+//     PF_MODE     kvlab::PF_NONE (baseline: the prefetch code is compiled out), PF_BULK, PF_LINE.
+//     PF_K, PF_V  which of the two caches to prefetch into L2.
+//     PF_DIST     prefetch distance in main-loop iterations (64-token tiles), >= 1; see below.
+//     PF_EVICT_LAST  tag prefetched lines evict-last (one createpolicy per thread at kernel start).
+//   gqa_merge<T, HEAD_DIM>: combines the chunks of a split-KV launch by their log-sum-exp.
+//
+// Launch contract (the Python wrapper's side):
+//   gqa_decode: grid (max_num_chunks, num_kv_heads, num_seqs), block 128 threads (4 warps),
+//     dynamic shared memory = STAGES * NUM_WARPS * 2 * WARP_TOKENS * (HEAD_DIM * 2 + 16) bytes
+//                           = 384 * (2 * HEAD_DIM + 16) bytes  (both dtypes are 2 bytes):
+//       head_dim 64: 55,296   80: 67,584   96: 79,872   112: 92,160   128: 104,448   256: 202,752.
+//     All are above 48 KB: the wrapper must set cudaFuncAttributeMaxDynamicSharedMemorySize
+//     (CuPy: kernel.max_dynamic_shared_size_bytes = bytes) before the first launch.
+//     chunk_size: a multiple of 256 (64 suffices). When max_num_chunks == 1 the one chunk is the
+//     whole sequence whatever chunk_size says, and the CTA writes `out`; otherwise it writes
+//     partial_out (fp32, normalised by its own sum) and partial_lse (natural log, scaled-logit
+//     domain), and gqa_merge writes `out`.
+//   gqa_merge: grid (num_qo_heads, num_seqs), block 128 threads, no dynamic shared memory.
+//
+// Design (4 warps per CTA; each warp runs its own cp.async pipeline, no CTA barrier in the loop):
+//   - The chunk is walked in 64-token tiles; warp w owns rows [16w, 16w + 16) of every tile. Tile
+//     starts are multiples of 64 (chunk starts are multiples of 256), so a warp's 16 rows lie in
+//     one block when BLOCK_SIZE >= 16 and in two consecutive blocks when BLOCK_SIZE == 8.
+//   - Each warp copies its 16 K rows and 16 V rows into its own shared-memory stage with 16-byte
+//     cp.async.cg (3 stages: 2 tiles in flight while one is computed). Rows at or past seq_len
+//     are zero-filled (src-size 0: nothing is read), so garbage/NaN there never reaches the math.
+//   - Scores and the PV product run on tensor cores (mma.sync m16n8k16, fp32 accumulate):
+//       S[head, token] = Q[16 (GROUP used) x D] . K^T[D x 8 tokens]   (A = Q from registers)
+//       O^T[dim, head] += V^T[16 dims x 16 tokens] . P^T[16 tokens x 8 heads]
+//     The S accumulator fragments of two 8-token n-tiles are exactly the B fragment of P^T, so P
+//     never leaves registers. Online softmax in fp32 (log2 domain): running max m and partial sums
+//     l per head, the O^T accumulator rescaled by exp2(m_old - m_new). P is rounded to T for the
+//     PV mma (the usual flash-attention trade: ~1e-4 rel. error fp16, ~1e-3 bf16). Rows 8..15 of
+//     the QK mma (and heads GROUP..7) are padding: tensor-core time is far from the bottleneck.
+//   - Shared-memory rows are padded by 16 bytes (stride 2 * HEAD_DIM + 16) so every ldmatrix phase
+//     (8 rows x 16 bytes) hits 32 distinct banks for all listed head dims.
+//   - At the end the 4 warps' (m, l, O) are merged through shared memory (aliasing the stages).
+//
+// Prefetch (arXiv 2504.06319, Algorithm 1, adapted): when a warp issues the cp.async of tile L it
+// also prefetches into L2 its part of tile L + PF_DIST (if that tile exists in the chunk), i.e.
+// PF_DIST iterations ahead of the shared-memory load, PF_DIST + STAGES - 1 ahead of the math.
+// One prefetch_tile_l2 call per contiguous (block, kv head) run of the tile: runs are
+// min(BLOCK_SIZE, 64) tokens, clipped to seq_len, issued by the warp whose rows start the run
+// (block 8: 2 calls per warp; 16: 1 per warp; 32: warps 0 and 2; >= 64: warp 0), per cache.
+//
+// Versions tried / measured (H200, fp16, L2 flushed; GB/s of K+V bytes read):
+//   v1  this file: tensor-core GQA decode, 64-token tiles, 3-stage per-warp cp.async pipeline,
+//       split-KV + merge, optional L2 prefetch.                              -- not yet measured
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "prefetch.cuh"
+
+namespace kvlab {
+namespace gqa {
+
+constexpr int NUM_WARPS = 4;
+constexpr int NUM_THREADS = NUM_WARPS * 32;
+constexpr int WARP_TOKENS = 16;                        // rows of a tile owned by one warp
+constexpr int TILE_TOKENS = NUM_WARPS * WARP_TOKENS;   // 64 tokens per main-loop iteration
+constexpr int STAGES = 3;
+constexpr int MAX_GROUP = 8;                           // the n-width of one mma
+constexpr float LOG2E = 1.4426950408889634f;
+constexpr float LN2 = 0.6931471805599453f;
+
+// Shared-memory geometry. One warp's K (or V) rows of one stage: [WARP_TOKENS][ROW] elements, where
+// ROW = HEAD_DIM + 8 (a 16-byte pad). Whole buffer: [STAGES][NUM_WARPS][K, V][WARP_TOKENS][ROW].
+// CTAS_PER_SM is what shared memory allows on sm_90 (228 KB per SM, 1 KB reserved per CTA):
+// 4 CTAs for head_dim 64, 3 for 80, 2 for 96..128, 1 for 256. It is passed to __launch_bounds__ so
+// that ptxas budgets registers for that occupancy instead of guessing (its guess spilled at 96).
+template <int HEAD_DIM> struct Smem {
+  static constexpr int ROW = HEAD_DIM + 8;
+  static constexpr int WARP_TILE = WARP_TOKENS * ROW;
+  static constexpr int BYTES = STAGES * NUM_WARPS * 2 * WARP_TILE * 2;  // the launch's dynamic smem
+  static constexpr int CTAS_PER_SM = (228 * 1024) / (BYTES + 1024);
+};
+
+// ---- small PTX helpers --------------------------------------------------------------------------
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {  // generic -> .shared address
+  unsigned addr;
+  asm("{ .reg .u64 u; cvta.to.shared.u64 u, %1; cvt.u32.u64 %0, u; }" : "=r"(addr) : "l"(p));
+  return addr;
+}
+
+__device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }  // no <cmath>
+
+// 16-byte global -> shared copy; when !valid nothing is read and the 16 bytes are zero-filled.
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// Four 8x8 b16 matrices; lane l gives the row address of matrix l / 8, row l % 8.
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)) : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)) : "memory");
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {  // ex2.approx: exp2(-inf) = +0
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// d[16x8, fp32] += a[16x16, row] * b[16x8, col]; fragments in the standard mma.m16n8k16 layout.
+template <typename T> struct Mma;
+template <> struct Mma<__half> {
+  static __device__ __forceinline__ void run(float (&d)[4], unsigned a0, unsigned a1, unsigned a2,
+                                             unsigned a3, unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ unsigned pack(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<unsigned*>(&h);
+  }
+  static __device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
+};
+template <> struct Mma<__nv_bfloat16> {
+  static __device__ __forceinline__ void run(float (&d)[4], unsigned a0, unsigned a1, unsigned a2,
+                                             unsigned a3, unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ unsigned pack(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<unsigned*>(&h);
+  }
+  static __device__ __forceinline__ __nv_bfloat16 from_float(float x) {
+    return __float2bfloat16_rn(x);
+  }
+};
+
+// ---- paging: which blocks hold a warp's 16 rows ------------------------------------------------
+
+// Physical block ids of the rows [row0, row0 + 16) of the sequence: one id when BLOCK_SIZE >= 16,
+// two (rows 0-7, 8-15) when BLOCK_SIZE == 8. Entries at or past `end` (= min(chunk end, seq_len))
+// are never read from the block table (NOTE: it is padded with 0 there; we do not rely on that).
+template <int BLOCK_SIZE> struct RowBlocks {
+  static constexpr int N = BLOCK_SIZE >= WARP_TOKENS ? 1 : WARP_TOKENS / BLOCK_SIZE;  // 1 or 2
+  static_assert(N <= 2, "of_row assumes at most two blocks per warp");
+  int id[N];
+  __device__ __forceinline__ void lookup(const int* __restrict__ table_row, int row0, int end) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int t = row0 + i * BLOCK_SIZE;
+      id[i] = t < end ? table_row[t / BLOCK_SIZE] : 0;
+    }
+  }
+  // The block of row r (0..15) of the warp: a select, not a runtime index (id[] stays in regs).
+  __device__ __forceinline__ int of_row(int r) const {
+    if constexpr (N == 1) return id[0];
+    else return r < BLOCK_SIZE ? id[0] : id[1];
+  }
+};
+
+// Element offset of the (block, kv head) tile: [num_blocks, num_kv_heads, BLOCK_SIZE, HEAD_DIM].
+template <int HEAD_DIM, int BLOCK_SIZE>
+__device__ __forceinline__ long long tile_offset(int block_id, int num_kv_heads, int kv_head) {
+  return (static_cast<long long>(block_id) * num_kv_heads + kv_head) * (BLOCK_SIZE * HEAD_DIM);
+}
+
+// ---- the decode body ---------------------------------------------------------------------------
+
+template <typename T, int HEAD_DIM, int BLOCK_SIZE, int GROUP, int PF_MODE, bool PF_K, bool PF_V,
+          int PF_DIST, bool PF_EVICT_LAST>
+__device__ __forceinline__ void decode_body(
+    T* __restrict__ out, float* __restrict__ partial_out, float* __restrict__ partial_lse,
+    const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
+    const int* __restrict__ block_tables, const int* __restrict__ seq_lens,
+    int max_num_blocks_per_seq, int num_kv_heads, int chunk_size, int max_num_chunks, float scale) {
+  static_assert(HEAD_DIM == 64 || HEAD_DIM == 80 || HEAD_DIM == 96 || HEAD_DIM == 112 ||
+                HEAD_DIM == 128 || HEAD_DIM == 256, "HEAD_DIM: 64, 80, 96, 112, 128 or 256");
+  static_assert(BLOCK_SIZE >= 8 && BLOCK_SIZE <= 256 && (BLOCK_SIZE & (BLOCK_SIZE - 1)) == 0,
+                "BLOCK_SIZE: a power of two in [8, 256]");
+  static_assert(GROUP >= 1 && GROUP <= MAX_GROUP, "GROUP: 1..8");
+  static_assert(PF_MODE == PF_NONE || PF_MODE == PF_BULK || PF_MODE == PF_LINE, "PF_MODE");
+  static_assert(PF_MODE == PF_NONE || PF_DIST >= 1, "PF_DIST: >= 1 tile");
+  static_assert(sizeof(T) == 2, "T: __half or __nv_bfloat16");
+  constexpr int K_STEPS = HEAD_DIM / 16;           // 16-dim k-steps of QK = 16-dim m-tiles of PV
+  constexpr int ROW = Smem<HEAD_DIM>::ROW;         // smem row stride in elements
+  constexpr int VECS = HEAD_DIM / 8;               // 16-byte vectors per row
+  constexpr int COPIES = WARP_TOKENS * VECS / 32;  // cp.async per lane per cache per tile
+  constexpr int RUN = BLOCK_SIZE < TILE_TOKENS ? BLOCK_SIZE : TILE_TOKENS;  // prefetch call, tokens
+  constexpr bool PREFETCH = PF_MODE != PF_NONE && (PF_K || PF_V);
+
+  const int chunk = blockIdx.x, kv_head = blockIdx.y, seq = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int seq_len = seq_lens[seq];
+  const int chunk_start = chunk * chunk_size;
+  // NOTE: chunk 0 always runs, so that an empty sequence still gets (zero) outputs.
+  if (chunk > 0 && chunk_start >= seq_len) return;
+  const int chunk_end = max_num_chunks == 1 ? seq_len : min(chunk_start + chunk_size, seq_len);
+  const int num_tiles = (chunk_end - chunk_start + TILE_TOKENS - 1) / TILE_TOKENS;  // <= 0: none
+  const int num_qo_heads = num_kv_heads * GROUP;
+  const int* __restrict__ table_row =
+      block_tables + static_cast<long long>(seq) * max_num_blocks_per_seq;  // this seq's row
+  const float scale_log2 = scale * LOG2E;
+
+  unsigned long long policy = 0;
+  if constexpr (PREFETCH && PF_EVICT_LAST) policy = make_evict_last_policy();
+
+  // Shared memory: [STAGES][NUM_WARPS][K, V][WARP_TOKENS][ROW] elements of T.
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* const smem = reinterpret_cast<T*>(smem_raw);
+  constexpr int WARP_TILE = Smem<HEAD_DIM>::WARP_TILE;
+  auto stage_k = [&](int stage) { return smem + (stage * NUM_WARPS + warp) * 2 * WARP_TILE; };
+  auto stage_v = [&](int stage) { return stage_k(stage) + WARP_TILE; };
+  auto warp_row0 = [&](int tile) { return chunk_start + tile * TILE_TOKENS + warp * WARP_TOKENS; };
+
+  // Q of the group as mma A fragments (rows = query heads, rows >= GROUP and 8..15 are zero):
+  // q_frag[s][0] = Q[g][16s + 2(lane%4) + {0,1}], q_frag[s][1] = Q[g][16s + 8 + 2(lane%4) + {0,1}],
+  // g = lane / 4. q is [num_seqs, num_qo_heads, HEAD_DIM]; the group's heads are consecutive.
+  unsigned q_frag[K_STEPS][2];
+  {
+    const int g = lane / 4;
+    const long long head = static_cast<long long>(seq) * num_qo_heads + kv_head * GROUP + g;
+    const T* qg = q + head * HEAD_DIM + 2 * (lane % 4);
+#pragma unroll
+    for (int s = 0; s < K_STEPS; ++s) {
+      q_frag[s][0] = g < GROUP ? *reinterpret_cast<const unsigned*>(qg + 16 * s) : 0u;
+      q_frag[s][1] = g < GROUP ? *reinterpret_cast<const unsigned*>(qg + 16 * s + 8) : 0u;
+    }
+  }
+
+  // Copy this warp's 16 K and V rows of `tile` into `stage` (rows >= chunk_end zero-filled).
+  auto load_tile = [&](int tile, int stage, const RowBlocks<BLOCK_SIZE>& blocks) {
+    const int row0 = warp_row0(tile);
+    if (row0 >= chunk_end) return;  // warp-uniform: this warp's rows of the last tile are all empty
+    T* const ks = stage_k(stage);
+    T* const vs = stage_v(stage);
+#pragma unroll
+    for (int i = 0; i < COPIES; ++i) {
+      const int c = lane + 32 * i;
+      const int r = c / VECS, v = c % VECS;
+      // Row in its block: row0 is 16-aligned, so rows never wrap within a block when
+      // BLOCK_SIZE >= 16, and with BLOCK_SIZE 8 rows 8..15 start the second block.
+      const int row_in_block = (row0 & (BLOCK_SIZE - 1)) + (r & (BLOCK_SIZE - 1));
+      const long long off =
+          tile_offset<HEAD_DIM, BLOCK_SIZE>(blocks.of_row(r), num_kv_heads, kv_head) +
+          row_in_block * HEAD_DIM + v * 8;
+      const bool valid = row0 + r < chunk_end;
+      cp_async_16(ks + r * ROW + v * 8, valid ? k_cache + off : k_cache, valid);
+      cp_async_16(vs + r * ROW + v * 8, valid ? v_cache + off : v_cache, valid);
+    }
+  };
+
+  // L2 prefetch of the runs of `tile` that start in this warp's rows.
+  auto prefetch_tile = [&](int tile, const RowBlocks<BLOCK_SIZE>& blocks) {
+    const int row0 = warp_row0(tile);
+#pragma unroll
+    for (int i = 0; i < RowBlocks<BLOCK_SIZE>::N; ++i) {
+      if (RUN > WARP_TOKENS && (warp * WARP_TOKENS) % RUN != 0) continue;
+      const int run0 = row0 + i * RUN;
+      const int num_tokens = min(RUN, chunk_end - run0);
+      if (num_tokens <= 0) continue;
+      const long long off = tile_offset<HEAD_DIM, BLOCK_SIZE>(blocks.id[i], num_kv_heads, kv_head) +
+                            (run0 & (BLOCK_SIZE - 1)) * HEAD_DIM;
+      const unsigned bytes = num_tokens * HEAD_DIM * sizeof(T);
+      if constexpr (PF_K)
+        prefetch_tile_l2<PF_MODE, PF_EVICT_LAST>(k_cache + off, bytes, lane, 32, policy);
+      if constexpr (PF_V)
+        prefetch_tile_l2<PF_MODE, PF_EVICT_LAST>(v_cache + off, bytes, lane, 32, policy);
+    }
+  };
+
+  // Online-softmax state. Lane holds head g = lane / 4 for m and its partial l (its 4 scores per
+  // tile); o[s] is the O^T fragment of dims 16s..16s+15: o[s][0..1] = (dim 16s + lane/4, heads
+  // 2(lane%4) + {0,1}), o[s][2..3] = same heads, dim + 8.
+  float m = neg_inf(), l = 0.f;
+  float o[K_STEPS][4];
+#pragma unroll
+  for (int s = 0; s < K_STEPS; ++s) o[s][0] = o[s][1] = o[s][2] = o[s][3] = 0.f;
+
+  // ldmatrix row address of this lane: matrix j = lane / 8 covers tokens (j / 2) * 8 + (0..7) and
+  // dims (j % 2) * 8 + (0..7) of a 16-token x 16-dim square.
+  const int lm_offset = ((lane / 16) * 8 + lane % 8) * ROW + ((lane / 8) % 2) * 8;
+
+  auto compute_tile = [&](int tile, int stage) {
+    const int row0 = warp_row0(tile);
+    if (row0 >= chunk_end) return;  // warp-uniform
+    const T* const ks = stage_k(stage) + lm_offset;
+    const T* const vs = stage_v(stage) + lm_offset;
+
+    // S[head][token] for tokens 0-7 (s_acc[0]) and 8-15 (s_acc[1]); rows 8-15 of the mma unused.
+    float s_acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+    for (int s = 0; s < K_STEPS; ++s) {
+      unsigned kb[4];  // B fragments: tokens 0-7 {kb0, kb1}, tokens 8-15 {kb2, kb3}
+      ldmatrix_x4(kb, ks + 16 * s);
+      Mma<T>::run(s_acc[0], q_frag[s][0], 0u, q_frag[s][1], 0u, kb[0], kb[1]);
+      Mma<T>::run(s_acc[1], q_frag[s][0], 0u, q_frag[s][1], 0u, kb[2], kb[3]);
+    }
+
+    // Scaled logits (log2 domain) of tokens row0 + 8n + 2(lane%4) + j; masked past chunk_end.
+    float x[2][2];
+    float tile_max = neg_inf();
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const bool valid = row0 + 8 * n + 2 * (lane % 4) + j < chunk_end;
+        x[n][j] = valid ? s_acc[n][j] * scale_log2 : neg_inf();
+        tile_max = fmaxf(tile_max, x[n][j]);
+      }
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+    const float m_new = fmaxf(m, tile_max);
+    const float m_ref = m_new == neg_inf() ? 0.f : m_new;  // no valid token yet: keep p = alpha = 0
+    const float alpha = fast_exp2(m - m_ref);
+    float p[2][2];
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) p[n][j] = fast_exp2(x[n][j] - m_ref);
+    l = l * alpha + (p[0][0] + p[0][1]) + (p[1][0] + p[1][1]);
+    m = m_new;
+
+    // P^T as the mma B fragment: (tokens 2(lane%4) + {0,1}, head lane/4) and tokens + 8.
+    const unsigned pb0 = Mma<T>::pack(p[0][0], p[0][1]);
+    const unsigned pb1 = Mma<T>::pack(p[1][0], p[1][1]);
+    // O^T columns of this lane are heads 2(lane%4) and 2(lane%4) + 1: fetch their alpha.
+    const float alpha0 = __shfl_sync(0xffffffffu, alpha, 8 * (lane % 4));
+    const float alpha1 = __shfl_sync(0xffffffffu, alpha, 8 * (lane % 4) + 4);
+#pragma unroll
+    for (int s = 0; s < K_STEPS; ++s) {
+      unsigned va[4];  // A fragment of V^T[dims 16s.., tokens 0-15]
+      ldmatrix_x4_trans(va, vs + 16 * s);
+      o[s][0] *= alpha0; o[s][1] *= alpha1; o[s][2] *= alpha0; o[s][3] *= alpha1;
+      Mma<T>::run(o[s], va[0], va[1], va[2], va[3], pb0, pb1);
+    }
+  };
+
+  // ---- main loop: per-warp 3-stage pipeline -------------------------------------------------
+  RowBlocks<BLOCK_SIZE> blocks, pf_blocks;
+#pragma unroll
+  for (int tile = 0; tile < STAGES - 1; ++tile) {
+    if (tile < num_tiles) {
+      blocks.lookup(table_row, warp_row0(tile), chunk_end);
+      load_tile(tile, tile, blocks);
+      if constexpr (PREFETCH) {
+        if (tile + PF_DIST < num_tiles) {
+          pf_blocks.lookup(table_row, warp_row0(tile + PF_DIST), chunk_end);
+          prefetch_tile(tile + PF_DIST, pf_blocks);
+        }
+      }
+    }
+    cp_async_commit();
+  }
+  // Block ids for the next load (and its prefetch) are looked up one iteration early, so the
+  // block-table read overlaps the math instead of stalling the cp.async issue.
+  blocks.lookup(table_row, warp_row0(STAGES - 1), chunk_end);
+  if constexpr (PREFETCH) pf_blocks.lookup(table_row, warp_row0(STAGES - 1 + PF_DIST), chunk_end);
+
+  int read_stage = 0, write_stage = STAGES - 1;
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    const int next = tile + STAGES - 1;  // tile to load now, into the stage read last iteration
+    __syncwarp();                        // every lane is done reading write_stage
+    if (next < num_tiles) {
+      load_tile(next, write_stage, blocks);
+      if constexpr (PREFETCH) {
+        if (next + PF_DIST < num_tiles) prefetch_tile(next + PF_DIST, pf_blocks);
+      }
+    }
+    cp_async_commit();  // always, possibly empty: keeps "tile t = group t" for wait_group
+    blocks.lookup(table_row, warp_row0(next + 1), chunk_end);
+    if constexpr (PREFETCH) pf_blocks.lookup(table_row, warp_row0(next + 1 + PF_DIST), chunk_end);
+
+    cp_async_wait<STAGES - 1>();  // this lane's copies of `tile` have landed ...
+    __syncwarp();                 // ... and every lane's are visible to the warp
+    compute_tile(tile, read_stage);
+    read_stage = read_stage == STAGES - 1 ? 0 : read_stage + 1;
+    write_stage = write_stage == STAGES - 1 ? 0 : write_stage + 1;
+  }
+  cp_async_wait<0>();  // only empty groups remain; drained before the stages are reused
+  __syncthreads();     // all warps done with the stages
+
+  // ---- merge the 4 warps (aliases the stages) -----------------------------------------------
+  // red_o [NUM_WARPS][MAX_GROUP][HEAD_DIM + 4] fp32 (the +4 spreads a warp's stores over 32 banks),
+  // red_m, red_l [NUM_WARPS][MAX_GROUP].
+  constexpr int RED_ROW = HEAD_DIM + 4;
+  static_assert((NUM_WARPS * MAX_GROUP * (RED_ROW + 2)) * 4 <= Smem<HEAD_DIM>::BYTES, "smem");
+  float* const red_o = reinterpret_cast<float*>(smem_raw);
+  float* const red_m = red_o + NUM_WARPS * MAX_GROUP * RED_ROW;
+  float* const red_l = red_m + NUM_WARPS * MAX_GROUP;
+  l += __shfl_xor_sync(0xffffffffu, l, 1);  // the quad's partial sums share one m
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  if (lane % 4 == 0) {
+    red_m[warp * MAX_GROUP + lane / 4] = m;
+    red_l[warp * MAX_GROUP + lane / 4] = l;
+  }
+  {
+    float* const w_o = red_o + warp * MAX_GROUP * RED_ROW;
+    const int h0 = 2 * (lane % 4), d0 = lane / 4;
+#pragma unroll
+    for (int s = 0; s < K_STEPS; ++s) {
+      w_o[h0 * RED_ROW + 16 * s + d0] = o[s][0];
+      w_o[(h0 + 1) * RED_ROW + 16 * s + d0] = o[s][1];
+      w_o[h0 * RED_ROW + 16 * s + d0 + 8] = o[s][2];
+      w_o[(h0 + 1) * RED_ROW + 16 * s + d0 + 8] = o[s][3];
+    }
+  }
+  __syncthreads();
+
+  // out / partial_out rows of the group: [.., kv_head * GROUP + g, ..]; an element per step.
+  for (int idx = threadIdx.x; idx < GROUP * HEAD_DIM; idx += NUM_THREADS) {
+    const int g = idx / HEAD_DIM, d = idx % HEAD_DIM;
+    float m_max = neg_inf();
+#pragma unroll
+    for (int w = 0; w < NUM_WARPS; ++w) m_max = fmaxf(m_max, red_m[w * MAX_GROUP + g]);
+    float sum = 0.f, acc = 0.f;
+#pragma unroll
+    for (int w = 0; w < NUM_WARPS; ++w) {
+      const float mw = red_m[w * MAX_GROUP + g];
+      const float f = mw == neg_inf() ? 0.f : fast_exp2(mw - m_max);  // a warp with no tokens: 0
+      sum += f * red_l[w * MAX_GROUP + g];
+      acc += f * red_o[(w * MAX_GROUP + g) * RED_ROW + d];
+    }
+    const float value = sum > 0.f ? acc / sum : 0.f;
+    const long long head = static_cast<long long>(seq) * num_qo_heads + kv_head * GROUP + g;
+    if (max_num_chunks == 1) {
+      out[head * HEAD_DIM + d] = Mma<T>::from_float(value);
+    } else {
+      partial_out[(head * max_num_chunks + chunk) * HEAD_DIM + d] = value;
+      if (d == 0)
+        partial_lse[head * max_num_chunks + chunk] =
+            sum > 0.f ? (m_max + __log2f(sum)) * LN2 : neg_inf();
+    }
+  }
+}
+
+}  // namespace gqa
+
+// ---- entry points (instantiated through CuPy name_expressions) ----------------------------
+
+// out [num_seqs, num_qo_heads, HEAD_DIM] T (written when max_num_chunks == 1);
+// partial_out [num_seqs, num_qo_heads, max_num_chunks, HEAD_DIM] fp32;
+// partial_lse [num_seqs, num_qo_heads, max_num_chunks] fp32;
+// q [num_seqs, num_qo_heads, HEAD_DIM] T; k_cache, v_cache [num_blocks, num_kv_heads, BLOCK_SIZE,
+// HEAD_DIM] T; block_tables [num_seqs, max_num_blocks_per_seq] int32; seq_lens [num_seqs] int32.
+// grid (max_num_chunks, num_kv_heads, num_seqs), block 128, dynamic smem 384 * (2 * HEAD_DIM + 16).
+// (__launch_bounds__ adds the shared-memory occupancy as min blocks; the launch is unchanged.)
+template <typename T, int HEAD_DIM, int BLOCK_SIZE, int GROUP, int PF_MODE, bool PF_K, bool PF_V,
+          int PF_DIST, bool PF_EVICT_LAST>
+__global__ void __launch_bounds__(128, gqa::Smem<HEAD_DIM>::CTAS_PER_SM) gqa_decode(
+    T* __restrict__ out, float* __restrict__ partial_out, float* __restrict__ partial_lse,
+    const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
+    const int* __restrict__ block_tables, const int* __restrict__ seq_lens,
+    int max_num_blocks_per_seq, int num_kv_heads, int chunk_size, int max_num_chunks, float scale) {
+  gqa::decode_body<T, HEAD_DIM, BLOCK_SIZE, GROUP, PF_MODE, PF_K, PF_V, PF_DIST, PF_EVICT_LAST>(
+      out, partial_out, partial_lse, q, k_cache, v_cache, block_tables, seq_lens,
+      max_num_blocks_per_seq, num_kv_heads, chunk_size, max_num_chunks, scale);
+}
+
+// Combine the chunks of each (sequence, query head): out = sum_c w_c partial_out_c / sum_c w_c with
+// w_c = exp(lse_c - max lse). Sequence s has ceil(seq_lens[s] / chunk_size) chunks (at most
+// max_num_chunks). grid (num_qo_heads, num_seqs), block 128, no dynamic shared memory.
+template <typename T, int HEAD_DIM>
+__global__ void __launch_bounds__(128) gqa_merge(
+    T* __restrict__ out, const float* __restrict__ partial_out,
+    const float* __restrict__ partial_lse, const int* __restrict__ seq_lens, int chunk_size,
+    int max_num_chunks) {
+  constexpr int THREADS = 128;
+  const int head = blockIdx.x, seq = blockIdx.y, num_qo_heads = gridDim.x;
+  const int seq_len = seq_lens[seq];
+  const int num_chunks =
+      seq_len > 0 ? min((seq_len + chunk_size - 1) / chunk_size, max_num_chunks) : 0;
+  const long long row = static_cast<long long>(seq) * num_qo_heads + head;
+  const float* __restrict__ lse = partial_lse + row * max_num_chunks;         // [max_num_chunks]
+  const float* __restrict__ po = partial_out + row * max_num_chunks * HEAD_DIM;  // [chunks, D]
+
+  // Pass 1: the largest lse, reduced over the block.
+  __shared__ float warp_max[THREADS / 32];
+  float lse_max = gqa::neg_inf();
+  for (int c = threadIdx.x; c < num_chunks; c += THREADS) lse_max = fmaxf(lse_max, lse[c]);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2)
+    lse_max = fmaxf(lse_max, __shfl_xor_sync(0xffffffffu, lse_max, offset));
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = lse_max;
+  __syncthreads();
+  lse_max = fmaxf(fmaxf(warp_max[0], warp_max[1]), fmaxf(warp_max[2], warp_max[3]));
+
+  // Pass 2: one output dim per thread-step.
+  for (int d = threadIdx.x; d < HEAD_DIM; d += THREADS) {
+    float sum = 0.f, acc = 0.f;
+    for (int c = 0; c < num_chunks; ++c) {
+      const float w = lse_max == gqa::neg_inf() ? 0.f : __expf(lse[c] - lse_max);
+      sum += w;
+      acc += w * po[static_cast<long long>(c) * HEAD_DIM + d];
+    }
+    out[row * HEAD_DIM + d] = gqa::Mma<T>::from_float(sum > 0.f ? acc / sum : 0.f);
+  }
+}
+
+}  // namespace kvlab

@@ -1,0 +1,1 @@
+"""Decode kernels: CUDA C loaders and wrappers, and a Numba kernel."""

@@ -1,0 +1,145 @@
+"""Batched decode attention over a PagedKVCache with the CUDA C kernels.
+
+`DecodePlan` does the per-step work once (block tables and lengths on the device, the kernel and
+its split chosen, kernels compiled); `DecodePlan.run` is then called once per layer and only
+launches. `decode_attention` is both in one call.
+"""
+
+import math
+
+import torch
+
+from kvlab.checks import check_num_heads
+from kvlab.kernels import gqa, vllm_v1
+from kvlab.kernels.prefetch import PrefetchConfig
+
+FAMILIES = {"vllm_v1": vllm_v1.VllmV1, "gqa": gqa.Gqa}
+KERNELS = ("auto", *FAMILIES)
+_RULES = {"vllm_v1": vllm_v1, "gqa": gqa}
+
+
+def check_kernel(kernel: str, cache, num_qo_heads: int) -> None:
+    """Raise ValueError unless `kernel` can run on `cache` with `num_qo_heads` query heads."""
+    if kernel not in FAMILIES:
+        raise ValueError(f"kernel={kernel!r}: must be one of {KERNELS}")
+    rules = _RULES[kernel]
+    if cache.layout != rules.LAYOUT:
+        raise ValueError(
+            f"cache.layout={cache.layout!r}: kernel={kernel!r} reads the {rules.LAYOUT!r} layout"
+        )
+    if cache.block_size not in rules.BLOCK_SIZES:
+        raise ValueError(
+            f"block_size={cache.block_size}: kernel={kernel!r} supports {rules.BLOCK_SIZES}"
+        )
+    group = num_qo_heads // cache.num_kv_heads
+    if kernel == "gqa" and group > gqa.MAX_GROUP:
+        raise ValueError(
+            f"num_qo_heads / num_kv_heads = {group}: kernel='gqa' supports groups 1 to "
+            f"{gqa.MAX_GROUP}"
+        )
+
+
+def auto_kernel(cache) -> str:
+    """The kernel family `kernel="auto"` runs: the one that reads the cache's layout."""
+    return "gqa" if cache.layout == gqa.LAYOUT else "vllm_v1"
+
+
+def _check_cache(cache) -> None:
+    if cache.device.type != "cuda":
+        raise ValueError(f"cache.device={cache.device}: the CUDA kernels need a CUDA device")
+    if cache.dtype not in vllm_v1.CUDA_TYPES:
+        raise ValueError(
+            f"cache.dtype={cache.dtype}: the CUDA kernels support {tuple(vllm_v1.CUDA_TYPES)}"
+        )
+
+
+def _check_tensor(name: str, t, shape: tuple, dtype, device) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name}: must be a torch.Tensor, got {type(t).__name__}")
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name}.shape={tuple(t.shape)}: must be {shape}")
+    if t.dtype != dtype:
+        raise ValueError(f"{name}.dtype={t.dtype}: must be {dtype}")
+    if t.device != device:
+        raise ValueError(f"{name}.device={t.device}: must be {device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name}: must be contiguous (call .contiguous())")
+
+
+class DecodePlan:
+    """One decode step's plan for a batch of sequences of a paged cache.
+
+    Args:
+        cache: a PagedKVCache on a CUDA device, fp16 or bf16.
+        seq_ids: the B live sequences to decode, in the order of q's rows.
+        num_qo_heads: query heads, a multiple of cache.num_kv_heads.
+        kernel: "auto", "vllm_v1" (layout "vllm", block sizes 8/16/32) or "gqa" (layout "hnd",
+            block sizes 8..256, groups 1..8).
+        prefetch: a PrefetchConfig, or None for no prefetch.
+        scale: softmax scale, default 1 / sqrt(head_dim).
+    The plan captures the sequences' block tables and lengths now: make a new plan after the
+    cache changes (once per decode step), and reuse it for every layer of that step.
+    Raises ValueError, before any launch, for anything the kernels cannot run.
+    """
+
+    def __init__(self, cache, seq_ids, num_qo_heads: int, kernel: str = "auto",
+                 prefetch: PrefetchConfig | None = None, scale: float | None = None):
+        _check_cache(cache)
+        check_num_heads(num_qo_heads, cache.num_kv_heads)
+        if kernel == "auto":
+            kernel = auto_kernel(cache)
+        check_kernel(kernel, cache, num_qo_heads)
+        prefetch = PrefetchConfig() if prefetch is None else prefetch
+        if not isinstance(prefetch, PrefetchConfig):
+            raise ValueError(f"prefetch={prefetch!r}: must be a PrefetchConfig or None")
+        seq_ids = list(seq_ids)
+        if not seq_ids:
+            raise ValueError("seq_ids=[]: must name at least one sequence")
+        self.cache, self.kernel, self.prefetch = cache, kernel, prefetch
+        self.num_qo_heads = num_qo_heads
+        self.scale = 1.0 / math.sqrt(cache.head_dim) if scale is None else float(scale)
+        self.block_tables = cache.block_tables(seq_ids)  # int32 [B, max_num_blocks]
+        self.seq_lens = cache.seq_lens(seq_ids)  # int32 [B]
+        self.max_seq_len = max(cache.manager.seq_len(s) for s in seq_ids)
+        num_sms = torch.cuda.get_device_properties(cache.device).multi_processor_count
+        self.launcher = FAMILIES[kernel](
+            cache, num_qo_heads, len(seq_ids), self.max_seq_len, prefetch, num_sms
+        )
+
+    @property
+    def num_seqs(self) -> int:
+        return self.seq_lens.shape[0]
+
+    def run(self, q: torch.Tensor, k_cache: torch.Tensor | None = None,
+            v_cache: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention of q against one layer's paged K/V (default: the cache's own tensors).
+
+        q: [B, num_qo_heads, head_dim] in the cache's dtype, contiguous. k_cache, v_cache: the
+        shapes, dtype and device of cache.k_cache / cache.v_cache. out: where to write, like q
+        (default: a new tensor). Returns out.
+        """
+        cache = self.cache
+        k_cache = cache.k_cache if k_cache is None else k_cache
+        v_cache = cache.v_cache if v_cache is None else v_cache
+        q_shape = (self.num_seqs, self.num_qo_heads, cache.head_dim)
+        _check_tensor("q", q, q_shape, cache.dtype, cache.device)
+        _check_tensor("k_cache", k_cache, tuple(cache.k_cache.shape), cache.dtype, cache.device)
+        _check_tensor("v_cache", v_cache, tuple(cache.v_cache.shape), cache.dtype, cache.device)
+        if out is None:
+            out = torch.empty_like(q)
+        _check_tensor("out", out, q_shape, cache.dtype, cache.device)
+        self.launcher(out, q, k_cache, v_cache, self.block_tables, self.seq_lens, self.scale)
+        return out
+
+
+def decode_attention(q: torch.Tensor, cache, seq_ids, kernel: str = "auto",
+                     prefetch: PrefetchConfig | None = None, scale: float | None = None):
+    """One decode step of attention with a CUDA kernel: `DecodePlan(...).run(q)`.
+
+    q: [B, num_qo_heads, head_dim], the cache's dtype, on its device. Returns the same shape and
+    dtype. See DecodePlan for the arguments and errors.
+    """
+    if not isinstance(q, torch.Tensor) or q.dim() != 3:
+        shape = tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__
+        raise ValueError(f"q: must be a 3-d torch.Tensor [B, num_qo_heads, head_dim], got {shape}")
+    return DecodePlan(cache, seq_ids, q.shape[1], kernel, prefetch, scale).run(q)

@@ -1,0 +1,105 @@
+"""Launcher for `kernels/paged_decode_gqa.cu`: a group-aware paged decode kernel on the "hnd"
+layout, with split-KV and the optional L2 prefetch of arXiv 2504.06319.
+
+One CTA handles one (sequence chunk, KV head) and all query heads of that head's group, so each
+KV byte is read from HBM once. When num_seqs x num_kv_heads CTAs cannot fill the GPU, each
+sequence is cut into chunks (multiples of 256 tokens) spread over more CTAs, and a merge kernel
+combines the chunks' partial outputs by their log-sum-exp.
+"""
+
+import numpy as np
+import torch
+
+from kvlab.checks import HEAD_DIMS
+from kvlab.kernels.launch import NULL, launch, ptr
+from kvlab.kernels.prefetch import PrefetchConfig
+from kvlab.kernels.vllm_v1 import CUDA_TYPES
+
+SOURCE = "paged_decode_gqa.cu"
+LAYOUT = "hnd"
+BLOCK_SIZES = (8, 16, 32, 64, 128, 256)
+MAX_GROUP = 8
+NUM_THREADS = 128
+CHUNK_QUANTUM = 256  # chunk sizes are multiples of this many tokens
+CTAS_PER_SM = 2  # split until the grid has at least this many CTAs per SM
+
+
+def name_expressions(dtype, head_dim: int, block_size: int, group: int,
+                     prefetch: PrefetchConfig) -> tuple[str, str]:
+    """The decode kernel's instantiation and the merge kernel's."""
+    t = CUDA_TYPES[dtype]
+    return (
+        f"kvlab::gqa_decode<{t}, {head_dim}, {block_size}, {group}, {prefetch.template_args()}>",
+        f"kvlab::gqa_merge<{t}, {head_dim}>",
+    )
+
+
+def default_instances() -> list[str]:
+    """What CI compiles with nvcc: every dtype and head_dim, MHA and GQA 4:1, with and without
+    prefetch, at block size 16, and every block size at head_dim 128."""
+    configs = [
+        (dtype, head_dim, 16, group, prefetch)
+        for dtype in CUDA_TYPES
+        for head_dim in HEAD_DIMS
+        for group in (1, 4)
+        for prefetch in (PrefetchConfig(), PrefetchConfig("bulk"), PrefetchConfig("line"))
+    ]
+    configs += [(torch.float16, 128, bs, 4, PrefetchConfig()) for bs in BLOCK_SIZES]
+    return list(dict.fromkeys(n for config in configs for n in name_expressions(*config)))
+
+
+def smem_bytes(head_dim: int) -> int:
+    """Dynamic shared memory of gqa_decode: 3 cp.async stages x 4 warps x (16 K + 16 V rows), each
+    row padded by 16 bytes against bank conflicts."""
+    return 384 * (2 * head_dim + 16)
+
+
+def chunk_size(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
+    """Tokens per chunk: the whole sequence when the grid fills the GPU, else smaller chunks."""
+    num_ctas = num_seqs * num_kv_heads
+    want_chunks = max(1, -(-CTAS_PER_SM * num_sms // num_ctas))
+    size = -(-max_seq_len // want_chunks)
+    return max(CHUNK_QUANTUM, -(-size // CHUNK_QUANTUM) * CHUNK_QUANTUM)
+
+
+class Gqa:
+    """One step's launch of the gqa family: kernels compiled, split planned, buffers sized."""
+
+    name = "gqa"
+
+    def __init__(self, cache, num_qo_heads: int, num_seqs: int, max_seq_len: int,
+                 prefetch: PrefetchConfig, num_sms: int):
+        from kvlab.kernels.loader import load
+
+        self.num_qo_heads, self.num_seqs, self.num_kv_heads = (
+            num_qo_heads, num_seqs, cache.num_kv_heads
+        )
+        self.chunk_size = chunk_size(num_seqs, cache.num_kv_heads, max_seq_len, num_sms)
+        self.num_chunks = -(-max_seq_len // self.chunk_size)
+        d, group = cache.head_dim, num_qo_heads // cache.num_kv_heads
+        names = name_expressions(cache.dtype, d, cache.block_size, group, prefetch)
+        self.decode, self.merge = load(SOURCE, names, cache.device.index)
+        self.smem = smem_bytes(d)
+        self.decode.max_dynamic_shared_size_bytes = self.smem
+        self.partials = None
+        if self.num_chunks > 1:
+            shape = (num_seqs, num_qo_heads, self.num_chunks)
+            self.partials = (
+                torch.empty(*shape, d, dtype=torch.float32, device=cache.device),
+                torch.empty(shape, dtype=torch.float32, device=cache.device),
+            )
+
+    def __call__(self, out, q, k_cache, v_cache, block_tables, seq_lens, scale: float) -> None:
+        partial_out, partial_lse = map(ptr, self.partials) if self.partials else (NULL, NULL)
+        grid = (self.num_chunks, self.num_kv_heads, self.num_seqs)
+        launch(self.decode, grid, (NUM_THREADS,), (
+            ptr(out), partial_out, partial_lse, ptr(q), ptr(k_cache), ptr(v_cache),
+            ptr(block_tables), ptr(seq_lens), np.int32(block_tables.shape[1]),
+            np.int32(self.num_kv_heads), np.int32(self.chunk_size), np.int32(self.num_chunks),
+            np.float32(scale),
+        ), out.device, self.smem)
+        if self.partials:
+            launch(self.merge, (self.num_qo_heads, self.num_seqs), (NUM_THREADS,), (
+                ptr(out), partial_out, partial_lse, ptr(seq_lens), np.int32(self.chunk_size),
+                np.int32(self.num_chunks),
+            ), out.device)

@@ -1,0 +1,30 @@
+"""Launching CuPy kernels on torch tensors: raw pointers and torch's current stream, no copies."""
+
+import numpy as np
+import torch
+
+from kvlab.kernels.loader import import_cupy
+
+NULL = np.uint64(0)
+
+
+def ptr(t: torch.Tensor | None) -> np.uint64:
+    """A kernel argument for a device pointer (CuPy passes a uint64 scalar by value)."""
+    return NULL if t is None else np.uint64(t.data_ptr())
+
+
+_streams: dict[int, object] = {}
+
+
+def torch_stream(device: torch.device):
+    """CuPy's view of torch's current stream on `device` (so launches order with torch work)."""
+    handle = torch.cuda.current_stream(device).cuda_stream
+    stream = _streams.get(handle)
+    if stream is None:
+        stream = _streams[handle] = import_cupy().cuda.ExternalStream(handle, device.index)
+    return stream
+
+
+def launch(kernel, grid, block, args, device: torch.device, shared_mem: int = 0) -> None:
+    with import_cupy().cuda.Device(device.index), torch_stream(device):
+        kernel(grid, block, args, shared_mem=shared_mem)

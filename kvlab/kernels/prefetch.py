@@ -1,0 +1,58 @@
+"""PrefetchConfig: the L2 prefetch options of the decode kernels (arXiv 2504.06319, Algorithm 1)."""
+
+from dataclasses import dataclass
+
+MODES = ("none", "bulk", "line")
+MAX_DISTANCE = 16
+_MODE_IDS = {"none": "kvlab::PF_NONE", "bulk": "kvlab::PF_BULK", "line": "kvlab::PF_LINE"}
+
+
+@dataclass(frozen=True)
+class PrefetchConfig:
+    """Which KV tiles a decode kernel prefetches into L2, and how far ahead.
+
+    mode: "none"; "bulk" (one `cp.async.bulk.prefetch.L2` per contiguous (block, KV head) tile);
+        or "line" (one `prefetch.global.L2` per 128-byte line).
+    k, v: prefetch K tiles, V tiles.
+    distance: how many loop iterations ahead (for `vllm_v1`, warp strides: the paper uses 1).
+    evict_last: tag prefetched lines evict-last in L2.
+    """
+
+    mode: str = "none"
+    k: bool = True
+    v: bool = True
+    distance: int = 1
+    evict_last: bool = False
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"mode={self.mode!r}: must be one of {MODES}")
+        for name in ("k", "v", "evict_last"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r}: must be a bool")
+        if (
+            isinstance(self.distance, bool)
+            or not isinstance(self.distance, int)
+            or not 1 <= self.distance <= MAX_DISTANCE
+        ):
+            raise ValueError(
+                f"distance={self.distance!r}: must be an integer in [1, {MAX_DISTANCE}]"
+            )
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "none" and (self.k or self.v)
+
+    def template_args(self) -> str:
+        """`PF_MODE, PF_K, PF_V, PF_DIST, PF_EVICT_LAST` for the kernels' C++ templates. Every
+        disabled config maps to one instantiation."""
+        if not self.enabled:
+            return "kvlab::PF_NONE, false, false, 1, false"
+        flags = ", ".join(str(x).lower() for x in (self.k, self.v))
+        return f"{_MODE_IDS[self.mode]}, {flags}, {self.distance}, {str(self.evict_last).lower()}"
+
+    def label(self) -> str:
+        if not self.enabled:
+            return "none"
+        kv = "K+V" if self.k and self.v else ("K" if self.k else "V")
+        return f"{self.mode} {kv} d={self.distance}" + (" evict_last" if self.evict_last else "")

@@ -1,0 +1,198 @@
+"""The CUDA C decode kernels against kvlab.reference.decode_attention (GPU only), and the checks
+that run before any launch (CPU)."""
+
+import math
+
+import pytest
+import torch
+
+import kvlab
+from kvlab.cache import PagedKVCache
+from kvlab.checks import HEAD_DIMS
+from kvlab.kernels import gqa, vllm_v1
+from kvlab.kernels.decode import check_kernel
+from kvlab.kernels.loader import load
+from kvlab.kernels.prefetch import PrefetchConfig
+from kvlab.reference import decode_attention as reference
+
+FAMILIES = {"vllm_v1": vllm_v1, "gqa": gqa}
+TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
+BULK = PrefetchConfig("bulk")
+PREFETCHES = [
+    PrefetchConfig(), BULK, PrefetchConfig("line"), PrefetchConfig("bulk", v=False),
+    PrefetchConfig("bulk", k=False), PrefetchConfig("bulk", distance=2),
+    PrefetchConfig("bulk", distance=4), PrefetchConfig("bulk", evict_last=True),
+    PrefetchConfig("line", evict_last=True),
+]
+NUM_KV_HEADS = 2
+# Two batches per case: mixed lengths (long ones: v2 partitions / split-KV), and many short
+# sequences (v1 / one chunk per CTA).
+MIXED = [1, 17, 97, 1000, 3, 600]
+MANY = [1 + (37 * i) % 300 for i in range(160)]
+
+
+def case_grid():
+    cases = []
+    for kernel, family in FAMILIES.items():
+        for dtype in TOLERANCE:
+            for head_dim in HEAD_DIMS:
+                cases.append((kernel, dtype, head_dim, 4, 16, PrefetchConfig()))
+                cases.append((kernel, dtype, head_dim, 1, 16, BULK))
+        cases += [(kernel, torch.float16, 128, group, 16, BULK) for group in range(1, 9)]
+        for block_size in family.BLOCK_SIZES:
+            cases.append((kernel, torch.bfloat16, 128, 2, block_size, PrefetchConfig()))
+            cases.append((kernel, torch.float16, 80, 3, block_size, PrefetchConfig("line")))
+        cases += [(kernel, torch.float16, 128, 4, 16, p) for p in PREFETCHES]
+    return list(dict.fromkeys(cases))
+
+
+CASES = case_grid()
+
+
+def case_id(case):
+    kernel, dtype, head_dim, group, block_size, prefetch = case
+    return f"{kernel}-{str(dtype)[6:]}-d{head_dim}-g{group}-b{block_size}-{prefetch.label()}"
+
+
+def all_name_expressions(kernel):
+    family = FAMILIES[kernel]
+    names = []
+    for k, dtype, head_dim, group, block_size, prefetch in CASES:
+        if k != kernel:
+            continue
+        if kernel == "gqa":
+            names += gqa.name_expressions(dtype, head_dim, block_size, group, prefetch)
+        else:
+            for part in (0, vllm_v1.PARTITION_SIZE):
+                names += vllm_v1.name_expressions(dtype, head_dim, block_size, part, prefetch)
+    return family.SOURCE, list(dict.fromkeys(names))
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """Compile every instantiation the grid needs in one NVRTC call per family."""
+    for kernel in FAMILIES:
+        load(*all_name_expressions(kernel))
+
+
+def make_batch(kernel, dtype, head_dim, block_size, lens, seed):
+    """A cache filled with NaN, then sequences of random K/V scattered over it."""
+    torch.manual_seed(seed)
+    num_blocks = sum(-(-n // block_size) for n in lens) + 3
+    cache = PagedKVCache(num_blocks, block_size, NUM_KV_HEADS, head_dim, dtype=dtype,
+                         device="cuda", layout=FAMILIES[kernel].LAYOUT, seed=seed)
+    cache.k_cache.fill_(math.nan)  # slots no sequence wrote must never reach the output
+    cache.v_cache.fill_(math.nan)
+    seq_ids = []
+    for n in lens:
+        k, v = (torch.randn(n, NUM_KV_HEADS, head_dim, device="cuda").to(dtype) for _ in "kv")
+        seq_ids.append(cache.add_sequence(k, v))
+    return cache, seq_ids
+
+
+def rel_l2(out, ref):
+    return ((out.float() - ref).norm() / ref.norm()).item()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_matches_reference(case, compiled):
+    kernel, dtype, head_dim, group, block_size, prefetch = case
+    for lens, seed in ((MIXED, 0), (MANY, 1)):
+        cache, seq_ids = make_batch(kernel, dtype, head_dim, block_size, lens, seed)
+        q = torch.randn(len(lens), NUM_KV_HEADS * group, head_dim, device="cuda").to(dtype)
+        plan = kvlab.DecodePlan(cache, seq_ids, q.shape[1], kernel=kernel, prefetch=prefetch)
+        out = plan.run(q, out=torch.full_like(q, math.nan))
+        ref = reference(q, cache, seq_ids)
+        assert not out.isnan().any(), f"{out.isnan().sum().item()} NaN outputs (lens {lens[:6]})"
+        assert rel_l2(out, ref) < TOLERANCE[dtype], (lens[:6], rel_l2(out, ref))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", FAMILIES)
+def test_long_context(kernel):
+    """32k tokens in one sequence: many partitions / chunks, and v2 beyond v1's 8k limit."""
+    cache, seq_ids = make_batch(kernel, torch.float16, 128, 16, [32768, 5], seed=2)
+    q = torch.randn(2, 8, 128, device="cuda", dtype=torch.float16)
+    out = kvlab.decode_attention(q, cache, seq_ids, kernel=kernel, prefetch=BULK)
+    assert rel_l2(out, reference(q, cache, seq_ids)) < TOLERANCE[torch.float16]
+
+
+@pytest.mark.gpu
+def test_plan_runs_per_layer_on_other_tensors_of_the_same_shape():
+    cache, seq_ids = make_batch("gqa", torch.float16, 64, 16, [40, 7], seed=3)
+    plan = kvlab.DecodePlan(cache, seq_ids, num_qo_heads=4, kernel="gqa")
+    q = torch.randn(2, 4, 64, device="cuda", dtype=torch.float16)
+    first = plan.run(q)
+    k2, v2 = cache.k_cache.clone(), cache.v_cache.clone()
+    cache.k_cache.mul_(2)  # a different "layer"
+    torch.testing.assert_close(plan.run(q, k2, v2), first)
+
+
+@pytest.mark.gpu
+def test_run_checks_its_tensors():
+    cache, seq_ids = make_batch("gqa", torch.float16, 64, 16, [40], seed=4)
+    plan = kvlab.DecodePlan(cache, seq_ids, num_qo_heads=2)
+    q = torch.randn(1, 2, 64, device="cuda", dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"q.shape=\(1, 4, 64\): must be \(1, 2, 64\)"):
+        plan.run(torch.randn(1, 4, 64, device="cuda", dtype=torch.float16))
+    with pytest.raises(ValueError, match="q.dtype=torch.float32"):
+        plan.run(q.float())
+    with pytest.raises(ValueError, match="q: must be contiguous"):
+        plan.run(torch.randn(1, 2, 128, device="cuda", dtype=torch.float16)[..., ::2])
+    with pytest.raises(ValueError, match="k_cache.shape="):
+        plan.run(q, cache.k_cache[:1], cache.v_cache)
+    with pytest.raises(ValueError, match="q.device=cpu"):
+        plan.run(q.cpu())
+
+
+def cpu_cache(layout="hnd", block_size=16, num_kv_heads=2, dtype=torch.float16):
+    return PagedKVCache(4, block_size, num_kv_heads, 64, dtype=dtype, layout=layout)
+
+
+@pytest.mark.parametrize(
+    ("kernel", "cache", "num_qo_heads", "message"),
+    [
+        ("vllm_v1", cpu_cache("hnd"), 2, "cache.layout='hnd': kernel='vllm_v1' reads the 'vllm'"),
+        ("gqa", cpu_cache("vllm"), 2, "cache.layout='vllm': kernel='gqa' reads the 'hnd'"),
+        ("vllm_v1", cpu_cache("vllm", 64), 2, r"block_size=64: kernel='vllm_v1' supports \(8, 16"),
+        ("gqa", cpu_cache("hnd", 4), 2, r"block_size=4: kernel='gqa' supports \(8, "),
+        ("gqa", cpu_cache("hnd", num_kv_heads=1), 9, "= 9: kernel='gqa' supports groups 1 to 8"),
+        ("flash", cpu_cache(), 2, "kernel='flash': must be one of"),
+    ],
+)
+def test_unsupported_combinations_are_refused(kernel, cache, num_qo_heads, message):
+    with pytest.raises(ValueError, match=message):
+        check_kernel(kernel, cache, num_qo_heads)
+
+
+def test_plan_refuses_what_no_kernel_runs():
+    q = torch.randn(1, 2, 64, dtype=torch.float16)
+    cache = cpu_cache()
+    seq_id = cache.add_sequence(*torch.randn(2, 3, 2, 64, dtype=torch.float16))
+    with pytest.raises(ValueError, match="cache.device=cpu: the CUDA kernels need a CUDA device"):
+        kvlab.decode_attention(q, cache, [seq_id])
+    with pytest.raises(ValueError, match="q: must be a 3-d torch.Tensor"):
+        kvlab.decode_attention(q[0], cache, [seq_id])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"mode": "tma"}, r"mode='tma': must be one of \('none', 'bulk', 'line'\)"),
+        ({"distance": 0}, r"distance=0: must be an integer in \[1, 16\]"),
+        ({"distance": 2.0}, r"distance=2.0"),
+        ({"k": 1}, "k=1: must be a bool"),
+    ],
+)
+def test_prefetch_config_validates(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        PrefetchConfig(**kwargs)
+
+
+def test_disabled_prefetch_configs_share_one_instantiation():
+    assert PrefetchConfig().template_args() == PrefetchConfig("bulk", k=False, v=False,
+                                                             distance=3).template_args()
+    assert PrefetchConfig("line", v=False, distance=2, evict_last=True).template_args() == (
+        "kvlab::PF_LINE, true, false, 2, true"
+    )

@@ -1,0 +1,54 @@
+"""Every .cu file compiles with nvcc for sm_90, and the default instantiations do not spill.
+
+Runs on the CPU (nvcc needs no GPU); skipped where nvcc is not installed.
+"""
+
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from kvlab.kernels import gqa, vllm_v1
+from kvlab.kernels.loader import compile_options, source_dir
+
+NVCC = shutil.which("nvcc")
+pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc not found")
+FAMILIES = {family.SOURCE: family for family in (vllm_v1, gqa)}
+SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+
+
+def nvcc(source, tmp_path, *extra):
+    out = subprocess.run(
+        [NVCC, "-arch=sm_90", *compile_options(), "-Xptxas", "-v", *extra, "-c", str(source),
+         "-o", str(tmp_path / "out.o")],
+        capture_output=True, text=True,
+    )
+    assert out.returncode == 0, out.stderr[-4000:]
+    return out.stderr
+
+
+def test_every_cu_file_is_known():
+    files = {p.name for p in source_dir().glob("*.cu")}
+    assert set(FAMILIES) <= files
+
+
+@pytest.mark.parametrize("filename", sorted(FAMILIES))
+def test_family_compiles_without_spills(filename, tmp_path):
+    family = FAMILIES[filename]
+    lines = [f'#include "{filename}"', "void kvlab_instantiate() {"]
+    lines += [f"  (void)&{name};" for name in family.default_instances()]
+    unit = tmp_path / "instances.cu"
+    unit.write_text("\n".join([*lines, "}", ""]))
+    report = nvcc(unit, tmp_path)
+    spills = [m.group(0) for m in SPILL.finditer(report) if m.group(0).split()[0] != "0"
+              or m.group(2) != "0"]
+    assert not spills, f"{len(spills)} kernels spill: {spills[:5]}"
+    assert len(re.findall(r"Compiling entry function", report)) >= len(family.default_instances())
+
+
+@pytest.mark.parametrize(
+    "filename", sorted(p.name for p in source_dir().glob("*.cu") if p.name not in FAMILIES)
+)
+def test_device_function_file_compiles(filename, tmp_path):
+    nvcc(source_dir() / filename, tmp_path, "-rdc=true")

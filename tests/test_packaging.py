@@ -60,6 +60,7 @@ def test_installed_package_ships_the_cuda_sources():
 
 
 def test_readme_examples_run():
+    """Blocks fenced ```python run on a CPU; GPU-only snippets are fenced ```py."""
     readme = (ROOT / "README.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", readme, re.DOTALL)
     assert blocks

@@ -1,0 +1,235 @@
+"""The "Decode kernels" tab: GB/s of the vllm_v1 and gqa decode kernels, with and without L2
+prefetch, against the copy roofline; and the speedup prefetch gives across batch and context.
+
+Wiring only. Without a GPU (backend "sim") the figures show the recorded H200 results
+(`kvlab.results`) at the recorded point nearest the controls. On a GPU a Run button measures the
+chosen point with `kvlab.bench.attention` (`measure_point`); torch and CuPy load only then.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import math
+
+import ipywidgets as widgets
+
+from kvlab.config import MODELS
+from kvlab.device import backend, device_label
+from kvlab.kernels.prefetch import MAX_DISTANCE, MODES, PrefetchConfig
+from kvlab.panels.app import figure_widget, show_figure
+from kvlab.results import label, load_result, nearest_rows, recorded_models
+from kvlab.viz.kernels import bandwidth_figure, prefetch_speedup_figure, variant
+
+RECORDED = ("h200", "attention")  # (machine, name) of the recorded result shown without a GPU
+KERNELS = ("vllm_v1", "gqa")  # the paged kernel families; sdpa is always measured beside them
+BLOCK_SIZES = (8, 16, 32, 64, 128, 256)  # gqa's; vllm_v1 supports 8, 16, 32
+FIGURE_HEIGHTS = {"bandwidth": 440, "speedup": 440}
+
+__all__ = ["DecodeKernelsTab", "measure_point"]
+
+
+def measure_point(
+    model: str, batch: int, context: int, block_size: int, distance: int, on_progress=None
+) -> dict:
+    """Measure one point on this GPU with `kvlab.bench.attention.run`, as the CLI would:
+    vllm_v1, gqa (prefetch none / bulk / line at `distance`) and sdpa, one kernel per run.
+
+    Returns the benchmark's result dict (rows of all three kernels; gpu, roofline_copy_gbps, ...).
+    `on_progress(num_done, num_total)` is called after each kernel. Needs torch with CUDA and CuPy.
+    """
+    from kvlab.bench import attention  # imports torch and CuPy: the GPU path only
+
+    parser = argparse.ArgumentParser()
+    attention.add_arguments(parser)
+    kernels = [*KERNELS, "sdpa"]
+    result = None
+    for i, kernel in enumerate(kernels):
+        args = parser.parse_args(
+            ["--models", model, "--batches", str(batch), "--contexts", str(context),
+             "--block-sizes", str(block_size), "--distances", str(distance), "--kernels", kernel]
+        )  # fmt: skip
+        part = attention.run(args)
+        if result is None:
+            result = part
+        else:
+            result["rows"] += part["rows"]
+        if on_progress is not None:
+            on_progress(i + 1, len(kernels))
+    return result
+
+
+def _labeled(cls, description: str, **kwargs) -> widgets.Widget:
+    return cls(
+        description=description,
+        style={"description_width": "150px"},
+        layout={"width": "420px"},
+        **kwargs,
+    )
+
+
+def _gqa_text(model: str) -> str:
+    m = MODELS[model]
+    return f"{m.num_qo_heads}:{m.num_kv_heads} (group of {m.num_qo_heads // m.num_kv_heads})"
+
+
+def _nearest(value: int, options: list[int]) -> int:
+    return min(options, key=lambda o: (abs(math.log2(o / value)), o))
+
+
+class DecodeKernelsTab:
+    """Decode-attention GB/s per kernel and prefetch setting, and prefetch speedups.
+
+    controls: model, block_size, batch, context, kernel, prefetch, distance, gqa_ratio (read-only,
+        the model's num_qo_heads:num_kv_heads). figures: bandwidth, speedup (`go.FigureWidget`s).
+    On the "cuda" backend, `run_button` measures the chosen point (`progress` follows it);
+    on "sim" both are None and the recorded result `RECORDED` is shown.
+    """
+
+    key = "decode_kernels"
+    title = "Decode kernels"
+
+    def __init__(
+        self,
+        model: str = "llama3-8b",
+        block_size: int = 16,
+        batch: int = 16,
+        context: int = 8192,
+        kernel: str = "vllm_v1",
+        prefetch: str = "line",
+        distance: int = 1,
+    ):
+        self.backend = backend()
+        self.recorded = load_result(*RECORDED)
+        self.measured: dict[
+            tuple, dict
+        ] = {}  # (model, batch, context, block_size, distance) -> run
+        self.controls = {
+            "model": _labeled(
+                widgets.Dropdown, "model", options=recorded_models(self.recorded), value=model
+            ),
+            "block_size": _labeled(
+                widgets.Dropdown, "block_size (tokens)", options=BLOCK_SIZES, value=block_size
+            ),
+            "batch": _labeled(widgets.BoundedIntText, "batch", min=1, max=1024, value=batch),
+            "context": _labeled(
+                widgets.BoundedIntText, "context (tokens)", min=1, max=131072, value=context
+            ),
+            "kernel": _labeled(widgets.Dropdown, "kernel family", options=KERNELS, value=kernel),
+            "prefetch": _labeled(widgets.Dropdown, "L2 prefetch", options=MODES, value=prefetch),
+            "distance": _labeled(
+                widgets.IntSlider,
+                "prefetch distance",
+                min=1,
+                max=MAX_DISTANCE,
+                value=distance,
+                continuous_update=False,
+            ),
+            "gqa_ratio": _labeled(
+                widgets.Text, "GQA qo:kv heads", value=_gqa_text(model), disabled=True
+            ),
+        }
+        self.figures = {name: figure_widget(h) for name, h in FIGURE_HEIGHTS.items()}
+        self.status = widgets.HTML()
+        self.run_button = self.progress = None
+        if self.backend == "cuda":
+            self.run_button = widgets.Button(description="Run", button_style="primary")
+            self.progress = widgets.IntProgress(min=0, max=3, value=0, description="measuring")
+            self.run_button.on_click(self.run)
+        for name, control in self.controls.items():
+            if name != "gqa_ratio":
+                control.observe(self.refresh, names="value")
+        self.widget = self._layout()
+        self.refresh()
+
+    def _layout(self) -> widgets.Widget:
+        c = self.controls
+        run = [self.run_button, self.progress] if self.run_button is not None else []
+        controls = widgets.HBox(
+            [
+                widgets.VBox([c["model"], c["gqa_ratio"], c["batch"], c["context"]]),
+                widgets.VBox([c["kernel"], c["block_size"], c["prefetch"], c["distance"], *run]),
+            ]
+        )
+        return widgets.VBox([controls, self.status, *self.figures.values()])
+
+    def _key(self) -> tuple:
+        v = {name: control.value for name, control in self.controls.items()}
+        return (v["model"], v["batch"], v["context"], v["block_size"], v["distance"])
+
+    def run(self, button=None) -> None:
+        """Measure the chosen point on this GPU (`measure_point`), then show it."""
+        self.progress.value = 0
+
+        def on_progress(num_done, num_total):
+            self.progress.max, self.progress.value = num_total, num_done
+
+        self.measured[self._key()] = measure_point(*self._key(), on_progress=on_progress)
+        self.refresh()
+
+    def refresh(self, change=None) -> None:
+        """Show the measured result for the controls if there is one, else the recorded one."""
+        v = {name: control.value for name, control in self.controls.items()}
+        self.controls["gqa_ratio"].value = _gqa_text(v["model"])
+        selected = variant(
+            {
+                "kernel": v["kernel"],
+                "prefetch": PrefetchConfig(v["prefetch"], distance=v["distance"]).label(),
+            }
+        )
+        measured = self.measured.get(self._key())
+        if measured is not None:
+            rows, result, provenance = measured["rows"], measured, device_label()
+            block_size, notes = v["block_size"], []
+        else:
+            result, provenance = self.recorded, label(self.recorded)
+            rows = nearest_rows(result, v["model"], v["batch"], v["context"])
+            recorded_sizes = sorted({r["block_size"] for r in rows} - {None})
+            block_size = _nearest(v["block_size"], recorded_sizes)
+            notes = []
+            if block_size != v["block_size"]:
+                notes.append(
+                    f"block_size={v['block_size']} not recorded (recorded: {recorded_sizes})"
+                )
+            if selected not in {variant(r) for r in rows}:
+                notes.append(f"{selected} not recorded")
+            if notes:
+                notes.append("settings not recorded are not available without a GPU")
+            if self.backend == "cuda":
+                notes.append("press Run to measure this point on this GPU")
+        rows = [r for r in rows if r["block_size"] in (block_size, None)]
+        if not rows:
+            self.status.value = (
+                f"<span style='color:#d62728'>no rows for {html.escape(str(self._key()))}</span>"
+            )
+            return
+        point = rows[0]
+        self.status.value = (
+            f"Showing {html.escape(point['model'])} batch={point['batch']} "
+            f"context={point['context']} block_size={block_size} ({html.escape(provenance)}; "
+            f"requested batch={v['batch']} context={v['context']})"
+            + "".join(f"<br>{html.escape(n)}" for n in notes)
+        )
+        show_figure(
+            self.figures["bandwidth"],
+            bandwidth_figure(
+                rows,
+                result["roofline_copy_gbps"],
+                provenance,
+                selected,
+                FIGURE_HEIGHTS["bandwidth"],
+            ),
+        )
+        try:
+            speedup = prefetch_speedup_figure(
+                result["rows"],
+                v["kernel"],
+                v["model"],
+                provenance,
+                block_size,
+                FIGURE_HEIGHTS["speedup"],
+            )
+        except ValueError as error:
+            self.status.value += f"<br><span style='color:#d62728'>{html.escape(str(error))}</span>"
+            return
+        show_figure(self.figures["speedup"], speedup)

@@ -1,0 +1,106 @@
+"""Recorded benchmark results shipped with kvlab: `benchmarks/results/<machine>/<name>.json`.
+
+The wheel ships that folder as `kvlab/results_data/`; a source checkout reads it in place. The
+simulated backend shows these numbers, always labelled with where and when they were recorded.
+Pure Python and json: no torch, no pandas.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+__all__ = [
+    "label",
+    "load_result",
+    "nearest_point",
+    "nearest_rows",
+    "recorded_models",
+    "results_dir",
+]
+
+PACKAGED_DIR = Path(__file__).resolve().parent / "results_data"
+CHECKOUT_DIR = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+
+
+def results_dir() -> Path:
+    """The folder of recorded results: the packaged `kvlab/results_data/` if it exists, else the
+    source checkout's `benchmarks/results/`."""
+    return PACKAGED_DIR if PACKAGED_DIR.is_dir() else CHECKOUT_DIR
+
+
+def _available() -> list[str]:
+    root = results_dir()
+    return (
+        sorted(f"{p.parent.name}/{p.stem}" for p in root.glob("*/*.json")) if root.is_dir() else []
+    )
+
+
+def load_result(machine: str, name: str) -> dict:
+    """The recorded result `<machine>/<name>.json`, e.g. `load_result("h200", "attention")`, as
+    written by `python -m kvlab bench <name> --json` (keys gpu, date, rows, ...).
+
+    Raises ValueError naming `machine` and `name` and listing the recorded results when absent.
+    """
+    path = results_dir() / machine / f"{name}.json"
+    if not path.is_file():
+        raise ValueError(
+            f"machine={machine!r}, name={name!r}: no recorded result {path}; "
+            f"recorded (machine/name): {_available()}"
+        )
+    with open(path) as f:
+        return json.load(f)
+
+
+def label(result: dict) -> str:
+    """Where and when `result` was recorded, e.g. "recorded on NVIDIA H200, 2026-11-29"."""
+    where = result.get("gpu") or result.get("cpu") or "unknown machine"
+    when = str(result.get("date", "unknown date"))[:10]
+    return f"recorded on {where}, {when}"
+
+
+def recorded_models(result: dict) -> list[str]:
+    """The models with rows in `result`, in recording order."""
+    return list(dict.fromkeys(row["model"] for row in result["rows"]))
+
+
+def nearest_point(result: dict, model: str, batch: int, context: int) -> tuple[int, int]:
+    """The recorded `(batch, context)` of `model` nearest to the request on a log2 scale.
+
+    Distance is Euclidean in (log2 batch, log2 context) over the points recorded for `model`
+    (points the benchmark skipped are not candidates). On a full grid this is the nearest batch and
+    the nearest context chosen independently: batch=100 -> 128, context=5000 -> 8192.
+    NOTE: ties (e.g. batch=32, equally far from 16 and 64) go to the smaller batch, then the
+    smaller context: the point with less K/V.
+
+    Raises ValueError if `model` has no rows (listing the recorded models) or if `batch` or
+    `context` is not a positive integer.
+    """
+    for name, value in (("batch", batch), ("context", context)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r}: must be a positive integer")
+    points = {(r["batch"], r["context"]) for r in result["rows"] if r["model"] == model}
+    if not points:
+        raise ValueError(
+            f"model={model!r}: not recorded; recorded models: {recorded_models(result)}"
+        )
+
+    def distance(point):
+        b, c = point
+        d = math.hypot(math.log2(b / batch), math.log2(c / context))
+        return (round(d, 9), b, c)
+
+    return min(points, key=distance)
+
+
+def nearest_rows(result: dict, model: str, batch: int, context: int) -> list[dict]:
+    """The rows of `result` at `model`'s recorded point nearest to (`batch`, `context`) (see
+    `nearest_point`), in recorded order: every kernel, prefetch setting and block size there.
+
+    Raises ValueError for an unrecorded `model` (listing the recorded ones).
+    """
+    b, c = nearest_point(result, model, batch, context)
+    return [
+        r for r in result["rows"] if r["model"] == model and r["batch"] == b and r["context"] == c
+    ]

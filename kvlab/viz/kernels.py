@@ -1,0 +1,150 @@
+"""Figures of decode-attention kernel benchmarks: GB/s against the roofline, prefetch speedups.
+
+Plain functions from benchmark rows (the `rows` of `kvlab.bench.attention.run` or of a recorded
+result from `kvlab.results`) to `plotly.graph_objects.Figure`. The numbers are measurements; the
+caller says where they were measured (`provenance`, e.g. "recorded on NVIDIA H200, 2026-11-29" or
+`kvlab.device.device_label()`), and every title carries it.
+"""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+__all__ = ["PAPER_REFERENCE", "bandwidth_figure", "prefetch_speedup_figure", "variant"]
+
+PAPER_REFERENCE = "paper: 1.84-2.15x for vLLM + L2 prefetch on H20 (arXiv 2504.06319)"
+KERNEL_COLORS = {"vllm_v1": "#1f77b4", "gqa": "#2ca02c", "sdpa": "#7f7f7f"}
+PREFETCH_COLORS = ("#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+
+
+def variant(row: dict) -> str:
+    """A row's kernel and prefetch setting, e.g. "gqa / line K+V d=1"; sdpa rows are "sdpa"."""
+    return row["kernel"] if row["kernel"] == "sdpa" else f"{row['kernel']} / {row['prefetch']}"
+
+
+def _one_point(rows: list[dict]) -> tuple[str, int, int, int | None]:
+    points = {(r["model"], r["batch"], r["context"]) for r in rows}
+    if len(points) != 1:
+        raise ValueError(f"rows cover {len(points)} (model, batch, context) points: must cover one")
+    block_sizes = {r["block_size"] for r in rows} - {None}
+    if len(block_sizes) > 1:
+        raise ValueError(f"rows have block sizes {sorted(block_sizes)}: must have one")
+    model, batch, context = points.pop()
+    return model, batch, context, next(iter(block_sizes), None)
+
+
+def bandwidth_figure(
+    rows: list[dict],
+    roofline_gbps: float,
+    provenance: str,
+    selected: str | None = None,
+    height: int = 420,
+) -> go.Figure:
+    """Bars, GB/s of K+V read, one per variant (kernel + prefetch) at one benchmark point.
+
+    rows: benchmark rows of one (model, batch, context) and at most one block size (sdpa rows have
+        block_size None); drawn in the given order.
+    roofline_gbps: the copy roofline measured in the same run; a dashed line marks it and each bar's
+        text and hover give its % of it.
+    selected: a `variant(row)` to outline (the one chosen in the dashboard), or None.
+    Raises ValueError if `rows` is empty or spans several points or block sizes.
+    """
+    if not rows:
+        raise ValueError("rows is empty: need the rows of one benchmark point")
+    model, batch, context, block_size = _one_point(rows)
+    names = [variant(r) for r in rows]
+    pct = [100 * r["gbps"] / roofline_gbps for r in rows]
+    bars = go.Bar(
+        name="GB/s",
+        x=names,
+        y=[r["gbps"] for r in rows],
+        text=[f"{p:.0f}%" for p in pct],
+        textposition="outside",
+        customdata=[[r["ms"], p] for r, p in zip(rows, pct, strict=True)],
+        marker=dict(
+            color=[KERNEL_COLORS.get(r["kernel"], "gray") for r in rows],
+            line=dict(color="black", width=[3 if n == selected else 0 for n in names]),
+        ),
+        hovertemplate="%{x}<br>%{y:.0f} GB/s = %{customdata[1]:.1f}% of roofline"
+        "<br>%{customdata[0]:.4f} ms<extra></extra>",
+    )
+    fig = go.Figure([bars])
+    fig.add_hline(
+        y=roofline_gbps,
+        line=dict(color="black", dash="dash", width=1),
+        annotation_text=f"copy roofline {roofline_gbps:.0f} GB/s",
+        annotation_position="top left",
+    )
+    bs = f", block_size={block_size}" if block_size is not None else ""
+    fig.update_layout(
+        title=f"Decode attention, {model} batch={batch} context={context}{bs}: GB/s of K+V read"
+        f"<br><sub>{provenance}; bar text = % of the copy roofline</sub>",
+        height=height,
+        yaxis=dict(title="GB/s (K+V bytes read once / time)", range=[0, 1.15 * roofline_gbps]),
+        showlegend=False,
+        margin=dict(t=90),
+    )
+    return fig
+
+
+def prefetch_speedup_figure(
+    result_rows: list[dict],
+    kernel: str,
+    model: str,
+    provenance: str,
+    block_size: int = 16,
+    height: int = 420,
+) -> go.Figure:
+    """Grouped bars: speedup of each prefetch setting over none (ms_none / ms_prefetch) for one
+    kernel, model and block size, at every recorded (batch, context) point.
+
+    A dashed line marks 1.0 (no change); the subtitle gives the paper's H20 figure as reference.
+    Raises ValueError if no row matches `kernel`, `model` and `block_size`.
+    """
+    rows = [
+        r
+        for r in result_rows
+        if r["kernel"] == kernel and r["model"] == model and r["block_size"] == block_size
+    ]
+    if not rows:
+        raise ValueError(
+            f"kernel={kernel!r}, model={model!r}, block_size={block_size}: no rows; "
+            f"rows have kernels {sorted({r['kernel'] for r in result_rows})} "
+            f"and models {sorted({r['model'] for r in result_rows})}"
+        )
+    baseline = {(r["batch"], r["context"]): r["ms"] for r in rows if r["prefetch"] == "none"}
+    points = sorted(baseline)  # (batch, context) with a no-prefetch time
+    x = [f"B={b}<br>ctx={c}" for b, c in points]
+    settings = list(dict.fromkeys(r["prefetch"] for r in rows if r["prefetch"] != "none"))
+    traces = []
+    for setting, color in zip(settings, PREFETCH_COLORS * len(settings), strict=False):
+        ms = {(r["batch"], r["context"]): r["ms"] for r in rows if r["prefetch"] == setting}
+        speedup = [baseline[p] / ms[p] if p in ms else None for p in points]
+        traces.append(
+            go.Bar(
+                name=setting,
+                x=x,
+                y=speedup,
+                marker_color=color,
+                text=[f"{s:.2f}x" if s is not None else "" for s in speedup],
+                textposition="outside",
+                hovertemplate=f"{setting}<br>%{{x}}<br>%{{y:.3f}}x over none<extra></extra>",
+            )
+        )
+    fig = go.Figure(traces)
+    fig.add_hline(
+        y=1.0,
+        line=dict(color="black", dash="dash", width=1),
+        annotation_text="1.0 = no prefetch",
+        annotation_position="bottom right",
+    )
+    fig.update_layout(
+        title=f"L2 prefetch speedup over none: {kernel}, {model}, block_size={block_size}"
+        f"<br><sub>{provenance}; reference: {PAPER_REFERENCE}</sub>",
+        barmode="group",
+        height=height,
+        yaxis=dict(title="speedup (ms_none / ms_prefetch)", rangemode="tozero"),
+        legend=dict(orientation="h", y=-0.2, title="prefetch"),
+        margin=dict(t=90),
+    )
+    return fig

@@ -1,0 +1,122 @@
+"""The "Decode kernels" tab on the sim backend: the figures show the recorded nearest point."""
+
+import ipywidgets as widgets
+import pytest
+
+from kvlab.panels import dashboard
+from kvlab.panels.decode_kernels import DecodeKernelsTab
+from kvlab.results import load_result, nearest_rows
+from kvlab.viz.kernels import variant
+
+
+@pytest.fixture
+def tab(monkeypatch):
+    monkeypatch.setenv("KVLAB_BACKEND", "sim")
+    return DecodeKernelsTab()
+
+
+def descendants(widget):
+    yield widget
+    for child in getattr(widget, "children", ()):
+        yield from descendants(child)
+
+
+def expected_rows(model, batch, context, block_size=16):
+    rows = nearest_rows(load_result("h200", "attention"), model, batch, context)
+    return [r for r in rows if r["block_size"] in (block_size, None)]
+
+
+def test_dashboard_has_the_tab_after_paged_cache(monkeypatch):
+    monkeypatch.setenv("KVLAB_BACKEND", "sim")
+    dash = dashboard()
+    assert list(dash.controls)[-1] == "decode_kernels"
+    assert dash.tab_widget.titles[-1] == "Decode kernels"
+    assert set(dash.figures["decode_kernels"]) == {"bandwidth", "speedup"}
+
+
+def test_sim_shows_recorded_rows_and_no_run_button(tab):
+    assert tab.run_button is None and tab.progress is None
+    assert not any(isinstance(w, widgets.Button) for w in descendants(tab.widget))
+    rows = expected_rows("llama3-8b", 16, 8192)
+    assert list(tab.figures["bandwidth"].data[0].y) == [r["gbps"] for r in rows]
+    assert "recorded on NVIDIA H200" in tab.figures["bandwidth"].layout.title.text
+    assert "recorded on NVIDIA H200" in tab.figures["speedup"].layout.title.text
+    assert "recorded on" in tab.status.value
+    assert tab.controls["gqa_ratio"].value.startswith("32:8") and tab.controls["gqa_ratio"].disabled
+
+
+def test_controls_move_to_the_nearest_recorded_point(tab):
+    c = tab.controls
+    c["model"].value = "qwen2.5-7b"
+    c["batch"].value = 100
+    c["context"].value = 5000
+    rows = expected_rows("qwen2.5-7b", 128, 8192)
+    bars = tab.figures["bandwidth"].data[0]
+    assert list(bars.y) == [r["gbps"] for r in rows]
+    assert list(bars.x) == [variant(r) for r in rows]
+    assert "batch=128 context=8192" in tab.status.value
+    assert "requested batch=100 context=5000" in tab.status.value
+    assert c["gqa_ratio"].value.startswith("28:4")
+    speedup_title = tab.figures["speedup"].layout.title.text
+    assert "vllm_v1, qwen2.5-7b" in speedup_title
+
+
+def test_unrecorded_block_size_and_prefetch_are_reported(tab):
+    c = tab.controls
+    c["block_size"].value = 32
+    c["distance"].value = 4
+    assert "block_size=32 not recorded (recorded: [16])" in tab.status.value
+    assert "vllm_v1 / line K+V d=4 not recorded" in tab.status.value
+    assert "not available without a GPU" in tab.status.value
+    rows = expected_rows("llama3-8b", 16, 8192)
+    assert list(tab.figures["bandwidth"].data[0].y) == [r["gbps"] for r in rows]
+
+
+def test_kernel_choice_selects_speedup_and_outline(tab):
+    tab.controls["kernel"].value = "gqa"
+    tab.controls["prefetch"].value = "bulk"
+    bars = tab.figures["bandwidth"].data[0]
+    outlined = [x for x, w in zip(bars.x, bars.marker.line.width, strict=True) if w > 0]
+    assert outlined == ["gqa / bulk K+V d=1"]
+    assert "gqa, llama3-8b" in tab.figures["speedup"].layout.title.text
+    assert "not recorded" not in tab.status.value
+
+
+def test_the_tab_builds_without_importing_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import os, sys; os.environ['KVLAB_BACKEND'] = 'sim'\n"
+        "from kvlab.panels.decode_kernels import DecodeKernelsTab\n"
+        "DecodeKernelsTab()\n"
+        "assert 'torch' not in sys.modules and 'cupy' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_run_button_wiring_with_a_fake_measurement(monkeypatch):
+    """The cuda path without a GPU: `measure_point` is replaced by a fake built from recorded rows."""
+    import kvlab.panels.decode_kernels as module
+
+    recorded = load_result("h200", "attention")
+    calls = []
+
+    def fake_measure(model, batch, context, block_size, distance, on_progress=None):
+        calls.append((model, batch, context, block_size, distance))
+        rows = [{**r, "gbps": r["gbps"] + 1} for r in expected_rows(model, batch, context)]
+        on_progress(3, 3)
+        return {**recorded, "rows": rows}
+
+    monkeypatch.setattr(module, "backend", lambda: "cuda")
+    monkeypatch.setattr(module, "device_label", lambda: "measured on FAKE GPU")
+    monkeypatch.setattr(module, "measure_point", fake_measure)
+    tab = module.DecodeKernelsTab(batch=64, context=1024)
+    assert "press Run" in tab.status.value
+    assert "recorded on" in tab.figures["bandwidth"].layout.title.text
+    tab.run_button.click()
+    assert calls == [("llama3-8b", 64, 1024, 16, 1)] and tab.progress.value == 3
+    rows = expected_rows("llama3-8b", 64, 1024)
+    assert list(tab.figures["bandwidth"].data[0].y) == [r["gbps"] + 1 for r in rows]
+    assert "measured on FAKE GPU" in tab.figures["bandwidth"].layout.title.text
+    assert "measured on FAKE GPU" in tab.status.value

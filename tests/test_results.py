@@ -1,0 +1,95 @@
+"""Recorded results: loading, provenance label, nearest recorded point on a log2 scale."""
+
+import pytest
+
+from kvlab.results import (
+    label,
+    load_result,
+    nearest_point,
+    nearest_rows,
+    recorded_models,
+    results_dir,
+)
+
+
+@pytest.fixture(scope="module")
+def h200():
+    return load_result("h200", "attention")
+
+
+def make_result(points, model="m"):
+    """A minimal result: one sdpa row per (batch, context)."""
+    rows = [
+        {"model": model, "batch": b, "context": c, "kernel": "sdpa", "prefetch": "none"}
+        for b, c in points
+    ]
+    return {"gpu": "G", "date": "2026-01-02T03:04:05+00:00", "rows": rows}
+
+
+def test_results_dir_holds_the_h200_attention_result():
+    assert (results_dir() / "h200" / "attention.json").is_file()
+
+
+def test_load_result_and_label(h200):
+    assert h200["gpu"] == "NVIDIA H200" and h200["rows"]
+    assert label(h200) == f"recorded on NVIDIA H200, {h200['date'][:10]}"
+    assert recorded_models(h200) == ["llama2-7b", "llama3-8b", "qwen2.5-7b", "qwen2.5-14b"]
+
+
+@pytest.mark.parametrize("machine,name", [("a100", "attention"), ("h200", "kvpr")])
+def test_load_result_unknown_names_machine_name_and_lists_recorded(machine, name):
+    with pytest.raises(ValueError) as error:
+        load_result(machine, name)
+    message = str(error.value)
+    assert f"machine={machine!r}" in message and f"name={name!r}" in message
+    assert "h200/attention" in message
+
+
+@pytest.mark.parametrize(
+    "batch,context,expected",
+    [
+        (100, 5000, (128, 8192)),  # log2: 100 is 0.36 from 128, 0.64 from 64
+        (1, 1024, (1, 1024)),  # exact
+        (1000, 10**6, (128, 32768)),  # beyond the grid: its corner
+        (32, 1024, (16, 1024)),  # NOTE: tie between 16 and 64 goes to the smaller batch
+        (4, 1024, (1, 1024)),  # NOTE: log2(4) = 2 is as far from 1 as from 16 -> smaller batch
+        (3, 1500, (1, 1024)),  # log2(3) = 1.58: nearer 1 than 16
+    ],
+)
+def test_nearest_point_on_log2_scale(h200, batch, context, expected):
+    assert nearest_point(h200, "llama3-8b", batch, context) == expected
+
+
+def test_nearest_point_skips_unrecorded_points():
+    result = make_result([(b, c) for b in (1, 4) for c in (16, 64)][:-1])  # (4, 64) skipped
+    # (4, 64) would be exact; (1, 64) and (4, 16) tie at distance 2: smaller batch wins.
+    assert nearest_point(result, "m", 4, 64) == (1, 64)
+
+
+def test_nearest_rows_are_the_point_rows_in_order(h200):
+    rows = nearest_rows(h200, "qwen2.5-7b", 100, 5000)
+    expected = [
+        r
+        for r in h200["rows"]
+        if (r["model"], r["batch"], r["context"]) == ("qwen2.5-7b", 128, 8192)
+    ]
+    assert rows == expected and len(rows) == 7  # 2 kernels x 3 prefetch settings + sdpa
+
+
+def test_unknown_model_lists_recorded_models(h200):
+    with pytest.raises(ValueError, match=r"model='opt-125m'.*llama3-8b"):
+        nearest_rows(h200, "opt-125m", 16, 1024)
+
+
+@pytest.mark.parametrize("batch,context", [(0, 1024), (16, -1), (16.0, 1024), (True, 1024)])
+def test_bad_batch_or_context(h200, batch, context):
+    with pytest.raises(ValueError, match="must be a positive integer"):
+        nearest_point(h200, "llama3-8b", batch, context)
+
+
+def test_importing_results_loads_no_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, kvlab.results; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)

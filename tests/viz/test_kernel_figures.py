@@ -1,0 +1,77 @@
+"""Kernel figures: bars are the rows' GB/s, speedups are ms ratios, titles carry provenance."""
+
+import pytest
+
+from kvlab.results import label, load_result, nearest_rows
+from kvlab.viz.kernels import bandwidth_figure, prefetch_speedup_figure, variant
+
+PROVENANCE = "recorded on TEST GPU, 2026-01-01"
+
+
+def make_row(kernel="gqa", prefetch="none", ms=1.0, batch=16, context=1024, gbps=1000.0):
+    return {
+        "model": "llama3-8b",
+        "batch": batch,
+        "context": context,
+        "kernel": kernel,
+        "prefetch": prefetch,
+        "block_size": None if kernel == "sdpa" else 16,
+        "ms": ms,
+        "gbps": gbps,
+    }
+
+
+def test_bandwidth_figure_draws_recorded_rows():
+    result = load_result("h200", "attention")
+    rows = nearest_rows(result, "llama3-8b", 64, 8192)
+    roofline = result["roofline_copy_gbps"]
+    fig = bandwidth_figure(rows, roofline, label(result), selected="gqa / line K+V d=1")
+    (bars,) = fig.data
+    assert list(bars.y) == [r["gbps"] for r in rows]
+    assert list(bars.x) == [variant(r) for r in rows]
+    assert list(bars.text) == [f"{100 * r['gbps'] / roofline:.0f}%" for r in rows]
+    assert [s.y0 for s in fig.layout.shapes] == [roofline]
+    assert "recorded on NVIDIA H200" in fig.layout.title.text and fig.layout.height
+    widths = bars.marker.line.width
+    assert widths[list(bars.x).index("gqa / line K+V d=1")] > 0 and sum(w > 0 for w in widths) == 1
+
+
+def test_bandwidth_figure_rejects_mixed_points():
+    rows = [make_row(), make_row(batch=64)]
+    with pytest.raises(ValueError, match="2 \\(model, batch, context\\) points"):
+        bandwidth_figure(rows, 4000.0, PROVENANCE)
+    with pytest.raises(ValueError, match="rows is empty"):
+        bandwidth_figure([], 4000.0, PROVENANCE)
+
+
+def test_prefetch_speedup_is_ms_none_over_ms_prefetch():
+    rows = [
+        make_row(prefetch="none", ms=2.0),
+        make_row(prefetch="line K+V d=1", ms=1.0),
+        make_row(prefetch="bulk K+V d=1", ms=4.0),
+        make_row(prefetch="none", ms=3.0, batch=64),
+        make_row(prefetch="line K+V d=1", ms=2.0, batch=64),
+        make_row(kernel="vllm_v1", prefetch="line K+V d=1", ms=0.1),  # other kernel: ignored
+        make_row(kernel="sdpa", ms=0.1),
+    ]
+    fig = prefetch_speedup_figure(rows, "gqa", "llama3-8b", PROVENANCE)
+    line, bulk = fig.data
+    assert (line.name, bulk.name) == ("line K+V d=1", "bulk K+V d=1")
+    assert list(line.x) == ["B=16<br>ctx=1024", "B=64<br>ctx=1024"]
+    assert list(line.y) == pytest.approx([2.0, 1.5])
+    assert bulk.y[0] == pytest.approx(0.5) and bulk.y[1] is None  # not measured at B=64
+    assert [s.y0 for s in fig.layout.shapes] == [1.0]
+    title = fig.layout.title.text
+    assert PROVENANCE in title and "1.84-2.15x" in title and "2504.06319" in title
+
+
+def test_prefetch_speedup_on_the_recorded_grid():
+    result = load_result("h200", "attention")
+    fig = prefetch_speedup_figure(result["rows"], "vllm_v1", "llama2-7b", label(result))
+    assert len(fig.data) == 2 and len(fig.data[0].x) == 11  # B=128 ctx=32768 was skipped
+    assert all(0.2 < s < 5 for t in fig.data for s in t.y)
+
+
+def test_prefetch_speedup_unknown_kernel_or_model():
+    with pytest.raises(ValueError, match="kernel='gqa', model='qwen2.5-7b'"):
+        prefetch_speedup_figure([make_row()], "gqa", "qwen2.5-7b", PROVENANCE)

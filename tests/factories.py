@@ -1,8 +1,10 @@
 """Small factories for tests: explicit data, no hidden fixtures."""
 
+import numpy as np
 import torch
 
 from kvlab.cache import PagedKVCache
+from kvlab.workload import Workload
 
 
 def make_cache(num_blocks=64, block_size=16, num_kv_heads=2, head_dim=64, dtype=torch.float32,
@@ -24,3 +26,14 @@ def make_seq(cache: PagedKVCache, seq_len: int, seed: int = 0, token_ids=None):
     """Add a random sequence; returns (seq_id, k, v)."""
     k, v = make_kv(cache, seq_len, seed)
     return cache.add_sequence(k, v, token_ids=token_ids), k, v
+
+
+def make_workload_of(prompt_lens, output_lens, max_seq_len, prefix_group=None, prefix_lens=None):
+    """A Workload from plain lists."""
+    return Workload(
+        np.array(prompt_lens),
+        np.array(output_lens),
+        max_seq_len,
+        None if prefix_group is None else np.array(prefix_group),
+        None if prefix_lens is None else np.array(prefix_lens),
+    )

@@ -2,25 +2,15 @@
 
 import numpy as np
 import pytest
+from factories import make_workload_of
 
 from kvlab.workload import (
     DISTRIBUTIONS,
-    Workload,
     lognormal,
     make_workload,
     shared_prefix,
     uniform,
 )
-
-
-def make_workload_of(prompt_lens, output_lens, max_seq_len, prefix_group=None, prefix_lens=None):
-    return Workload(
-        np.array(prompt_lens),
-        np.array(output_lens),
-        max_seq_len,
-        None if prefix_group is None else np.array(prefix_group),
-        None if prefix_lens is None else np.array(prefix_lens),
-    )
 
 
 def test_workload_converts_to_read_only_int64():

@@ -96,7 +96,7 @@ def test_the_tab_builds_without_importing_torch():
 
 
 def test_run_button_wiring_with_a_fake_measurement(monkeypatch):
-    """The cuda path without a GPU: `measure_point` is replaced by a fake built from recorded rows."""
+    """The cuda path without a GPU: `measure_point` replaced by a fake built from recorded rows."""
     import kvlab.panels.decode_kernels as module
 
     recorded = load_result("h200", "attention")

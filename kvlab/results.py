@@ -14,12 +14,14 @@ from pathlib import Path
 __all__ = [
     "label",
     "load_result",
+    "load_results",
     "nearest_point",
     "nearest_rows",
     "recorded_models",
     "results_dir",
 ]
 
+ROW_KEY = ("model", "batch", "context", "kernel", "block_size", "prefetch")  # a row's identity
 PACKAGED_DIR = Path(__file__).resolve().parent / "results_data"
 CHECKOUT_DIR = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 
@@ -51,6 +53,23 @@ def load_result(machine: str, name: str) -> dict:
         )
     with open(path) as f:
         return json.load(f)
+
+
+def load_results(machine: str, names) -> dict:
+    """Several recorded results of one machine as one: the first one's metadata (gpu, date,
+    roofline, ...) and the rows of all, in order; a row measured again at the same (model, batch,
+    context, kernel, block_size, prefetch) keeps its first value. Names not recorded are skipped;
+    raises ValueError (as `load_result`) when none is."""
+    names = list(names)
+    recorded = [n for n in names if (results_dir() / machine / f"{n}.json").is_file()]
+    loaded = [load_result(machine, n) for n in recorded]
+    if not loaded:
+        return load_result(machine, names[0])
+    rows = {}
+    for row in (row for result in loaded for row in result["rows"]):
+        key = tuple(row[k] for k in ROW_KEY)
+        rows.setdefault(key, row)
+    return {**loaded[0], "rows": list(rows.values())}
 
 
 def label(result: dict) -> str:

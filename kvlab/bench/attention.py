@@ -40,7 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         choices=["none", "bulk", "line"])
     parser.add_argument("--distances", nargs="+", type=int, default=[1, 2, 4])
     parser.add_argument("--kernels", nargs="+", default=["vllm_v1", "gqa", "sdpa"],
-                        choices=["vllm_v1", "gqa", "sdpa"])
+                        choices=["vllm_v1", "gqa", "sdpa", "auto"],
+                        help="'auto' also times kernel='auto' on each family's cache")
     parser.add_argument("--runs", type=int, default=25, help="timed runs per point (median)")
     parser.add_argument("--checkpoint", metavar="PATH",
                         help="rewrite the result so far as JSON after every point")
@@ -58,7 +59,7 @@ def _filled_cache(model, batch, context, block_size, layout, dtype):
     return cache, seq_ids
 
 
-def _time_paged(timer, kernel, model, batch, context, block_size, variants, dtype):
+def _time_paged(timer, kernel, model, batch, context, block_size, variants, dtype, auto):
     family = vllm_v1 if kernel == "vllm_v1" else gqa
     if block_size not in family.BLOCK_SIZES:
         return []
@@ -70,7 +71,22 @@ def _time_paged(timer, kernel, model, batch, context, block_size, variants, dtyp
         out = torch.empty_like(q)
         rows.append({"kernel": kernel, "prefetch": prefetch.label(),
                      "ms": timer.median_ms(lambda plan=plan, out=out: plan.run(q, out=out))})
+    if auto:
+        plan = DecodePlan(cache, seq_ids, model.num_qo_heads, kernel="auto")
+        rows.append({"kernel": "auto", "family": plan.kernel, "prefetch": plan.prefetch.label(),
+                     "ms": timer.median_ms(lambda: plan.run(q, out=out))})
     return rows
+
+
+def auto_ratios(rows) -> list[float]:
+    """For each `auto` row: its time over the fastest variant of its family measured at the same
+    point and block size (1.0 = auto picked the best)."""
+    ratios = []
+    for auto in (r for r in rows if r["kernel"] == "auto"):
+        same = [r["ms"] for r in rows if r["kernel"] == auto["family"]
+                and all(r[k] == auto[k] for k in ("model", "batch", "context", "block_size"))]
+        ratios.append(auto["ms"] / min(same))
+    return ratios
 
 
 def _time_sdpa(timer, model, batch, context, dtype):
@@ -107,7 +123,7 @@ def run(args) -> dict:
             for kernel in ("vllm_v1", "gqa"):
                 if kernel in args.kernels:
                     for row in _time_paged(timer, kernel, model, batch, context, block_size,
-                                           variants, dtype):
+                                           variants, dtype, "auto" in args.kernels):
                         point_rows.append({**row, "block_size": block_size})
                 torch.cuda.empty_cache()
         if "sdpa" in args.kernels:
@@ -119,6 +135,8 @@ def run(args) -> dict:
                          "num_kv_heads": model.num_kv_heads, "batch": batch, "context": context,
                          **row, "kv_bytes": kv_bytes, "gbps": round(gbps, 1),
                          "pct_roofline": round(100 * gbps / roofline, 1)})
+        if "auto" in args.kernels:
+            result["auto_worst_ratio"] = round(max(auto_ratios(rows), default=1.0), 3)
         if args.checkpoint:
             with open(args.checkpoint, "w") as f:
                 json.dump(result, f)
@@ -144,4 +162,7 @@ def report(result: dict) -> str:
                      f"{r['ms']:>8.3f} {r['gbps']:>7.0f} {r['pct_roofline']:>6.1f}")
     lines += [f"skipped {s['model']} B={s['batch']} ctx={s['context']}: {s['reason']}"
               for s in result["skipped"]]
+    if "auto_worst_ratio" in result:
+        lines.append(f"kernel='auto' vs the fastest variant of its family at each point: at worst "
+                     f"{result['auto_worst_ratio']:.3f}x its time")
     return "\n".join(lines)

@@ -10,7 +10,7 @@ import math
 import torch
 
 from kvlab.checks import check_num_heads
-from kvlab.kernels import gqa, vllm_v1
+from kvlab.kernels import gqa, select, vllm_v1
 from kvlab.kernels.prefetch import PrefetchConfig
 
 FAMILIES = {"vllm_v1": vllm_v1.VllmV1, "gqa": gqa.Gqa}
@@ -74,8 +74,10 @@ class DecodePlan:
         seq_ids: the B live sequences to decode, in the order of q's rows.
         num_qo_heads: query heads, a multiple of cache.num_kv_heads.
         kernel: "auto", "vllm_v1" (layout "vllm", block sizes 8/16/32) or "gqa" (layout "hnd",
-            block sizes 8..256, groups 1..8).
-        prefetch: a PrefetchConfig, or None for no prefetch.
+            block sizes 8..256, groups 1..8). "auto" runs the family that reads the cache's
+            layout and, when prefetch is None, the prefetch setting fastest in the recorded H200
+            benchmark for the nearest shape (kvlab.kernels.select).
+        prefetch: a PrefetchConfig; None means no prefetch (or, with "auto", the recorded best).
         scale: softmax scale, default 1 / sqrt(head_dim).
     The plan captures the sequences' block tables and lengths now: make a new plan after the
     cache changes (once per decode step), and reuse it for every layer of that step.
@@ -86,23 +88,26 @@ class DecodePlan:
                  prefetch: PrefetchConfig | None = None, scale: float | None = None):
         _check_cache(cache)
         check_num_heads(num_qo_heads, cache.num_kv_heads)
-        if kernel == "auto":
-            kernel = auto_kernel(cache)
-        check_kernel(kernel, cache, num_qo_heads)
-        prefetch = PrefetchConfig() if prefetch is None else prefetch
-        if not isinstance(prefetch, PrefetchConfig):
+        chosen = auto_kernel(cache) if kernel == "auto" else kernel
+        check_kernel(chosen, cache, num_qo_heads)
+        if prefetch is not None and not isinstance(prefetch, PrefetchConfig):
             raise ValueError(f"prefetch={prefetch!r}: must be a PrefetchConfig or None")
         seq_ids = list(seq_ids)
         if not seq_ids:
             raise ValueError("seq_ids=[]: must name at least one sequence")
-        self.cache, self.kernel, self.prefetch = cache, kernel, prefetch
-        self.num_qo_heads = num_qo_heads
-        self.scale = 1.0 / math.sqrt(cache.head_dim) if scale is None else float(scale)
         self.block_tables = cache.block_tables(seq_ids)  # int32 [B, max_num_blocks]
         self.seq_lens = cache.seq_lens(seq_ids)  # int32 [B]
         self.max_seq_len = max(cache.manager.seq_len(s) for s in seq_ids)
+        if prefetch is None:
+            prefetch = PrefetchConfig() if kernel != "auto" else select.best_prefetch(
+                chosen, num_qo_heads, cache.num_kv_heads, cache.block_size, len(seq_ids),
+                self.max_seq_len,
+            )
+        self.cache, self.kernel, self.prefetch = cache, chosen, prefetch
+        self.num_qo_heads = num_qo_heads
+        self.scale = 1.0 / math.sqrt(cache.head_dim) if scale is None else float(scale)
         num_sms = torch.cuda.get_device_properties(cache.device).multi_processor_count
-        self.launcher = FAMILIES[kernel](
+        self.launcher = FAMILIES[chosen](
             cache, num_qo_heads, len(seq_ids), self.max_seq_len, prefetch, num_sms
         )
 

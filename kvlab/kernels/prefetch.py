@@ -51,6 +51,21 @@ class PrefetchConfig:
         flags = ", ".join(str(x).lower() for x in (self.k, self.v))
         return f"{_MODE_IDS[self.mode]}, {flags}, {self.distance}, {str(self.evict_last).lower()}"
 
+    @classmethod
+    def from_label(cls, label: str) -> "PrefetchConfig":
+        """The config whose `label()` is `label` (as recorded in benchmark results)."""
+        words = label.split()
+        if words == ["none"]:
+            return cls()
+        try:
+            mode, kv, distance, *rest = words
+            return cls(mode, k="K" in kv.split("+"), v="V" in kv.split("+"),
+                       distance=int(distance.removeprefix("d=")), evict_last=rest == ["evict_last"])
+        except ValueError:
+            raise ValueError(
+                f"label={label!r}: not a PrefetchConfig label like 'bulk K+V d=1'"
+            ) from None
+
     def label(self) -> str:
         if not self.enabled:
             return "none"

@@ -196,3 +196,15 @@ def test_disabled_prefetch_configs_share_one_instantiation():
     assert PrefetchConfig("line", v=False, distance=2, evict_last=True).template_args() == (
         "kvlab::PF_LINE, true, false, 2, true"
     )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["vllm", "hnd"])
+def test_auto_runs_the_family_of_the_layout_with_the_recorded_prefetch(layout):
+    kernel = "vllm_v1" if layout == "vllm" else "gqa"
+    cache, seq_ids = make_batch(kernel, torch.float16, 128, 16, [1000, 17, 3], seed=5)
+    q = torch.randn(3, 8, 128, device="cuda", dtype=torch.float16)
+    plan = kvlab.DecodePlan(cache, seq_ids, 8)
+    assert plan.kernel == kernel
+    assert plan.prefetch == kvlab.kernels.select.best_prefetch(kernel, 8, 2, 16, 3, 1000)
+    assert rel_l2(plan.run(q), reference(q, cache, seq_ids)) < TOLERANCE[torch.float16]

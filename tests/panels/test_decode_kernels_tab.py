@@ -4,8 +4,8 @@ import ipywidgets as widgets
 import pytest
 
 from kvlab.panels import dashboard
-from kvlab.panels.decode_kernels import DecodeKernelsTab
-from kvlab.results import load_result, nearest_rows
+from kvlab.panels.decode_kernels import RECORDED, DecodeKernelsTab
+from kvlab.results import load_results, nearest_rows
 from kvlab.viz.kernels import variant
 
 
@@ -22,7 +22,7 @@ def descendants(widget):
 
 
 def expected_rows(model, batch, context, block_size=16):
-    rows = nearest_rows(load_result("h200", "attention"), model, batch, context)
+    rows = nearest_rows(load_results(*RECORDED), model, batch, context)
     return [r for r in rows if r["block_size"] in (block_size, None)]
 
 
@@ -63,12 +63,13 @@ def test_controls_move_to_the_nearest_recorded_point(tab):
 
 def test_unrecorded_block_size_and_prefetch_are_reported(tab):
     c = tab.controls
-    c["block_size"].value = 32
-    c["distance"].value = 4
-    assert "block_size=32 not recorded (recorded: [16])" in tab.status.value
-    assert "vllm_v1 / line K+V d=4 not recorded" in tab.status.value
+    c["block_size"].value = 64
+    c["distance"].value = 3
+    assert "block_size=64 not recorded (recorded: [16, 32, 128])" in tab.status.value
+    assert "vllm_v1 / line K+V d=3 not recorded" in tab.status.value
     assert "not available without a GPU" in tab.status.value
-    rows = expected_rows("llama3-8b", 16, 8192)
+    # nearest recorded on a log2 scale: 32 and 128 tie, the smaller wins
+    rows = expected_rows("llama3-8b", 16, 8192, block_size=32)
     assert list(tab.figures["bandwidth"].data[0].y) == [r["gbps"] for r in rows]
 
 
@@ -99,7 +100,7 @@ def test_run_button_wiring_with_a_fake_measurement(monkeypatch):
     """The cuda path without a GPU: `measure_point` replaced by a fake built from recorded rows."""
     import kvlab.panels.decode_kernels as module
 
-    recorded = load_result("h200", "attention")
+    recorded = load_results(*RECORDED)
     calls = []
 
     def fake_measure(model, batch, context, block_size, distance, on_progress=None):

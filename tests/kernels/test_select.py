@@ -1,0 +1,51 @@
+"""kernel="auto" picks the prefetch setting that was fastest in the recorded benchmark (CPU)."""
+
+import pytest
+
+from kvlab.kernels.prefetch import PrefetchConfig
+from kvlab.kernels.select import best_prefetch, recorded_rows
+
+
+def fastest(kernel, model, batch, context, block_size):
+    rows = [r for r in recorded_rows() if (r["kernel"], r["model"], r["batch"], r["context"],
+                                           r["block_size"]) == (kernel, model, batch, context,
+                                                                block_size)]
+    return min(rows, key=lambda r: r["ms"])["prefetch"]
+
+
+@pytest.mark.parametrize(
+    ("kernel", "heads", "block_size", "batch", "context", "model"),
+    [
+        ("vllm_v1", (40, 8), 16, 16, 1024, "qwen2.5-14b"),  # prefetch won here
+        ("vllm_v1", (32, 32), 16, 64, 8192, "llama2-7b"),  # and lost here
+        ("vllm_v1", (28, 4), 32, 16, 32768, "qwen2.5-7b"),
+        ("gqa", (32, 8), 128, 128, 32768, "llama3-8b"),
+    ],
+)
+def test_recorded_point_gets_its_fastest_setting(kernel, heads, block_size, batch, context, model):
+    got = best_prefetch(kernel, *heads, block_size, batch, context)
+    assert got.label() == fastest(kernel, model, batch, context, block_size)
+
+
+def test_nearest_shape_is_used_off_the_grid():
+    # 64:8 is group 8: nearest recorded group is qwen2.5-7b's 7; batch 100 -> 128, 5000 -> 8192
+    got = best_prefetch("vllm_v1", 64, 8, 16, 100, 5000)
+    assert got.label() == fastest("vllm_v1", "qwen2.5-7b", 128, 8192, 16)
+
+
+def test_unrecorded_kernel_gets_no_prefetch():
+    assert best_prefetch("flash", 32, 8, 16, 1, 1024) == PrefetchConfig()
+
+
+@pytest.mark.parametrize(
+    "config",
+    [PrefetchConfig(), PrefetchConfig("bulk"), PrefetchConfig("line", k=False, distance=4),
+     PrefetchConfig("bulk", v=False, distance=2, evict_last=True)],
+)
+def test_labels_round_trip(config):
+    assert PrefetchConfig.from_label(config.label()) == config
+
+
+def test_bad_label():
+    with pytest.raises(ValueError, match="label='fast': not a PrefetchConfig label"):
+        PrefetchConfig.from_label("fast")

@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 
 __all__ = [
+    "ATTENTION",
     "label",
     "load_result",
     "load_results",
@@ -21,6 +22,8 @@ __all__ = [
     "results_dir",
 ]
 
+# The recorded decode-attention benchmark: (machine, result names), merged by `load_results`.
+ATTENTION = ("h200", ("attention", "attention_block_sizes", "attention_4k"))
 ROW_KEY = ("model", "batch", "context", "kernel", "block_size", "prefetch")  # a row's identity
 PACKAGED_DIR = Path(__file__).resolve().parent / "results_data"
 CHECKOUT_DIR = Path(__file__).resolve().parent.parent / "benchmarks" / "results"

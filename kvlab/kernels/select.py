@@ -11,13 +11,11 @@ import math
 from kvlab import results
 from kvlab.kernels.prefetch import PrefetchConfig
 
-RECORDED = ("h200", ("attention", "attention_block_sizes"))  # (machine, result names)
-
 
 @functools.cache
 def recorded_rows() -> tuple[dict, ...]:
     try:
-        return tuple(results.load_results(*RECORDED)["rows"])
+        return tuple(results.load_results(*results.ATTENTION)["rows"])
     except ValueError:  # nothing recorded in this installation
         return ()
 

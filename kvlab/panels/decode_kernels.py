@@ -18,11 +18,10 @@ from kvlab.config import MODELS
 from kvlab.device import backend, device_label
 from kvlab.kernels.prefetch import MAX_DISTANCE, MODES, PrefetchConfig
 from kvlab.panels.app import figure_widget, show_figure
-from kvlab.results import label, load_results, nearest_rows, recorded_models
+from kvlab.results import ATTENTION, label, load_results, nearest_rows, recorded_models
 from kvlab.viz.kernels import bandwidth_figure, prefetch_speedup_figure, variant
 
-# (machine, result names) of the recorded results shown without a GPU
-RECORDED = ("h200", ("attention", "attention_block_sizes"))
+RECORDED = ATTENTION  # (machine, result names) of the recorded results shown without a GPU
 KERNELS = ("vllm_v1", "gqa")  # the paged kernel families; sdpa is always measured beside them
 BLOCK_SIZES = (8, 16, 32, 64, 128, 256)  # gqa's; vllm_v1 supports 8, 16, 32
 FIGURE_HEIGHTS = {"bandwidth": 440, "speedup": 440}

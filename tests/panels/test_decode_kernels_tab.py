@@ -49,13 +49,13 @@ def test_controls_move_to_the_nearest_recorded_point(tab):
     c = tab.controls
     c["model"].value = "qwen2.5-7b"
     c["batch"].value = 100
-    c["context"].value = 5000
+    c["context"].value = 6000  # log2-nearest recorded: 8192, not 4096
     rows = expected_rows("qwen2.5-7b", 128, 8192)
     bars = tab.figures["bandwidth"].data[0]
     assert list(bars.y) == [r["gbps"] for r in rows]
     assert list(bars.x) == [variant(r) for r in rows]
     assert "batch=128 context=8192" in tab.status.value
-    assert "requested batch=100 context=5000" in tab.status.value
+    assert "requested batch=100 context=6000" in tab.status.value
     assert c["gqa_ratio"].value.startswith("28:4")
     speedup_title = tab.figures["speedup"].layout.title.text
     assert "vllm_v1, qwen2.5-7b" in speedup_title

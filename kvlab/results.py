@@ -20,10 +20,12 @@ __all__ = [
     "nearest_rows",
     "recorded_models",
     "results_dir",
+    "speedups",
 ]
 
 # The recorded decode-attention benchmark: (machine, result names), merged by `load_results`.
-ATTENTION = ("h200", ("attention", "attention_block_sizes", "attention_4k"))
+ATTENTION = ("h200", ("attention", "attention_block_sizes", "attention_4k", "attention_distances",
+                      "attention_blocks_d1"))
 ROW_KEY = ("model", "batch", "context", "kernel", "block_size", "prefetch")  # a row's identity
 PACKAGED_DIR = Path(__file__).resolve().parent / "results_data"
 CHECKOUT_DIR = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
@@ -60,19 +62,34 @@ def load_result(machine: str, name: str) -> dict:
 
 def load_results(machine: str, names) -> dict:
     """Several recorded results of one machine as one: the first one's metadata (gpu, date,
-    roofline, ...) and the rows of all, in order; a row measured again at the same (model, batch,
-    context, kernel, block_size, prefetch) keeps its first value. Names not recorded are skipped;
-    raises ValueError (as `load_result`) when none is."""
+    roofline, ...) and the rows of all, in order, each tagged `source` = its result's name.
+
+    NOTE: every run measures its own no-prefetch baseline, so a row can appear once per run.
+    Compare times only within one source (`speedups`): tiny kernels vary more between runs
+    than prefetch changes them. Names not recorded are skipped; raises ValueError (as
+    `load_result`) when none is."""
     names = list(names)
     recorded = [n for n in names if (results_dir() / machine / f"{n}.json").is_file()]
-    loaded = [load_result(machine, n) for n in recorded]
+    loaded = {n: load_result(machine, n) for n in recorded}
     if not loaded:
         return load_result(machine, names[0])
-    rows = {}
-    for row in (row for result in loaded for row in result["rows"]):
-        key = tuple(row[k] for k in ROW_KEY)
-        rows.setdefault(key, row)
-    return {**loaded[0], "rows": list(rows.values())}
+    rows = [{**row, "source": n} for n, result in loaded.items() for row in result["rows"]]
+    return {**next(iter(loaded.values())), "rows": rows}
+
+
+def speedups(rows) -> list[tuple[dict, float]]:
+    """(row, ms of no prefetch / ms of the row) for every row that has a no-prefetch row of the
+    same kernel, model, point and block size measured in the same run (`source`)."""
+    same_run = (*ROW_KEY[:-1], "source")
+    baseline = {
+        tuple(r.get(k) for k in same_run): r["ms"] for r in rows if r["prefetch"] == "none"
+    }
+    pairs = []
+    for row in rows:
+        none_ms = baseline.get(tuple(row.get(k) for k in same_run))
+        if none_ms is not None:
+            pairs.append((row, none_ms / row["ms"]))
+    return pairs
 
 
 def label(result: dict) -> str:
@@ -118,11 +135,14 @@ def nearest_point(result: dict, model: str, batch: int, context: int) -> tuple[i
 
 def nearest_rows(result: dict, model: str, batch: int, context: int) -> list[dict]:
     """The rows of `result` at `model`'s recorded point nearest to (`batch`, `context`) (see
-    `nearest_point`), in recorded order: every kernel, prefetch setting and block size there.
+    `nearest_point`), in recorded order: every kernel, prefetch setting and block size there,
+    each once (a setting measured in several runs keeps its first row).
 
     Raises ValueError for an unrecorded `model` (listing the recorded ones).
     """
     b, c = nearest_point(result, model, batch, context)
-    return [
-        r for r in result["rows"] if r["model"] == model and r["batch"] == b and r["context"] == c
-    ]
+    rows = {}
+    for r in result["rows"]:
+        if r["model"] == model and r["batch"] == b and r["context"] == c:
+            rows.setdefault(tuple(r[k] for k in ROW_KEY), r)
+    return list(rows.values())

@@ -9,6 +9,7 @@ from kvlab.results import (
     nearest_rows,
     recorded_models,
     results_dir,
+    speedups,
 )
 
 
@@ -93,3 +94,14 @@ def test_importing_results_loads_no_torch():
 
     code = "import sys, kvlab.results; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_speedups_compare_only_within_one_run():
+    rows = [
+        {"model": "m", "batch": 1, "context": 8, "kernel": "k", "block_size": 16,
+         "prefetch": p, "ms": ms, "source": src}
+        for p, ms, src in [("none", 2.0, "a"), ("bulk K+V d=1", 1.0, "a"),
+                           ("none", 4.0, "b"), ("line K+V d=2", 1.0, "b")]
+    ]
+    gains = {r["prefetch"]: s for r, s in speedups(rows)}
+    assert gains == {"none": 1.0, "bulk K+V d=1": 2.0, "line K+V d=2": 4.0}

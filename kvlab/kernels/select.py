@@ -1,5 +1,5 @@
 """`kernel="auto"`: the kernel family that reads the cache's layout, with the prefetch setting that
-was fastest in the recorded H200 benchmark for the nearest recorded shape.
+gained most over no prefetch in the recorded H200 benchmark for the nearest recorded shape.
 
 Nearest shape: the recorded model with the closest GQA group (then KV head count), the closest
 block size, then the closest (batch, context) on a log2 scale (`kvlab.results.nearest_point`).
@@ -44,4 +44,6 @@ def best_prefetch(kernel: str, num_qo_heads: int, num_kv_heads: int, block_size:
     rows = [r for r in rows if r["block_size"] == nearest_block]
     point = results.nearest_point({"rows": rows}, model, batch, context)
     at_point = [r for r in rows if (r["batch"], r["context"]) == point]
-    return PrefetchConfig.from_label(min(at_point, key=lambda r: r["ms"])["prefetch"])
+    # NOTE: speedups over the no-prefetch run of the same recording, not raw times across runs.
+    best, speedup = max(results.speedups(at_point), key=lambda pair: pair[1])
+    return PrefetchConfig.from_label(best["prefetch"] if speedup > 1 else "none")

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from kvlab.results import speedups
+
 __all__ = ["PAPER_REFERENCE", "bandwidth_figure", "prefetch_speedup_figure", "variant"]
 
 PAPER_REFERENCE = "paper: 1.84-2.15x for vLLM + L2 prefetch on H20 (arXiv 2504.06319)"
@@ -112,14 +114,14 @@ def prefetch_speedup_figure(
             f"rows have kernels {sorted({r['kernel'] for r in result_rows})} "
             f"and models {sorted({r['model'] for r in result_rows})}"
         )
-    baseline = {(r["batch"], r["context"]): r["ms"] for r in rows if r["prefetch"] == "none"}
-    points = sorted(baseline)  # (batch, context) with a no-prefetch time
+    pairs = [(r, s) for r, s in speedups(rows) if r["prefetch"] != "none"]  # within one run
+    points = sorted({(r["batch"], r["context"]) for r, _ in pairs})
     x = [f"B={b}<br>ctx={c}" for b, c in points]
-    settings = list(dict.fromkeys(r["prefetch"] for r in rows if r["prefetch"] != "none"))
+    settings = list(dict.fromkeys(r["prefetch"] for r, _ in pairs))
     traces = []
     for setting, color in zip(settings, PREFETCH_COLORS * len(settings), strict=False):
-        ms = {(r["batch"], r["context"]): r["ms"] for r in rows if r["prefetch"] == setting}
-        speedup = [baseline[p] / ms[p] if p in ms else None for p in points]
+        by_point = {(r["batch"], r["context"]): s for r, s in pairs if r["prefetch"] == setting}
+        speedup = [by_point.get(p) for p in points]
         traces.append(
             go.Bar(
                 name=setting,

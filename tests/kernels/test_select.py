@@ -4,13 +4,16 @@ import pytest
 
 from kvlab.kernels.prefetch import PrefetchConfig
 from kvlab.kernels.select import best_prefetch, recorded_rows
+from kvlab.results import speedups
 
 
 def fastest(kernel, model, batch, context, block_size):
-    rows = [r for r in recorded_rows() if (r["kernel"], r["model"], r["batch"], r["context"],
-                                           r["block_size"]) == (kernel, model, batch, context,
-                                                                block_size)]
-    return min(rows, key=lambda r: r["ms"])["prefetch"]
+    """The setting with the largest gain over no prefetch measured in the same run."""
+    point = (kernel, model, batch, context, block_size)
+    rows = [r for r in recorded_rows()
+            if (r["kernel"], r["model"], r["batch"], r["context"], r["block_size"]) == point]
+    row, gain = max(speedups(rows), key=lambda pair: pair[1])
+    return row["prefetch"] if gain > 1 else "none"
 
 
 @pytest.mark.parametrize(

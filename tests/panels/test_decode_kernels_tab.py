@@ -121,3 +121,15 @@ def test_run_button_wiring_with_a_fake_measurement(monkeypatch):
     assert list(tab.figures["bandwidth"].data[0].y) == [r["gbps"] + 1 for r in rows]
     assert "measured on FAKE GPU" in tab.figures["bandwidth"].layout.title.text
     assert "measured on FAKE GPU" in tab.status.value
+
+
+@pytest.mark.gpu
+def test_run_button_measures_the_point_on_this_gpu(monkeypatch):
+    monkeypatch.delenv("KVLAB_BACKEND", raising=False)
+    tab = DecodeKernelsTab(model="llama3-8b", batch=2, context=1024, distance=2)
+    tab.run_button.click()
+    assert tab.progress.value == tab.progress.max == 3
+    assert "measured on" in tab.figures["bandwidth"].layout.title.text
+    bars = tab.figures["bandwidth"].data[0]
+    assert {"sdpa", "gqa / none", "vllm_v1 / bulk K+V d=2"} <= set(bars.x)
+    assert all(gbps > 0 for gbps in bars.y)

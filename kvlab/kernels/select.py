@@ -1,8 +1,10 @@
 """`kernel="auto"`: the kernel family that reads the cache's layout, with the prefetch setting that
-gained most over no prefetch in the recorded H200 benchmark for the nearest recorded shape.
+gained most, in the worst case, over no prefetch in the recorded H200 benchmark around the shape.
 
-Nearest shape: the recorded model with the closest GQA group (then KV head count), the closest
-block size, then the closest (batch, context) on a log2 scale (`kvlab.results.nearest_point`).
+Nearest shape: the recorded model with the closest GQA group (then KV head count) and the closest
+block size. Around the requested (batch, context) it takes the recorded batches and contexts just
+below and above, and picks the setting whose smallest gain over those points is largest: a setting
+that won at batch 16 but lost at batch 64 is not used at batch 32.
 """
 
 import functools
@@ -24,10 +26,18 @@ def _log_distance(a: int, b: int) -> float:
     return abs(math.log2(a / b))
 
 
+def _bracket(value: int, recorded: set[int]) -> set[int]:
+    """The recorded values just below and just above `value` (one if it is recorded or outside)."""
+    below = [v for v in recorded if v <= value]
+    above = [v for v in recorded if v >= value]
+    return {max(below, default=min(above)), min(above, default=max(below))}
+
+
 def best_prefetch(kernel: str, num_qo_heads: int, num_kv_heads: int, block_size: int,
                   batch: int, context: int) -> PrefetchConfig:
-    """The recorded fastest prefetch setting of `kernel` nearest to this shape; no prefetch when
-    nothing is recorded for `kernel`."""
+    """The prefetch setting of `kernel` with the largest worst-case recorded gain over no
+    prefetch at the recorded (batch, context) points around this shape; no prefetch unless
+    that worst case is a gain, or when nothing is recorded for `kernel`."""
     rows = [r for r in recorded_rows() if r["kernel"] == kernel]
     if not rows:
         return PrefetchConfig()
@@ -42,8 +52,12 @@ def best_prefetch(kernel: str, num_qo_heads: int, num_kv_heads: int, block_size:
     nearest_block = min({r["block_size"] for r in rows},
                         key=lambda b: (_log_distance(b, block_size), b))
     rows = [r for r in rows if r["block_size"] == nearest_block]
-    point = results.nearest_point({"rows": rows}, model, batch, context)
-    at_point = [r for r in rows if (r["batch"], r["context"]) == point]
-    # NOTE: speedups over the no-prefetch run of the same recording, not raw times across runs.
-    best, speedup = max(results.speedups(at_point), key=lambda pair: pair[1])
-    return PrefetchConfig.from_label(best["prefetch"] if speedup > 1 else "none")
+    points = {(b, c) for b in _bracket(batch, {r["batch"] for r in rows})
+              for c in _bracket(context, {r["context"] for r in rows})}
+    # NOTE: gains over the no-prefetch run of the same recording, not raw times across runs.
+    gains: dict[str, dict[tuple, float]] = {}
+    for row, gain in results.speedups([r for r in rows if (r["batch"], r["context"]) in points]):
+        gains.setdefault(row["prefetch"], {})[row["batch"], row["context"]] = gain
+    worst = {p: min(g.values()) for p, g in gains.items() if set(g) == points}
+    best = max(worst, key=worst.get, default="none")
+    return PrefetchConfig.from_label(best if worst.get(best, 0) > 1 else "none")

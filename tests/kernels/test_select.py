@@ -30,9 +30,17 @@ def test_recorded_point_gets_its_fastest_setting(kernel, heads, block_size, batc
     assert got.label() == fastest(kernel, model, batch, context, block_size)
 
 
-def test_nearest_shape_is_used_off_the_grid():
-    # 64:8 is group 8: nearest recorded group is qwen2.5-7b's 7; batch 100 -> 128, 6000 -> 8192
-    got = best_prefetch("vllm_v1", 64, 8, 16, 100, 6000)
+def test_off_the_grid_a_setting_must_win_at_every_recorded_point_around():
+    # llama3-8b, vllm_v1, block 16: prefetch won at batch 16 x 1k but lost at batch 64, so at
+    # batch 32 x 2k (between them) auto takes none.
+    assert fastest("vllm_v1", "llama3-8b", 16, 1024, 16) != "none"
+    assert fastest("vllm_v1", "llama3-8b", 64, 1024, 16) == "none"
+    assert best_prefetch("vllm_v1", 32, 8, 16, 32, 2048) == PrefetchConfig()
+
+
+def test_nearest_recorded_shape_is_used():
+    # 64:8 is group 8: the nearest recorded group is qwen2.5-7b's 7; 128 x 8192 is recorded
+    got = best_prefetch("vllm_v1", 64, 8, 16, 128, 8192)
     assert got.label() == fastest("vllm_v1", "qwen2.5-7b", 128, 8192, 16)
 
 

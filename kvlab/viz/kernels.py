@@ -16,7 +16,7 @@ __all__ = ["PAPER_REFERENCE", "bandwidth_figure", "prefetch_speedup_figure", "va
 
 PAPER_REFERENCE = "paper: 1.84-2.15x for vLLM + L2 prefetch on H20 (arXiv 2504.06319)"
 KERNEL_COLORS = {"vllm_v1": "#1f77b4", "gqa": "#2ca02c", "sdpa": "#7f7f7f"}
-PREFETCH_COLORS = ("#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+PREFETCH_COLORS = ("#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#d62728")
 
 
 def variant(row: dict) -> str:

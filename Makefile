@@ -8,6 +8,8 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= dev
 BIN := $(VENV)/bin
+# Jupyter refuses to run as root unless told; containers and CI machines often are root.
+LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
 SOURCES := $(shell find kvlab kernels -type f -not -path '*/__pycache__/*' 2>/dev/null)
 
 .PHONY: lab test setup clean
@@ -30,7 +32,7 @@ $(VENV)/.kvlab: $(VENV)/.deps $(SOURCES)
 	touch $@
 
 lab: setup
-	$(BIN)/jupyter lab notebooks/walkthrough.ipynb
+	$(BIN)/jupyter lab $(LAB_ARGS) notebooks/walkthrough.ipynb
 
 test: setup
 	$(BIN)/ruff check kvlab tests

@@ -15,7 +15,10 @@ import plotly.graph_objects as go
 
 from kvlab.device import backend, device_label
 
-__all__ = ["Dashboard", "DashboardTab", "dashboard", "figure_widget", "header_html", "show_figure"]
+__all__ = [
+    "Dashboard", "DashboardTab", "dashboard", "figure_widget", "header_html", "labeled",
+    "show_figure",
+]
 
 
 class DashboardTab(Protocol):
@@ -29,6 +32,16 @@ class DashboardTab(Protocol):
 def figure_widget(height: int) -> go.FigureWidget:
     """An empty `go.FigureWidget` of a fixed height, to be filled by `show_figure`."""
     return go.FigureWidget(layout=dict(height=height))
+
+
+def labeled(cls, description: str, **kwargs) -> widgets.Widget:
+    """A control of type `cls` with the description column and width every tab uses."""
+    return cls(
+        description=description,
+        style={"description_width": "150px"},
+        layout={"width": "420px"},
+        **kwargs,
+    )
 
 
 def show_figure(widget: go.FigureWidget, fig: go.Figure) -> None:

@@ -17,7 +17,7 @@ import ipywidgets as widgets
 from kvlab.config import MODELS
 from kvlab.device import backend, device_label
 from kvlab.kernels.prefetch import MAX_DISTANCE, MODES, PrefetchConfig
-from kvlab.panels.app import figure_widget, show_figure
+from kvlab.panels.app import figure_widget, labeled, show_figure
 from kvlab.results import ATTENTION, label, load_results, nearest_rows, recorded_models
 from kvlab.viz.kernels import bandwidth_figure, prefetch_speedup_figure, variant
 
@@ -59,15 +59,6 @@ def measure_point(
     return result
 
 
-def _labeled(cls, description: str, **kwargs) -> widgets.Widget:
-    return cls(
-        description=description,
-        style={"description_width": "150px"},
-        layout={"width": "420px"},
-        **kwargs,
-    )
-
-
 def _gqa_text(model: str) -> str:
     m = MODELS[model]
     return f"{m.num_qo_heads}:{m.num_kv_heads} (group of {m.num_qo_heads // m.num_kv_heads})"
@@ -101,23 +92,22 @@ class DecodeKernelsTab:
     ):
         self.backend = backend()
         self.recorded = load_results(*RECORDED)
-        self.measured: dict[
-            tuple, dict
-        ] = {}  # (model, batch, context, block_size, distance) -> run
+        # (model, batch, context, block_size, distance) -> result of measure_point
+        self.measured: dict[tuple, dict] = {}
         self.controls = {
-            "model": _labeled(
+            "model": labeled(
                 widgets.Dropdown, "model", options=recorded_models(self.recorded), value=model
             ),
-            "block_size": _labeled(
+            "block_size": labeled(
                 widgets.Dropdown, "block_size (tokens)", options=BLOCK_SIZES, value=block_size
             ),
-            "batch": _labeled(widgets.BoundedIntText, "batch", min=1, max=1024, value=batch),
-            "context": _labeled(
+            "batch": labeled(widgets.BoundedIntText, "batch", min=1, max=1024, value=batch),
+            "context": labeled(
                 widgets.BoundedIntText, "context (tokens)", min=1, max=131072, value=context
             ),
-            "kernel": _labeled(widgets.Dropdown, "kernel family", options=KERNELS, value=kernel),
-            "prefetch": _labeled(widgets.Dropdown, "L2 prefetch", options=MODES, value=prefetch),
-            "distance": _labeled(
+            "kernel": labeled(widgets.Dropdown, "kernel family", options=KERNELS, value=kernel),
+            "prefetch": labeled(widgets.Dropdown, "L2 prefetch", options=MODES, value=prefetch),
+            "distance": labeled(
                 widgets.IntSlider,
                 "prefetch distance",
                 min=1,
@@ -125,7 +115,7 @@ class DecodeKernelsTab:
                 value=distance,
                 continuous_update=False,
             ),
-            "gqa_ratio": _labeled(
+            "gqa_ratio": labeled(
                 widgets.Text, "GQA qo:kv heads", value=_gqa_text(model), disabled=True
             ),
         }

@@ -17,23 +17,13 @@ from kvlab.cache.accounting import (
     replay_block_tables,
 )
 from kvlab.config import MODELS
-from kvlab.panels.app import figure_widget, show_figure
-from kvlab.viz.cache import block_table_figure, fragmentation_figure, memory_figure
+from kvlab.panels.app import figure_widget, labeled, show_figure
+from kvlab.viz.cache import GIB, block_table_figure, fragmentation_figure, memory_figure
 from kvlab.workload import DISTRIBUTIONS, make_workload
 
-GIB = 2**30
 KV_DTYPE_BYTES = 2  # fp16 / bf16 K and V
 NUM_PREFIXES = 2  # distinct shared system prompts
 FIGURE_HEIGHTS = {"memory": 420, "fragmentation": 420, "block_table": 520}
-
-
-def _labeled(cls, description: str, **kwargs) -> widgets.Widget:
-    return cls(
-        description=description,
-        style={"description_width": "150px"},
-        layout={"width": "420px"},
-        **kwargs,
-    )
 
 
 def _controls(
@@ -47,21 +37,21 @@ def _controls(
 ) -> dict[str, widgets.Widget]:
     slider = {"continuous_update": False}
     return {
-        "model": _labeled(widgets.Dropdown, "model", options=list(MODELS), value=model),
-        "block_size": _labeled(
+        "model": labeled(widgets.Dropdown, "model", options=list(MODELS), value=model),
+        "block_size": labeled(
             widgets.SelectionSlider,
             "block_size (tokens)",
             options=list(BLOCK_SIZES),
             value=block_size,
             **slider,
         ),
-        "num_requests": _labeled(
+        "num_requests": labeled(
             widgets.IntSlider, "num requests", min=1, max=1000, value=num_requests, **slider
         ),
-        "distribution": _labeled(
+        "distribution": labeled(
             widgets.Dropdown, "length distribution", options=list(DISTRIBUTIONS), value=distribution
         ),
-        "shared_fraction": _labeled(
+        "shared_fraction": labeled(
             widgets.FloatSlider,
             "shared-prefix fraction",
             min=0.0,
@@ -70,7 +60,7 @@ def _controls(
             value=shared_fraction,
             **slider,
         ),
-        "prefix_len": _labeled(
+        "prefix_len": labeled(
             widgets.IntSlider,
             "prefix_len (tokens)",
             min=0,
@@ -78,7 +68,7 @@ def _controls(
             value=prefix_len,
             **slider,
         ),
-        "budget_gib": _labeled(
+        "budget_gib": labeled(
             widgets.FloatSlider,
             "KV budget (GiB)",
             min=0.5,

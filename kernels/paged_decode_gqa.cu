@@ -64,6 +64,9 @@
 //       (SDPA reads at up to 4.5 TB/s); batch 1 x 32k: 45-77%. Block sizes 32 and 128 within 2%
 //       of block 16. L2 prefetch (same-run speedups): 0.59-1.03x from batch 64 (the cp.async
 //       pipeline already keeps enough bytes in flight); at batch 1 up to 1.58x, on 17-40 us calls.
+//   v1 + wave-aware split (kvlab/kernels/gqa.py chunk_size), block 16, no prefetch
+//       (attention_gqa_split.json): batch 16 x 32k 89.5-93.4% (was 80-87%); batch 1 x 32k 41-84%;
+//       from 256k tokens >= 90% except 28:4 at 16 x 32k (89.5%) and 64 x 4k (85.4%).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

@@ -24,8 +24,9 @@ __all__ = [
 ]
 
 # The recorded decode-attention benchmark: (machine, result names), merged by `load_results`.
-ATTENTION = ("h200", ("attention", "attention_block_sizes", "attention_4k", "attention_distances",
-                      "attention_blocks_d1"))
+# attention_gqa_split comes first: its gqa rows ran the current split-KV policy.
+ATTENTION = ("h200", ("attention_gqa_split", "attention", "attention_block_sizes", "attention_4k",
+                      "attention_distances", "attention_blocks_d1"))
 ROW_KEY = ("model", "batch", "context", "kernel", "block_size", "prefetch")  # a row's identity
 PACKAGED_DIR = Path(__file__).resolve().parent / "results_data"
 CHECKOUT_DIR = Path(__file__).resolve().parent.parent / "benchmarks" / "results"

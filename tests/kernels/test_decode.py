@@ -26,9 +26,9 @@ PREFETCHES = [
 ]
 NUM_KV_HEADS = 2
 # Two batches per case: mixed lengths (long ones: v2 partitions / split-KV), and many short
-# sequences (v1 / one chunk per CTA).
+# sequences (v1 / one chunk per CTA); test_matches_reference checks each takes its path.
 MIXED = [1, 17, 97, 1000, 3, 600]
-MANY = [1 + (37 * i) % 300 for i in range(160)]
+MANY = [1 + (37 * i) % 256 for i in range(160)]
 
 
 def case_grid():
@@ -102,6 +102,8 @@ def test_matches_reference(case, compiled):
         cache, seq_ids = make_batch(kernel, dtype, head_dim, block_size, lens, seed)
         q = torch.randn(len(lens), NUM_KV_HEADS * group, head_dim, device="cuda").to(dtype)
         plan = kvlab.DecodePlan(cache, seq_ids, q.shape[1], kernel=kernel, prefetch=prefetch)
+        split = getattr(plan.launcher, "num_chunks", None) or plan.launcher.num_partitions
+        assert (split > 1) == (lens is MIXED), f"{kernel} split {split} ways for {lens[:6]}"
         out = plan.run(q, out=torch.full_like(q, math.nan))
         ref = reference(q, cache, seq_ids)
         assert not out.isnan().any(), f"{out.isnan().sum().item()} NaN outputs (lens {lens[:6]})"

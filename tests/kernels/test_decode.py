@@ -210,3 +210,18 @@ def test_auto_runs_the_family_of_the_layout_with_the_recorded_prefetch(layout):
     assert plan.kernel == kernel
     assert plan.prefetch == kvlab.kernels.select.best_prefetch(kernel, 8, 2, 16, 3, 1000)
     assert rel_l2(plan.run(q), reference(q, cache, seq_ids)) < TOLERANCE[torch.float16]
+
+
+@pytest.mark.parametrize(
+    ("num_seqs", "num_kv_heads", "max_seq_len", "expected"),
+    [
+        (16, 8, 32768, 16384),  # 128 CTAs: 2 chunks fill one wave of 264 slots
+        (128, 8, 32768, 32768),  # 1024 CTAs already fill the GPU: no split
+        (1, 8, 32768, 1024),  # 32 chunks: 256 CTAs
+        (160, 2, 256, 256),  # short sequences: one chunk
+    ],
+)
+def test_gqa_split_fills_waves_of_resident_ctas(num_seqs, num_kv_heads, max_seq_len, expected):
+    num_slots = 132 * gqa.ctas_per_sm(128)
+    assert gqa.ctas_per_sm(128) == 2
+    assert gqa.chunk_size(num_seqs, num_kv_heads, max_seq_len, num_slots) == expected

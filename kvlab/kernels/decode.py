@@ -15,21 +15,20 @@ from kvlab.kernels.prefetch import PrefetchConfig
 
 FAMILIES = {"vllm_v1": vllm_v1.VllmV1, "gqa": gqa.Gqa}
 KERNELS = ("auto", *FAMILIES)
-_RULES = {"vllm_v1": vllm_v1, "gqa": gqa}
 
 
 def check_kernel(kernel: str, cache, num_qo_heads: int) -> None:
     """Raise ValueError unless `kernel` can run on `cache` with `num_qo_heads` query heads."""
     if kernel not in FAMILIES:
         raise ValueError(f"kernel={kernel!r}: must be one of {KERNELS}")
-    rules = _RULES[kernel]
-    if cache.layout != rules.LAYOUT:
+    family = FAMILIES[kernel]
+    if cache.layout != family.layout:
         raise ValueError(
-            f"cache.layout={cache.layout!r}: kernel={kernel!r} reads the {rules.LAYOUT!r} layout"
+            f"cache.layout={cache.layout!r}: kernel={kernel!r} reads the {family.layout!r} layout"
         )
-    if cache.block_size not in rules.BLOCK_SIZES:
+    if cache.block_size not in family.block_sizes:
         raise ValueError(
-            f"block_size={cache.block_size}: kernel={kernel!r} supports {rules.BLOCK_SIZES}"
+            f"block_size={cache.block_size}: kernel={kernel!r} supports {family.block_sizes}"
         )
     group = num_qo_heads // cache.num_kv_heads
     if kernel == "gqa" and group > gqa.MAX_GROUP:

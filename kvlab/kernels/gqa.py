@@ -84,6 +84,7 @@ class Gqa:
     """One step's launch of the gqa family: kernels compiled, split planned, buffers sized."""
 
     name = "gqa"
+    layout, block_sizes = LAYOUT, BLOCK_SIZES
 
     def __init__(self, cache, num_qo_heads: int, num_seqs: int, max_seq_len: int,
                  prefetch: PrefetchConfig, num_sms: int):

@@ -66,6 +66,7 @@ class VllmV1:
     """One step's launch of the vllm_v1 family: kernels compiled, grid and buffers sized."""
 
     name = "vllm_v1"
+    layout, block_sizes = LAYOUT, BLOCK_SIZES
 
     def __init__(self, cache, num_qo_heads: int, num_seqs: int, max_seq_len: int,
                  prefetch: PrefetchConfig, num_sms: int):

@@ -13,7 +13,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | t
 
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -m gpu -p no:cacheprovider --import-mode=importlib \
-    tests/kernels tests/cache/test_paged_cache.py tests/test_device.py \
+    tests/kernels tests/bench tests/cache/test_paged_cache.py tests/test_device.py \
     2>&1 | tail -40 | tee "$OUT/pytest.log"
 fi
 if [ "${SKIP_SANITIZER:-0}" != 1 ]; then

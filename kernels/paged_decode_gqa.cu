@@ -54,19 +54,21 @@
 // min(BLOCK_SIZE, 64) tokens, clipped to seq_len, issued by the warp whose rows start the run
 // (block 8: 2 calls per warp; 16: 1 per warp; 32: warps 0 and 2; >= 64: warp 0), per cache.
 //
-// Versions tried / measured (H200, fp16, L2 flushed; GB/s of K+V bytes read):
-//   v1  this file: tensor-core GQA decode, 64-token tiles, 3-stage per-warp cp.async pipeline,
-//       split-KV + merge, optional L2 prefetch. 2026-11-29, head_dim 128, block 16, median of 25,
-//       copy roofline 4,273 GB/s (benchmarks/results/h200/attention*.json): 4.0-4.2 TB/s (94-98%)
-//       for all four paper models once batch x context >= 1M tokens; 82-98% from 256k tokens
-//       (below 90% at batch 16 x 32k for the GQA models, where 16 x num_kv_heads CTAs split into
-//       chunks, and for 28:4 at batch 64 x 4k-8k); 0.84-0.93x of dense SDPA from 256k tokens
-//       (SDPA reads at up to 4.5 TB/s); batch 1 x 32k: 45-77%. Block sizes 32 and 128 within 2%
-//       of block 16. L2 prefetch (same-run speedups): 0.59-1.03x from batch 64 (the cp.async
-//       pipeline already keeps enough bytes in flight); at batch 1 up to 1.58x, on 17-40 us calls.
-//   v1 + wave-aware split (kvlab/kernels/gqa.py chunk_size), block 16, no prefetch
-//       (attention_gqa_split.json): batch 16 x 32k 89.5-93.4% (was 80-87%); batch 1 x 32k 41-84%;
-//       from 256k tokens >= 90% except 28:4 at 16 x 32k (89.5%) and 64 x 4k (85.4%).
+// Versions tried / measured (H200, fp16, head_dim 128; GB/s of K+V bytes read once; copy roofline
+// ~4,280 GB/s measured in the same run; benchmarks/results/h200/attention*.json):
+//   v1  tensor-core GQA decode, 64-token tiles, 3-stage per-warp cp.async pipeline, split-KV +
+//       merge, optional L2 prefetch. Split by a makespan model of CTA waves (kvlab/kernels/gqa.py):
+//       filling one wave matters (llama3-8b, 16 x 32k: 2 chunks 93.5%, 3 chunks 87.3%).
+//   v2  this file: cp.async with .L2::128B (+2.5-3% from 256k tokens; .L2::64B, .L2::256B, and
+//       copying all K rows before the V rows: no change), merge kernel reading float4 rows of
+//       several chunks at once. 2026-11-29, block 16, L2 flushed by a read before each run, median
+//       of 25: 93-101% of the roofline from batch x context = 256k tokens for all four paper
+//       models, 98-101% from 1M; 0.92-0.95x of dense SDPA there (cuDNN flash, 4.4-4.7 TB/s;
+//       Nsight Compute: same occupancy, its DRAM efficiency 92% of peak vs 85% here before
+//       .L2::128B). Batch 1 x 32k: 92% (32:32), 72% (32:8), 70% (40:8), 52% (28:4); the merge
+//       launch adds 4.6-5.9 us of those 30-45 us. Blocks 32 and 128 within 2.5% of block 16.
+//       L2 prefetch (same-run speedups): 0.57-1.02x, since the pipeline already keeps enough
+//       bytes in flight; evict-last 0.95-1.06x.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -107,9 +109,11 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {  // generic -> .s
 __device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }  // no <cmath>
 
 // 16-byte global -> shared copy; when !valid nothing is read and the 16 bytes are zero-filled.
+// .L2::128B lets L2 fetch the whole 128-byte line from HBM on the first miss (measured on the
+// H200: 2.5-3% faster from batch x context = 256k tokens; .L2::64B and .L2::256B: no change).
 __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(valid ? 16 : 0) : "memory");
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)),
+               "l"(src), "r"(valid ? 16 : 0) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;" ::: "memory");
@@ -491,40 +495,68 @@ __global__ void __launch_bounds__(128, gqa::Smem<HEAD_DIM>::CTAS_PER_SM) gqa_dec
 // Combine the chunks of each (sequence, query head): out = sum_c w_c partial_out_c / sum_c w_c with
 // w_c = exp(lse_c - max lse). Sequence s has ceil(seq_lens[s] / chunk_size) chunks (at most
 // max_num_chunks). grid (num_qo_heads, num_seqs), block 128, no dynamic shared memory.
+// The partial rows are read as float4: VECS = HEAD_DIM / 4 threads cover one chunk's row and the
+// block reads ROWS = 128 / VECS chunks at a time (unrolled), so many L2 loads are in flight
+// instead of one chunk after another; the ROWS partial sums then meet in shared memory.
 template <typename T, int HEAD_DIM>
 __global__ void __launch_bounds__(128) gqa_merge(
     T* __restrict__ out, const float* __restrict__ partial_out,
     const float* __restrict__ partial_lse, const int* __restrict__ seq_lens, int chunk_size,
     int max_num_chunks) {
   constexpr int THREADS = 128;
+  constexpr int VECS = HEAD_DIM / 4;      // float4 per partial row: 16 .. 64
+  constexpr int ROWS = THREADS / VECS;    // chunks read at once: 2 .. 8
   const int head = blockIdx.x, seq = blockIdx.y, num_qo_heads = gridDim.x;
   const int seq_len = seq_lens[seq];
   const int num_chunks =
       seq_len > 0 ? min((seq_len + chunk_size - 1) / chunk_size, max_num_chunks) : 0;
   const long long row = static_cast<long long>(seq) * num_qo_heads + head;
   const float* __restrict__ lse = partial_lse + row * max_num_chunks;         // [max_num_chunks]
-  const float* __restrict__ po = partial_out + row * max_num_chunks * HEAD_DIM;  // [chunks, D]
+  const float4* __restrict__ po =
+      reinterpret_cast<const float4*>(partial_out + row * max_num_chunks * HEAD_DIM);
 
-  // Pass 1: the largest lse, reduced over the block.
-  __shared__ float warp_max[THREADS / 32];
+  // Pass 1: the largest lse and the sum of the weights, each reduced over the block.
+  __shared__ float warp_red[THREADS / 32];
+  auto block_reduce = [&](float x, bool is_max) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) {
+      const float y = __shfl_xor_sync(0xffffffffu, x, offset);
+      x = is_max ? fmaxf(x, y) : x + y;
+    }
+    __syncthreads();  // warp_red is free again
+    if (threadIdx.x % 32 == 0) warp_red[threadIdx.x / 32] = x;
+    __syncthreads();
+    return is_max ? fmaxf(fmaxf(warp_red[0], warp_red[1]), fmaxf(warp_red[2], warp_red[3]))
+                  : (warp_red[0] + warp_red[1]) + (warp_red[2] + warp_red[3]);
+  };
   float lse_max = gqa::neg_inf();
   for (int c = threadIdx.x; c < num_chunks; c += THREADS) lse_max = fmaxf(lse_max, lse[c]);
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2)
-    lse_max = fmaxf(lse_max, __shfl_xor_sync(0xffffffffu, lse_max, offset));
-  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = lse_max;
-  __syncthreads();
-  lse_max = fmaxf(fmaxf(warp_max[0], warp_max[1]), fmaxf(warp_max[2], warp_max[3]));
+  lse_max = block_reduce(lse_max, true);
+  // No chunk with a token (an empty sequence): every weight is 0 and the output is 0.
+  const float shift = lse_max == gqa::neg_inf() ? 0.f : lse_max;
+  float weights = 0.f;
+  for (int c = threadIdx.x; c < num_chunks; c += THREADS) weights += __expf(lse[c] - shift);
+  weights = block_reduce(weights, false);
 
-  // Pass 2: one output dim per thread-step.
-  for (int d = threadIdx.x; d < HEAD_DIM; d += THREADS) {
-    float sum = 0.f, acc = 0.f;
-    for (int c = 0; c < num_chunks; ++c) {
-      const float w = lse_max == gqa::neg_inf() ? 0.f : __expf(lse[c] - lse_max);
-      sum += w;
-      acc += w * po[static_cast<long long>(c) * HEAD_DIM + d];
+  // Pass 2: thread (slot, vec) sums dims 4 vec .. 4 vec + 3 over chunks slot, slot + ROWS, ...
+  __shared__ float4 red[ROWS][VECS];
+  const int slot = threadIdx.x / VECS, vec = threadIdx.x % VECS;
+  if (slot < ROWS) {  // 128 % VECS threads idle for head_dim 80, 96, 112
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+    for (int c = slot; c < num_chunks; c += ROWS) {
+      const float w = __expf(lse[c] - shift);
+      const float4 p = po[static_cast<long long>(c) * VECS + vec];
+      acc.x += w * p.x; acc.y += w * p.y; acc.z += w * p.z; acc.w += w * p.w;
     }
-    out[row * HEAD_DIM + d] = gqa::Mma<T>::from_float(sum > 0.f ? acc / sum : 0.f);
+    red[slot][vec] = acc;
+  }
+  __syncthreads();
+  for (int d = threadIdx.x; d < HEAD_DIM; d += THREADS) {
+    float acc = 0.f;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) acc += reinterpret_cast<const float*>(red[r])[d];
+    out[row * HEAD_DIM + d] = gqa::Mma<T>::from_float(weights > 0.f ? acc / weights : 0.f);
   }
 }
 

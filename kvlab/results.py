@@ -23,11 +23,12 @@ __all__ = [
     "speedups",
 ]
 
-# The recorded decode-attention benchmark: (machine, result names), merged by `load_results`.
-# attention_gqa_split comes first: its gqa rows ran the current split-KV policy.
-ATTENTION = ("h200", ("attention_gqa_split", "attention", "attention_block_sizes", "attention_4k",
-                      "attention_distances", "attention_blocks_d1"))
-ROW_KEY = ("model", "batch", "context", "kernel", "block_size", "prefetch")  # a row's identity
+# The recorded decode-attention benchmark: (machine, result names), merged by `load_results`:
+# block 16 with SDPA and kernel="auto", and blocks 32 and 128. (The evict-last twins of every
+# prefetch setting, block 16, are the separate result "attention_evict_last".)
+ATTENTION = ("h200", ("attention", "attention_block_sizes"))
+# A row's identity; "family" is set on kernel="auto" rows only (the family auto ran).
+ROW_KEY = ("model", "batch", "context", "kernel", "family", "block_size", "prefetch")
 PACKAGED_DIR = Path(__file__).resolve().parent / "results_data"
 CHECKOUT_DIR = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 
@@ -81,7 +82,7 @@ def load_results(machine: str, names) -> dict:
 def speedups(rows) -> list[tuple[dict, float]]:
     """(row, ms of no prefetch / ms of the row) for every row that has a no-prefetch row of the
     same kernel, model, point and block size measured in the same run (`source`)."""
-    same_run = (*ROW_KEY[:-1], "source")
+    same_run = tuple(k for k in ROW_KEY if k != "prefetch") + ("source",)
     baseline = {
         tuple(r.get(k) for k in same_run): r["ms"] for r in rows if r["prefetch"] == "none"
     }
@@ -145,5 +146,5 @@ def nearest_rows(result: dict, model: str, batch: int, context: int) -> list[dic
     rows = {}
     for r in result["rows"]:
         if r["model"] == model and r["batch"] == b and r["context"] == c:
-            rows.setdefault(tuple(r[k] for k in ROW_KEY), r)
+            rows.setdefault(tuple(r.get(k) for k in ROW_KEY), r)
     return list(rows.values())

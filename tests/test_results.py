@@ -49,7 +49,7 @@ def test_load_result_unknown_names_machine_name_and_lists_recorded(machine, name
 @pytest.mark.parametrize(
     "batch,context,expected",
     [
-        (100, 5000, (128, 8192)),  # log2: 100 is 0.36 from 128, 0.64 from 64
+        (100, 5000, (128, 4096)),  # log2: 100 is 0.36 from 128; 5000 is 0.29 from 4096
         (1, 1024, (1, 1024)),  # exact
         (1000, 10**6, (128, 32768)),  # beyond the grid: its corner
         (32, 1024, (16, 1024)),  # NOTE: tie between 16 and 64 goes to the smaller batch
@@ -72,9 +72,9 @@ def test_nearest_rows_are_the_point_rows_in_order(h200):
     expected = [
         r
         for r in h200["rows"]
-        if (r["model"], r["batch"], r["context"]) == ("qwen2.5-7b", 128, 8192)
+        if (r["model"], r["batch"], r["context"]) == ("qwen2.5-7b", 128, 4096)
     ]
-    assert rows == expected and len(rows) == 7  # 2 kernels x 3 prefetch settings + sdpa
+    assert rows == expected and len(rows) == 17  # 2 kernels x (7 prefetch settings + auto) + sdpa
 
 
 def test_unknown_model_lists_recorded_models(h200):
@@ -105,3 +105,13 @@ def test_speedups_compare_only_within_one_run():
     ]
     gains = {r["prefetch"]: s for r, s in speedups(rows)}
     assert gains == {"none": 1.0, "bulk K+V d=1": 2.0, "line K+V d=2": 4.0}
+
+
+def test_auto_rows_of_two_families_stay_apart():
+    rows = [
+        {"model": "m", "batch": 1, "context": 8, "kernel": "auto", "family": f, "block_size": 16,
+         "prefetch": p, "ms": ms, "source": "a"}
+        for f, p, ms in [("vllm_v1", "none", 2.0), ("gqa", "bulk K+V d=1", 1.0)]
+    ]
+    assert [r["family"] for r, _ in speedups(rows)] == ["vllm_v1"]  # gqa has no baseline
+    assert nearest_rows({"rows": rows}, "m", 1, 8) == rows

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from kvlab.bench.env import run_info
-from kvlab.bench.timing import Timer, copy_roofline_gbps
+from kvlab.bench.timing import METHOD, Timer, copy_roofline_gbps
 from kvlab.cache import PagedKVCache
 from kvlab.config import MODELS
 from kvlab.kernels import gqa, vllm_v1
@@ -25,10 +25,13 @@ PAPER_MODELS = ("llama2-7b", "llama3-8b", "qwen2.5-7b", "qwen2.5-14b")
 MAX_KV_BYTES = 48 * 2**30  # one layer's paged K/V plus its dense copy must fit beside each other
 
 
-def prefetch_variants(modes, distances) -> list[PrefetchConfig]:
-    variants = [PrefetchConfig()]
-    variants += [PrefetchConfig(m, distance=d) for m in modes if m != "none" for d in distances]
-    return variants
+def prefetch_variants(modes, distances, evict_last: bool = False) -> list[PrefetchConfig]:
+    """No prefetch, then each mode at each distance (and its evict-last twin when asked)."""
+    policies = (False, True) if evict_last else (False,)
+    return [PrefetchConfig()] + [
+        PrefetchConfig(m, distance=d, evict_last=e)
+        for m in modes if m != "none" for d in distances for e in policies
+    ]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,6 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefetch", nargs="+", default=["none", "bulk", "line"],
                         choices=["none", "bulk", "line"])
     parser.add_argument("--distances", nargs="+", type=int, default=[1, 2, 4])
+    parser.add_argument("--evict-last", action="store_true",
+                        help="also time each prefetch setting with the evict-last L2 policy")
     parser.add_argument("--kernels", nargs="+", default=["vllm_v1", "gqa", "sdpa"],
                         choices=["vllm_v1", "gqa", "sdpa", "auto"],
                         help="'auto' also times kernel='auto' on each family's cache")
@@ -65,17 +70,17 @@ def _time_paged(timer, kernel, model, batch, context, block_size, variants, dtyp
         return []
     cache, seq_ids = _filled_cache(model, batch, context, block_size, family.LAYOUT, dtype)
     q = torch.randn(batch, model.num_qo_heads, model.head_dim, device="cuda", dtype=dtype)
-    rows = []
-    for prefetch in variants:
-        plan = DecodePlan(cache, seq_ids, model.num_qo_heads, kernel=kernel, prefetch=prefetch)
-        out = torch.empty_like(q)
-        rows.append({"kernel": kernel, "prefetch": prefetch.label(),
-                     "ms": timer.median_ms(lambda plan=plan, out=out: plan.run(q, out=out))})
-    if auto:
+    plans = {(kernel, p.label()): DecodePlan(cache, seq_ids, model.num_qo_heads, kernel=kernel,
+                                             prefetch=p) for p in variants}
+    if auto:  # it measures its candidates now, in the plan
         plan = DecodePlan(cache, seq_ids, model.num_qo_heads, kernel="auto")
-        rows.append({"kernel": "auto", "family": plan.kernel, "prefetch": plan.prefetch.label(),
-                     "ms": timer.median_ms(lambda: plan.run(q, out=out))})
-    return rows
+        plans["auto", plan.prefetch.label()] = plan
+    out = torch.empty_like(q)
+    times = timer.medians_ms({key: lambda plan=plan: plan.run(q, out=out)
+                              for key, plan in plans.items()})
+    return [{"kernel": name, "prefetch": label, "ms": times[name, label],
+             **({"family": kernel} if name == "auto" else {})}
+            for name, label in plans]
 
 
 def auto_ratios(rows) -> list[float]:
@@ -102,10 +107,10 @@ def run(args) -> dict:
     dtype = torch.float16
     timer = Timer("cuda", num_runs=args.runs)
     roofline = copy_roofline_gbps(timer)
-    variants = prefetch_variants(args.prefetch, args.distances)
+    variants = prefetch_variants(args.prefetch, args.distances, args.evict_last)
     result = {
         "benchmark": "attention", **run_info(), **gpu_info(),
-        "dtype": "float16", "num_runs": args.runs, "l2_flushed": True,
+        "dtype": "float16", "num_runs": args.runs, "l2_flushed": True, "timing": METHOD,
         "roofline_copy_gbps": round(roofline, 1), "rows": [], "skipped": [],
     }
     rows, skipped = result["rows"], result["skipped"]

@@ -1,11 +1,28 @@
 """GPU timing for benchmarks: CUDA events, warm-up, L2 flushed before every timed run, medians,
-and the HBM roofline measured in the same process."""
+and the HBM roofline measured in the same process.
+
+Two things keep short calls (10-50 us) honest:
+- The L2 is flushed by READING a buffer 4x its size. A write flush (`zero_()`) leaves up to
+  60 MiB of dirty lines that the timed kernel then pays to write back: on the H200 that added
+  6-8 us to a 25-30 us batch-1 decode call and 8 us to a 140 us one.
+- Between the flush and the start event the stream spins (`torch.cuda._sleep`) for longer than
+  the host takes to enqueue the timed call, so the events time the GPU's work, not Python's
+  launch overhead (a call that launches two kernels from Python takes 20-40 us on the host).
+"""
 
 import statistics
+import time
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 import torch
 
 FLUSH_BYTES = 256 * 2**20  # > 4x the H200's 60 MiB L2
+MAX_CLOCK_HZ = 2.0e9  # above any current GPU's SM clock, so a spin of N cycles lasts >= N / this
+MIN_SPIN_S = 50e-6
+METHOD = ("CUDA events; median of the timed runs after warm-up; L2 flushed by reading 256 MiB "
+          "before each run; a GPU spin covers host enqueue; variants timed in turn")
+K = TypeVar("K")
 
 
 class Timer:
@@ -16,26 +33,47 @@ class Timer:
             raise ValueError(f"num_runs={num_runs}, num_warmup={num_warmup}: need >= 1 and >= 0")
         self.device, self.num_runs, self.num_warmup = torch.device(device), num_runs, num_warmup
         self._scratch = (
-            torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device) if flush_l2 else None
+            torch.zeros(FLUSH_BYTES // 4, dtype=torch.float32, device=device) if flush_l2 else None
         )
 
-    def times_ms(self, fn) -> list[float]:
-        """`num_runs` timings of `fn()` in ms, after `num_warmup` untimed calls."""
-        for _ in range(self.num_warmup):
+    def _spin_cycles(self, fn) -> int:
+        """GPU cycles to spin before each timed call: 4x the host time of one call of `fn` (the
+        fastest of the warm-up calls, at least two: the first may set up libraries), and at
+        least MIN_SPIN_S."""
+        host_s = []
+        for _ in range(max(self.num_warmup, 2)):
+            t0 = time.perf_counter()
             fn()
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(self.num_runs)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(self.num_runs)]
-        for start, end in zip(starts, ends, strict=True):
-            if self._scratch is not None:
-                self._scratch.zero_()  # evicts whatever the last run left in L2
-            start.record()
-            fn()
-            end.record()
+            host_s.append(time.perf_counter() - t0)
         torch.cuda.synchronize(self.device)
-        return [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
+        return int(MAX_CLOCK_HZ * max(4 * min(host_s), MIN_SPIN_S))
 
-    def median_ms(self, fn) -> float:
-        return statistics.median(self.times_ms(fn))
+    def medians_ms(self, fns: Mapping[K, Callable[[], object]]) -> dict[K, float]:
+        """The median time in ms of each callable over `num_runs` runs, after `num_warmup`
+        untimed calls (at least two). The callables are timed in turn, run 1 of each, then run 2
+        of each, ..., so that slow drifts (clocks, temperature) fall on all of them alike: two
+        timings of one kernel taken one after the other drifted apart by up to 9% on the H200."""
+        spin = max(self._spin_cycles(fn) for fn in fns.values())
+        events = {
+            key: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(self.num_runs)]
+            for key in fns
+        }
+        for run in range(self.num_runs):
+            for key, fn in fns.items():
+                start, end = events[key][run]
+                if self._scratch is not None:
+                    self._scratch.sum()  # reads evict whatever the last run left in L2
+                torch.cuda._sleep(spin)  # the host enqueues the timed call meanwhile
+                start.record()
+                fn()
+                end.record()
+        torch.cuda.synchronize(self.device)
+        return {key: statistics.median(start.elapsed_time(end) for start, end in runs)
+                for key, runs in events.items()}
+
+    def median_ms(self, fn: Callable[[], object]) -> float:
+        return self.medians_ms({None: fn})[None]
 
 
 def copy_roofline_gbps(timer: Timer, num_bytes: int = 4 * 2**30) -> float:

@@ -10,7 +10,7 @@ import math
 import torch
 
 from kvlab.checks import check_num_heads
-from kvlab.kernels import gqa, select, vllm_v1
+from kvlab.kernels import gqa, select, tune, vllm_v1
 from kvlab.kernels.prefetch import PrefetchConfig
 
 FAMILIES = {"vllm_v1": vllm_v1.VllmV1, "gqa": gqa.Gqa}
@@ -74,9 +74,11 @@ class DecodePlan:
         num_qo_heads: query heads, a multiple of cache.num_kv_heads.
         kernel: "auto", "vllm_v1" (layout "vllm", block sizes 8/16/32) or "gqa" (layout "hnd",
             block sizes 8..256, groups 1..8). "auto" runs the family that reads the cache's
-            layout and, when prefetch is None, the prefetch setting fastest in the recorded H200
-            benchmark for the nearest shape (kvlab.kernels.select).
-        prefetch: a PrefetchConfig; None means no prefetch (or, with "auto", the recorded best).
+            layout and, when prefetch is None, the fastest prefetch setting: measured on this GPU
+            on the first plan of a shape bucket (kvlab.kernels.tune; tens of ms plus compiling
+            the candidates), or, with KVLAB_AUTOTUNE=0, taken from the recorded H200 benchmark
+            for the nearest shape (kvlab.kernels.select).
+        prefetch: a PrefetchConfig; None means no prefetch (or, with "auto", the fastest).
         scale: softmax scale, default 1 / sqrt(head_dim).
     The plan captures the sequences' block tables and lengths now: make a new plan after the
     cache changes (once per decode step), and reuse it for every layer of that step.
@@ -97,18 +99,38 @@ class DecodePlan:
         self.block_tables = cache.block_tables(seq_ids)  # int32 [B, max_num_blocks]
         self.seq_lens = cache.seq_lens(seq_ids)  # int32 [B]
         self.max_seq_len = max(cache.manager.seq_len(s) for s in seq_ids)
-        if prefetch is None:
-            prefetch = PrefetchConfig() if kernel != "auto" else select.best_prefetch(
-                chosen, num_qo_heads, cache.num_kv_heads, cache.block_size, len(seq_ids),
-                self.max_seq_len,
-            )
-        self.cache, self.kernel, self.prefetch = cache, chosen, prefetch
-        self.num_qo_heads = num_qo_heads
+        self.cache, self.kernel, self.num_qo_heads = cache, chosen, num_qo_heads
         self.scale = 1.0 / math.sqrt(cache.head_dim) if scale is None else float(scale)
-        num_sms = torch.cuda.get_device_properties(cache.device).multi_processor_count
-        self.launcher = FAMILIES[chosen](
-            cache, num_qo_heads, len(seq_ids), self.max_seq_len, prefetch, num_sms
-        )
+        self._num_sms = torch.cuda.get_device_properties(cache.device).multi_processor_count
+        if prefetch is None:
+            prefetch = self._auto_prefetch() if kernel == "auto" else PrefetchConfig()
+        self.prefetch = prefetch
+        self.launcher = self._launcher(prefetch)
+
+    def _launcher(self, prefetch: PrefetchConfig):
+        return FAMILIES[self.kernel](self.cache, self.num_qo_heads, self.num_seqs,
+                                     self.max_seq_len, prefetch, self._num_sms)
+
+    def _auto_prefetch(self) -> PrefetchConfig:
+        cache = self.cache
+
+        def recorded():
+            return select.best_prefetch(self.kernel, self.num_qo_heads, cache.num_kv_heads,
+                                        cache.block_size, self.num_seqs, self.max_seq_len)
+
+        if not tune.enabled():
+            return recorded()
+        q = torch.zeros(self.num_seqs, self.num_qo_heads, cache.head_dim, dtype=cache.dtype,
+                        device=cache.device)
+        out = torch.empty_like(q)
+
+        def make_run(prefetch):
+            launcher = self._launcher(prefetch)
+            return lambda: launcher(out, q, cache.k_cache, cache.v_cache, self.block_tables,
+                                    self.seq_lens, self.scale)
+
+        key = tune.bucket(cache, self.kernel, self.num_qo_heads, self.num_seqs, self.max_seq_len)
+        return tune.fastest(key, cache.device, make_run, recorded)
 
     @property
     def num_seqs(self) -> int:

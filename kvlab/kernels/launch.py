@@ -18,10 +18,10 @@ _streams: dict[int, object] = {}
 
 def torch_stream(device: torch.device):
     """CuPy's view of torch's current stream on `device` (so launches order with torch work)."""
-    handle = torch.cuda.current_stream(device).cuda_stream
-    stream = _streams.get(handle)
-    if stream is None:
-        stream = _streams[handle] = import_cupy().cuda.ExternalStream(handle, device.index)
+    current = torch.cuda.current_stream(device)
+    stream = _streams.get(current.cuda_stream)
+    if stream is None:  # torch streams speak the CUDA stream protocol (__cuda_stream__)
+        stream = _streams[current.cuda_stream] = import_cupy().cuda.Stream.from_external(current)
     return stream
 
 

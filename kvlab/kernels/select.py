@@ -1,5 +1,6 @@
-"""`kernel="auto"`: the kernel family that reads the cache's layout, with the prefetch setting that
-gained most, in the worst case, over no prefetch in the recorded H200 benchmark around the shape.
+"""`kernel="auto"` without measuring (KVLAB_AUTOTUNE=0, graph capture; see kvlab.kernels.tune): the
+prefetch setting that gained most, in the worst case, over no prefetch in the recorded H200
+benchmark around the shape.
 
 Nearest shape: the recorded model with the closest GQA group (then KV head count) and the closest
 block size. Around the requested (batch, context) it takes the recorded batches and contexts just
@@ -30,7 +31,7 @@ def _bracket(value: int, recorded: set[int]) -> set[int]:
     """The recorded values just below and just above `value` (one if it is recorded or outside)."""
     below = [v for v in recorded if v <= value]
     above = [v for v in recorded if v >= value]
-    return {max(below, default=min(above)), min(above, default=max(below))}
+    return {max(below) if below else min(above), min(above) if above else max(below)}
 
 
 def best_prefetch(kernel: str, num_qo_heads: int, num_kv_heads: int, block_size: int,
@@ -54,10 +55,13 @@ def best_prefetch(kernel: str, num_qo_heads: int, num_kv_heads: int, block_size:
     rows = [r for r in rows if r["block_size"] == nearest_block]
     points = {(b, c) for b in _bracket(batch, {r["batch"] for r in rows})
               for c in _bracket(context, {r["context"] for r in rows})}
-    # NOTE: gains over the no-prefetch run of the same recording, not raw times across runs.
+    # NOTE: gains over the no-prefetch run of the same recording, not raw times across runs;
+    # where several recordings measured a setting at a point, the smallest gain counts.
     gains: dict[str, dict[tuple, float]] = {}
     for row, gain in results.speedups([r for r in rows if (r["batch"], r["context"]) in points]):
-        gains.setdefault(row["prefetch"], {})[row["batch"], row["context"]] = gain
+        at = gains.setdefault(row["prefetch"], {})
+        point = row["batch"], row["context"]
+        at[point] = min(gain, at.get(point, gain))
     worst = {p: min(g.values()) for p, g in gains.items() if set(g) == points}
     best = max(worst, key=worst.get, default="none")
     return PrefetchConfig.from_label(best if worst.get(best, 0) > 1 else "none")

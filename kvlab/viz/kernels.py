@@ -15,13 +15,17 @@ from kvlab.results import speedups
 __all__ = ["PAPER_REFERENCE", "bandwidth_figure", "prefetch_speedup_figure", "variant"]
 
 PAPER_REFERENCE = "paper: 1.84-2.15x for vLLM + L2 prefetch on H20 (arXiv 2504.06319)"
-KERNEL_COLORS = {"vllm_v1": "#1f77b4", "gqa": "#2ca02c", "sdpa": "#7f7f7f"}
+KERNEL_COLORS = {"vllm_v1": "#1f77b4", "gqa": "#2ca02c", "auto": "#17becf", "sdpa": "#7f7f7f"}
 PREFETCH_COLORS = ("#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#d62728")
 
 
 def variant(row: dict) -> str:
-    """A row's kernel and prefetch setting, e.g. "gqa / line K+V d=1"; sdpa rows are "sdpa"."""
-    return row["kernel"] if row["kernel"] == "sdpa" else f"{row['kernel']} / {row['prefetch']}"
+    """A row's kernel and prefetch setting, e.g. "gqa / line K+V d=1", "auto (gqa) / none" for
+    kernel="auto" (with the family it ran); sdpa rows are "sdpa"."""
+    if row["kernel"] == "sdpa":
+        return "sdpa"
+    kernel = f"auto ({row['family']})" if row["kernel"] == "auto" else row["kernel"]
+    return f"{kernel} / {row['prefetch']}"
 
 
 def _one_point(rows: list[dict]) -> tuple[str, int, int, int | None]:

@@ -22,3 +22,12 @@ def test_unknown_benchmark_is_refused():
                          capture_output=True, text=True)
     assert out.returncode == 2
     assert "invalid choice: 'nope'" in out.stderr
+
+
+def test_attention_variants_add_evict_last_twins_on_request():
+    from kvlab.bench.attention import prefetch_variants
+
+    plain = [p.label() for p in prefetch_variants(["none", "bulk"], [1, 2])]
+    assert plain == ["none", "bulk K+V d=1", "bulk K+V d=2"]
+    twins = [p.label() for p in prefetch_variants(["bulk"], [1], evict_last=True)]
+    assert twins == ["none", "bulk K+V d=1", "bulk K+V d=1 evict_last"]

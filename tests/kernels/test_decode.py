@@ -9,7 +9,7 @@ import torch
 import kvlab
 from kvlab.cache import PagedKVCache
 from kvlab.checks import HEAD_DIMS
-from kvlab.kernels import gqa, vllm_v1
+from kvlab.kernels import gqa, select, tune, vllm_v1
 from kvlab.kernels.decode import check_kernel
 from kvlab.kernels.loader import load
 from kvlab.kernels.prefetch import PrefetchConfig
@@ -202,14 +202,38 @@ def test_disabled_prefetch_configs_share_one_instantiation():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["vllm", "hnd"])
-def test_auto_runs_the_family_of_the_layout_with_the_recorded_prefetch(layout):
+def test_auto_times_the_candidates_once_per_bucket(layout, monkeypatch):
+    monkeypatch.setattr(tune, "_choices", {})
+    monkeypatch.setattr(tune, "measured", {})
     kernel = "vllm_v1" if layout == "vllm" else "gqa"
-    cache, seq_ids = make_batch(kernel, torch.float16, 128, 16, [1000, 17, 3], seed=5)
+    cache, seq_ids = make_batch(kernel, torch.float16, 128, 16, [1000, 17, 3, 40], seed=5)
     q = torch.randn(3, 8, 128, device="cuda", dtype=torch.float16)
-    plan = kvlab.DecodePlan(cache, seq_ids, 8)
+    plan = kvlab.DecodePlan(cache, seq_ids[:3], 8)
     assert plan.kernel == kernel
-    assert plan.prefetch == kvlab.kernels.select.best_prefetch(kernel, 8, 2, 16, 3, 1000)
-    assert rel_l2(plan.run(q), reference(q, cache, seq_ids)) < TOLERANCE[torch.float16]
+    ((key, times),) = tune.measured.items()
+    assert set(times) == {c.label() for c in tune.CANDIDATES}
+    assert plan.prefetch.label() == min(times, key=times.get)
+    assert rel_l2(plan.run(q), reference(q, cache, seq_ids[:3])) < TOLERANCE[torch.float16]
+    # Same bucket (batch 3 and 4 -> 4, longest 1000 -> 1024): nothing is measured again.
+    again = kvlab.DecodePlan(cache, seq_ids, 8)
+    assert again.prefetch == plan.prefetch
+    assert tune.measured == {key: times}
+
+
+@pytest.mark.gpu
+def test_autotune_off_takes_the_recorded_choice(monkeypatch):
+    monkeypatch.setenv("KVLAB_AUTOTUNE", "0")
+    monkeypatch.setattr(tune, "measured", {})
+    cache, seq_ids = make_batch("gqa", torch.float16, 128, 16, [1000, 17, 3], seed=5)
+    plan = kvlab.DecodePlan(cache, seq_ids, 8)
+    assert plan.prefetch == select.best_prefetch("gqa", 8, 2, 16, 3, 1000)
+    assert tune.measured == {}
+
+
+def test_autotune_setting_is_checked(monkeypatch):
+    monkeypatch.setenv("KVLAB_AUTOTUNE", "yes")
+    with pytest.raises(ValueError, match="KVLAB_AUTOTUNE='yes': must be '0' or '1'"):
+        tune.enabled()
 
 
 @pytest.mark.parametrize(

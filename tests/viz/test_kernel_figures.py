@@ -29,6 +29,7 @@ def test_bandwidth_figure_draws_recorded_rows():
     (bars,) = fig.data
     assert list(bars.y) == [r["gbps"] for r in rows]
     assert list(bars.x) == [variant(r) for r in rows]
+    assert len(set(bars.x)) == len(rows)  # one bar each, "auto (vllm_v1)" and "auto (gqa)" too
     assert list(bars.text) == [f"{100 * r['gbps'] / roofline:.0f}%" for r in rows]
     assert [s.y0 for s in fig.layout.shapes] == [roofline]
     assert "recorded on NVIDIA H200" in fig.layout.title.text and fig.layout.height
@@ -68,7 +69,8 @@ def test_prefetch_speedup_is_ms_none_over_ms_prefetch():
 def test_prefetch_speedup_on_the_recorded_grid():
     result = load_result("h200", "attention")
     fig = prefetch_speedup_figure(result["rows"], "vllm_v1", "llama2-7b", label(result))
-    assert len(fig.data) == 2 and len(fig.data[0].x) == 11  # B=128 ctx=32768 was skipped
+    # bulk and line at distances 1, 2, 4; 4 x 4 points but B=128 x 32k (64 GiB) was skipped
+    assert len(fig.data) == 6 and len(fig.data[0].x) == 15
     assert all(0.2 < s < 5 for t in fig.data for s in t.y)
 
 

@@ -1,0 +1,113 @@
+"""K and V of a decoder layer from its stored input activations, as each model family computes them.
+
+KVPR keeps, for every cached token and layer, the activation that W_K and W_V multiply: the layer's
+input after the attention norm (LayerNorm for OPT, RMSNorm for Llama and Qwen2). From it,
+
+    K = X W_K^T (+ b_K),  V = X W_V^T (+ b_V),  and for RoPE families K <- rope(K, position),
+
+with the token's absolute position in its sequence (so a recomputed prefix [0:l] gets positions
+0..l-1, and a copied suffix keeps the positions it was written with). OPT adds its learned
+positions to the embeddings before the first layer: nothing positional happens here.
+
+Shapes: x [tokens, hidden_size]; k, v [tokens, num_kv_heads, head_dim]; positions [tokens] int.
+Pure torch: the same code runs on the CPU (tests) and the GPU (the runtime).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kvlab.config import ModelConfig
+
+
+@dataclass
+class AttentionWeights:
+    """One layer's attention parameters (nn.Linear layout: [out_features, in_features])."""
+
+    w_q: torch.Tensor  # [num_qo_heads * head_dim, hidden]
+    w_k: torch.Tensor  # [num_kv_heads * head_dim, hidden]
+    w_v: torch.Tensor  # [num_kv_heads * head_dim, hidden]
+    w_o: torch.Tensor  # [hidden, num_qo_heads * head_dim]
+    b_q: torch.Tensor | None
+    b_k: torch.Tensor | None
+    b_v: torch.Tensor | None
+    norm_weight: torch.Tensor  # [hidden]
+    norm_bias: torch.Tensor | None  # LayerNorm only
+
+    @classmethod
+    def random(cls, model: ModelConfig, seed: int, dtype=torch.float32, device="cpu"):
+        """Seeded random weights of `model`'s shapes, scaled so activations stay O(1)."""
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        h = model.hidden_size
+
+        def rand(*shape, scale=1.0):
+            return (torch.randn(*shape, generator=gen) * scale).to(dtype=dtype, device=device)
+
+        bias = model.qkv_bias
+        return cls(
+            w_q=rand(model.q_size, h, scale=h ** -0.5),
+            w_k=rand(model.kv_size, h, scale=h ** -0.5),
+            w_v=rand(model.kv_size, h, scale=h ** -0.5),
+            w_o=rand(h, model.q_size, scale=model.q_size ** -0.5),
+            b_q=rand(model.q_size, scale=0.1) if bias else None,
+            b_k=rand(model.kv_size, scale=0.1) if bias else None,
+            b_v=rand(model.kv_size, scale=0.1) if bias else None,
+            norm_weight=1 + rand(h, scale=0.1),
+            norm_bias=rand(h, scale=0.1) if model.norm == "layernorm" else None,
+        )
+
+
+def attention_input(model: ModelConfig, w: AttentionWeights, hidden: torch.Tensor) -> torch.Tensor:
+    """The attention norm of the layer input: what KVPR stores per token."""
+    if model.norm == "layernorm":
+        return torch.nn.functional.layer_norm(
+            hidden, (model.hidden_size,), w.norm_weight, w.norm_bias, eps=1e-5
+        )
+    variance = hidden.float().pow(2).mean(-1, keepdim=True)
+    return (hidden.float() * torch.rsqrt(variance + 1e-6)).to(hidden.dtype) * w.norm_weight
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype) -> tuple:
+    """cos, sin [tokens, head_dim] of the rotary embedding at `positions` (fp32 angles)."""
+    inv_freq = theta ** -(
+        torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim
+    )
+    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate [tokens, heads, head_dim] by the half-split convention of Llama (and Qwen2)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+def project_q(model: ModelConfig, w: AttentionWeights, x: torch.Tensor,
+              positions: torch.Tensor) -> torch.Tensor:
+    """Q [tokens, num_qo_heads, head_dim] of the tokens (RoPE applied where the family has it)."""
+    q = torch.nn.functional.linear(x, w.w_q, w.b_q).view(-1, model.num_qo_heads, model.head_dim)
+    return _rope(model, q, positions)
+
+
+def project_kv(model: ModelConfig, w: AttentionWeights, x: torch.Tensor,
+               positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """K, V [tokens, num_kv_heads, head_dim] of tokens with attention inputs `x` at `positions`."""
+    if x.dim() != 2 or x.shape[1] != model.hidden_size:
+        raise ValueError(f"x.shape={tuple(x.shape)}: must be [tokens, {model.hidden_size}]")
+    if positions.shape != (x.shape[0],):
+        raise ValueError(f"positions.shape={tuple(positions.shape)}: must be ({x.shape[0]},)")
+    shape = (-1, model.num_kv_heads, model.head_dim)
+    k = torch.nn.functional.linear(x, w.w_k, w.b_k).view(shape)
+    v = torch.nn.functional.linear(x, w.w_v, w.b_v).view(shape)
+    return _rope(model, k, positions), v
+
+
+def _rope(model: ModelConfig, t: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    if model.position != "rope":
+        return t
+    cos, sin = rope_cos_sin(positions, model.head_dim, model.rope_theta, t.dtype)
+    return apply_rope(t, cos, sin)

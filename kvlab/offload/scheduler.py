@@ -1,0 +1,147 @@
+"""KVPR's split point (ACL 2025): recompute K, V of the first l cached tokens from their layer-input
+activations on the GPU while the K, V of the other s' - l tokens cross PCIe.
+
+Per layer and decode step, for b sequences of s' cached tokens, hidden size h, and p bytes per
+element:
+    bytes of activations X[0:l]  M_X(l)  = b l h p
+    bytes of K, V[l:s']          M_KV(l) = 2 b (s' - l) kv p      kv = num_kv_heads x head_dim
+    recompute FLOPs              N(l)    = 2 b l h (2 kv)         (X W_K and X W_V)
+The paper writes kv = h (multi-head attention). With GQA, kv < h and, once kv <= h / 2, a
+recomputed token costs as many PCIe bytes (h) as it saves (2 kv) or more: l = 0 must win.
+
+Two models of one layer's time, each minimised exactly over every integer l in [0, s']:
+- "paper": t(l) = M_X(l) / v_com + max(N(l) / v_gpu, M_KV(l) / v_com). Recomputation waits for
+  all of X, and the KV copy waits for X too (one PCIe link).
+- "chunked": X streams in `num_chunks` chunks and chunk k is recomputed while chunk k + 1 and then
+  the KV cross the link. With T_X, T_KV and T_R the three full durations, the link is busy
+  T_X + T_KV and the recomputation ends at max(T_X / n + T_R, T_X + T_R / n) (the pipeline's
+  first and last chunk bound it), so t(l) = max(T_X + T_KV, T_X / n + T_R, T_X + T_R / n).
+  With n = 1 it is the paper's model; more chunks never make it slower.
+Both leave out the attention itself (it needs every K, V) and the write-back of the new token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvlab.checks import check_positive_int
+from kvlab.config import ModelConfig
+
+MODELS_OF_TIME = ("paper", "chunked")
+
+
+@dataclass(frozen=True)
+class LinkAndCompute:
+    """What the scheduler needs to know about the machine: `v_com` and `v_gpu`.
+
+    h2d_bytes_per_s: pinned host-to-device copy rate. recompute_flops_per_s: the rate of the K, V
+    recomputation (GEMM, bias, RoPE) for the shapes at hand. `source` says where they come from
+    ("measured on ...", "recorded on ...", "what-if").
+    """
+
+    h2d_bytes_per_s: float
+    recompute_flops_per_s: float
+    source: str
+
+    def __post_init__(self):
+        for name in ("h2d_bytes_per_s", "recompute_flops_per_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and value > 0 and np.isfinite(value)):
+                raise ValueError(f"{name}={value!r}: must be a positive finite number")
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """One layer's offloaded work in one decode step: `batch` sequences of `context` cached tokens
+    (s'), elements of `dtype_bytes` bytes."""
+
+    model: ModelConfig
+    batch: int
+    context: int
+    dtype_bytes: int = 2
+
+    def __post_init__(self):
+        check_positive_int("batch", self.batch)
+        check_positive_int("context", self.context)
+        if self.dtype_bytes not in (1, 2, 4):
+            raise ValueError(f"dtype_bytes={self.dtype_bytes!r}: must be 1, 2 or 4")
+
+    def activation_bytes(self, l) -> np.ndarray:
+        tokens = np.asarray(l, dtype=np.float64)
+        return self.batch * tokens * self.model.hidden_size * self.dtype_bytes
+
+    def kv_bytes(self, l) -> np.ndarray:
+        tokens = self.context - np.asarray(l, dtype=np.float64)
+        return 2 * self.batch * tokens * self.model.kv_size * self.dtype_bytes
+
+    def recompute_flops(self, l) -> np.ndarray:
+        return 4.0 * self.batch * np.asarray(l, dtype=np.float64) * self.model.hidden_size * (
+            self.model.kv_size
+        )
+
+
+def check_split(l: int, context: int) -> None:
+    """Raise ValueError unless `l` is an integer in [0, context]."""
+    if isinstance(l, bool) or not isinstance(l, (int, np.integer)) or not 0 <= l <= context:
+        raise ValueError(f"l={l!r}: must be an integer in [0, s'={context}]")
+
+
+def _check_model(model: str, num_chunks: int) -> None:
+    if model not in MODELS_OF_TIME:
+        raise ValueError(f"model={model!r}: must be one of {MODELS_OF_TIME}")
+    check_positive_int("num_chunks", num_chunks)
+
+
+def layer_times(shape: LayerShape, hw: LinkAndCompute, model: str = "paper",
+                num_chunks: int = 8) -> np.ndarray:
+    """Predicted seconds per layer at every split l = 0, 1, ..., s' (the t(l) curve)."""
+    _check_model(model, num_chunks)
+    ls = np.arange(shape.context + 1)
+    t_x = shape.activation_bytes(ls) / hw.h2d_bytes_per_s
+    t_kv = shape.kv_bytes(ls) / hw.h2d_bytes_per_s
+    t_r = shape.recompute_flops(ls) / hw.recompute_flops_per_s
+    if model == "paper":
+        return t_x + np.maximum(t_r, t_kv)
+    n = num_chunks
+    return np.maximum.reduce([t_x + t_kv, t_x / n + t_r, t_x + t_r / n])
+
+
+def layer_time(shape: LayerShape, hw: LinkAndCompute, l: int, model: str = "paper",
+               num_chunks: int = 8) -> float:
+    """Predicted seconds per layer at split `l`."""
+    check_split(l, shape.context)
+    return float(layer_times(shape, hw, model, num_chunks)[l])
+
+
+@dataclass(frozen=True)
+class Split:
+    """The best split under one model of time: `l` tokens recomputed, `seconds` per layer."""
+
+    l: int
+    seconds: float
+    model: str
+    full_transfer_seconds: float  # l = 0: every K, V byte crosses the link
+
+    @property
+    def speedup(self) -> float:
+        """Predicted gain over full transfer (1.0 when l = 0)."""
+        return self.full_transfer_seconds / self.seconds
+
+
+def best_split(shape: LayerShape, hw: LinkAndCompute, model: str = "paper",
+               num_chunks: int = 8) -> Split:
+    """The integer l in [0, s'] with the smallest predicted layer time; ties go to the smaller l
+    (less recomputation for the same time)."""
+    times = layer_times(shape, hw, model, num_chunks)
+    best = int(np.argmin(times))  # the first minimum: the smallest l
+    return Split(best, float(times[best]), model, float(times[0]))
+
+
+def lower_bound_seconds(shape: LayerShape, hw: LinkAndCompute, l: int) -> float:
+    """`max(PCIe bytes / v_com, recompute FLOPs / v_gpu)` at split `l`: no schedule of that split
+    can beat it, however well it overlaps."""
+    check_split(l, shape.context)
+    link = (shape.activation_bytes(l) + shape.kv_bytes(l)) / hw.h2d_bytes_per_s
+    return float(max(link, shape.recompute_flops(l) / hw.recompute_flops_per_s))

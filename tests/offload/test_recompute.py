@@ -1,0 +1,115 @@
+"""K, V recomputed from stored activations equal those written token by token, and KVPR's joined
+cache gives the attention output of the resident one, at every split, for OPT, Llama and Qwen2."""
+
+import pytest
+import torch
+
+from kvlab.config import MODELS
+from kvlab.offload.recompute import (
+    AttentionWeights,
+    apply_rope,
+    attention_input,
+    project_kv,
+    project_q,
+    rope_cos_sin,
+)
+
+FAMILIES = ["tiny-opt", "tiny-llama", "tiny-qwen"]
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
+
+def decode_history(model, w, num_tokens, dtype, seed=0):
+    """What a decoder leaves behind: each token's stored activation and its K, V, computed one
+    token at a time at its position, as decoding writes them."""
+    gen = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(num_tokens, model.hidden_size, generator=gen).to(dtype)
+    x = attention_input(model, w, hidden)
+    ks, vs = zip(*(project_kv(model, w, x[t:t + 1], torch.tensor([t])) for t in range(num_tokens)),
+                 strict=True)
+    return x, torch.cat(ks), torch.cat(vs)
+
+
+def attend(model, q, k, v):
+    """Decode attention of one query token over k, v [tokens, kv heads, d] (GQA by repeat)."""
+    group = model.gqa_group
+    k, v = (t.repeat_interleave(group, dim=1).transpose(0, 1).float() for t in (k, v))
+    scores = (q.float()[:, None, :] @ k.transpose(1, 2)) / model.head_dim ** 0.5  # [heads, 1, T]
+    return (scores.softmax(-1) @ v)[:, 0, :]
+
+
+def kvpr_kv(model, w, x, k_host, v_host, l):
+    """KVPR's layer K, V: [0:l] recomputed from the activations, [l:] copied."""
+    k_new, v_new = project_kv(model, w, x[:l], torch.arange(l))
+    return torch.cat([k_new, k_host[l:]]), torch.cat([v_new, v_host[l:]])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", FAMILIES)
+def test_kvpr_attention_equals_resident_at_every_split(name, dtype):
+    model = MODELS[name]
+    w = AttentionWeights.random(model, seed=1, dtype=dtype)
+    x, k_host, v_host = decode_history(model, w, 37, dtype)
+    q = project_q(model, w, x[-1:], torch.tensor([37]))[0]
+    resident = attend(model, q, k_host, v_host)
+    for l in range(38):
+        k, v = kvpr_kv(model, w, x, k_host, v_host, l)
+        assert (k - k_host).abs().max().item() <= TOLERANCE[dtype] * k_host.abs().max().item()
+        got = attend(model, q, k, v)
+        assert torch.allclose(got, resident, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype]), l
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen"])
+def test_a_recompute_at_the_wrong_positions_is_caught(name):
+    model = MODELS[name]
+    w = AttentionWeights.random(model, seed=1)
+    x, k_host, _ = decode_history(model, w, 9, torch.float32)
+    k_shifted, _ = project_kv(model, w, x, torch.arange(1, 10))
+    assert not torch.allclose(k_shifted, k_host, atol=1e-3)
+
+
+def test_rope_matches_a_complex_rotation():
+    # Pair i of the half-split convention is (x[i], x[i + d/2]); RoPE turns it by
+    # pos * theta^(-2i/d).
+    d, theta = 8, 10000.0
+    x = torch.randn(5, 3, d, dtype=torch.float64)
+    pos = torch.arange(5) * 7
+    cos, sin = rope_cos_sin(pos, d, theta, torch.float64)
+    z = torch.complex(x[..., : d // 2], x[..., d // 2:])
+    angle = pos[:, None].double() * theta ** (-torch.arange(0, d, 2).double() / d)
+    turned = z * torch.polar(torch.ones_like(angle), angle)[:, None, :]
+    assert torch.allclose(apply_rope(x, cos, sin), torch.cat([turned.real, turned.imag], -1))
+
+
+def test_rope_scores_depend_on_relative_position_only():
+    d = 16
+    q, k = torch.randn(1, 1, d, dtype=torch.float64), torch.randn(1, 1, d, dtype=torch.float64)
+
+    def score(m, n):
+        qm = apply_rope(q, *rope_cos_sin(torch.tensor([m]), d, 500000.0, torch.float64))
+        kn = apply_rope(k, *rope_cos_sin(torch.tensor([n]), d, 500000.0, torch.float64))
+        return (qm * kn).sum().item()
+
+    assert score(3, 10) == pytest.approx(score(103, 110))
+    assert score(3, 10) != pytest.approx(score(3, 11))
+
+
+def test_attention_input_is_the_family_norm():
+    opt, llama = MODELS["tiny-opt"], MODELS["tiny-llama"]
+    hidden = torch.randn(4, 256, dtype=torch.float64)
+    w = AttentionWeights.random(opt, seed=2, dtype=torch.float64)
+    ln = torch.nn.LayerNorm(256, eps=1e-5, dtype=torch.float64)
+    ln.weight.data, ln.bias.data = w.norm_weight, w.norm_bias
+    assert torch.allclose(attention_input(opt, w, hidden), ln(hidden))
+    w = AttentionWeights.random(llama, seed=2, dtype=torch.float64)
+    rms = hidden / hidden.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt() * w.norm_weight
+    assert torch.allclose(attention_input(llama, w, hidden), rms)
+    assert w.norm_bias is None and w.b_k is None
+
+
+def test_bad_shapes_are_refused():
+    model = MODELS["tiny-llama"]
+    w = AttentionWeights.random(model, seed=0)
+    with pytest.raises(ValueError, match=r"x.shape=\(3, 128\): must be \[tokens, 256\]"):
+        project_kv(model, w, torch.zeros(3, 128), torch.arange(3))
+    with pytest.raises(ValueError, match=r"positions.shape=\(2,\): must be \(3,\)"):
+        project_kv(model, w, torch.zeros(3, 256), torch.arange(2))

@@ -19,7 +19,8 @@ _LAZY = {
     "DecodePlan": ("kvlab.kernels.decode", "DecodePlan"),
     "PrefetchConfig": ("kvlab.kernels.prefetch", "PrefetchConfig"),
 }
-_SUBMODULES = ("cache", "reference", "workload", "kernels", "results", "panels", "viz", "bench")
+_SUBMODULES = ("cache", "reference", "workload", "kernels", "offload", "results", "panels", "viz",
+               "bench")
 
 __all__ = ["MODELS", "ModelConfig", "backend", "device_label", *_LAZY, *_SUBMODULES]
 

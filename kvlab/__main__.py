@@ -5,7 +5,8 @@ import importlib
 import json
 import sys
 
-BENCHMARKS = {"cache": "kvlab.bench.cache", "attention": "kvlab.bench.attention"}
+BENCHMARKS = {"cache": "kvlab.bench.cache", "attention": "kvlab.bench.attention",
+              "kvpr": "kvlab.bench.kvpr"}
 
 
 def main(argv=None) -> int:

@@ -37,7 +37,7 @@ def test_load_result_and_label(h200):
     assert recorded_models(h200) == ["llama2-7b", "llama3-8b", "qwen2.5-7b", "qwen2.5-14b"]
 
 
-@pytest.mark.parametrize("machine,name", [("a100", "attention"), ("h200", "kvpr")])
+@pytest.mark.parametrize("machine,name", [("a100", "attention"), ("h200", "no_such_result")])
 def test_load_result_unknown_names_machine_name_and_lists_recorded(machine, name):
     with pytest.raises(ValueError) as error:
         load_result(machine, name)

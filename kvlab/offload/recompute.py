@@ -22,6 +22,17 @@ import torch
 from kvlab.config import ModelConfig
 
 
+def seeded_randn(seed: int, dtype, device):
+    """`rand(*shape, scale=1.0)`: normal samples from a generator seeded with `seed`, made on
+    `device` (so the weights of a 30B model never pass through the host)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def rand(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=gen, device=device) * scale).to(dtype)
+
+    return rand
+
+
 @dataclass
 class AttentionWeights:
     """One layer's attention parameters (nn.Linear layout: [out_features, in_features])."""
@@ -39,11 +50,8 @@ class AttentionWeights:
     @classmethod
     def random(cls, model: ModelConfig, seed: int, dtype=torch.float32, device="cpu"):
         """Seeded random weights of `model`'s shapes, scaled so activations stay O(1)."""
-        gen = torch.Generator(device="cpu").manual_seed(seed)
+        rand = seeded_randn(seed, dtype, device)
         h = model.hidden_size
-
-        def rand(*shape, scale=1.0):
-            return (torch.randn(*shape, generator=gen) * scale).to(dtype=dtype, device=device)
 
         bias = model.qkv_bias
         return cls(
@@ -59,14 +67,17 @@ class AttentionWeights:
         )
 
 
+def norm(model: ModelConfig, hidden: torch.Tensor, weight: torch.Tensor,
+         bias: torch.Tensor | None) -> torch.Tensor:
+    """The family's norm: LayerNorm (OPT, eps 1e-5) or RMSNorm (Llama, Qwen2, eps 1e-6)."""
+    if model.norm == "layernorm":
+        return torch.nn.functional.layer_norm(hidden, (model.hidden_size,), weight, bias, eps=1e-5)
+    return torch.nn.functional.rms_norm(hidden, (model.hidden_size,), weight, eps=1e-6)
+
+
 def attention_input(model: ModelConfig, w: AttentionWeights, hidden: torch.Tensor) -> torch.Tensor:
     """The attention norm of the layer input: what KVPR stores per token."""
-    if model.norm == "layernorm":
-        return torch.nn.functional.layer_norm(
-            hidden, (model.hidden_size,), w.norm_weight, w.norm_bias, eps=1e-5
-        )
-    variance = hidden.float().pow(2).mean(-1, keepdim=True)
-    return (hidden.float() * torch.rsqrt(variance + 1e-6)).to(hidden.dtype) * w.norm_weight
+    return norm(model, hidden, w.norm_weight, w.norm_bias)
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype) -> tuple:
@@ -79,6 +90,21 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype) ->
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
+@dataclass(frozen=True)
+class RopeTable:
+    """cos and sin [max_positions, head_dim] of every position, computed once: a lookup costs one
+    indexing op per tensor where `rope_cos_sin` costs a dozen (the runtime is host-bound on
+    small ops, about 15-25 us each)."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    @classmethod
+    def build(cls, model: ModelConfig, max_positions: int, dtype, device) -> RopeTable:
+        positions = torch.arange(max_positions, device=device)
+        return cls(*rope_cos_sin(positions, model.head_dim, model.rope_theta, dtype))
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate [tokens, heads, head_dim] by the half-split convention of Llama (and Qwen2)."""
     half = x.shape[-1] // 2
@@ -87,15 +113,17 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 def project_q(model: ModelConfig, w: AttentionWeights, x: torch.Tensor,
-              positions: torch.Tensor) -> torch.Tensor:
+              positions: torch.Tensor, rope: RopeTable | None = None) -> torch.Tensor:
     """Q [tokens, num_qo_heads, head_dim] of the tokens (RoPE applied where the family has it)."""
     q = torch.nn.functional.linear(x, w.w_q, w.b_q).view(-1, model.num_qo_heads, model.head_dim)
-    return _rope(model, q, positions)
+    return _rope(model, q, positions, rope)
 
 
 def project_kv(model: ModelConfig, w: AttentionWeights, x: torch.Tensor,
-               positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """K, V [tokens, num_kv_heads, head_dim] of tokens with attention inputs `x` at `positions`."""
+               positions: torch.Tensor, rope: RopeTable | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """K, V [tokens, num_kv_heads, head_dim] of tokens with attention inputs `x` at `positions`
+    (`rope`: a precomputed table covering them, else cos and sin are computed here)."""
     if x.dim() != 2 or x.shape[1] != model.hidden_size:
         raise ValueError(f"x.shape={tuple(x.shape)}: must be [tokens, {model.hidden_size}]")
     if positions.shape != (x.shape[0],):
@@ -103,11 +131,15 @@ def project_kv(model: ModelConfig, w: AttentionWeights, x: torch.Tensor,
     shape = (-1, model.num_kv_heads, model.head_dim)
     k = torch.nn.functional.linear(x, w.w_k, w.b_k).view(shape)
     v = torch.nn.functional.linear(x, w.w_v, w.b_v).view(shape)
-    return _rope(model, k, positions), v
+    return _rope(model, k, positions, rope), v
 
 
-def _rope(model: ModelConfig, t: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+def _rope(model: ModelConfig, t: torch.Tensor, positions: torch.Tensor,
+          rope: RopeTable | None) -> torch.Tensor:
     if model.position != "rope":
         return t
-    cos, sin = rope_cos_sin(positions, model.head_dim, model.rope_theta, t.dtype)
+    if rope is None:
+        cos, sin = rope_cos_sin(positions, model.head_dim, model.rope_theta, t.dtype)
+    else:
+        cos, sin = rope.cos[positions], rope.sin[positions]
     return apply_rope(t, cos, sin)

@@ -104,6 +104,7 @@ class Dashboard:
 def dashboard() -> Dashboard:
     """The kvlab dashboard with all its tabs, built afresh (so it reflects `KVLAB_BACKEND` now)."""
     from kvlab.panels.decode_kernels import DecodeKernelsTab  # imports this module: keep it lazy
+    from kvlab.panels.kvpr import KVPRTab
     from kvlab.panels.paged_cache import PagedCacheTab
 
-    return Dashboard([PagedCacheTab(), DecodeKernelsTab()])
+    return Dashboard([PagedCacheTab(), DecodeKernelsTab(), KVPRTab()])

@@ -110,3 +110,27 @@ def test_bad_shapes_and_rates_are_refused():
         best_split(LayerShape(MODELS["llama2-7b"], 1, 8), H200, "fast")
     with pytest.raises(ValueError, match="num_chunks=0"):
         layer_times(LayerShape(MODELS["llama2-7b"], 1, 8), H200, "chunked", num_chunks=0)
+
+
+def test_drift_monitor_asks_for_a_new_profile_after_a_run_of_misses():
+    from kvlab.offload.profiler import DriftMonitor
+
+    monitor = DriftMonitor(tolerance=0.1, patience=3)
+    # within 10%, then two misses and a hit (the run restarts), then three misses in a row
+    seen = [monitor.observe(m, 1.0) for m in (1.05, 0.95, 1.3, 1.3, 1.0, 1.3, 0.7, 1.2)]
+    assert seen == [False, False, False, False, False, False, False, True]
+    assert monitor.observe(1.3, 1.0) is False  # it started over
+    with pytest.raises(ValueError, match="tolerance=1.5"):
+        DriftMonitor(tolerance=1.5)
+
+
+def test_pipelined_model_is_the_lower_bound_and_the_fastest_prediction():
+    shape = LayerShape(MODELS["opt-6.7b"], batch=16, context=1024)
+    piped = layer_times(shape, H200, "pipelined")
+    for l in (0, 100, 1024):
+        assert piped[l] == pytest.approx(lower_bound_seconds(shape, H200, l))
+    for model in ("paper", "chunked"):
+        assert np.all(piped <= layer_times(shape, H200, model) * (1 + 1e-12))
+    # OPT-6.7B on the H200: X is half the bytes of K, V and the GPU recomputes a layer's 1k
+    # tokens faster than X crosses the link, so recomputing everything wins.
+    assert best_split(shape, H200, "pipelined").l == 1024

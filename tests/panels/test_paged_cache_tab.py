@@ -48,8 +48,8 @@ def assert_memory_figure_shows(fig, report):
 def test_dashboard_layout_and_header(dash):
     assert isinstance(dash, Dashboard)
     assert "sim" in dash.header.value and "simulated backend" in dash.header.value
-    assert list(dash.controls) == list(dash.figures) == ["paged_cache", "decode_kernels"]
-    assert dash.tab_widget.titles == ("Paged cache", "Decode kernels")
+    assert list(dash.controls) == list(dash.figures) == ["paged_cache", "decode_kernels", "kvpr"]
+    assert dash.tab_widget.titles == ("Paged cache", "Decode kernels", "KVPR")
     assert set(dash.figures["paged_cache"]) == {"memory", "fragmentation", "block_table"}
     assert all(f.layout.height for f in dash.figures["paged_cache"].values())
     sliders = [c for c in dash.controls["paged_cache"].values() if hasattr(c, "continuous_update")]

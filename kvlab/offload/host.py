@@ -1,0 +1,101 @@
+"""The host side of KVPR: pinned memory at its exact size, and the store of every layer's K, V and
+attention inputs.
+
+torch's pinned allocator (`pin_memory=True`) rounds each allocation up to a power of two, so a
+40 GiB store would hold 64 GiB of page-locked memory. `PinnedHostMemory` pins a plain allocation of
+the size asked (plus under two pages of alignment) with cudaHostRegister instead, and a failure is
+an error: a pageable fallback would silently make every copy synchronous and 3-7x slower.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from kvlab.checks import check_positive_int
+from kvlab.config import ModelConfig
+
+PAGE = 4096
+
+
+def _cuda_check(err, what: str) -> None:
+    code = int(err)
+    if code != 0:
+        message = torch.cuda.cudart().cudaGetErrorString(err)
+        raise RuntimeError(f"{what}: CUDA error {code} ({message})")
+
+
+class PinnedHostMemory:
+    """`num_bytes` of page-locked host memory as a uint8 tensor (`.bytes`), unpinned when this
+    object is collected. Views made from it stay valid memory after that, but are no longer
+    pinned: keep this object alive while copies use them.
+
+    NOTE: torch's `is_pinned()` says False for it (torch knows only its own pinned allocations);
+    the driver treats it as pinned: non_blocking copies run asynchronously at the pinned rate.
+    """
+
+    def __init__(self, num_bytes: int):
+        check_positive_int("num_bytes", num_bytes)
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"num_bytes={num_bytes}: pinned host memory needs a CUDA device")
+        try:
+            raw = torch.empty(num_bytes + 2 * PAGE, dtype=torch.uint8)
+        except RuntimeError as err:
+            raise RuntimeError(f"num_bytes={num_bytes}: host allocation failed ({err})") from err
+        offset = -raw.data_ptr() % PAGE
+        ptr, length = raw.data_ptr() + offset, -(-num_bytes // PAGE) * PAGE
+        cudart = torch.cuda.cudart()
+        _cuda_check(cudart.cudaHostRegister(ptr, length, 0),
+                    f"num_bytes={num_bytes}: pinning host memory failed (no pageable fallback)")
+        self._raw, self.num_bytes, self.address = raw, num_bytes, ptr
+        self.bytes = raw[offset:offset + num_bytes]
+        self._unpin = weakref.finalize(self, cudart.cudaHostUnregister, ptr)
+
+
+def store_bytes(model: ModelConfig, batch: int, max_context: int, dtype_bytes: int = 2) -> dict:
+    """Host bytes of a KVPR store: K and V, and the attention inputs X, of every layer."""
+    tokens = batch * max_context * model.num_layers * dtype_bytes
+    kv, x = 2 * tokens * model.kv_size, tokens * model.hidden_size
+    return {"kv": kv, "activations": x, "total": kv + x}
+
+
+class HostStore:
+    """Every layer's K, V [max_context, batch, num_kv_heads, head_dim] and attention inputs X
+    [max_context, batch, hidden], token-major: the tokens [a, b) of the whole batch are one
+    contiguous block, so each range crosses PCIe as one copy. The batch's sequences share one
+    length, `length`.
+
+    pinned: page-locked memory (needs CUDA); False gives pageable memory, for CPU runs.
+    budget_bytes: refuse, before allocating anything, a store larger than this.
+    """
+
+    def __init__(self, model: ModelConfig, batch: int, max_context: int,
+                 dtype=torch.float16, pinned: bool = True, budget_bytes: int | None = None):
+        check_positive_int("batch", batch)
+        check_positive_int("max_context", max_context)
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        need = store_bytes(model, batch, max_context, itemsize)
+        if budget_bytes is not None and need["total"] > budget_bytes:
+            raise ValueError(
+                f"budget_bytes={budget_bytes:,}: the store needs {need['total']:,} bytes "
+                f"({need['kv']:,} of K, V and {need['activations']:,} of activations for "
+                f"{model.num_layers} layers x {batch} sequences x {max_context} tokens)"
+            )
+        self.model, self.batch, self.max_context, self.dtype = model, batch, max_context, dtype
+        self._memory = PinnedHostMemory(need["total"]) if pinned else None
+        flat = (
+            self._memory.bytes.view(dtype) if pinned
+            else torch.empty(need["total"] // itemsize, dtype=dtype)
+        )
+        kv_shape = (model.num_layers, max_context, batch, model.num_kv_heads, model.head_dim)
+        x_shape = (model.num_layers, max_context, batch, model.hidden_size)
+        n_kv = kv_shape[0] * kv_shape[1] * kv_shape[2] * model.kv_size
+        self.k = flat[:n_kv].view(kv_shape)
+        self.v = flat[n_kv:2 * n_kv].view(kv_shape)
+        self.x = flat[2 * n_kv:].view(x_shape)
+        self.length = 0
+
+    @property
+    def pinned(self) -> bool:
+        return self._memory is not None

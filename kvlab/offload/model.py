@@ -1,0 +1,105 @@
+"""A decoder's layers with seeded random weights of a model's published shapes, and one decode
+step of one layer: what the KVPR runtime computes between its copies.
+
+Layer (pre-norm, both families):
+    x = attention_norm(h);  h = h + W_O attention(Q(x), K, V) (+ b_O)
+    h = h + MLP(mlp_norm(h))
+OPT: LayerNorm, MLP = fc2(relu(fc1 .)) with biases, out_proj bias. Llama / Qwen2: RMSNorm,
+MLP = down(silu(gate .) * up .), no MLP biases. Tensors of a batch are [batch, ...]; a layer's
+K, V are [tokens, batch, num_kv_heads, head_dim] (the host store's token-major layout).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from kvlab.config import ModelConfig
+from kvlab.offload.recompute import (
+    AttentionWeights,
+    RopeTable,
+    attention_input,
+    norm,
+    project_kv,
+    project_q,
+    seeded_randn,
+)
+
+
+@dataclass
+class LayerWeights:
+    attn: AttentionWeights
+    b_o: torch.Tensor | None
+    mlp_norm_weight: torch.Tensor
+    mlp_norm_bias: torch.Tensor | None
+    w_gate: torch.Tensor | None  # silu families only
+    w_up: torch.Tensor
+    b_up: torch.Tensor | None
+    w_down: torch.Tensor
+    b_down: torch.Tensor | None
+
+    @classmethod
+    def random(cls, model: ModelConfig, seed: int, dtype=torch.float32, device="cpu"):
+        rand = seeded_randn(seed + 1_000_003, dtype, device)
+        h, ffn, opt = model.hidden_size, model.intermediate_size, model.family == "opt"
+        return cls(
+            attn=AttentionWeights.random(model, seed, dtype, device),
+            b_o=rand(h, scale=0.1) if opt else None,
+            mlp_norm_weight=1 + rand(h, scale=0.1),
+            mlp_norm_bias=rand(h, scale=0.1) if model.norm == "layernorm" else None,
+            w_gate=None if opt else rand(ffn, h, scale=h ** -0.5),
+            w_up=rand(ffn, h, scale=h ** -0.5),
+            b_up=rand(ffn, scale=0.1) if opt else None,
+            w_down=rand(h, ffn, scale=ffn ** -0.5),
+            b_down=rand(h, scale=0.1) if opt else None,
+        )
+
+
+def random_layers(model: ModelConfig, seed: int = 0, dtype=torch.float32, device="cpu",
+                  num_layers: int | None = None) -> list[LayerWeights]:
+    """Seeded random weights for the first `num_layers` layers (default: all) of `model`."""
+    count = model.num_layers if num_layers is None else num_layers
+    return [LayerWeights.random(model, seed + 7919 * i, dtype, device) for i in range(count)]
+
+
+# NOTE: not cuDNN's SDPA: it builds a plan for every new sequence length, which a decode loop
+# hits once per step (20-40 ms of host time per step measured on the H200).
+SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def attend(model: ModelConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Decode attention: q [batch, num_qo_heads, d] over k, v [tokens, batch, num_kv_heads, d]."""
+    k, v = (t.permute(1, 2, 0, 3) for t in (k, v))  # [batch, heads, tokens, d]
+    with sdpa_kernel(SDPA_BACKENDS):
+        out = F.scaled_dot_product_attention(q[:, :, None, :], k, v,
+                                             enable_gqa=model.num_kv_heads != model.num_qo_heads)
+    return out[:, :, 0, :]
+
+
+def decode_layer(model: ModelConfig, w: LayerWeights, hidden: torch.Tensor, position: int,
+                 k: torch.Tensor, v: torch.Tensor, rope: RopeTable | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer of a decode step for a batch whose sequences all have `position` cached tokens.
+
+    hidden: [batch, hidden_size]. k, v: [>= position + 1, batch, num_kv_heads, head_dim] holding
+    the cached K, V in [0:position]; the new token's K, V are written at [position]. rope: a
+    table covering `position` (RoPE families), or None to compute cos and sin here.
+    Returns (the layer's output hidden [batch, hidden_size], the new token's attention input X
+    [batch, hidden_size]) - X, k[position], v[position] are what goes back to the host.
+    """
+    batch = hidden.shape[0]
+    positions = torch.full((batch,), position, dtype=torch.long, device=hidden.device)
+    x = attention_input(model, w.attn, hidden)
+    k[position], v[position] = project_kv(model, w.attn, x, positions, rope)
+    q = project_q(model, w.attn, x, positions, rope)
+    attn = attend(model, q, k[:position + 1], v[:position + 1]).reshape(batch, model.q_size)
+    hidden = hidden + F.linear(attn, w.attn.w_o, w.b_o)
+    y = norm(model, hidden, w.mlp_norm_weight, w.mlp_norm_bias)
+    if w.w_gate is None:
+        y = F.relu(F.linear(y, w.w_up, w.b_up))
+    else:
+        y = F.silu(F.linear(y, w.w_gate)) * F.linear(y, w.w_up)
+    return hidden + F.linear(y, w.w_down, w.b_down), x

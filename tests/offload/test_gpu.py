@@ -1,0 +1,82 @@
+"""The KVPR runtime on a GPU: pinned exact-size memory, streams ordered by events, and the same
+outputs as the resident cache (GPU only)."""
+
+import pytest
+import torch
+
+from kvlab.config import MODELS
+from kvlab.offload.host import HostStore, PinnedHostMemory
+from kvlab.offload.model import random_layers
+from kvlab.offload.profiler import link_bytes_per_s, profile
+from kvlab.offload.runtime import KVPRDecoder, ResidentDecoder, fill
+
+pytestmark = pytest.mark.gpu
+
+
+def rel_l2(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def setup(name, batch, context, max_context):
+    model = MODELS[name]
+    layers = random_layers(model, seed=3, dtype=torch.float16, device="cuda")
+    store = HostStore(model, batch, max_context)
+    fill(store, layers, context, seed=5, device="cuda")
+    return model, layers, store
+
+
+def test_pinned_memory_has_the_size_asked():
+    import cupy
+
+    memory = PinnedHostMemory(10**6 + 1)
+    assert memory.bytes.numel() == 10**6 + 1 and memory.bytes.data_ptr() == memory.address
+    host = 1  # cudaMemoryTypeHost: page-locked (torch's is_pinned only knows its own allocator)
+    assert cupy.cuda.runtime.pointerGetAttributes(memory.address).type == host
+    address = memory.address
+    del memory  # unregistered: the driver no longer knows the address
+    assert cupy.cuda.runtime.pointerGetAttributes(address).type != host
+
+
+@pytest.mark.parametrize("name", ["tiny-opt", "tiny-llama", "tiny-qwen"])
+@pytest.mark.parametrize("split", ["none", "some", "all"])
+def test_kvpr_steps_on_the_gpu_equal_resident_steps(name, split):
+    model, layers, store = setup(name, batch=3, context=13, max_context=16)
+    assert store.pinned
+    resident = ResidentDecoder(model, layers, store, "cuda")
+    kvpr = KVPRDecoder(model, layers, store, "cuda", num_chunks=3)
+    hidden = torch.randn(3, model.hidden_size, device="cuda", dtype=torch.float16)
+    h_ref, h_kvpr = hidden, hidden
+    for _ in range(3):
+        s = store.length
+        l = {"none": 0, "some": 5, "all": s}[split]
+        h_ref, h_kvpr = resident.step(h_ref), kvpr.step(h_kvpr, l)
+        torch.cuda.synchronize()
+        assert rel_l2(h_kvpr, h_ref) < 2e-3
+        assert rel_l2(store.k[:, s], resident.k[:, s].cpu()) < 2e-3
+
+
+def test_timeline_orders_copies_before_their_use():
+    model, layers, store = setup("tiny-llama", batch=4, context=300, max_context=302)
+    kvpr = KVPRDecoder(model, layers, store, "cuda", num_chunks=4, timeline=True)
+    kvpr.step(torch.zeros(4, model.hidden_size, device="cuda", dtype=torch.float16), 120)
+    spans = kvpr.last_timeline.spans()
+    assert {s["lane"] for s in spans} == {"H2D", "compute", "D2H"}
+    for lane in ("H2D", "compute", "D2H"):  # one stream each: its operations never overlap
+        ordered = sorted((s for s in spans if s["lane"] == lane), key=lambda s: s["start_us"])
+        pairs = zip(ordered, ordered[1:], strict=False)
+        assert all(a["end_us"] <= b["start_us"] + 1.0 for a, b in pairs)
+    for layer in range(model.num_layers):
+        mine = {s["name"]: s for s in spans if s["layer"] == layer}
+        for name, span in mine.items():
+            if name.startswith("recompute"):
+                copied = mine[name.replace("recompute ", "X")]
+                assert span["start_us"] >= copied["end_us"] - 1.0
+        assert mine["layer"]["start_us"] >= mine["KV[120:300]"]["end_us"] - 1.0
+        assert mine["new token"]["start_us"] >= mine["layer"]["end_us"] - 1.0
+
+
+def test_profile_measures_this_gpu():
+    hw = profile(MODELS["tiny-llama"], tokens=4096)
+    assert hw.source == f"measured on {torch.cuda.get_device_name()}"
+    assert hw.h2d_bytes_per_s > 0 and hw.recompute_flops_per_s > 0
+    assert link_bytes_per_s("cuda", "d2h", num_bytes=2**20) > 0

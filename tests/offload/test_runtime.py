@@ -1,0 +1,94 @@
+"""The KVPR runtime's decode steps equal those with the whole KV resident, at every split, for
+OPT, Llama and Qwen2 layers (CPU here; the GPU run checks the same with streams)."""
+
+import pytest
+import torch
+
+from kvlab.config import MODELS
+from kvlab.offload.host import HostStore, PinnedHostMemory, store_bytes
+from kvlab.offload.model import random_layers
+from kvlab.offload.runtime import KVPRDecoder, ResidentDecoder, _chunks, fill
+
+BATCH, CONTEXT, MAX_CONTEXT = 3, 13, 16
+
+
+def filled(name, dtype=torch.float32):
+    model = MODELS[name]
+    layers = random_layers(model, seed=3, dtype=dtype)
+    store = HostStore(model, BATCH, MAX_CONTEXT, dtype=dtype, pinned=False)
+    fill(store, layers, CONTEXT, seed=5)
+    return model, layers, store
+
+
+@pytest.mark.parametrize("name", ["tiny-opt", "tiny-llama", "tiny-qwen"])
+@pytest.mark.parametrize("split", ["none", "some", "all"])
+def test_kvpr_steps_equal_resident_steps(name, split):
+    model, layers, store = filled(name)
+    resident = ResidentDecoder(model, layers, store, "cpu")
+    kvpr = KVPRDecoder(model, layers, store, "cpu", num_chunks=3)
+    hidden = torch.randn(BATCH, model.hidden_size, generator=torch.Generator().manual_seed(9))
+    h_ref, h_kvpr = hidden, hidden
+    for _ in range(3):
+        s = store.length
+        l = {"none": 0, "some": 5, "all": s}[split]
+        h_ref, h_kvpr = resident.step(h_ref), kvpr.step(h_kvpr, l)
+        torch.testing.assert_close(h_kvpr, h_ref, rtol=1e-5, atol=1e-5)
+        # the new token went back to the host as the resident cache holds it
+        torch.testing.assert_close(store.k[:, s], resident.k[:, s])
+        torch.testing.assert_close(store.v[:, s], resident.v[:, s])
+    assert store.length == CONTEXT + 3
+
+
+def test_bf16_steps_agree_within_bf16_rounding():
+    model, layers, store = filled("tiny-llama", torch.bfloat16)
+    resident = ResidentDecoder(model, layers, store, "cpu")
+    kvpr = KVPRDecoder(model, layers, store, "cpu")
+    hidden = torch.randn(BATCH, model.hidden_size, generator=torch.Generator().manual_seed(1))
+    hidden = hidden.to(torch.bfloat16)
+    torch.testing.assert_close(kvpr.step(hidden, 7), resident.step(hidden), rtol=2e-2, atol=2e-2)
+
+
+def test_chunks_cover_the_prefix_in_order():
+    for l in range(0, 40):
+        for n in (1, 3, 8):
+            chunks = _chunks(l, n)
+            assert len(chunks) == min(l, n)
+            assert [t for a, b in chunks for t in range(a, b)] == list(range(l))
+
+
+def test_bad_steps_are_refused_before_any_work():
+    model, layers, store = filled("tiny-opt")
+    kvpr = KVPRDecoder(model, layers, store, "cpu")
+    hidden = torch.zeros(BATCH, model.hidden_size)
+    with pytest.raises(ValueError, match=r"l=14: must be an integer in \[0, s'=13\]"):
+        kvpr.step(hidden, 14)
+    with pytest.raises(ValueError, match=r"hidden: shape \(2, 256\)"):
+        kvpr.step(torch.zeros(2, model.hidden_size), 0)
+    assert store.length == CONTEXT
+    for _ in range(MAX_CONTEXT - CONTEXT):
+        kvpr.step(hidden, 0)
+    with pytest.raises(ValueError, match="max_context=16: the store is full"):
+        kvpr.step(hidden, 0)
+    with pytest.raises(ValueError, match="len\\(layers\\)=1: must be tiny-opt's 2"):
+        KVPRDecoder(model, layers[:1], store, "cpu")
+
+
+def test_store_budget_is_checked_before_allocating():
+    model = MODELS["llama2-7b"]
+    need = store_bytes(model, 16, 1024)
+    # 32 layers x 16 x 1024 tokens x (2 x 4096 K, V + 4096 X) x 2 bytes
+    assert need["total"] == 32 * 16 * 1024 * 3 * 4096 * 2
+    with pytest.raises(ValueError, match=r"budget_bytes=1,000,000: the store needs 12,884,901,888"):
+        HostStore(model, 16, 1024, budget_bytes=1_000_000)
+
+
+def test_fill_refuses_a_context_beyond_the_store():
+    model, layers, store = filled("tiny-opt")
+    with pytest.raises(ValueError, match=r"context=17: must be in \[0, max_context=16\]"):
+        fill(store, layers, 17)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error without CUDA")
+def test_pinned_memory_without_cuda_is_an_error():
+    with pytest.raises(RuntimeError, match="num_bytes=4096: pinned host memory needs a CUDA"):
+        PinnedHostMemory(4096)

@@ -17,6 +17,7 @@ import warnings
 
 import torch
 
+from kvlab.bench.timing import Timer
 from kvlab.kernels.prefetch import PrefetchConfig
 
 CANDIDATES = (
@@ -51,8 +52,6 @@ def fastest(key: tuple, device, make_run, fallback) -> PrefetchConfig:
     """The candidate whose `make_run(candidate)()` is fastest, measured once per bucket `key`.
     `fallback()` gives the setting to use when the timer cannot be set up."""
     if key not in _choices:
-        from kvlab.bench.timing import Timer
-
         try:
             timer = Timer(device, num_runs=NUM_RUNS, num_warmup=2)
         except torch.OutOfMemoryError:

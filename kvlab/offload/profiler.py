@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from kvlab.bench.timing import Timer
 from kvlab.checks import check_positive_int
 from kvlab.config import ModelConfig
 from kvlab.offload.host import PinnedHostMemory
@@ -19,8 +20,6 @@ DIRECTIONS = ("h2d", "d2h")
 def link_bytes_per_s(device, direction: str = "h2d", num_bytes: int = 256 * 2**20,
                      num_runs: int = 10) -> float:
     """Pinned host <-> device copy rate in bytes/s (CUDA events, median of `num_runs`)."""
-    from kvlab.bench.timing import Timer
-
     if direction not in DIRECTIONS:
         raise ValueError(f"direction={direction!r}: must be one of {DIRECTIONS}")
     pinned = PinnedHostMemory(num_bytes)  # NOTE: unpinned when collected: keep it until done
@@ -37,8 +36,6 @@ def recompute_flops_per_s(model: ModelConfig, tokens: int, device, dtype=torch.f
                           num_runs: int = 10) -> float:
     """FLOP/s of K, V recomputation (GEMMs, bias, RoPE) for `tokens` rows of `model`, counting
     the GEMMs' 4 x tokens x hidden x kv FLOPs."""
-    from kvlab.bench.timing import Timer
-
     check_positive_int("tokens", tokens)
     w = AttentionWeights.random(model, seed=0, dtype=dtype, device=device)
     x = torch.randn(tokens, model.hidden_size, dtype=dtype, device=device)

@@ -65,8 +65,8 @@ def random_layers(model: ModelConfig, seed: int = 0, dtype=torch.float32, device
     return [LayerWeights.random(model, seed + 7919 * i, dtype, device) for i in range(count)]
 
 
-# NOTE: not cuDNN's SDPA: it builds a plan for every new sequence length, which a decode loop
-# hits once per step (20-40 ms of host time per step measured on the H200).
+# NOTE: not cuDNN's SDPA: on the H200 its first call at each new sequence length took 20-40 ms
+# (plan building, it seems), and a decode loop meets a new length every step.
 SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 

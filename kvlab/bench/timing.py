@@ -76,6 +76,26 @@ class Timer:
         return self.medians_ms({None: fn})[None]
 
 
+def back_to_back_ms(fn: Callable[[], object], device, num_calls: int = 10,
+                    num_warmup: int = 3) -> float:
+    """Milliseconds per call of `num_calls` calls enqueued back to back, between two CUDA events,
+    with no flush and no spin: the rate that a pipeline enqueueing such calls one after another
+    sustains, the slower of the GPU's work and the host's enqueueing (the Timer times the GPU's
+    work alone)."""
+    if num_calls < 1 or num_warmup < 0:
+        raise ValueError(f"num_calls={num_calls}, num_warmup={num_warmup}: need >= 1 and >= 0")
+    for _ in range(num_warmup):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize(device)
+    start.record()
+    for _ in range(num_calls):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / num_calls
+
+
 def copy_roofline_gbps(timer: Timer, num_bytes: int = 4 * 2**30) -> float:
     """HBM bandwidth of a large device-to-device copy, counting bytes read plus bytes written."""
     src = torch.empty(num_bytes // 2, dtype=torch.uint8, device=timer.device).random_(0, 255)

@@ -1,5 +1,5 @@
 """The host side of KVPR: pinned memory at its exact size, and the store of every layer's K, V and
-attention inputs.
+attention inputs, and its prefill.
 
 torch's pinned allocator (`pin_memory=True`) rounds each allocation up to a power of two, so a
 40 GiB store would hold 64 GiB of page-locked memory. `PinnedHostMemory` pins a plain allocation of
@@ -10,11 +10,16 @@ an error: a pageable fallback would silently make every copy synchronous and 3-7
 from __future__ import annotations
 
 import weakref
+from typing import TYPE_CHECKING
 
 import torch
 
 from kvlab.checks import check_positive_int
 from kvlab.config import ModelConfig
+from kvlab.offload.recompute import attention_input, project_kv, seeded_randn
+
+if TYPE_CHECKING:
+    from kvlab.offload.model import LayerWeights
 
 PAGE = 4096
 
@@ -99,3 +104,21 @@ class HostStore:
     @property
     def pinned(self) -> bool:
         return self._memory is not None
+
+
+def fill(store: HostStore, layers: list[LayerWeights], context: int, seed: int = 0,
+         device="cpu") -> None:
+    """Prefill `store` with `context` tokens per sequence: for each layer, random layer inputs,
+    their attention inputs X and the K, V computed from them at positions 0..context-1."""
+    if not 0 <= context <= store.max_context:
+        raise ValueError(f"context={context}: must be in [0, max_context={store.max_context}]")
+    model, batch = store.model, store.batch
+    positions = torch.arange(context, device=device).repeat_interleave(batch)
+    for i, w in enumerate(layers):
+        hidden = seeded_randn(seed + i, store.dtype, device)(context * batch, model.hidden_size)
+        x = attention_input(model, w.attn, hidden)
+        k, v = project_kv(model, w.attn, x, positions)
+        store.x[i, :context].copy_(x.view(context, batch, -1))
+        store.k[i, :context].copy_(k.view(context, batch, *k.shape[1:]))
+        store.v[i, :context].copy_(v.view(context, batch, *v.shape[1:]))
+    store.length = context

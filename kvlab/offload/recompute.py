@@ -24,7 +24,10 @@ from kvlab.config import ModelConfig
 
 def seeded_randn(seed: int, dtype, device):
     """`rand(*shape, scale=1.0)`: normal samples from a generator seeded with `seed`, made on
-    `device` (so the weights of a 30B model never pass through the host)."""
+    `device` (so the weights of a 30B model never pass through the host). On the "meta" device
+    the tensors have shapes and no data (to size things without allocating them)."""
+    if torch.device(device).type == "meta":
+        return lambda *shape, scale=1.0: torch.empty(*shape, dtype=dtype, device="meta")
     gen = torch.Generator(device=device).manual_seed(seed)
 
     def rand(*shape, scale=1.0):

@@ -1,20 +1,24 @@
-"""KVPR's runtime: decode steps with every layer's K, V in host memory (row-by-row schedule, the
-weights resident on the GPU).
+"""KVPR's runtime: decode steps with every layer's K, V (and optionally its weights) in host memory.
 
-Per layer i of a step over a batch with s' cached tokens and split l:
-- copy stream: X_i[0:l] in `num_chunks` token ranges, one event each, then K_i, V_i[l:s'] (each a
-  single contiguous block of the token-major host store);
+A step runs units (layer i, GPU batch g): row by row (every layer of one GPU batch, then the next
+batch) or column by column (every GPU batch of one layer, then the next layer). Per unit, with s'
+cached tokens and split l:
+- copy stream: when the unit starts a new layer and the weights are offloaded, W_K and W_V; then
+  X_i[0:l] in `num_chunks` token ranges, one event each; then the layer's other weights; then
+  K_i, V_i[l:s'] (each a single contiguous block of the token-major host store);
 - compute stream: each chunk's K, V recomputed as soon as its event fires, then, once the copy is
   in, the layer itself (attention over [0:s'] plus the new token, MLP);
 - store stream: the new token's X, K and V back to the host.
-Two GPU buffers alternate between layers, so layer i + 1 crosses PCIe while layer i computes. The
-streams order each other through events only; nothing synchronises the device. On a CPU the same
-code runs with no streams, one operation after another (what the exactness tests use).
+Two GPU buffer slots alternate between units (and two weight slots between layers), so unit n + 1
+crosses PCIe while unit n computes. The streams order each other through events only; nothing
+synchronises the device. On a CPU the same code runs with no streams, one operation after
+another (what the exactness tests use).
 """
 
 from __future__ import annotations
 
 import contextlib
+from typing import NamedTuple
 
 import torch
 
@@ -22,8 +26,10 @@ from kvlab.checks import check_positive_int
 from kvlab.config import ModelConfig
 from kvlab.offload.host import HostStore
 from kvlab.offload.model import LayerWeights, decode_layer
-from kvlab.offload.recompute import RopeTable, attention_input, project_kv, seeded_randn
-from kvlab.offload.scheduler import check_split
+from kvlab.offload.recompute import RopeTable, project_kv
+from kvlab.offload.scheduler import LayerShape, check_split
+from kvlab.offload.timeline import Timeline
+from kvlab.offload.weights import HostLayers
 
 
 def _device(device) -> torch.device:
@@ -38,24 +44,6 @@ def _rope_table(model: ModelConfig, store: HostStore, device) -> RopeTable | Non
     if model.position != "rope":
         return None
     return RopeTable.build(model, store.max_context, store.dtype, device)
-
-
-def fill(store: HostStore, layers: list[LayerWeights], context: int, seed: int = 0,
-         device="cpu") -> None:
-    """Prefill `store` with `context` tokens per sequence: for each layer, random layer inputs,
-    their attention inputs X and the K, V computed from them at positions 0..context-1."""
-    if not 0 <= context <= store.max_context:
-        raise ValueError(f"context={context}: must be in [0, max_context={store.max_context}]")
-    model, batch = store.model, store.batch
-    positions = torch.arange(context, device=device).repeat_interleave(batch)
-    for i, w in enumerate(layers):
-        hidden = seeded_randn(seed + i, store.dtype, device)(context * batch, model.hidden_size)
-        x = attention_input(model, w.attn, hidden)
-        k, v = project_kv(model, w.attn, x, positions)
-        store.x[i, :context].copy_(x.view(context, batch, -1))
-        store.k[i, :context].copy_(k.view(context, batch, *k.shape[1:]))
-        store.v[i, :context].copy_(v.view(context, batch, *v.shape[1:]))
-    store.length = context
 
 
 class ResidentDecoder:
@@ -78,94 +66,125 @@ class ResidentDecoder:
         return hidden
 
 
-class Timeline:
-    """CUDA events around each operation of a step, per stream (empty on a CPU)."""
-
-    def __init__(self):
-        self.marks: list[tuple[str, str, int, torch.cuda.Event, torch.cuda.Event]] = []
-        self.origin: torch.cuda.Event | None = None
-
-    @contextlib.contextmanager
-    def span(self, stream, lane: str, name: str, layer: int):
-        if stream is None:
-            yield
-            return
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record(stream)
-        yield
-        end.record(stream)
-        self.marks.append((lane, name, layer, start, end))
-
-    def spans(self) -> list[dict]:
-        """[{lane, name, layer, start_us, end_us}] from the step's start (synchronises)."""
-        if self.origin is None:
-            return []
-        torch.cuda.synchronize()
-        return [{"lane": lane, "name": name, "layer": layer,
-                 "start_us": 1e3 * self.origin.elapsed_time(start),
-                 "end_us": 1e3 * self.origin.elapsed_time(end)}
-                for lane, name, layer, start, end in self.marks]
-
-
-LANES = ("H2D", "compute", "D2H")  # the runtime's streams, in the order timelines show them
-
-
-def chrome_trace(spans: list[dict], process: str = "kvlab KVPR decode step") -> dict:
-    """Timeline spans as Chrome trace JSON (open it in Perfetto or chrome://tracing): one track
-    per stream, one complete event ("X") per operation, times in microseconds."""
-    lanes = list(dict.fromkeys([*LANES, *(s["lane"] for s in spans)]))
-    meta = [{"ph": "M", "pid": 1, "name": "process_name", "args": {"name": process}}]
-    meta += [{"ph": "M", "pid": 1, "tid": i, "name": "thread_name", "args": {"name": lane}}
-             for i, lane in enumerate(lanes)]
-    events = [{"ph": "X", "pid": 1, "tid": lanes.index(s["lane"]), "name": s["name"],
-               "ts": s["start_us"], "dur": s["end_us"] - s["start_us"],
-               "args": {"layer": s["layer"]}} for s in spans]
-    return {"traceEvents": meta + events, "displayTimeUnit": "ns"}
-
-
 def _chunks(l: int, num_chunks: int) -> list[tuple[int, int]]:
     """[0:l] as up to `num_chunks` non-empty token ranges of near-equal size."""
     bounds = [round(l * c / num_chunks) for c in range(num_chunks + 1)]
     return [(a, b) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
 
 
+SCHEDULES = ("row", "column")
+
+
+class _Loaded(NamedTuple):
+    """What `_load` enqueued for one unit: its buffer slots and the copy stream's events."""
+
+    slot: int  # K, V, X buffers
+    weight_slot: int | None  # GPU weights (offloaded weights only)
+    chunk_events: list  # X chunk k (and, before it, W_K, W_V) is in
+    kv_event: object  # everything is in
+
+
 class KVPRDecoder:
-    """Decode steps over a HostStore: each layer's K, V for tokens [0:l] recomputed on the GPU
+    """Decode steps over host stores: each layer's K, V for tokens [0:l] recomputed on the GPU
     from the transferred X[0:l], the rest copied, the two overlapped (see the module doc).
 
+    model: the decoder's shapes. layers: every layer's weights, resident on `device` (a list of
+    LayerWeights) or offloaded (`HostLayers`, copied in per layer, W_K and W_V first).
+    stores: one HostStore per GPU batch, all of one model, batch, max_context, dtype and length;
+    a step's hidden rows are the GPU batches' rows in order.
+    schedule: "row" (each GPU batch through every layer in turn: latency) or "column" (each
+    layer over every GPU batch in turn, so offloaded weights cross the link once per layer per
+    step, as in FlexGen: throughput). With resident weights the two do the same work.
     l = 0 is full transfer (FlexGen-style) and l = s' full recomputation, in the same runtime.
     `timeline=True` records CUDA events around every operation (`last_timeline`).
     """
 
-    def __init__(self, model: ModelConfig, layers: list[LayerWeights], store: HostStore, device,
-                 num_chunks: int = 4, timeline: bool = False):
+    def __init__(self, model: ModelConfig, layers: list[LayerWeights] | HostLayers,
+                 stores: HostStore | list[HostStore], device, num_chunks: int = 4,
+                 timeline: bool = False, schedule: str = "row"):
+        stores = [stores] if isinstance(stores, HostStore) else list(stores)
         if len(layers) != model.num_layers:
             raise ValueError(f"len(layers)={len(layers)}: must be {model.name}'s "
                              f"{model.num_layers}")
         check_positive_int("num_chunks", num_chunks)
-        self.model, self.layers, self.store = model, layers, store
+        if schedule not in SCHEDULES:
+            raise ValueError(f"schedule={schedule!r}: must be one of {SCHEDULES}")
+        if not stores:
+            raise ValueError("stores is empty: give one HostStore per GPU batch")
+        first = stores[0]
+        shape = (first.model, first.batch, first.max_context, first.dtype)
+        for g, store in enumerate(stores):
+            if (store.model, store.batch, store.max_context, store.dtype) != shape:
+                raise ValueError(f"stores[{g}]: model, batch, max_context and dtype must equal "
+                                 f"stores[0]'s ({model.name}, {first.batch}, "
+                                 f"{first.max_context}, {first.dtype})")
+        if first.model != model:
+            raise ValueError(f"stores hold {first.model.name}'s layers, not {model.name}'s")
+        self.model, self.stores, self.schedule = model, stores, schedule
         self.device, self.num_chunks, self.record = _device(device), num_chunks, timeline
         cuda = self.device.type == "cuda"
-        if cuda and not store.pinned:
-            raise ValueError("store.pinned=False: GPU runs need a pinned store (pageable copies "
-                             "are synchronous)")
-        shape = (store.max_context, store.batch)
-        kv = (*shape, model.num_kv_heads, model.head_dim)
-        self.k_buf = [torch.empty(kv, dtype=store.dtype, device=device) for _ in range(2)]
-        self.v_buf = [torch.empty(kv, dtype=store.dtype, device=device) for _ in range(2)]
-        self.x_buf = [torch.empty(*shape, model.hidden_size, dtype=store.dtype, device=device)
+        offloaded = isinstance(layers, HostLayers)
+        if cuda and not all(st.pinned for st in stores):
+            raise ValueError("stores: GPU runs need pinned stores (pageable copies are "
+                             "synchronous)")
+        if cuda and offloaded and not layers.pinned:
+            raise ValueError("layers: GPU runs need pinned HostLayers")
+        self.layers = layers
+        if offloaded:
+            packing = layers.packing
+            self._w_buf = [torch.empty(packing.num_bytes, dtype=torch.uint8, device=self.device)
+                           for _ in range(2)]
+            self._w_slots = [packing.views(buf, layers.template) for buf in self._w_buf]
+        kv = (first.max_context, first.batch, model.num_kv_heads, model.head_dim)
+        self.k_buf = [torch.empty(kv, dtype=first.dtype, device=device) for _ in range(2)]
+        self.v_buf = [torch.empty(kv, dtype=first.dtype, device=device) for _ in range(2)]
+        self.x_buf = [torch.empty(*kv[:2], model.hidden_size, dtype=first.dtype, device=device)
                       for _ in range(2)]
         self.copy_stream = torch.cuda.Stream(self.device) if cuda else None
         self.store_stream = torch.cuda.Stream(self.device) if cuda else None
-        n = len(layers)
-        self._slot_free = [torch.cuda.Event() for _ in range(2)] if cuda else None
-        self._stored = [torch.cuda.Event() for _ in range(n)] if cuda else None
+
+        def events(n):
+            return [torch.cuda.Event() for _ in range(n)] if cuda else [None] * n
+
+        self._slot_free, self._weights_free = events(2), events(2)
+        self._stored = [events(len(stores)) for _ in range(model.num_layers)]
+        self._weight_loads = 0
         self.last_timeline = Timeline()
-        self.rope = _rope_table(model, store, self.device)
+        self.rope = _rope_table(model, first, self.device)
         # positions of the token-major rows [t0 * batch, t1 * batch) of a range [t0, t1)
-        self._positions = torch.arange(store.max_context, device=self.device).repeat_interleave(
-            store.batch
+        self._positions = torch.arange(first.max_context, device=self.device).repeat_interleave(
+            first.batch
         )
+
+    @property
+    def weights(self) -> str:
+        """"resident" or "offloaded"."""
+        return "offloaded" if isinstance(self.layers, HostLayers) else "resident"
+
+    @property
+    def batch(self) -> int:
+        """Sequences per step: every GPU batch's."""
+        return sum(store.batch for store in self.stores)
+
+    def unit_shape(self, context: int) -> LayerShape:
+        """One unit's work for the scheduler at `context` cached tokens: its GPU batch and, with
+        offloaded weights, its share of the layer's weight bytes (a column shares one load among
+        the GPU batches)."""
+        store = self.stores[0]
+        weight_bytes = (0.0, 0.0)
+        if self.weights == "offloaded":
+            packing = self.layers.packing
+            share = len(self.stores) if self.schedule == "column" else 1
+            weight_bytes = (packing.kv_bytes / share,
+                            (packing.num_bytes - packing.kv_bytes) / share)
+        return LayerShape(self.model, store.batch, context, store.k.element_size(), weight_bytes)
+
+    def units(self) -> list[tuple[int, int]]:
+        """(layer, GPU batch) in the order a step runs them."""
+        layers, batches = range(self.model.num_layers), range(len(self.stores))
+        if self.schedule == "row":
+            return [(i, g) for g in batches for i in layers]
+        return [(i, g) for i in layers for g in batches]
 
     def _on(self, stream):
         return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
@@ -181,75 +200,109 @@ class KVPRDecoder:
         if stream is not None and event is not None:
             stream.wait_event(event)
 
-    def _load(self, i: int, s: int, l: int, chunks, tl: Timeline):
-        """Enqueue layer i's copies into buffer slot i % 2; returns (chunk events, KV event)."""
-        slot, store, copy = i % 2, self.store, self.copy_stream
+    def _copy_weights(self, i: int, part: slice, slot: int) -> None:
+        self._w_buf[slot][part].copy_(self.layers.layer_bytes[i][part], non_blocking=True)
+
+    def _load(self, n: int, unit: tuple[int, int], new_layer: bool, s: int, l: int, chunks,
+              tl: Timeline) -> _Loaded:
+        """Enqueue unit n's copies (layer i's weights first when it is a new layer); returns
+        its slots and events."""
+        (i, g), slot, copy = unit, n % 2, self.copy_stream
+        store, offloaded = self.stores[g], self.weights == "offloaded"
+        weight_slot = None
         with self._on(copy):
-            if copy is not None:
-                copy.wait_event(self._slot_free[slot])  # the layer before last is done with it
-                copy.wait_event(self._stored[i])  # last step's new token of this layer is home
+            self._wait(copy, self._slot_free[slot])  # the unit before last is done with it
+            self._wait(copy, self._stored[i][g])  # last step's new token of this unit is home
+            if offloaded:
+                weight_slot = (self._weight_loads - (not new_layer)) % 2
+            if offloaded and new_layer:
+                self._weight_loads += 1
+                self._wait(copy, self._weights_free[weight_slot])
+                with tl.span(copy, "H2D", "W_KV", i, g):
+                    self._copy_weights(i, slice(0, self.layers.packing.kv_bytes), weight_slot)
             events = []
             for a, b in chunks:
-                with tl.span(copy, "H2D", f"X[{a}:{b}]", i):
+                with tl.span(copy, "H2D", f"X[{a}:{b}]", i, g):
                     self.x_buf[slot][a:b].copy_(store.x[i, a:b], non_blocking=True)
                 events.append(self._event(copy))
-            with tl.span(copy, "H2D", f"KV[{l}:{s}]", i):
+            if offloaded and new_layer:
+                with tl.span(copy, "H2D", "W_rest", i, g):
+                    self._copy_weights(i, slice(self.layers.packing.kv_bytes, None), weight_slot)
+            with tl.span(copy, "H2D", f"KV[{l}:{s}]", i, g):
                 self.k_buf[slot][l:s].copy_(store.k[i, l:s], non_blocking=True)
                 self.v_buf[slot][l:s].copy_(store.v[i, l:s], non_blocking=True)
-            return events, self._event(copy)
+            return _Loaded(slot, weight_slot, events, self._event(copy))
 
     def step(self, hidden: torch.Tensor, l: int) -> torch.Tensor:
-        """One decode step of the batch: hidden [batch, hidden_size] -> the last layer's output.
-        Recomputes K, V of tokens [0:l] of every layer (0 <= l <= s', the cached length)."""
-        store, model = self.store, self.model
-        s = store.length
+        """One decode step: hidden [batch, hidden_size] (the GPU batches' rows in order) -> the
+        last layer's output. Recomputes K, V of tokens [0:l] of every layer (0 <= l <= s', the
+        cached length)."""
+        model, stores = self.model, self.stores
+        s = stores[0].length
+        if any(store.length != s for store in stores):
+            raise ValueError(f"stores: lengths {[st.length for st in stores]} must be equal")
         check_split(l, s)
-        if s >= store.max_context:
-            raise ValueError(f"max_context={store.max_context}: the store is full")
-        expected = (store.batch, model.hidden_size)
+        if s >= stores[0].max_context:
+            raise ValueError(f"max_context={stores[0].max_context}: the store is full")
+        expected = (self.batch, model.hidden_size)
         if tuple(hidden.shape) != expected or hidden.device != self.device:
             raise ValueError(f"hidden: shape {tuple(hidden.shape)} on {hidden.device}; must be "
                              f"{expected} on {self.device}")
         compute = torch.cuda.current_stream(self.device) if self.copy_stream else None
         tl = self.last_timeline = Timeline()
         if self.record and compute is not None:
-            tl.origin = torch.cuda.Event(enable_timing=True)
-            tl.origin.record(compute)
-        chunks = _chunks(l, self.num_chunks)
-        pending = self._load(0, s, l, chunks, tl)
-        batch = store.batch
-        for i, w in enumerate(self.layers):
-            slot = i % 2
-            loaded, pending = pending, (
-                self._load(i + 1, s, l, chunks, tl) if i + 1 < len(self.layers) else None
-            )
-            chunk_events, kv_event = loaded
-            for (a, b), event in zip(chunks, chunk_events, strict=True):
-                self._wait(compute, event)
-                with tl.span(compute, "compute", f"recompute [{a}:{b}]", i):
-                    positions = self._positions[a * batch:b * batch]
-                    x = self.x_buf[slot][a:b].reshape(-1, model.hidden_size)
-                    k, v = project_kv(model, w.attn, x, positions, self.rope)
-                    self.k_buf[slot][a:b] = k.view(b - a, batch, *k.shape[1:])
-                    self.v_buf[slot][a:b] = v.view(b - a, batch, *v.shape[1:])
-            self._wait(compute, kv_event)
-            with tl.span(compute, "compute", "layer", i):
-                hidden, x_new = decode_layer(model, w, hidden, s, self.k_buf[slot],
-                                             self.v_buf[slot], self.rope)
-            self._store_token(i, s, slot, x_new, self._event(compute), tl)
-        store.length = s + 1
-        return hidden
+            tl.start(compute)
+        chunks, units = _chunks(l, self.num_chunks), self.units()
+        hiddens = list(hidden.split(stores[0].batch))
 
-    def _store_token(self, i: int, s: int, slot: int, x_new, computed, tl: Timeline) -> None:
-        """The new token's X, K, V of layer i back to the host, on the store stream."""
-        back, store = self.store_stream, self.store
+        def load(n):
+            if n == len(units):
+                return None
+            return self._load(n, units[n], n == 0 or units[n - 1][0] != units[n][0], s, l,
+                              chunks, tl)
+
+        pending = load(0)
+        for n, (i, g) in enumerate(units):
+            loaded, pending = pending, load(n + 1)
+            w = self.layers[i] if loaded.weight_slot is None else self._w_slots[loaded.weight_slot]
+            self._recompute(w, loaded, chunks, i, g, compute, tl)
+            self._wait(compute, loaded.kv_event)
+            with tl.span(compute, "compute", "layer", i, g):
+                hiddens[g], x_new = decode_layer(model, w, hiddens[g], s, self.k_buf[loaded.slot],
+                                                 self.v_buf[loaded.slot], self.rope)
+            last_of_layer = n + 1 == len(units) or units[n + 1][0] != i
+            if loaded.weight_slot is not None and last_of_layer and compute is not None:
+                self._weights_free[loaded.weight_slot].record(compute)
+            self._store_token(i, g, s, loaded.slot, x_new, self._event(compute), tl)
+        for store in stores:
+            store.length = s + 1
+        return hiddens[0] if len(hiddens) == 1 else torch.cat(hiddens)
+
+    def _recompute(self, w: LayerWeights, loaded: _Loaded, chunks, i: int, g: int, compute,
+                   tl: Timeline) -> None:
+        """K, V of each chunk of [0:l] from its X, as soon as the chunk is in."""
+        batch, slot = self.stores[g].batch, loaded.slot
+        for (a, b), event in zip(chunks, loaded.chunk_events, strict=True):
+            self._wait(compute, event)
+            with tl.span(compute, "compute", f"recompute [{a}:{b}]", i, g):
+                positions = self._positions[a * batch:b * batch]
+                x = self.x_buf[slot][a:b].reshape(-1, self.model.hidden_size)
+                k, v = project_kv(self.model, w.attn, x, positions, self.rope)
+                self.k_buf[slot][a:b] = k.view(b - a, batch, *k.shape[1:])
+                self.v_buf[slot][a:b] = v.view(b - a, batch, *v.shape[1:])
+
+    def _store_token(self, i: int, g: int, s: int, slot: int, x_new, computed,
+                     tl: Timeline) -> None:
+        """The new token's X, K, V of layer i, GPU batch g back to the host, on the store
+        stream."""
+        back, store = self.store_stream, self.stores[g]
         self._wait(back, computed)
-        with self._on(back), tl.span(back, "D2H", "new token", i):
+        with self._on(back), tl.span(back, "D2H", "new token", i, g):
             if back is not None:
                 x_new.record_stream(back)  # its memory must outlive the copy
             store.x[i, s].copy_(x_new, non_blocking=True)
             store.k[i, s].copy_(self.k_buf[slot][s], non_blocking=True)
             store.v[i, s].copy_(self.v_buf[slot][s], non_blocking=True)
         if back is not None:
-            self._stored[i].record(back)
+            self._stored[i][g].record(back)
             self._slot_free[slot].record(back)  # the slot's last reader (compute) is before it

@@ -21,13 +21,25 @@ Two models of one layer's time, each minimised exactly over every integer l in [
   computes, so in steady state a layer costs whichever of the link and the GPU is busier: the
   chunked model's pipeline fill and drain overlap the neighbouring layers. (On the H200,
   OPT-6.7B at 16 x 1k: chunked split 87.7 ms per step, full recomputation - this model's
-  choice - 82.3 ms.) It is also the lower bound of any schedule of split l.
-All leave out the attention itself (it needs every K, V) and the write-back of the new token.
+  choice - 82.3 ms.) With T_L = 0 it is also the lower bound of any schedule of split l.
+All leave out the write-back of the new token. The layer's own work (attention over every K, V,
+the projections, the MLP), T_L = `LinkAndCompute.layer_seconds`, is left out too when it is 0 (the
+paper's models). Otherwise the paper's and the chunked model add it after the rest (a constant: it
+moves no optimum), and the pipelined model puts it beside the recomputation on the GPU:
+t(l) = max(T_X + T_KV, T_R + T_L). Where T_L is a sizeable part of a layer (OPT-30B at small
+batches), that optimum recomputes fewer tokens than the bound below would.
+
+With the weights offloaded too, a layer's weights cross the same link: W_K, W_V (and their
+biases) first, so that recomputation can start, then the rest. `LayerShape.weight_bytes` holds the
+two parts per GPU batch (a column-by-column schedule shares one load among its GPU batches). With
+T_WK and T_WR their copy times: paper t(l) = T_WK + T_X + max(T_R, T_KV + T_WR); chunked adds T_WK
+to the recomputation's start and T_WK + T_WR to the link's busy time; pipelined
+t(l) = max(T_WK + T_X + T_KV + T_WR, T_R). With no weight bytes these are the models above.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -43,35 +55,49 @@ class LinkAndCompute:
 
     h2d_bytes_per_s: pinned host-to-device copy rate. recompute_flops_per_s: the rate of the K, V
     recomputation (GEMM, bias, RoPE) for the shapes at hand. `source` says where they come from
-    ("measured on ...", "recorded on ...", "what-if").
+    ("measured on ...", "recorded on ...", "what-if"). d2h_bytes_per_s: the write-back rate, when
+    known (the models leave the write-back of the new token out). layer_seconds: the time of
+    one layer's own decode work for the shapes at hand, the slower of the GPU and the host's
+    enqueueing (0: left out, as the paper does).
     """
 
     h2d_bytes_per_s: float
     recompute_flops_per_s: float
     source: str
+    d2h_bytes_per_s: float | None = None
+    layer_seconds: float = 0.0
 
     def __post_init__(self):
-        for name in ("h2d_bytes_per_s", "recompute_flops_per_s"):
+        for name in ("h2d_bytes_per_s", "recompute_flops_per_s", "d2h_bytes_per_s"):
             value = getattr(self, name)
+            if name == "d2h_bytes_per_s" and value is None:
+                continue
             if not (isinstance(value, (int, float)) and value > 0 and np.isfinite(value)):
                 raise ValueError(f"{name}={value!r}: must be a positive finite number")
+        t = self.layer_seconds
+        if not (isinstance(t, (int, float)) and t >= 0 and np.isfinite(t)):
+            raise ValueError(f"layer_seconds={t!r}: must be a finite number >= 0")
 
 
 @dataclass(frozen=True)
 class LayerShape:
     """One layer's offloaded work in one decode step: `batch` sequences of `context` cached tokens
-    (s'), elements of `dtype_bytes` bytes."""
+    (s'), elements of `dtype_bytes` bytes. `weight_bytes`: (W_K and W_V, the rest) of the layer's
+    weights that cross the link for this batch; (0, 0) with the weights resident."""
 
     model: ModelConfig
     batch: int
     context: int
     dtype_bytes: int = 2
+    weight_bytes: tuple[float, float] = (0.0, 0.0)
 
     def __post_init__(self):
         check_positive_int("batch", self.batch)
         check_positive_int("context", self.context)
         if self.dtype_bytes not in (1, 2, 4):
             raise ValueError(f"dtype_bytes={self.dtype_bytes!r}: must be 1, 2 or 4")
+        if len(self.weight_bytes) != 2 or not all(b >= 0 for b in self.weight_bytes):
+            raise ValueError(f"weight_bytes={self.weight_bytes!r}: must be two byte counts >= 0")
 
     def activation_bytes(self, l) -> np.ndarray:
         tokens = np.asarray(l, dtype=np.float64)
@@ -107,12 +133,15 @@ def layer_times(shape: LayerShape, hw: LinkAndCompute, model: str = "paper",
     t_x = shape.activation_bytes(ls) / hw.h2d_bytes_per_s
     t_kv = shape.kv_bytes(ls) / hw.h2d_bytes_per_s
     t_r = shape.recompute_flops(ls) / hw.recompute_flops_per_s
+    t_wk, t_wr = (b / hw.h2d_bytes_per_s for b in shape.weight_bytes)
+    t_l = hw.layer_seconds
     if model == "paper":
-        return t_x + np.maximum(t_r, t_kv)
+        return t_wk + t_x + np.maximum(t_r, t_kv + t_wr) + t_l
+    link = t_wk + t_x + t_kv + t_wr
     if model == "pipelined":
-        return np.maximum(t_x + t_kv, t_r)
+        return np.maximum(link, t_r + t_l)
     n = num_chunks
-    return np.maximum.reduce([t_x + t_kv, t_x / n + t_r, t_x + t_r / n])
+    return np.maximum.reduce([link, t_wk + t_x / n + t_r, t_wk + t_x + t_r / n]) + t_l
 
 
 def layer_time(shape: LayerShape, hw: LinkAndCompute, l: int, model: str = "paper",
@@ -146,7 +175,11 @@ def best_split(shape: LayerShape, hw: LinkAndCompute, model: str = "paper",
     return Split(best, float(times[best]), model, float(times[0]))
 
 
-def lower_bound_seconds(shape: LayerShape, hw: LinkAndCompute, l: int) -> float:
-    """`max(PCIe bytes / v_com, recompute FLOPs / v_gpu)` at split `l`: no schedule of that split
-    can beat it, however well it overlaps (the "pipelined" model)."""
-    return layer_time(shape, hw, l, "pipelined")
+def lower_bound_seconds(shape: LayerShape, hw: LinkAndCompute, l: int | None = None) -> float:
+    """`max(PCIe bytes / v_com, recompute FLOPs / v_gpu)` at split `l`, or at the best split when
+    `l` is None: no schedule of that split can beat it, however well it overlaps (the
+    "pipelined" model without the layer's own work)."""
+    bare = replace(hw, layer_seconds=0.0)
+    if l is None:
+        return best_split(shape, bare, "pipelined").seconds
+    return layer_time(shape, bare, l, "pipelined")

@@ -5,10 +5,11 @@ import pytest
 import torch
 
 from kvlab.config import MODELS
-from kvlab.offload.host import HostStore, PinnedHostMemory
+from kvlab.offload.host import HostStore, PinnedHostMemory, fill
 from kvlab.offload.model import random_layers
 from kvlab.offload.profiler import link_bytes_per_s, profile
-from kvlab.offload.runtime import KVPRDecoder, ResidentDecoder, fill
+from kvlab.offload.runtime import KVPRDecoder, ResidentDecoder
+from kvlab.offload.weights import HostLayers
 
 pytestmark = pytest.mark.gpu
 
@@ -55,6 +56,36 @@ def test_kvpr_steps_on_the_gpu_equal_resident_steps(name, split):
         assert rel_l2(store.k[:, s], resident.k[:, s].cpu()) < 2e-3
 
 
+@pytest.mark.parametrize("schedule", ["row", "column"])
+def test_offloaded_weights_and_gpu_batches_on_the_gpu_equal_resident_steps(schedule):
+    model = MODELS["tiny-llama"]
+    layers = random_layers(model, seed=3, dtype=torch.float16, device="cuda")
+    stores = [HostStore(model, 2, 40) for _ in range(3)]
+    for g, store in enumerate(stores):
+        fill(store, layers, 30, seed=5 + g, device="cuda")
+    residents = [ResidentDecoder(model, layers, store, "cuda") for store in stores]
+    kvpr = KVPRDecoder(model, HostLayers(layers), stores, "cuda", num_chunks=2,
+                       schedule=schedule, timeline=True)
+    hidden = torch.randn(6, model.hidden_size, device="cuda", dtype=torch.float16)
+    for l in (0, 11, 32):
+        expected = torch.cat([r.step(h) for r, h in zip(residents, hidden.split(2),
+                                                         strict=True)])
+        hidden, got = expected, kvpr.step(hidden, l)
+        assert rel_l2(got, expected) < 2e-3
+    spans = kvpr.last_timeline.spans()
+    loads = [s for s in spans if s["name"].startswith("W_")]
+    per_layer = 1 if schedule == "column" else 3
+    assert len(loads) == 2 * model.num_layers * per_layer
+    for layer in range(model.num_layers):
+        mine = [s for s in spans if s["layer"] == layer and s["batch"] == 0]
+        w_kv = next(s for s in mine if s["name"] == "W_KV")
+        w_rest = next(s for s in mine if s["name"] == "W_rest")
+        first_x = min(s["start_us"] for s in mine if s["name"].startswith("X["))
+        assert w_kv["end_us"] <= first_x + 1.0 and first_x <= w_rest["start_us"] + 1.0
+        assert all(s["start_us"] >= w_kv["end_us"] - 1.0 for s in mine
+                   if s["name"].startswith("recompute"))
+
+
 def test_timeline_orders_copies_before_their_use():
     model, layers, store = setup("tiny-llama", batch=4, context=300, max_context=302)
     kvpr = KVPRDecoder(model, layers, store, "cuda", num_chunks=4, timeline=True)
@@ -76,7 +107,8 @@ def test_timeline_orders_copies_before_their_use():
 
 
 def test_profile_measures_this_gpu():
-    hw = profile(MODELS["tiny-llama"], tokens=4096)
+    hw = profile(MODELS["tiny-llama"], batch=4, context=1024)
     assert hw.source == f"measured on {torch.cuda.get_device_name()}"
     assert hw.h2d_bytes_per_s > 0 and hw.recompute_flops_per_s > 0
+    assert hw.d2h_bytes_per_s > 0 and 0 < hw.layer_seconds < 0.01
     assert link_bytes_per_s("cuda", "d2h", num_bytes=2**20) > 0

@@ -6,74 +6,55 @@ import pytest
 import torch
 
 from kvlab.config import MODELS
-from kvlab.offload.model import LayerWeights, decode_layer
+from kvlab.offload.model import decode_layer, random_layers
 from kvlab.offload.recompute import attention_input, project_kv
 
 transformers = pytest.importorskip("transformers")
+from kvlab.offload.hf import cache_keyword, causal_lm  # noqa: E402  (needs transformers)
+
 TOKENS = 9
 
 
-def hf_model(name):
-    """An HF model of `name`'s tiny shape, two layers, eager attention, float64."""
-    m = MODELS[name]
-    common = dict(hidden_size=m.hidden_size, num_attention_heads=m.num_qo_heads,
-                  num_hidden_layers=2, max_position_embeddings=m.max_position,
-                  vocab_size=m.vocab_size)
-    if m.family == "opt":
-        config = transformers.OPTConfig(ffn_dim=m.intermediate_size, enable_bias=True,
-                                        word_embed_proj_dim=m.hidden_size,
-                                        do_layer_norm_before=True, **common)
-        model_class = transformers.OPTModel
-    else:
-        config_class, model_class = {
-            "llama": (transformers.LlamaConfig, transformers.LlamaModel),
-            "qwen2": (transformers.Qwen2Config, transformers.Qwen2Model),
-        }[m.family]
-        config = config_class(intermediate_size=m.intermediate_size, head_dim=m.head_dim,
-                              num_key_value_heads=m.num_kv_heads, rms_norm_eps=1e-6,
-                              rope_theta=m.rope_theta, **common)
-    config._attn_implementation = "eager"
-    return model_class(config).double().eval()
-
-
-def load_layer(hf, family, w):
-    """Copy our weights into the HF model's first layer."""
-    with torch.no_grad():
-        if family == "opt":
-            layer = hf.decoder.layers[0]
-            attn, out = layer.self_attn, layer.self_attn.out_proj
-            pairs = [(layer.fc1, w.w_up, w.b_up), (layer.fc2, w.w_down, w.b_down),
-                     (layer.self_attn_layer_norm, w.attn.norm_weight, w.attn.norm_bias),
-                     (layer.final_layer_norm, w.mlp_norm_weight, w.mlp_norm_bias)]
-        else:
-            layer = hf.layers[0]
-            attn, out = layer.self_attn, layer.self_attn.o_proj
-            pairs = [(layer.mlp.gate_proj, w.w_gate, None), (layer.mlp.up_proj, w.w_up, None),
-                     (layer.mlp.down_proj, w.w_down, None),
-                     (layer.input_layernorm, w.attn.norm_weight, None),
-                     (layer.post_attention_layernorm, w.mlp_norm_weight, None)]
-        pairs += [(attn.q_proj, w.attn.w_q, w.attn.b_q), (attn.k_proj, w.attn.w_k, w.attn.b_k),
-                  (attn.v_proj, w.attn.w_v, w.attn.b_v), (out, w.attn.w_o, w.b_o)]
-        for module, weight, bias in pairs:
-            module.weight.copy_(weight)
-            if bias is not None:
-                module.bias.copy_(bias)
-
-
 @pytest.mark.parametrize("name", ["tiny-opt", "tiny-llama", "tiny-qwen"])
-def test_decode_layer_equals_hf_transformers(name):
+def test_decode_layers_equal_hf_transformers(name):
     m = MODELS[name]
-    w = LayerWeights.random(m, seed=1, dtype=torch.float64)
-    hf = hf_model(name)
-    load_layer(hf, m.family, w)
+    layers = random_layers(m, seed=1, dtype=torch.float64)
+    hf = causal_lm(m, layers, "cpu")
+    hf.config._attn_implementation = "eager"
     embeds = torch.randn(1, TOKENS, m.hidden_size, dtype=torch.float64,
                          generator=torch.Generator().manual_seed(2))
-    states = hf(inputs_embeds=embeds, output_hidden_states=True).hidden_states
-    layer_in, expected = states[0][0], states[1][0, -1]  # OPT adds its positions to states[0]
-    # our side: the cache of the first TOKENS - 1 tokens, then one decode step for the last
-    x = attention_input(m, w.attn, layer_in[:-1])
-    k = torch.zeros(TOKENS, 1, m.num_kv_heads, m.head_dim, dtype=torch.float64)
-    v = torch.zeros_like(k)
-    k[:-1, 0], v[:-1, 0] = project_kv(m, w.attn, x, torch.arange(TOKENS - 1))
-    got, _ = decode_layer(m, w, layer_in[-1:], TOKENS - 1, k, v)
-    torch.testing.assert_close(got[0], expected, rtol=1e-6, atol=1e-6)
+    states = hf.model(inputs_embeds=embeds, output_hidden_states=True).hidden_states
+    # our side, per layer: the cache of the first TOKENS - 1 tokens, then one decode step for the
+    # last (states[0] is the first layer's input: OPT adds its positions to the embeddings)
+    for i, w in enumerate(layers[:-1]):
+        layer_in, expected = states[i][0], states[i + 1][0, -1]
+        x = attention_input(m, w.attn, layer_in[:-1])
+        k = torch.zeros(TOKENS, 1, m.num_kv_heads, m.head_dim, dtype=torch.float64)
+        v = torch.zeros_like(k)
+        k[:-1, 0], v[:-1, 0] = project_kv(m, w.attn, x, torch.arange(TOKENS - 1))
+        got, _ = decode_layer(m, w, layer_in[-1:], TOKENS - 1, k, v)
+        torch.testing.assert_close(got[0], expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["tiny-opt", "tiny-llama"])
+def test_causal_lm_shares_the_layers_tensors_and_decodes(name):
+    m = MODELS[name]
+    layers = random_layers(m, seed=1)
+    hf = causal_lm(m, layers, "cpu", max_position=4096)
+    assert hf.config.num_hidden_layers == m.num_layers
+    assert hf.config.max_position_embeddings == max(4096, m.max_position)
+    shared = {p.data_ptr() for p in hf.parameters()}
+    assert all(w.attn.w_k.data_ptr() in shared and w.w_down.data_ptr() in shared
+               for w in layers)
+    cache = transformers.DynamicCache(config=hf.config)
+    ids = torch.randint(0, m.vocab_size, (2, 5), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        hf(input_ids=ids, use_cache=True, logits_to_keep=1, **{cache_keyword(hf): cache})
+        out = hf(input_ids=ids[:, :1], use_cache=True, **{cache_keyword(hf): cache})
+    assert out.logits.shape == (2, 1, m.vocab_size) and cache.get_seq_length() == 6
+
+
+def test_causal_lm_refuses_a_wrong_layer_count():
+    m = MODELS["tiny-llama"]
+    with pytest.raises(ValueError, match="len\\(layers\\)=1: must be tiny-llama's 2"):
+        causal_lm(m, random_layers(m, num_layers=1), "cpu")

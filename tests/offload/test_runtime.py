@@ -5,9 +5,10 @@ import pytest
 import torch
 
 from kvlab.config import MODELS
-from kvlab.offload.host import HostStore, PinnedHostMemory, store_bytes
+from kvlab.offload.host import HostStore, PinnedHostMemory, fill, store_bytes
 from kvlab.offload.model import random_layers
-from kvlab.offload.runtime import KVPRDecoder, ResidentDecoder, _chunks, fill
+from kvlab.offload.runtime import KVPRDecoder, ResidentDecoder, _chunks
+from kvlab.offload.weights import HostLayers
 
 BATCH, CONTEXT, MAX_CONTEXT = 3, 13, 16
 
@@ -37,6 +38,61 @@ def test_kvpr_steps_equal_resident_steps(name, split):
         torch.testing.assert_close(store.k[:, s], resident.k[:, s])
         torch.testing.assert_close(store.v[:, s], resident.v[:, s])
     assert store.length == CONTEXT + 3
+
+
+@pytest.mark.parametrize("name", ["tiny-opt", "tiny-llama"])
+@pytest.mark.parametrize("schedule", ["row", "column"])
+@pytest.mark.parametrize("weights", ["resident", "offloaded"])
+def test_gpu_batches_schedules_and_offloaded_weights_equal_resident_steps(name, schedule,
+                                                                          weights):
+    model = MODELS[name]
+    layers = random_layers(model, seed=3)
+    stores = [HostStore(model, BATCH, MAX_CONTEXT, dtype=torch.float32, pinned=False)
+              for _ in range(3)]
+    for g, store in enumerate(stores):
+        fill(store, layers, CONTEXT, seed=5 + 100 * g)
+    given = HostLayers(layers, pinned=False) if weights == "offloaded" else layers
+    kvpr = KVPRDecoder(model, given, stores, "cpu", num_chunks=2, schedule=schedule)
+    assert kvpr.batch == 3 * BATCH and kvpr.weights == weights
+    residents = [ResidentDecoder(model, layers, store, "cpu") for store in stores]
+    hidden = torch.randn(3 * BATCH, model.hidden_size, generator=torch.Generator().manual_seed(9))
+    for l in (0, 6, CONTEXT + 1):
+        expected = torch.cat([r.step(h) for r, h in zip(residents, hidden.split(BATCH),
+                                                         strict=True)])
+        hidden, got = expected, kvpr.step(hidden, l)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert all(store.length == CONTEXT + 3 for store in stores)
+
+
+def test_units_follow_the_schedule():
+    model = MODELS["tiny-opt"]  # 2 layers
+    layers = random_layers(model, seed=3)
+    stores = [HostStore(model, 1, 4, dtype=torch.float32, pinned=False) for _ in range(2)]
+    row = KVPRDecoder(model, layers, stores, "cpu", schedule="row").units()
+    column = KVPRDecoder(model, layers, stores, "cpu", schedule="column").units()
+    assert row == [(0, 0), (1, 0), (0, 1), (1, 1)]
+    assert column == [(0, 0), (0, 1), (1, 0), (1, 1)]
+
+
+def test_mismatched_stores_and_schedules_are_refused():
+    model = MODELS["tiny-opt"]
+    layers = random_layers(model, seed=3)
+    a = HostStore(model, 2, 8, dtype=torch.float32, pinned=False)
+    b = HostStore(model, 3, 8, dtype=torch.float32, pinned=False)
+    with pytest.raises(ValueError, match=r"stores\[1\]: model, batch, max_context and dtype"):
+        KVPRDecoder(model, layers, [a, b], "cpu")
+    with pytest.raises(ValueError, match="schedule='diagonal': must be one of"):
+        KVPRDecoder(model, layers, a, "cpu", schedule="diagonal")
+    with pytest.raises(ValueError, match="stores is empty"):
+        KVPRDecoder(model, layers, [], "cpu")
+    other = HostStore(MODELS["tiny-llama"], 2, 8, dtype=torch.float32, pinned=False)
+    with pytest.raises(ValueError, match="stores hold tiny-llama's layers, not tiny-opt's"):
+        KVPRDecoder(model, layers, other, "cpu")
+    c = HostStore(model, 2, 8, dtype=torch.float32, pinned=False)
+    fill(c, layers, 3)
+    kvpr = KVPRDecoder(model, layers, [a, c], "cpu")
+    with pytest.raises(ValueError, match=r"lengths \[0, 3\] must be equal"):
+        kvpr.step(torch.zeros(4, model.hidden_size), 0)
 
 
 def test_bf16_steps_agree_within_bf16_rounding():

@@ -116,10 +116,14 @@ def test_drift_monitor_asks_for_a_new_profile_after_a_run_of_misses():
     from kvlab.offload.profiler import DriftMonitor
 
     monitor = DriftMonitor(tolerance=0.1, patience=3)
-    # within 10%, then two misses and a hit (the run restarts), then three misses in a row
-    seen = [monitor.observe(m, 1.0) for m in (1.05, 0.95, 1.3, 1.3, 1.0, 1.3, 0.7, 1.2)]
-    assert seen == [False, False, False, False, False, False, False, True]
-    assert monitor.observe(1.3, 1.0) is False  # it started over
+    # three steps set the normal ratio (1.2: the models leave attention and MLP out); then
+    # within 10% of it, two misses and a hit (the run restarts), then three misses in a row
+    ratios = (1.1, 1.2, 1.3, 1.25, 1.15, 1.5, 1.5, 1.2, 1.5, 0.9, 1.4)
+    seen = [monitor.observe(r * 2.0, 2.0) for r in ratios]
+    assert seen == [False] * 10 + [True]
+    assert monitor.reference is None  # it learns the ratio afresh
+    assert [monitor.observe(r, 1.0) for r in (1.5, 1.5, 1.5, 1.5)] == [False] * 4
+    assert monitor.reference == 1.5
     with pytest.raises(ValueError, match="tolerance=1.5"):
         DriftMonitor(tolerance=1.5)
 
@@ -134,3 +138,50 @@ def test_pipelined_model_is_the_lower_bound_and_the_fastest_prediction():
     # OPT-6.7B on the H200: X is half the bytes of K, V and the GPU recomputes a layer's 1k
     # tokens faster than X crosses the link, so recomputing everything wins.
     assert best_split(shape, H200, "pipelined").l == 1024
+
+
+def test_offloaded_weights_cross_the_link_w_k_w_v_first():
+    m = MODELS["opt-6.7b"]
+    w_kv, w_rest = 2 * m.hidden_size * m.kv_size * 2, 10 * m.hidden_size ** 2 * 2
+    plain = LayerShape(m, batch=16, context=1024)
+    shape = LayerShape(m, batch=16, context=1024, weight_bytes=(w_kv, w_rest))
+    v = H200.h2d_bytes_per_s
+    t_wk, t_wr = w_kv / v, w_rest / v
+    for l in (0, 300, 1024):
+        t_x = shape.activation_bytes(l) / v
+        t_kv = shape.kv_bytes(l) / v
+        t_r = shape.recompute_flops(l) / H200.recompute_flops_per_s
+        assert layer_time(shape, H200, l) == pytest.approx(t_wk + t_x + max(t_r, t_kv + t_wr))
+        assert layer_time(shape, H200, l, "pipelined") == pytest.approx(
+            max(t_wk + t_x + t_kv + t_wr, t_r))
+        assert layer_time(shape, H200, l, "chunked", 4) == pytest.approx(
+            max(t_wk + t_x + t_kv + t_wr, t_wk + t_x / 4 + t_r, t_wk + t_x + t_r / 4))
+    # the weights only add time: the same split never gets faster
+    for model in ("paper", "chunked", "pipelined"):
+        assert np.all(layer_times(shape, H200, model) >= layer_times(plain, H200, model))
+
+
+@pytest.mark.parametrize("weight_bytes", [(1.0,), (-1.0, 0.0)])
+def test_bad_weight_bytes_are_refused(weight_bytes):
+    with pytest.raises(ValueError, match="weight_bytes=.*: must be two byte counts >= 0"):
+        LayerShape(MODELS["opt-6.7b"], 16, 1024, weight_bytes=weight_bytes)
+
+
+def test_the_layers_own_work_shares_the_gpu_with_recomputation():
+    shape = LayerShape(MODELS["opt-30b"], batch=8, context=512)
+    bare = LinkAndCompute(55.4e9, 760e12, "what-if")
+    busy = LinkAndCompute(55.4e9, 760e12, "what-if", layer_seconds=0.3e-3)
+    t_l = busy.layer_seconds
+    for model in ("paper", "chunked"):  # after the rest: the same optimum, t_l later
+        assert np.allclose(layer_times(shape, busy, model), layer_times(shape, bare, model) + t_l)
+        assert best_split(shape, busy, model).l == best_split(shape, bare, model).l
+    ls = np.arange(513)
+    link = (shape.activation_bytes(ls) + shape.kv_bytes(ls)) / bare.h2d_bytes_per_s
+    gpu = shape.recompute_flops(ls) / bare.recompute_flops_per_s + t_l
+    assert np.allclose(layer_times(shape, busy, "pipelined"), np.maximum(link, gpu))
+    assert best_split(shape, busy, "pipelined").l < best_split(shape, bare, "pipelined").l
+    # the lower bound leaves the layer's work out
+    assert lower_bound_seconds(shape, busy) == best_split(shape, bare, "pipelined").seconds
+    assert lower_bound_seconds(shape, busy, 100) == layer_time(shape, bare, 100, "pipelined")
+    with pytest.raises(ValueError, match="layer_seconds=-1: must be a finite number >= 0"):
+        LinkAndCompute(1e9, 1e12, "x", layer_seconds=-1)

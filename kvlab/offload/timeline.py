@@ -1,0 +1,60 @@
+"""The timeline of a KVPR decode step: CUDA events around every operation, per stream, and its
+export as Chrome-trace JSON (Perfetto, chrome://tracing)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+LANES = ("H2D", "compute", "D2H")  # the runtime's streams, in the order timelines show them
+
+
+class Timeline:
+    """CUDA events around each operation of a step, per stream (empty on a CPU)."""
+
+    def __init__(self):
+        self.marks: list[tuple[str, str, int, int, torch.cuda.Event, torch.cuda.Event]] = []
+        self.origin: torch.cuda.Event | None = None
+
+    def start(self, stream) -> None:
+        """Mark the step's start on `stream` (times are taken from it)."""
+        self.origin = torch.cuda.Event(enable_timing=True)
+        self.origin.record(stream)
+
+    @contextlib.contextmanager
+    def span(self, stream, lane: str, name: str, layer: int, batch: int = 0):
+        """Time what the block enqueues on `stream` (nothing when the timeline is off or on a
+        CPU); `batch` is the GPU batch (column-by-column schedules run several per layer)."""
+        if stream is None or self.origin is None:
+            yield
+            return
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(stream)
+        yield
+        end.record(stream)
+        self.marks.append((lane, name, layer, batch, start, end))
+
+    def spans(self) -> list[dict]:
+        """[{lane, name, layer, batch, start_us, end_us}] from the step's start (synchronises).
+        Times are rounded to 0.1 us (CUDA events resolve about 0.5 us)."""
+        if self.origin is None:
+            return []
+        torch.cuda.synchronize()
+        return [{"lane": lane, "name": name, "layer": layer, "batch": batch,
+                 "start_us": round(1e3 * self.origin.elapsed_time(start), 1),
+                 "end_us": round(1e3 * self.origin.elapsed_time(end), 1)}
+                for lane, name, layer, batch, start, end in self.marks]
+
+
+def chrome_trace(spans: list[dict], process: str = "kvlab KVPR decode step") -> dict:
+    """Timeline spans as Chrome trace JSON (open it in Perfetto or chrome://tracing): one track
+    per stream, one complete event ("X") per operation, times in microseconds."""
+    lanes = list(dict.fromkeys([*LANES, *(s["lane"] for s in spans)]))
+    meta = [{"ph": "M", "pid": 1, "name": "process_name", "args": {"name": process}}]
+    meta += [{"ph": "M", "pid": 1, "tid": i, "name": "thread_name", "args": {"name": lane}}
+             for i, lane in enumerate(lanes)]
+    events = [{"ph": "X", "pid": 1, "tid": lanes.index(s["lane"]), "name": s["name"],
+               "ts": s["start_us"], "dur": s["end_us"] - s["start_us"],
+               "args": {"layer": s["layer"], "batch": s.get("batch", 0)}} for s in spans]
+    return {"traceEvents": meta + events, "displayTimeUnit": "ns"}

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: GPU tests, sanitizers, ptxas report, benchmark. Logs and JSON go
-# to $OUT. Usage (from the repo root there): bash benchmarks/device_run.sh [bench options...]
+# One call on the GPU machine: GPU tests, sanitizers, a benchmark. Logs and JSON go to $OUT.
+# Usage (from the repo root there): [BENCH=attention|kvpr] bash benchmarks/device_run.sh [bench
+# options...]; TESTS overrides the test paths, SKIP_TESTS=1 / SKIP_SANITIZER=1 skip those parts.
 set -uo pipefail
 OUT=${OUT:-/tmp/kvlab-out}
 mkdir -p "$OUT"
@@ -13,7 +14,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | t
 
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -m gpu -p no:cacheprovider --import-mode=importlib \
-    tests/kernels tests/bench tests/cache/test_paged_cache.py tests/test_device.py \
+    ${TESTS:-tests/kernels tests/bench tests/offload tests/cache/test_paged_cache.py tests/test_device.py} \
     2>&1 | tail -40 | tee "$OUT/pytest.log"
 fi
 if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
@@ -24,8 +25,10 @@ if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
   done
 fi
 if [ "$#" -gt 0 ]; then
-  timeout "${BENCH_TIMEOUT:-300}" python3 -m kvlab bench attention --json "$OUT/attention.json" \
-    --checkpoint "$OUT/attention_partial.json" "$@" \
-    > "$OUT/attention.txt" 2> "$OUT/attention.err"
-  tail -60 "$OUT/attention.txt"; tail -5 "$OUT/attention.err"
+  bench=${BENCH:-attention}
+  extra=()
+  [ "$bench" = attention ] && extra=(--checkpoint "$OUT/attention_partial.json")
+  timeout "${BENCH_TIMEOUT:-300}" python3 -m kvlab bench "$bench" --json "$OUT/$bench.json" \
+    "${extra[@]}" "$@" > "$OUT/$bench.txt" 2> "$OUT/$bench.err"
+  tail -60 "$OUT/$bench.txt"; tail -5 "$OUT/$bench.err"
 fi

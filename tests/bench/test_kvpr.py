@@ -4,11 +4,15 @@ run of the whole harness (GPU)."""
 import json
 
 import pytest
+import torch
 
 from kvlab.__main__ import main
-from kvlab.bench.kvpr import SETTINGS, overlap, split_for
+from kvlab.bench.kvpr import HF_SETTING, SETTINGS, _points, host_bytes, overlap, split_for
 from kvlab.config import MODELS
+from kvlab.offload.host import store_bytes
+from kvlab.offload.model import random_layers
 from kvlab.offload.scheduler import LayerShape, LinkAndCompute, best_split
+from kvlab.offload.weights import Packing
 
 HW = LinkAndCompute(55.4e9, 670e12, "what-if")
 
@@ -39,13 +43,41 @@ def test_overlap_is_the_hidden_share_of_the_shorter_activity(spans, expected):
     assert got["link_busy_ms"] == pytest.approx(0.1)
 
 
+def test_host_bytes_count_stores_offloaded_weights_and_hf_cache():
+    m = MODELS["llama2-7b"]
+    stores = store_bytes(m, 16, 1026)
+    assert host_bytes("llama2-7b", 16, 1024) == stores["total"]
+    shapes = random_layers(m, num_layers=1, dtype=torch.float16, device="meta")[0]
+    layer = Packing.of(shapes).num_bytes
+    assert host_bytes("llama2-7b", 16, 1024, "offloaded") == stores["total"] + 32 * layer
+    assert host_bytes("llama2-7b", 16, 1024, hf=True) == stores["total"] + stores["kv"]
+
+
+def test_timeline_points_parse_or_say_what_is_allowed():
+    assert _points(["16x1024", "8X512"]) == {(16, 1024), (8, 512)}
+    with pytest.raises(ValueError, match="must be BATCHxCONTEXT"):
+        _points(["16by1024"])
+
+
 @pytest.mark.gpu
 def test_tiny_kvpr_benchmark_runs_every_setting(tmp_path, capsys):
     out = tmp_path / "kvpr.json"
     main(["bench", "kvpr", "--json", str(out), "--models", "tiny-llama", "tiny-opt",
-          "--batches", "2", "--contexts", "64", "--steps", "2"])
+          "--batches", "4", "--contexts", "64", "--steps", "2", "--gpu-batches", "1", "2",
+          "--weights", "resident", "offloaded", "--hf", "--timeline-points", "4x64"])
     result = json.loads(out.read_text())
-    assert [r["setting"] for r in result["rows"]] == list(SETTINGS) * 2
-    for r in result["rows"]:
-        assert r["step_ms"] > 0 and 0 <= r["overlap"] <= 1 and 0 <= r["l"] <= 64
+    rows = result["rows"]
+    # per model: row/1, row/2, column/2 x resident, offloaded; HF once (row/1, resident)
+    assert [r["setting"] for r in rows[:len(SETTINGS) + 1]] == [*SETTINGS, HF_SETTING]
+    assert len(rows) == 2 * (6 * len(SETTINGS) + 1)
+    for r in rows:
+        assert r["step_ms"] > 0 and r["lower_bound_ms"] > 0
+        if r["setting"] != HF_SETTING:
+            assert 0 <= r["overlap"] <= 1 and 0 <= r["l"] <= 64
+    assert {(r["schedule"], r["gpu_batches"], r["weights"]) for r in rows} == {
+        (schedule, g, weights) for schedule, g in [("row", 1), ("row", 2), ("column", 2)]
+        for weights in ("resident", "offloaded")}
+    assert len(result["timelines"]) == 12
+    spans = result["timelines"][-1]["spans"]
+    assert {s["name"] for s in spans} >= {"W_KV", "W_rest", "layer", "new token"}
     assert "kvpr-pipelined" in capsys.readouterr().out

@@ -27,6 +27,9 @@ __all__ = [
 # block 16 with SDPA and kernel="auto", and blocks 32 and 128. (The evict-last twins of every
 # prefetch setting, block 16, are the separate result "attention_evict_last".)
 ATTENTION = ("h200", ("attention", "attention_block_sizes"))
+# KVPR: the grid (kvpr), the Llama-3-8B points the grid run had no time for (kvpr_gqa), and row
+# vs column schedules with offloaded weights (kvpr_schedules).
+KVPR = ("h200", ("kvpr", "kvpr_gqa", "kvpr_schedules"))
 # A row's identity; "family" is set on kernel="auto" rows only (the family auto ran).
 ROW_KEY = ("model", "batch", "context", "kernel", "family", "block_size", "prefetch")
 PACKAGED_DIR = Path(__file__).resolve().parent / "results_data"
@@ -64,7 +67,8 @@ def load_result(machine: str, name: str) -> dict:
 
 def load_results(machine: str, names) -> dict:
     """Several recorded results of one machine as one: the first one's metadata (gpu, date,
-    roofline, ...) and the rows of all, in order, each tagged `source` = its result's name.
+    roofline, ...) and the rows of all, in order, each tagged `source` = its result's name (and
+    so their `timelines`, where they have any).
 
     NOTE: every run measures its own no-prefetch baseline, so a row can appear once per run.
     Compare times only within one source (`speedups`): tiny kernels vary more between runs
@@ -75,8 +79,12 @@ def load_results(machine: str, names) -> dict:
     loaded = {n: load_result(machine, n) for n in recorded}
     if not loaded:
         return load_result(machine, names[0])
-    rows = [{**row, "source": n} for n, result in loaded.items() for row in result["rows"]]
-    return {**next(iter(loaded.values())), "rows": rows}
+    merged = {**next(iter(loaded.values()))}
+    for key in ("rows", "timelines"):
+        entries = [{**e, "source": n} for n, result in loaded.items() for e in result.get(key, [])]
+        if key == "rows" or entries:
+            merged[key] = entries
+    return merged
 
 
 def speedups(rows) -> list[tuple[dict, float]]:

@@ -1,5 +1,8 @@
 """Small factories for tests: explicit data, no hidden fixtures."""
 
+import subprocess
+import sys
+
 import numpy as np
 import torch
 
@@ -37,3 +40,12 @@ def make_workload_of(prompt_lens, output_lens, max_seq_len, prefix_group=None, p
         None if prefix_group is None else np.array(prefix_group),
         None if prefix_lens is None else np.array(prefix_lens),
     )
+
+
+def check_imports_leave_out(statements: str, modules: tuple[str, ...]) -> None:
+    """Run `statements` in a fresh interpreter on the "sim" backend; fail if any of `modules` was
+    imported by them."""
+    code = (f"import os, sys; os.environ['KVLAB_BACKEND'] = 'sim'\n{statements}\n"
+            f"loaded = [m for m in {modules!r} if m in sys.modules]\n"
+            f"assert not loaded, f'imported {{loaded}}'")
+    subprocess.run([sys.executable, "-c", code], check=True)

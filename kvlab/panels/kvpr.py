@@ -1,11 +1,17 @@
 """The "KVPR" tab: the predicted decode-step time against the split point l under the paper's,
 the chunked and the pipelined model of time, each optimum marked, the chosen l drawn, and the
 steps measured at the nearest recorded point (`python -m kvlab bench kvpr`) on top; below, the
-recorded step time of each setting against full transfer.
+timeline of one recorded decode step (Gantt, per stream) and the step time of every setting with
+the fastest KVPR split's speedup over full transfer, full recompute and HF's offloaded cache.
 
 The models need `v_com` (PCIe GB/s) and `v_gpu` (recompute TFLOP/s). With rates "recorded" the
 sliders take the rates measured with the nearest recorded point of the model; with "what-if" they
 are free, and the figure's title says so.
+
+Wiring only. Without a GPU (backend "sim") the figures show the recorded H200 result. On a GPU a
+Measure button runs `kvlab.bench.kvpr.measure_point` at the chosen model, batch, context, schedule
+(with its GPU batches), weights placement and chunks, HF's offloaded cache beside it if asked (torch
+loads only then), and the figures show that, "measured on <GPU>".
 """
 
 from __future__ import annotations
@@ -17,25 +23,59 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from kvlab.config import MODELS
+from kvlab.device import backend, device_label
 from kvlab.offload.scheduler import LayerShape, LinkAndCompute, best_split
 from kvlab.panels.app import figure_widget, labeled, show_figure
-from kvlab.results import label, load_result, nearest_point, recorded_models
-from kvlab.viz.offload import settings_figure, split_figure
+from kvlab.results import KVPR, label, load_results, nearest_point, recorded_models
+from kvlab.viz.offload import (
+    describe_point,
+    nearest_timeline,
+    speedup_figure,
+    split_figure,
+    split_points,
+    timeline_figure,
+    with_defaults,
+)
 
-RECORDED = ("h200", "kvpr")
-FIGURE_HEIGHTS = {"split": 420, "settings": 320}
+__all__ = ["KVPRTab", "recorded_options"]
+
+FIGURE_HEIGHTS = {"split": 420, "timeline": 360, "speedup": 400}
 MAX_CONTEXT = 32768
+SCHEDULES = ("row", "column")  # what measure_point runs; on a GPU both are offered
+WEIGHTS = ("resident", "offloaded")
+MEASURE_STEPS = 5  # timed decode steps per setting when measuring here
+COLUMN_GPU_BATCHES = 4  # the column schedule's default: GPU batches sharing one weight load
+
+
+def recorded_options(result: dict, key: str, order: tuple[str, ...]) -> list[str]:
+    """The values of `key` ("schedule", "weights") in the rows and timelines of `result`, read
+    with `with_defaults`, in `order` (values not in it last)."""
+    entries = [*result["rows"], *result.get("timelines", [])]
+    found = list(dict.fromkeys(with_defaults(e)[key] for e in entries))
+    return [o for o in order if o in found] + [o for o in found if o not in order]
 
 
 class KVPRTab:
     """controls: model, batch, context, rates ("recorded" / "what-if"), pcie_gbps,
-    recompute_tflops, l, chunks. figures: split, settings (`go.FigureWidget`s)."""
+    recompute_tflops, l, chunks; schedule and weights where there is a choice (both recorded, or
+    a GPU to measure on); on a GPU also gpu_batches (of the column schedule) and hf (measure HF's
+    offloaded cache too). figures: split, timeline, speedup (`go.FigureWidget`s). On the "cuda"
+    backend `measure_button` measures the chosen point (`progress` follows it); on "sim" both
+    are None."""
 
     key = "kvpr"
     title = "KVPR"
 
     def __init__(self, model: str = "opt-6.7b", batch: int = 16, context: int = 1024):
-        self.recorded = load_result(*RECORDED)
+        self.backend = backend()
+        self.recorded = load_results(*KVPR)
+        # `_key` of the controls -> measure_point's {"rows": [...], "timeline": {...} or None}
+        self.measured: dict[tuple, dict] = {}
+        gpu = self.backend == "cuda"
+        schedules = list(SCHEDULES) if gpu else recorded_options(self.recorded, "schedule",
+                                                                 SCHEDULES)
+        weights = list(WEIGHTS) if gpu else recorded_options(self.recorded, "weights", WEIGHTS)
+        self.defaults = {"schedule": schedules[0], "weights": weights[0]}
         self.controls = {
             "model": labeled(widgets.Dropdown, "model", options=list(MODELS), value=model),
             "batch": labeled(widgets.BoundedIntText, "batch", min=1, max=1024, value=batch),
@@ -53,18 +93,52 @@ class KVPRTab:
             "chunks": labeled(widgets.IntSlider, "X chunks per layer", min=1, max=16, value=4,
                               continuous_update=False),
         }
+        for name, options in (("schedule", schedules), ("weights", weights)):
+            if len(options) > 1:
+                self.controls[name] = labeled(widgets.ToggleButtons, name, options=options,
+                                              value=options[0])
+        if gpu:
+            self.controls["gpu_batches"] = labeled(
+                widgets.BoundedIntText, "GPU batches (column)", min=1, max=1024,
+                value=COLUMN_GPU_BATCHES)
+            self.controls["hf"] = labeled(widgets.Checkbox, "HF offloaded cache too",
+                                          value=False)
         self.figures = {name: figure_widget(h) for name, h in FIGURE_HEIGHTS.items()}
         self.status = widgets.HTML()
+        self.measure_button = self.progress = None
+        if gpu:
+            self.measure_button = widgets.Button(description="Measure", button_style="primary")
+            self.progress = widgets.IntProgress(min=0, max=1, value=0, description="measuring")
+            self.measure_button.on_click(self.measure)
         for control in self.controls.values():
             control.observe(self.refresh, names="value")
+        self.widget = self._layout()
+        self.refresh()
+
+    def _layout(self) -> widgets.Widget:
         c = self.controls
-        self.widget = widgets.VBox([
-            widgets.HBox([widgets.VBox([c["model"], c["batch"], c["context"], c["chunks"]]),
+        choices = [c[name] for name in ("schedule", "gpu_batches", "weights") if name in c]
+        measure = ([c["hf"], self.measure_button, self.progress]
+                   if self.measure_button is not None else [])
+        return widgets.VBox([
+            widgets.HBox([widgets.VBox([c["model"], c["batch"], c["context"], c["chunks"],
+                                        *choices]),
                           widgets.VBox([c["rates"], c["pcie_gbps"], c["recompute_tflops"],
-                                        c["l"]])]),
+                                        c["l"], *measure])]),
             self.status, *self.figures.values(),
         ])
-        self.refresh()
+
+    def _values(self) -> dict:
+        v = {**self.defaults, **{name: c.value for name, c in self.controls.items()}}
+        if v["schedule"] == "row" or "gpu_batches" not in v:
+            v["gpu_batches"] = 1  # row-by-row runs the batch as one
+        return v
+
+    @staticmethod
+    def _key(v: dict) -> tuple:
+        """What a measurement depends on: the point, schedule, GPU batches, weights, chunks."""
+        return (v["model"], v["batch"], v["context"], v["schedule"], v["gpu_batches"],
+                v["weights"], v["chunks"])
 
     def _recorded_rows(self, model: str, batch: int, context: int) -> list[dict]:
         if model not in recorded_models(self.recorded):
@@ -73,44 +147,100 @@ class KVPRTab:
         return [r for r in self.recorded["rows"]
                 if (r["model"], r["batch"], r["context"]) == (model, b, c)]
 
+    def measure(self, button=None) -> None:
+        """Measure the chosen point on this GPU (`kvlab.bench.kvpr.measure_point`), then show it."""
+        from kvlab.bench.kvpr import measure_point  # imports torch: the GPU path only
+
+        v = self._values()
+        self.progress.value = 0
+
+        def progress(num_done, num_total):
+            self.progress.max, self.progress.value = num_total, num_done
+
+        self.measure_button.disabled = True
+        try:
+            self.measured[self._key(v)] = measure_point(
+                v["model"], v["batch"], v["context"], schedule=v["schedule"],
+                gpu_batches=v["gpu_batches"], weights=v["weights"], steps=MEASURE_STEPS,
+                chunks=v["chunks"], hf=v["hf"], progress=progress)
+        except Exception as error:  # a click handler's traceback reaches only the log: show it
+            self.status.value += (f"<br><span style='color:#d62728'>measuring failed: "
+                                  f"{html.escape(repr(error))}</span>")
+            return
+        finally:
+            self.measure_button.disabled = False
+        self.refresh()
+
     def refresh(self, change=None) -> None:
+        """Show what was measured here at the controls' point if anything, else the recorded
+        point nearest to it."""
         c = self.controls
-        v = {name: control.value for name, control in c.items()}
+        v = self._values()
         model = MODELS[v["model"]]
-        rows = self._recorded_rows(v["model"], v["batch"], v["context"])
+        measured = self.measured.get(self._key(v))
+        if measured is not None:
+            rows, timeline, provenance = measured["rows"], measured.get("timeline"), device_label()
+        else:
+            rows = self._recorded_rows(v["model"], v["batch"], v["context"])
+            timeline = nearest_timeline(self.recorded.get("timelines", []), v["model"],
+                                        v["batch"], v["context"], v["schedule"], v["weights"])
+            provenance = label(self.recorded)
+        points = split_points(rows, v["schedule"], v["weights"])
+        rate_row = next((r for r in [*points, *rows] if r.get("h2d_gbps") is not None), None)
         notes = []
-        recorded_rates = v["rates"] == "recorded" and bool(rows)
-        if v["rates"] == "recorded" and not rows:
+        recorded_rates = v["rates"] == "recorded" and rate_row is not None
+        if v["rates"] == "recorded" and rate_row is None:
             notes.append(f"{v['model']}: nothing recorded; the rates are what-if")
         with self._quiet():
             c["pcie_gbps"].disabled = c["recompute_tflops"].disabled = recorded_rates
             if recorded_rates:
-                c["pcie_gbps"].value = round(rows[0]["h2d_gbps"], 1)
-                c["recompute_tflops"].value = round(rows[0]["recompute_tflops"])
+                c["pcie_gbps"].value = round(rate_row["h2d_gbps"], 1)
+                c["recompute_tflops"].value = round(rate_row["recompute_tflops"])
             c["l"].max = v["context"]
-        provenance = label(self.recorded)
-        source = (f"rates {provenance} with {rows[0]['model']} {rows[0]['batch']} x "
-                  f"{rows[0]['context']}" if recorded_rates else "what-if rates")
+            if "gpu_batches" in c:
+                c["gpu_batches"].disabled = v["schedule"] == "row"
+        source = (f"rates {provenance} with {rate_row['model']} {rate_row['batch']} x "
+                  f"{rate_row['context']}" if recorded_rates else "what-if rates")
         hw = LinkAndCompute(c["pcie_gbps"].value * 1e9, c["recompute_tflops"].value * 1e12, source)
         shape = LayerShape(model, v["batch"], v["context"])
         same_point = rows and (rows[0]["batch"], rows[0]["context"]) == (v["batch"], v["context"])
-        best = best_split(shape, hw, "pipelined", v["chunks"])
-        self.status.value = (
-            f"Pipelined optimum l={best.l}: {1e3 * model.num_layers * best.seconds:.1f} ms per "
-            f"step, {best.speedup:.2f}x full transfer (modelled). "
-            + ("" if same_point or not rows else
-               f"Measured points are shown only at a recorded shape; nearest recorded: "
-               f"batch {rows[0]['batch']} x {rows[0]['context']}. ")
-            + "".join(f"<br>{html.escape(n)}" for n in notes)
-        )
+        if self.backend == "cuda" and measured is None:
+            notes.append("press Measure to measure this point on this GPU")
+        self.status.value = self._status(v, model, shape, hw, rows, timeline, provenance, notes)
         show_figure(self.figures["split"], split_figure(
             shape, hw, c["l"].value, v["chunks"], FIGURE_HEIGHTS["split"],
-            measured=rows if same_point else None, provenance=provenance))
-        show_figure(self.figures["settings"], (
-            settings_figure(rows, provenance, FIGURE_HEIGHTS["settings"]) if rows else
-            go.Figure(layout=dict(height=FIGURE_HEIGHTS["settings"],
+            measured=points if same_point else None,
+            provenance=f"{v['schedule']}, weights {v['weights']}; {provenance}"))
+        if timeline and timeline.get("spans"):
+            gantt = timeline_figure(timeline["spans"], provenance, FIGURE_HEIGHTS["timeline"],
+                                    point=describe_point(timeline))
+        else:
+            gantt = go.Figure(layout=dict(
+                height=FIGURE_HEIGHTS["timeline"],
+                title=f"{v['model']}, {v['schedule']} schedule: no decode-step timeline "
+                      f"{'measured' if measured else 'recorded'} ({provenance})"))
+        show_figure(self.figures["timeline"], gantt)
+        show_figure(self.figures["speedup"], (
+            speedup_figure(rows, provenance, FIGURE_HEIGHTS["speedup"]) if rows else
+            go.Figure(layout=dict(height=FIGURE_HEIGHTS["speedup"],
                                   title=f"{v['model']}: no recorded KVPR steps"))
         ))
+
+    @staticmethod
+    def _status(v, model, shape, hw, rows, timeline, provenance, notes) -> str:
+        best = best_split(shape, hw, "pipelined", v["chunks"])
+        lines = [f"Pipelined optimum l={best.l}: {1e3 * model.num_layers * best.seconds:.1f} ms "
+                 f"per step, {best.speedup:.2f}x full transfer (modelled)."]
+        if rows:
+            b, c = rows[0]["batch"], rows[0]["context"]
+            lines.append(f"Steps shown: {v['model']} batch {b} x {c} ({provenance}; requested "
+                         f"batch {v['batch']} x {v['context']})."
+                         + ("" if (b, c) == (v["batch"], v["context"]) else
+                            f" Measured points are shown only at a recorded shape; nearest "
+                            f"recorded: batch {b} x {c}."))
+        lines.append(f"Timeline: {describe_point(timeline)}." if timeline else
+                     f"Timeline: none of {v['model']} with the {v['schedule']} schedule.")
+        return "<br>".join(html.escape(line) for line in lines + notes)
 
     @contextlib.contextmanager
     def _quiet(self):

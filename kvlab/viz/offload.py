@@ -1,5 +1,10 @@
-"""Figures of KVPR: the predicted step time against the split point, and the measured timeline of
-one decode step (a Gantt chart per stream on a microsecond axis).
+"""Figures of KVPR: the predicted step time against the split point, the measured timeline of one
+decode step (a Gantt chart per stream on a microsecond axis), and the step time of every setting
+with the best KVPR split's speedup over each baseline.
+
+Results of `python -m kvlab bench kvpr` recorded before the column-by-column schedule and the
+offloaded weights have no `schedule`, `gpu_batches` or `weights`: `with_defaults` reads them as
+what that runtime did (row-by-row, one GPU batch, weights resident).
 
 NOTE: the Gantt chart is drawn with horizontal bars and `base=`, not `px.timeline`, which turns
 its axis into dates with millisecond resolution: these operations last tens of microseconds.
@@ -7,10 +12,12 @@ its axis into dates with millisecond resolution: these operations last tens of m
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
-from kvlab.offload.runtime import LANES
 from kvlab.offload.scheduler import (
     MODELS_OF_TIME,
     LayerShape,
@@ -18,12 +25,74 @@ from kvlab.offload.scheduler import (
     best_split,
     layer_times,
 )
+from kvlab.results import nearest_point
 
-__all__ = ["OP_COLORS", "settings_figure", "split_figure", "timeline_figure"]
+__all__ = [
+    "BASELINES", "OP_COLORS", "ROW_DEFAULTS", "baseline_speedups", "describe_point",
+    "nearest_timeline", "schedule_label", "speedup_figure", "split_figure", "split_points",
+    "timeline_figure", "with_defaults",
+]
 
+# The runtime's streams (kvlab.offload's LANES), top to bottom; a lane not listed goes below.
+LANE_ORDER = ("H2D", "compute", "D2H")
 OP_COLORS = {"X": "#ff7f0e", "KV": "#1f77b4", "recompute": "#2ca02c", "layer": "#9467bd",
-             "new token": "#7f7f7f"}
+             "new token": "#7f7f7f", "W_KV": "#d62728", "W_rest": "#e377c2"}
 MODEL_DASH = {"paper": "dot", "chunked": "dash", "pipelined": "solid"}
+GROUP_COLORS = ("#2ca02c", "#1f77b4", "#ff7f0e", "#9467bd", "#8c564b", "#17becf")
+# What a row recorded before these keys existed ran with.
+ROW_DEFAULTS = {"schedule": "row", "gpu_batches": 1, "weights": "resident"}
+SETTINGS = ("kvpr-paper", "kvpr-chunked", "kvpr-pipelined", "full-transfer", "full-recompute",
+            "hf-offloaded")
+BASELINES = ("full-transfer", "full-recompute", "hf-offloaded")
+
+
+def with_defaults(row: dict) -> dict:
+    """`row` (a benchmark row or a timeline) with `ROW_DEFAULTS` where a key is absent or None."""
+    return {**row, **{k: d for k, d in ROW_DEFAULTS.items() if row.get(k) is None}}
+
+
+def schedule_label(row: dict) -> str:
+    """How a row ran: "row, weights resident", "column x4, weights offloaded" (4 GPU batches)."""
+    r = with_defaults(row)
+    schedule = r["schedule"] if r["schedule"] == "row" else f"{r['schedule']} x{r['gpu_batches']}"
+    return f"{schedule}, weights {r['weights']}"
+
+
+def describe_point(row: dict) -> str:
+    """One line naming a row's or a timeline's point, schedule and setting, e.g. "opt-6.7b,
+    batch 16 x 1024, row, weights resident, kvpr-pipelined at l=1024"."""
+    split = "" if row.get("l") is None else f" at l={row['l']}"
+    return (f"{row['model']}, batch {row['batch']} x {row['context']}, {schedule_label(row)}, "
+            f"{row['setting']}{split}")
+
+
+def _one_point(rows: list[dict]) -> tuple[str, int, int]:
+    points = {(r["model"], r["batch"], r["context"]) for r in rows}
+    if len(points) != 1:
+        raise ValueError(f"rows cover {len(points)} (model, batch, context) points: must cover one")
+    return points.pop()
+
+
+def split_points(rows: list[dict], schedule: str = "row", weights: str = "resident") -> list[dict]:
+    """The rows of KVPR's runtime (l recorded: not HF's cache) that ran with `schedule` and
+    `weights`: the points `split_figure` draws."""
+    return [r for r in map(with_defaults, rows)
+            if r.get("l") is not None and (r["schedule"], r["weights"]) == (schedule, weights)]
+
+
+def nearest_timeline(timelines: list[dict], model: str, batch: int, context: int,
+                     schedule: str = "row", weights: str = "resident",
+                     setting: str = "kvpr-pipelined") -> dict | None:
+    """The timeline of `model` and `schedule` at the recorded point nearest to (`batch`,
+    `context`) (as `kvlab.results.nearest_point`), of `weights` and `setting` where there is one.
+    None when no timeline of `model` with `schedule` is recorded."""
+    mine = [t for t in map(with_defaults, timelines)
+            if t["model"] == model and t["schedule"] == schedule]
+    if not mine:
+        return None
+    point = nearest_point({"rows": mine}, model, batch, context)
+    here = [t for t in mine if (t["batch"], t["context"]) == point]
+    return min(here, key=lambda t: (t["weights"] != weights, t["setting"] != setting))
 
 
 def _kind(name: str) -> str:
@@ -31,27 +100,35 @@ def _kind(name: str) -> str:
     return name.split("[")[0].strip()
 
 
-def timeline_figure(spans: list[dict], provenance: str, height: int = 320) -> go.Figure:
+def timeline_figure(spans: list[dict], provenance: str, height: int = 320,
+                    point: str = "") -> go.Figure:
     """One bar per operation of a decode step (`Timeline.spans()` of the KVPR runtime), one row
-    per stream, on a microsecond axis, coloured by kind; hover gives name, layer and times."""
+    per stream, on a microsecond axis, coloured by kind; hover gives name, layer, times and, where
+    spans carry `batch`, the GPU batch (column-by-column schedule). `point` (e.g. from
+    `describe_point`) starts the title."""
     if not spans:
         raise ValueError("spans is empty: record a step with KVPRDecoder(..., timeline=True)")
     fig = go.Figure()
-    lanes = [lane for lane in LANES if any(s["lane"] == lane for s in spans)]
+    present = list(dict.fromkeys(s["lane"] for s in spans))
+    lanes = [lane for lane in LANE_ORDER if lane in present]
+    lanes += [lane for lane in present if lane not in LANE_ORDER]
     for kind in dict.fromkeys(_kind(s["name"]) for s in spans):
         mine = [s for s in spans if _kind(s["name"]) == kind]
+        batched = any("batch" in s for s in mine)
         fig.add_trace(go.Bar(
             name=kind, orientation="h", y=[s["lane"] for s in mine],
             base=[s["start_us"] for s in mine], x=[s["end_us"] - s["start_us"] for s in mine],
             marker_color=OP_COLORS.get(kind, "#bcbd22"),
-            customdata=[[s["name"], s["layer"], s["start_us"], s["end_us"]] for s in mine],
-            hovertemplate="%{customdata[0]}, layer %{customdata[1]}<br>"
-                          "%{customdata[2]:.1f} - %{customdata[3]:.1f} us<extra></extra>",
+            customdata=[[s["name"], s["layer"], s["start_us"], s["end_us"], s.get("batch", 0)]
+                        for s in mine],
+            hovertemplate="%{customdata[0]}, layer %{customdata[1]}"
+                          + (", GPU batch %{customdata[4]}" if batched else "")
+                          + "<br>%{customdata[2]:.1f} - %{customdata[3]:.1f} us<extra></extra>",
         ))
     end_ms = max(s["end_us"] for s in spans) / 1e3
     fig.update_layout(
         barmode="overlay", height=height,
-        title=f"One decode step: {end_ms:.2f} ms ({provenance})",
+        title=f"{point + ': ' if point else ''}one decode step, {end_ms:.2f} ms ({provenance})",
         xaxis_title="time from the step's start (us)",
         yaxis=dict(categoryorder="array", categoryarray=lanes[::-1]),
         legend_title="operation",
@@ -64,7 +141,8 @@ def split_figure(shape: LayerShape, hw: LinkAndCompute, selected_l: int | None =
                  provenance: str = "") -> go.Figure:
     """Predicted decode-step time (all layers) against the split l under each model of time,
     each model's optimum marked, and `selected_l` as a vertical line. `measured`: benchmark rows
-    (`l`, `step_ms`, `setting`) of this shape, drawn as points labelled with `provenance`."""
+    (`l`, `step_ms`, `setting`) of this shape, drawn as points labelled with `provenance`; rows
+    without a split (HF's offloaded cache) are left out."""
     layers = shape.model.num_layers
     ls = np.arange(shape.context + 1)
     fig = go.Figure()
@@ -79,6 +157,7 @@ def split_figure(shape: LayerShape, hw: LinkAndCompute, selected_l: int | None =
             hovertemplate=f"{model} optimum: l=%{{x}}, %{{y:.2f}} ms, {best.speedup:.2f}x full "
                           "transfer<extra></extra>",
         ))
+    measured = [r for r in measured or [] if r.get("l") is not None]
     if measured:
         fig.add_trace(go.Scatter(
             x=[r["l"] for r in measured], y=[r["step_ms"] for r in measured], mode="markers",
@@ -99,23 +178,73 @@ def split_figure(shape: LayerShape, hw: LinkAndCompute, selected_l: int | None =
     return fig
 
 
-def settings_figure(rows: list[dict], provenance: str, height: int = 320) -> go.Figure:
-    """Decode-step time of each setting at one (model, batch, context) of `python -m kvlab bench
-    kvpr`, each bar labelled with its speedup over full transfer."""
-    points = {(r["model"], r["batch"], r["context"]) for r in rows}
-    if len(points) != 1:
-        raise ValueError(f"rows cover {len(points)} (model, batch, context) points: must cover one")
-    model, batch, context = points.pop()
-    full = [r["step_ms"] for r in rows if r["setting"] == "full-transfer"]
-    fig = go.Figure(go.Bar(
-        x=[r["setting"] for r in rows], y=[r["step_ms"] for r in rows],
-        text=[f"{full[0] / r['step_ms']:.2f}x" if full else "" for r in rows],
-        customdata=[[r["l"], r["tokens_per_s"]] for r in rows],
-        hovertemplate="%{x}: %{y:.2f} ms, l=%{customdata[0]}, %{customdata[1]:.0f} tokens/s"
-                      "<extra></extra>",
-        marker_color=["#7f7f7f" if r["setting"].startswith("full") else "#2ca02c" for r in rows],
-    ))
-    fig.update_layout(height=height, yaxis_title="decode step (ms)",
-                      title=f"{model}, batch {batch} x {context}: speedup over full transfer "
+def baseline_speedups(rows: list[dict]) -> list[dict]:
+    """The fastest KVPR setting (kvpr-*) of each schedule / weights group of `rows` (one point)
+    against each baseline: full transfer and full recompute of the same group, and HF's offloaded
+    cache with the same weights placement (it has its own schedule).
+
+    Returns [{group, setting, l, step_ms, baseline, baseline_ms, speedup}], groups in recorded
+    order, baselines in `BASELINES` order; a group without a KVPR row or a baseline not recorded
+    gives no entry. speedup = baseline_ms / step_ms."""
+    _one_point(rows)
+    rows = [with_defaults(r) for r in rows]
+    pairs = []
+    for group in dict.fromkeys(schedule_label(r) for r in rows):
+        mine = [r for r in rows if schedule_label(r) == group]
+        kvpr = [r for r in mine if r["setting"].startswith("kvpr-")]
+        if not kvpr:
+            continue
+        best = min(kvpr, key=lambda r: r["step_ms"])
+        for baseline in BASELINES:
+            pool = rows if baseline == "hf-offloaded" else mine
+            base = [r for r in pool if r["setting"] == baseline and r["weights"] == best["weights"]]
+            if base:
+                pairs.append({"group": group, "setting": best["setting"], "l": best["l"],
+                              "step_ms": best["step_ms"], "baseline": baseline,
+                              "baseline_ms": base[0]["step_ms"],
+                              "speedup": base[0]["step_ms"] / best["step_ms"]})
+    return pairs
+
+
+def speedup_figure(rows: list[dict], provenance: str, height: int = 380) -> go.Figure:
+    """Rows of `python -m kvlab bench kvpr` at one (model, batch, context): left, the decode-step
+    time of each setting, one bar colour per schedule / weights group; right, the speedup of each
+    group's fastest KVPR setting over each baseline (`baseline_speedups`), as text on the bars.
+
+    Raises ValueError when `rows` cover more or less than one point."""
+    model, batch, context = _one_point(rows)
+    rows = [with_defaults(r) for r in rows]
+    groups = list(dict.fromkeys(schedule_label(r) for r in rows))
+    settings = [s for s in SETTINGS if any(r["setting"] == s for r in rows)]
+    settings += list(dict.fromkeys(r["setting"] for r in rows if r["setting"] not in settings))
+    pairs = baseline_speedups(rows)
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.6, 0.4], horizontal_spacing=0.1,
+                        subplot_titles=("decode step per setting (ms)",
+                                        "speedup of the fastest KVPR setting"))
+    for group, color in zip(groups, itertools.cycle(GROUP_COLORS)):
+        mine = [r for r in rows if schedule_label(r) == group]
+        bars = {"name": group, "legendgroup": group, "marker_color": color,
+                "textposition": "outside", "hoverinfo": "text"}
+        fig.add_trace(go.Bar(
+            **bars, x=[r["setting"] for r in mine], y=[r["step_ms"] for r in mine],
+            text=[f"{r['step_ms']:.1f}" for r in mine],
+            hovertext=[f"{describe_point(r)}: {r['step_ms']:.2f} ms, "
+                       f"{r['tokens_per_s']:.0f} tokens/s" for r in mine],
+        ), row=1, col=1)
+        mine = [p for p in pairs if p["group"] == group]
+        fig.add_trace(go.Bar(
+            **bars, showlegend=False, x=[p["baseline"] for p in mine],
+            y=[p["speedup"] for p in mine], text=[f"{p['speedup']:.2f}x" for p in mine],
+            hovertext=[f"{group}: {p['setting']} (l={p['l']}) {p['step_ms']:.2f} ms, "
+                       f"{p['baseline']} {p['baseline_ms']:.2f} ms" for p in mine],
+        ), row=1, col=2)
+    fig.add_hline(y=1, line=dict(color="gray", width=1, dash="dot"), row=1, col=2)
+    fig.update_xaxes(categoryorder="array", categoryarray=settings, row=1, col=1)
+    fig.update_xaxes(categoryorder="array", categoryarray=list(BASELINES), row=1, col=2)
+    fig.update_yaxes(title_text="decode step (ms)", row=1, col=1)
+    fig.update_yaxes(title_text="speedup (x)", row=1, col=2)
+    against = ", ".join(dict.fromkeys(p["baseline"] for p in pairs)) or "no baseline recorded"
+    fig.update_layout(height=height, barmode="group", legend_title="schedule",
+                      title=f"{model}, batch {batch} x {context}: fastest KVPR vs {against} "
                             f"({provenance})")
     return fig

@@ -2,6 +2,7 @@
 
 import ipywidgets as widgets
 import pytest
+from factories import check_imports_leave_out
 
 from kvlab.panels import dashboard
 from kvlab.panels.decode_kernels import RECORDED, DecodeKernelsTab
@@ -84,16 +85,10 @@ def test_kernel_choice_selects_speedup_and_outline(tab):
 
 
 def test_the_tab_builds_without_importing_torch():
-    import subprocess
-    import sys
-
-    code = (
-        "import os, sys; os.environ['KVLAB_BACKEND'] = 'sim'\n"
-        "from kvlab.panels.decode_kernels import DecodeKernelsTab\n"
-        "DecodeKernelsTab()\n"
-        "assert 'torch' not in sys.modules and 'cupy' not in sys.modules"
+    check_imports_leave_out(
+        "from kvlab.panels.decode_kernels import DecodeKernelsTab\nDecodeKernelsTab()",
+        ("torch", "cupy"),
     )
-    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_run_button_wiring_with_a_fake_measurement(monkeypatch):

@@ -1,12 +1,23 @@
-"""The "KVPR" tab: modelled t(l) curves from recorded or what-if rates, recorded steps on top."""
+"""The "KVPR" tab: modelled t(l) curves from recorded or what-if rates, recorded steps on top, the
+timeline of one recorded step and the speedup over the baselines; on a GPU, a Measure button. Run
+on the recorded result and on a synthetic one in the format with schedules, weights and
+timelines."""
 
+import sys
+import types
+
+import ipywidgets as widgets
 import pytest
+from factories import check_imports_leave_out
 
+import kvlab.panels.kvpr as module
 from kvlab.config import MODELS
 from kvlab.offload.scheduler import LayerShape, LinkAndCompute, best_split
 from kvlab.panels import dashboard
-from kvlab.panels.kvpr import RECORDED, KVPRTab
-from kvlab.results import load_result
+from kvlab.panels.kvpr import KVPRTab
+from kvlab.results import KVPR, load_results, nearest_point
+
+PROVENANCE = "recorded on TEST GPU, 2026-12-01"
 
 
 @pytest.fixture
@@ -16,15 +27,66 @@ def tab(monkeypatch):
 
 
 def recorded_rows(model, batch, context):
-    return [r for r in load_result(*RECORDED)["rows"]
+    return [r for r in load_results(*KVPR)["rows"]
             if (r["model"], r["batch"], r["context"]) == (model, batch, context)]
+
+
+def make_row(setting, step_ms, split, schedule="row", weights="resident", context=1024):
+    """A benchmark row in the format with schedule, gpu_batches and weights (opt-6.7b, batch 16)."""
+    return {"model": "opt-6.7b", "batch": 16, "context": context, "h2d_gbps": 50.0,
+            "recompute_tflops": 600.0, "setting": setting, "l": split, "step_ms": step_ms,
+            "tokens_per_s": 16 / (step_ms * 1e-3), "schedule": schedule,
+            "gpu_batches": 1 if schedule == "row" else 4, "weights": weights}
+
+
+def make_timeline(schedule, weights, start_us, context=1024):
+    spans = [{"lane": "H2D", "name": "KV[0:1024]", "layer": 0, "start_us": start_us,
+              "end_us": start_us + 10.0},
+             {"lane": "compute", "name": "layer", "layer": 0, "start_us": start_us + 10.0,
+              "end_us": start_us + 12.0}]
+    if weights == "offloaded":
+        spans.insert(0, {"lane": "H2D", "name": "W_KV", "layer": 0, "start_us": 0.0,
+                         "end_us": start_us})
+    if schedule == "column":
+        spans = [{**s, "batch": 0} for s in spans]
+    return {"model": "opt-6.7b", "batch": 16, "context": context, "schedule": schedule,
+            "gpu_batches": 1 if schedule == "row" else 4, "weights": weights,
+            "setting": "kvpr-pipelined", "l": 1024, "step_ms": 0.1, "spans": spans}
+
+
+def make_result():
+    """opt-6.7b at 16 x 1024: row and column x4, weights resident and offloaded, HF's cache; one
+    timeline per schedule and weights, each starting at its own time."""
+    rows = [make_row("kvpr-pipelined", 80.0, 1024), make_row("full-transfer", 160.0, 0),
+            {**make_row("hf-offloaded", 240.0, None), "h2d_gbps": None},
+            make_row("kvpr-pipelined", 50.0, 1024, "column"),
+            make_row("full-transfer", 120.0, 0, "column"),
+            make_row("kvpr-pipelined", 60.0, 800, "column", "offloaded"),
+            make_row("full-transfer", 150.0, 0, "column", "offloaded")]
+    timelines = [make_timeline("row", "resident", 1.0), make_timeline("column", "resident", 2.0),
+                 make_timeline("column", "offloaded", 3.0)]
+    return {"gpu": "TEST GPU", "date": "2026-12-01T00:00:00+00:00", "rows": rows,
+            "timelines": timelines}
+
+
+@pytest.fixture
+def new_tab(monkeypatch):
+    monkeypatch.setenv("KVLAB_BACKEND", "sim")
+    monkeypatch.setattr(module, "load_results", lambda machine, names: make_result())
+    return KVPRTab()
+
+
+def descendants(widget):
+    yield widget
+    for child in getattr(widget, "children", ()):
+        yield from descendants(child)
 
 
 def test_dashboard_ends_with_the_kvpr_tab(monkeypatch):
     monkeypatch.setenv("KVLAB_BACKEND", "sim")
     dash = dashboard()
     assert dash.tab_widget.titles[-1] == "KVPR"
-    assert set(dash.figures["kvpr"]) == {"split", "settings"}
+    assert list(dash.figures["kvpr"]) == ["split", "timeline", "speedup"]
 
 
 def test_recorded_point_shows_its_rates_and_measured_steps(tab):
@@ -33,11 +95,38 @@ def test_recorded_point_shows_its_rates_and_measured_steps(tab):
     assert c["pcie_gbps"].disabled and c["pcie_gbps"].value == round(rows[0]["h2d_gbps"], 1)
     split = tab.figures["split"]
     measured = [t for t in split.data if (t.name or "").startswith("measured")]
-    assert len(measured) == 1 and list(measured[0].y) == [r["step_ms"] for r in rows]
+    kvpr_rows = [r for r in rows if r["l"] is not None]  # HF's row has no split
+    assert len(measured) == 1 and list(measured[0].y) == [r["step_ms"] for r in kvpr_rows]
     assert "recorded on NVIDIA H200" in split.layout.title.text
-    (bars,) = tab.figures["settings"].data
+    steps, speedups = tab.figures["speedup"].data
+    assert list(steps.y) == [r["step_ms"] for r in rows]
     full = next(r["step_ms"] for r in rows if r["setting"] == "full-transfer")
-    assert list(bars.text) == [f"{full / r['step_ms']:.2f}x" for r in rows]
+    best = min(r["step_ms"] for r in rows if r["setting"].startswith("kvpr-"))
+    assert speedups.x[0] == "full-transfer" and speedups.text[0] == f"{full / best:.2f}x"
+    assert "recorded on NVIDIA H200" in tab.figures["speedup"].layout.title.text
+    assert "Steps shown: opt-6.7b batch 16 x 1024 (recorded on NVIDIA H200" in tab.status.value
+
+
+def test_recorded_schedules_are_offered_and_the_recorded_timeline_shown(tab):
+    c = tab.controls
+    assert c["schedule"].options == ("row", "column")
+    assert c["weights"].options == ("resident", "offloaded")
+    assert tab.measure_button is None and tab.progress is None
+    assert not any(isinstance(w, widgets.Button) for w in descendants(tab.widget))
+    timeline = tab.figures["timeline"]
+    title = timeline.layout.title.text
+    assert title.startswith("opt-6.7b, batch 16 x 1024, row, weights resident, kvpr-pipelined")
+    assert "recorded on NVIDIA H200" in title and len(timeline.data) >= 4
+    c["model"].value = "llama2-7b"
+    c["schedule"].value, c["weights"].value = "column", "offloaded"
+    title = tab.figures["timeline"].layout.title.text
+    assert "column x4, weights offloaded" in title
+    names = {t.name for t in tab.figures["timeline"].data}
+    assert {"W_KV", "W_rest"} <= names
+    c["model"].value = "opt-13b"  # no column run recorded for it
+    assert tab.figures["timeline"].data == ()
+    assert "no decode-step timeline recorded" in tab.figures["timeline"].layout.title.text
+    assert "Timeline: none of opt-13b with the column schedule" in tab.status.value
 
 
 def test_what_if_rates_move_the_curves(tab):
@@ -57,8 +146,8 @@ def test_what_if_rates_move_the_curves(tab):
 def test_unrecorded_model_falls_back_to_what_if_and_says_so(tab):
     tab.controls["model"].value = "qwen2.5-7b"
     assert "nothing recorded" in tab.status.value
-    assert tab.figures["settings"].data == ()
-    assert "no recorded KVPR steps" in tab.figures["settings"].layout.title.text
+    assert tab.figures["speedup"].data == ()
+    assert "no recorded KVPR steps" in tab.figures["speedup"].layout.title.text
 
 
 def test_gqa_model_recomputes_nothing_and_context_bounds_l(tab):
@@ -67,4 +156,104 @@ def test_gqa_model_recomputes_nothing_and_context_bounds_l(tab):
     assert "optimum l=0" in tab.status.value
     c["context"].value = 4096
     assert c["l"].max == 4096
-    assert "nearest recorded: batch 16 x 1024" in tab.status.value
+    assert "Steps shown: llama3-8b batch 16 x 4096" in tab.status.value
+    points = [r for r in tab.figures["split"].data if (r.name or "").startswith("measured")]
+    kvpr = [r for r in recorded_rows("llama3-8b", 16, 4096) if r["setting"].startswith("kvpr-")]
+    assert kvpr and all(r["l"] == 0 for r in kvpr) and 0 in list(points[0].x)
+    c["batch"].value = 48  # not recorded: the nearest recorded point is shown, and said
+    b, n = nearest_point(load_results(*KVPR), "llama3-8b", 48, 4096)
+    assert (b, n) != (48, 4096) and f"nearest recorded: batch {b} x {n}" in tab.status.value
+
+
+def test_schedule_and_weights_pick_the_timeline_and_the_measured_points(new_tab):
+    c = new_tab.controls
+    assert c["schedule"].options == ("row", "column")
+    assert c["weights"].options == ("resident", "offloaded")
+    assert c["pcie_gbps"].value == 50.0  # from a KVPR row, not HF's (no rates)
+    gantt = new_tab.figures["timeline"]
+    assert [t.name for t in gantt.data] == ["KV", "layer"] and list(gantt.data[0].base) == [1.0]
+    title = gantt.layout.title.text
+    assert title.startswith("opt-6.7b, batch 16 x 1024, row, weights resident, kvpr-pipelined")
+    assert PROVENANCE in title
+    c["schedule"].value = "column"
+    assert list(new_tab.figures["timeline"].data[0].base) == [2.0]
+    assert "GPU batch" in new_tab.figures["timeline"].data[0].hovertemplate
+    measured = [t for t in new_tab.figures["split"].data if (t.name or "").startswith("measured")]
+    assert list(measured[0].y) == [50.0, 120.0] and "column, weights resident" in measured[0].name
+    c["weights"].value = "offloaded"
+    gantt = new_tab.figures["timeline"]
+    assert [t.name for t in gantt.data] == ["W_KV", "KV", "layer"]
+    assert list(gantt.data[1].base) == [3.0]
+    assert "Timeline: opt-6.7b, batch 16 x 1024, column x4, weights offloaded" in (
+        new_tab.status.value)
+
+
+def test_speedup_figure_compares_every_group_with_its_baselines(new_tab):
+    speedups = [t for t in new_tab.figures["speedup"].data if t.xaxis == "x2"]
+    assert [list(t.text) for t in speedups] == [["2.00x", "3.00x"], ["2.40x", "4.80x"],
+                                                 ["2.50x"]]
+    assert PROVENANCE in new_tab.figures["speedup"].layout.title.text
+
+
+def test_the_tab_builds_without_importing_torch():
+    check_imports_leave_out("from kvlab.panels.kvpr import KVPRTab\nKVPRTab()", ("torch",))
+
+
+def fake_bench(monkeypatch, measure_point):
+    """The cuda path without a GPU: `kvlab.bench.kvpr` (torch) replaced by a module that has only
+    `measure_point`."""
+    monkeypatch.setitem(sys.modules, "kvlab.bench.kvpr",
+                        types.SimpleNamespace(measure_point=measure_point))
+    monkeypatch.setattr(module, "backend", lambda: "cuda")
+    monkeypatch.setattr(module, "device_label", lambda: "measured on FAKE GPU")
+
+
+def test_measure_button_shows_the_measured_point(monkeypatch):
+    calls = []
+
+    def measure_point(name, batch, context, *, schedule="row", gpu_batches=1,
+                      weights="resident", steps=5, chunks=4, hf=False, progress=None):
+        calls.append((name, batch, context, schedule, gpu_batches, weights, steps, chunks, hf))
+        progress(1, 2)
+        progress(2, 2)
+        rows = [{**r, "context": context, "step_ms": r["step_ms"] / 2}
+                for r in make_result()["rows"] if r["schedule"] == schedule]
+        return {"rows": rows, "timeline": make_timeline(schedule, "resident", 7.0, context)}
+
+    fake_bench(monkeypatch, measure_point)
+    tab = KVPRTab(context=2048)
+    assert tab.controls["schedule"].options == ("row", "column")  # a GPU can run both
+    assert "press Measure" in tab.status.value
+    assert "recorded on NVIDIA H200" in tab.figures["speedup"].layout.title.text
+    assert tab.controls["gpu_batches"].disabled  # row-by-row: one GPU batch
+    tab.controls["schedule"].value = "column"
+    assert not tab.controls["gpu_batches"].disabled
+    tab.controls["hf"].value = True
+    tab.measure_button.click()
+    assert calls == [("opt-6.7b", 16, 2048, "column", module.COLUMN_GPU_BATCHES, "resident",
+                      module.MEASURE_STEPS, 4, True)]
+    assert (tab.progress.value, tab.progress.max) == (2, 2)
+    assert not tab.measure_button.disabled and "press Measure" not in tab.status.value
+    gantt = tab.figures["timeline"]
+    assert list(gantt.data[0].base) == [7.0]
+    assert "measured on FAKE GPU" in gantt.layout.title.text
+    steps = [t for t in tab.figures["speedup"].data if t.xaxis == "x"]
+    assert list(steps[0].y) == [25.0, 60.0]
+    assert "measured on FAKE GPU" in tab.figures["speedup"].layout.title.text
+    measured = [t for t in tab.figures["split"].data if (t.name or "").startswith("measured")]
+    assert list(measured[0].y) == [25.0, 60.0]  # at the requested shape: drawn
+    tab.controls["chunks"].value = 8  # measured with 4 chunks: back to the recorded point
+    assert "recorded on NVIDIA H200" in tab.figures["speedup"].layout.title.text
+    tab.controls["chunks"].value = 4
+    assert "measured on FAKE GPU" in tab.figures["speedup"].layout.title.text
+
+
+def test_a_failed_measurement_is_shown_in_the_status(monkeypatch):
+    def measure_point(name, batch, context, **kwargs):
+        raise RuntimeError("host store of 300 GiB > 100 GiB")
+
+    fake_bench(monkeypatch, measure_point)
+    tab = KVPRTab()
+    tab.measure_button.click()
+    assert "measuring failed" in tab.status.value and "300 GiB" in tab.status.value
+    assert not tab.measure_button.disabled and tab.measured == {}

@@ -26,9 +26,7 @@ if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
 fi
 if [ "$#" -gt 0 ]; then
   bench=${BENCH:-attention}
-  extra=()
-  [ "$bench" = attention ] && extra=(--checkpoint "$OUT/attention_partial.json")
   timeout "${BENCH_TIMEOUT:-300}" python3 -m kvlab bench "$bench" --json "$OUT/$bench.json" \
-    "${extra[@]}" "$@" > "$OUT/$bench.txt" 2> "$OUT/$bench.err"
+    --checkpoint "$OUT/${bench}_partial.json" "$@" > "$OUT/$bench.txt" 2> "$OUT/$bench.err"
   tail -60 "$OUT/$bench.txt"; tail -5 "$OUT/$bench.err"
 fi

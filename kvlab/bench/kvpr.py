@@ -39,6 +39,7 @@ import sys
 import torch
 
 from kvlab.bench.env import run_info
+from kvlab.checks import check_positive_int
 from kvlab.config import MODELS
 from kvlab.offload.host import HostStore, fill, store_bytes
 from kvlab.offload.loop import predicted_seconds
@@ -93,8 +94,11 @@ def split_for(setting: str, shape, hw, num_chunks: int) -> int:
 
 
 def overlap(spans: list[dict]) -> dict:
-    """Busy time of the link (H2D) and of the GPU (compute) over one step, and the share of the
-    shorter of the two that ran under the longer: 1 = fully overlapped, 0 = one after the other."""
+    """Busy time of the link (H2D) and of the GPU (compute) over one step, and the overlap: the
+    step time that running them side by side saved, link + compute - step, as a share of the
+    shorter one (clipped to [0, 1]): 1 = the step lasted as long as the longer activity, 0 = as
+    long as both one after the other. Gaps where neither is busy (a host-bound step, the final
+    write-back) lower it: it measures the step, not only the two streams."""
     step = max(s["end_us"] for s in spans) - min(s["start_us"] for s in spans)
     busy = {lane: sum(s["end_us"] - s["start_us"] for s in spans if s["lane"] == lane)
             for lane in ("H2D", "compute")}
@@ -107,7 +111,9 @@ def overlap(spans: list[dict]) -> dict:
 
 def host_bytes(name: str, batch: int, context: int, weights: str = "resident",
                hf: bool = False) -> int:
-    """Pinned host bytes a point needs: the stores, the offloaded weights, HF's offloaded KV."""
+    """Pinned host bytes a point needs: the stores, the offloaded weights, HF's offloaded KV.
+    NOTE: `run` keeps a model's offloaded weights pinned from its first offloaded point on, so
+    resident points after it hold them too (the budget is a guide, not an exact fit)."""
     model = MODELS[name]
     need = store_bytes(model, batch, context + HEADROOM)["total"]
     if weights == "offloaded":
@@ -140,12 +146,25 @@ def measure_point(name: str, batch: int, context: int, *, schedule: str = "row",
     None). progress: called with (steps done, steps in all) after each step. min_seconds: time
     up to MAX_STEPS steps per setting where `steps` would take less than this.
     """
-    if not torch.cuda.is_available():
-        raise RuntimeError("KVPR measurements need a CUDA GPU")
-    if batch % gpu_batches:
-        raise ValueError(f"gpu_batches={gpu_batches}: must divide batch={batch}")
+    check_settings(steps, chunks, [gpu_batches], min_seconds)
+    for key, value in (("batch", batch), ("context", context)):
+        check_positive_int(key, value)
+    if name not in MODELS:
+        raise ValueError(f"name={name!r}: must be one of {sorted(MODELS)}")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule={schedule!r}: must be one of {SCHEDULES}")
     if weights not in WEIGHTS:
         raise ValueError(f"weights={weights!r}: must be one of {WEIGHTS}")
+    if batch % gpu_batches:
+        raise ValueError(f"gpu_batches={gpu_batches}: must divide batch={batch}")
+    if hf and (schedule, gpu_batches, weights) != ("row", 1, "resident"):
+        raise ValueError(f"hf=True with schedule={schedule!r}, gpu_batches={gpu_batches}, "
+                         f"weights={weights!r}: HF's cache is compared with the row schedule, one "
+                         "GPU batch, resident weights")
+    if timeline_setting not in SETTINGS:
+        raise ValueError(f"timeline_setting={timeline_setting!r}: must be one of {SETTINGS}")
+    if not torch.cuda.is_available():
+        raise RuntimeError("KVPR measurements need a CUDA GPU")
     model = MODELS[name]
     if layers is None:
         layers = random_layers(model, seed=0, dtype=torch.float16, device="cuda")
@@ -161,6 +180,16 @@ def measure_point(name: str, batch: int, context: int, *, schedule: str = "row",
                                                  point["lower_bound_ms"])})
     torch.cuda.empty_cache()
     return {"rows": rows, "timeline": timeline}
+
+
+def check_settings(steps: int, chunks: int, gpu_batches, min_seconds: float) -> None:
+    """Raise ValueError, naming the value, unless the timing settings are usable."""
+    check_positive_int("steps", steps)
+    check_positive_int("chunks", chunks)
+    for g in gpu_batches:
+        check_positive_int("gpu_batches", g)
+    if not (isinstance(min_seconds, (int, float)) and min_seconds >= 0):
+        raise ValueError(f"min_seconds={min_seconds!r}: must be a number >= 0")
 
 
 def _kvpr_rows(name, batch, context, schedule, gpu_batches, weights, layers, steps, chunks,
@@ -268,9 +297,14 @@ def _points(text: list[str]) -> set[tuple[int, int]]:
 
 
 def run(args) -> dict:
+    keep = _points(args.timeline_points)
+    check_settings(args.steps, args.chunks, args.gpu_batches, args.min_seconds)
+    if args.hf and not ("row" in args.schedules and 1 in args.gpu_batches
+                        and "resident" in args.weights):
+        raise ValueError("--hf: HF's cache is compared with the row schedule, one GPU batch, "
+                         "resident weights: add row, 1 and resident to the options")
     if not torch.cuda.is_available():
         raise RuntimeError("python -m kvlab bench kvpr needs a CUDA GPU")
-    keep = _points(args.timeline_points)
     result = {"benchmark": "kvpr", **run_info(), "gpu": torch.cuda.get_device_name(0),
               "torch": torch.__version__, "dtype": "float16", "steps": args.steps,
               "chunks": args.chunks, "min_seconds": args.min_seconds,
@@ -280,16 +314,18 @@ def run(args) -> dict:
     for name in args.models:
         model = MODELS[name]
         layers = random_layers(model, seed=0, dtype=torch.float16, device="cuda")
-        host_layers = HostLayers(layers) if "offloaded" in args.weights else None
+        host_layers = None  # packed at the first offloaded point that fits
         for batch, context, schedule, gpu_batches, weights in itertools.product(
                 args.batches, args.contexts, args.schedules, args.gpu_batches, args.weights):
-            if schedule == "column" and gpu_batches == 1:
-                continue  # the row schedule
             hf = args.hf and (schedule, gpu_batches, weights) == ("row", 1, "resident") and (
                 batch * context <= args.hf_max_tokens)
             need = host_bytes(name, batch, context, weights, hf)
             where = {"model": name, "batch": batch, "context": context, "schedule": schedule,
                      "gpu_batches": gpu_batches, "weights": weights}
+            if schedule == "column" and gpu_batches == 1:
+                result["skipped"].append({**where, "reason": "a column of one GPU batch is the "
+                                          "row schedule"})
+                continue
             if need > budget:
                 result["skipped"].append({**where, "reason": f"host memory of {need / 2**30:.0f} "
                                           f"GiB > {args.host_budget_gib:g} GiB"})
@@ -300,6 +336,8 @@ def run(args) -> dict:
                 continue
             print(f"{name} batch={batch} context={context} {schedule}/{gpu_batches} {weights}",
                   file=sys.stderr)
+            if weights == "offloaded" and host_layers is None:
+                host_layers = HostLayers(layers)
             measured = measure_point(
                 name, batch, context, schedule=schedule, gpu_batches=gpu_batches,
                 weights=weights, steps=args.steps, chunks=args.chunks, hf=hf,

@@ -2,12 +2,21 @@
 run of the whole harness (GPU)."""
 
 import json
+import re
 
 import pytest
 import torch
 
 from kvlab.__main__ import main
-from kvlab.bench.kvpr import HF_SETTING, SETTINGS, _points, host_bytes, overlap, split_for
+from kvlab.bench.kvpr import (
+    HF_SETTING,
+    SETTINGS,
+    _points,
+    host_bytes,
+    measure_point,
+    overlap,
+    split_for,
+)
 from kvlab.config import MODELS
 from kvlab.offload.host import store_bytes
 from kvlab.offload.model import random_layers
@@ -35,6 +44,9 @@ def span(lane, start, end):
         ([span("H2D", 0, 100), span("compute", 0, 40)], 1.0),  # all compute under the link
         ([span("H2D", 0, 100), span("compute", 100, 140)], 0.0),  # one after the other
         ([span("H2D", 0, 100), span("compute", 80, 120)], 0.5),  # half of it
+        # side by side, but with a gap where both wait (the host): the step saved nothing
+        ([span("H2D", 0, 50), span("compute", 0, 50), span("H2D", 150, 200),
+          span("compute", 150, 200)], 0.0),
     ],
 )
 def test_overlap_is_the_hidden_share_of_the_shorter_activity(spans, expected):
@@ -51,6 +63,42 @@ def test_host_bytes_count_stores_offloaded_weights_and_hf_cache():
     layer = Packing.of(shapes).num_bytes
     assert host_bytes("llama2-7b", 16, 1024, "offloaded") == stores["total"] + 32 * layer
     assert host_bytes("llama2-7b", 16, 1024, hf=True) == stores["total"] + stores["kv"]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"gpu_batches": 3}, "gpu_batches=3: must divide batch=16"),
+        ({"gpu_batches": 0}, "gpu_batches=0: must be an integer >= 1"),
+        ({"steps": 0}, "steps=0: must be an integer >= 1"),
+        ({"chunks": 0}, "chunks=0: must be an integer >= 1"),
+        ({"min_seconds": -1}, "min_seconds=-1: must be a number >= 0"),
+        ({"schedule": "diagonal"}, "schedule='diagonal': must be one of"),
+        ({"weights": "disk"}, "weights='disk': must be one of"),
+        ({"hf": True, "weights": "offloaded"}, "hf=True with schedule='row', gpu_batches=1, "
+                                               "weights='offloaded'"),
+        ({"timeline_setting": "fast"}, "timeline_setting='fast': must be one of"),
+        ({"name": "gpt-5"}, "name='gpt-5': must be one of"),
+        ({"context": 0}, "context=0: must be an integer >= 1"),
+    ],
+)
+def test_measure_point_refuses_bad_settings_before_anything_else(change, message):
+    kwargs = {"name": "opt-6.7b", "batch": 16, "context": 1024, **change}
+    with pytest.raises(ValueError, match=re.escape(message)):
+        measure_point(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--weights", "offloaded", "--hf"], "--hf: HF's cache is compared with the row schedule"),
+        (["--gpu-batches", "0"], "gpu_batches=0: must be an integer >= 1"),
+        (["--steps", "0"], "steps=0: must be an integer >= 1"),
+    ],
+)
+def test_bad_command_lines_are_refused_before_any_gpu_work(options, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        main(["bench", "kvpr", "--models", "tiny-opt", *options])
 
 
 def test_timeline_points_parse_or_say_what_is_allowed():

@@ -47,6 +47,7 @@ from kvlab.offload.model import random_layers
 from kvlab.offload.profiler import profile
 from kvlab.offload.runtime import SCHEDULES, KVPRDecoder
 from kvlab.offload.scheduler import MODELS_OF_TIME, best_split, lower_bound_seconds
+from kvlab.offload.timeline import overlap
 from kvlab.offload.weights import HostLayers, Packing
 
 PAPER_MODELS = ("opt-6.7b", "opt-13b", "opt-30b", "llama2-7b", "llama3-8b")
@@ -91,22 +92,6 @@ def split_for(setting: str, shape, hw, num_chunks: int) -> int:
     if setting == "full-recompute":
         return shape.context
     return best_split(shape, hw, setting.removeprefix("kvpr-"), num_chunks).l
-
-
-def overlap(spans: list[dict]) -> dict:
-    """Busy time of the link (H2D) and of the GPU (compute) over one step, and the overlap: the
-    step time that running them side by side saved, link + compute - step, as a share of the
-    shorter one (clipped to [0, 1]): 1 = the step lasted as long as the longer activity, 0 = as
-    long as both one after the other. Gaps where neither is busy (a host-bound step, the final
-    write-back) lower it: it measures the step, not only the two streams."""
-    step = max(s["end_us"] for s in spans) - min(s["start_us"] for s in spans)
-    busy = {lane: sum(s["end_us"] - s["start_us"] for s in spans if s["lane"] == lane)
-            for lane in ("H2D", "compute")}
-    shorter = min(busy.values())
-    hidden = busy["H2D"] + busy["compute"] - step
-    share = min(max(hidden / shorter, 0.0), 1.0) if shorter > 0 else 1.0
-    return {"link_busy_ms": busy["H2D"] / 1e3, "compute_busy_ms": busy["compute"] / 1e3,
-            "overlap": round(share, 3)}
 
 
 def host_bytes(name: str, batch: int, context: int, weights: str = "resident",

@@ -1,5 +1,5 @@
-"""The timeline of a KVPR decode step: CUDA events around every operation, per stream, and its
-export as Chrome-trace JSON (Perfetto, chrome://tracing)."""
+"""The timeline of a KVPR decode step: CUDA events around every operation, per stream, the overlap
+of link and GPU it shows, and its export as Chrome-trace JSON (Perfetto, chrome://tracing)."""
 
 from __future__ import annotations
 
@@ -58,3 +58,19 @@ def chrome_trace(spans: list[dict], process: str = "kvlab KVPR decode step") -> 
                "ts": s["start_us"], "dur": s["end_us"] - s["start_us"],
                "args": {"layer": s["layer"], "batch": s.get("batch", 0)}} for s in spans]
     return {"traceEvents": meta + events, "displayTimeUnit": "ns"}
+
+
+def overlap(spans: list[dict]) -> dict:
+    """Busy time of the link (H2D) and of the GPU (compute) over one step, and the overlap: the
+    step time that running them side by side saved, link + compute - step, as a share of the
+    shorter one (clipped to [0, 1]): 1 = the step lasted as long as the longer activity, 0 = as
+    long as both one after the other. Gaps where neither is busy (a host-bound step, the final
+    write-back) lower it: it measures the step, not only the two streams."""
+    step = max(s["end_us"] for s in spans) - min(s["start_us"] for s in spans)
+    busy = {lane: sum(s["end_us"] - s["start_us"] for s in spans if s["lane"] == lane)
+            for lane in ("H2D", "compute")}
+    shorter = min(busy.values())
+    hidden = busy["H2D"] + busy["compute"] - step
+    share = min(max(hidden / shorter, 0.0), 1.0) if shorter > 0 else 1.0
+    return {"link_busy_ms": busy["H2D"] / 1e3, "compute_busy_ms": busy["compute"] / 1e3,
+            "overlap": round(share, 3)}

@@ -1,4 +1,4 @@
-"""`python -m kvlab bench kvpr`: the split of each setting, the overlap measure (CPU), and a tiny
+"""`python -m kvlab bench kvpr`: the split of each setting, bad settings (CPU), and a tiny
 run of the whole harness (GPU)."""
 
 import json
@@ -14,7 +14,6 @@ from kvlab.bench.kvpr import (
     _points,
     host_bytes,
     measure_point,
-    overlap,
     split_for,
 )
 from kvlab.config import MODELS
@@ -32,27 +31,6 @@ def test_each_setting_runs_its_split():
     assert split_for("full-recompute", shape, HW, 4) == 1024
     for model in ("paper", "chunked", "pipelined"):
         assert split_for(f"kvpr-{model}", shape, HW, 4) == best_split(shape, HW, model, 4).l
-
-
-def span(lane, start, end):
-    return {"lane": lane, "name": "x", "layer": 0, "start_us": start, "end_us": end}
-
-
-@pytest.mark.parametrize(
-    ("spans", "expected"),
-    [
-        ([span("H2D", 0, 100), span("compute", 0, 40)], 1.0),  # all compute under the link
-        ([span("H2D", 0, 100), span("compute", 100, 140)], 0.0),  # one after the other
-        ([span("H2D", 0, 100), span("compute", 80, 120)], 0.5),  # half of it
-        # side by side, but with a gap where both wait (the host): the step saved nothing
-        ([span("H2D", 0, 50), span("compute", 0, 50), span("H2D", 150, 200),
-          span("compute", 150, 200)], 0.0),
-    ],
-)
-def test_overlap_is_the_hidden_share_of_the_shorter_activity(spans, expected):
-    got = overlap(spans)
-    assert got["overlap"] == pytest.approx(expected)
-    assert got["link_busy_ms"] == pytest.approx(0.1)
 
 
 def test_host_bytes_count_stores_offloaded_weights_and_hf_cache():

@@ -7,6 +7,8 @@ import numpy as np
 import torch
 
 from kvlab.cache import PagedKVCache
+from kvlab.offload.host import HostStore, fill
+from kvlab.offload.weights import HostLayers
 from kvlab.workload import Workload
 
 
@@ -49,3 +51,18 @@ def check_imports_leave_out(statements: str, modules: tuple[str, ...]) -> None:
             f"loaded = [m for m in {modules!r} if m in sys.modules]\n"
             f"assert not loaded, f'imported {{loaded}}'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def make_cpu_stores(model, layers, count, batch, max_context, context, seed=0):
+    """`count` pageable float32 HostStores (GPU batches) of `model`, each filled with `context`
+    tokens by `layers` (store g from seed + 100 g)."""
+    stores = [HostStore(model, batch, max_context, dtype=torch.float32, pinned=False)
+              for _ in range(count)]
+    for g, store in enumerate(stores):
+        fill(store, layers, context, seed=seed + 100 * g)
+    return stores
+
+
+def placed(layers, weights):
+    """`layers` as KVPRDecoder takes them: resident as they are, or offloaded (pageable)."""
+    return HostLayers(layers, pinned=False) if weights == "offloaded" else layers

@@ -42,7 +42,7 @@ from kvlab.bench.env import run_info
 from kvlab.checks import check_positive_int
 from kvlab.config import MODELS
 from kvlab.offload.host import HostStore, fill, store_bytes
-from kvlab.offload.loop import predicted_seconds
+from kvlab.offload.loop import predicted_seconds, timed_step
 from kvlab.offload.model import random_layers
 from kvlab.offload.profiler import profile
 from kvlab.offload.runtime import SCHEDULES, KVPRDecoder
@@ -107,15 +107,6 @@ def host_bytes(name: str, batch: int, context: int, weights: str = "resident",
     if hf:
         need += store_bytes(model, batch, context + HEADROOM)["kv"]
     return need
-
-
-def _timed_step(decoder: KVPRDecoder, hidden: torch.Tensor, l: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    decoder.step(hidden, l)
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end)
 
 
 def measure_point(name: str, batch: int, context: int, *, schedule: str = "row",
@@ -201,7 +192,7 @@ def _kvpr_rows(name, batch, context, schedule, gpu_batches, weights, layers, ste
         for store in stores:
             store.length = context  # every step from the same cached length
         decoder.record = record
-        ms = _timed_step(decoder, hidden, splits[setting])
+        ms = 1e3 * timed_step(decoder, hidden, splits[setting])[1]
         done += 1
         if progress is not None:
             progress(done, total)

@@ -36,7 +36,7 @@ def predicted_seconds(decoder: KVPRDecoder, hw: LinkAndCompute, l: int, context:
     return len(decoder.units()) * per_unit
 
 
-def _timed(decoder: KVPRDecoder, hidden: torch.Tensor, l: int) -> tuple[torch.Tensor, float]:
+def timed_step(decoder: KVPRDecoder, hidden: torch.Tensor, l: int) -> tuple[torch.Tensor, float]:
     """One step and its seconds: CUDA events on the compute stream, the wall clock on a CPU."""
     if decoder.device.type != "cuda":
         start = time.perf_counter()
@@ -53,7 +53,7 @@ def _timed(decoder: KVPRDecoder, hidden: torch.Tensor, l: int) -> tuple[torch.Te
 def decode(decoder: KVPRDecoder, hidden: torch.Tensor, num_steps: int, hw: LinkAndCompute, *,
            model_of_time: str = "pipelined", monitor: DriftMonitor | None = None,
            reprofile: Callable[[], LinkAndCompute] | None = None,
-           timed: Callable = _timed) -> tuple[torch.Tensor, list[StepRecord], LinkAndCompute]:
+           timed: Callable = timed_step) -> tuple[torch.Tensor, list[StepRecord], LinkAndCompute]:
     """`num_steps` decode steps of `decoder` from `hidden` [batch, hidden_size], each at the
     split `model_of_time` chooses for the current length under rates `hw`.
 

@@ -3,15 +3,14 @@ and predicted step times brings a new profile that the next steps use."""
 
 import pytest
 import torch
+from factories import make_cpu_stores, placed
 
 from kvlab.config import MODELS
-from kvlab.offload.host import HostStore, fill
 from kvlab.offload.loop import decode, predicted_seconds
 from kvlab.offload.model import random_layers
 from kvlab.offload.profiler import DriftMonitor
 from kvlab.offload.runtime import KVPRDecoder
 from kvlab.offload.scheduler import LinkAndCompute, best_split
-from kvlab.offload.weights import HostLayers
 
 SLOW_GPU = LinkAndCompute(55e9, 1e9, "what-if")  # recomputing is never worth it
 FAST_GPU = LinkAndCompute(55e9, 1e18, "what-if")  # recomputing everything is free
@@ -20,12 +19,9 @@ FAST_GPU = LinkAndCompute(55e9, 1e18, "what-if")  # recomputing everything is fr
 def decoder(weights="resident", schedule="row", gpu_batches=1):
     model = MODELS["tiny-opt"]
     layers = random_layers(model, seed=3)
-    stores = [HostStore(model, 2, 40, dtype=torch.float32, pinned=False)
-              for _ in range(gpu_batches)]
-    for store in stores:
-        fill(store, layers, 20)
-    given = HostLayers(layers, pinned=False) if weights == "offloaded" else layers
-    return KVPRDecoder(model, given, stores, "cpu", num_chunks=2, schedule=schedule)
+    stores = make_cpu_stores(model, layers, gpu_batches, 2, 40, 20)
+    return KVPRDecoder(model, placed(layers, weights), stores, "cpu", num_chunks=2,
+                       schedule=schedule)
 
 
 def scripted(seconds):

@@ -9,13 +9,12 @@ from collections import deque
 
 import pytest
 import torch
+from factories import make_cpu_stores, placed
 
 from kvlab.config import MODELS
 from kvlab.offload import runtime
-from kvlab.offload.host import HostStore, fill
 from kvlab.offload.model import random_layers
 from kvlab.offload.runtime import KVPRDecoder
-from kvlab.offload.weights import HostLayers
 
 
 class FakeStream:
@@ -118,13 +117,9 @@ def check_step(graph, spans, decoder, l, s):
 def test_every_operation_waits_for_what_it_reads(monkeypatch, schedule, weights, gpu_batches):
     model = dataclasses.replace(MODELS["tiny-llama"], num_layers=5)  # weight slots get reused
     layers = random_layers(model, seed=3)
-    stores = [HostStore(model, 2, 24, dtype=torch.float32, pinned=False)
-              for _ in range(gpu_batches)]
-    for store in stores:
-        fill(store, layers, 16)
-    given = HostLayers(layers, pinned=False) if weights == "offloaded" else layers
-    decoder = KVPRDecoder(model, given, stores, "cpu", num_chunks=2, timeline=True,
-                          schedule=schedule)
+    stores = make_cpu_stores(model, layers, gpu_batches, 2, 24, 16)
+    decoder = KVPRDecoder(model, placed(layers, weights), stores, "cpu", num_chunks=2,
+                          timeline=True, schedule=schedule)
     streams = fake_cuda(monkeypatch, decoder)
     hidden = torch.zeros(2 * gpu_batches, model.hidden_size)
     timelines = []
@@ -147,9 +142,8 @@ def test_the_checker_catches_a_missing_wait(monkeypatch):
     """Drop the recompute's wait for its X chunk: the ordering check must fail."""
     model = MODELS["tiny-llama"]
     layers = random_layers(model, seed=3)
-    store = HostStore(model, 2, 24, dtype=torch.float32, pinned=False)
-    fill(store, layers, 16)
-    decoder = KVPRDecoder(model, layers, store, "cpu", num_chunks=2, timeline=True)
+    stores = make_cpu_stores(model, layers, 1, 2, 24, 16)
+    decoder = KVPRDecoder(model, layers, stores, "cpu", num_chunks=2, timeline=True)
     streams = fake_cuda(monkeypatch, decoder)
     real_wait = KVPRDecoder._wait
     compute = streams[0]

@@ -3,12 +3,12 @@ OPT, Llama and Qwen2 layers (CPU here; the GPU run checks the same with streams)
 
 import pytest
 import torch
+from factories import make_cpu_stores, placed
 
 from kvlab.config import MODELS
 from kvlab.offload.host import HostStore, PinnedHostMemory, fill, store_bytes
 from kvlab.offload.model import random_layers
 from kvlab.offload.runtime import KVPRDecoder, ResidentDecoder, _chunks
-from kvlab.offload.weights import HostLayers
 
 BATCH, CONTEXT, MAX_CONTEXT = 3, 13, 16
 
@@ -47,12 +47,9 @@ def test_gpu_batches_schedules_and_offloaded_weights_equal_resident_steps(name, 
                                                                           weights):
     model = MODELS[name]
     layers = random_layers(model, seed=3)
-    stores = [HostStore(model, BATCH, MAX_CONTEXT, dtype=torch.float32, pinned=False)
-              for _ in range(3)]
-    for g, store in enumerate(stores):
-        fill(store, layers, CONTEXT, seed=5 + 100 * g)
-    given = HostLayers(layers, pinned=False) if weights == "offloaded" else layers
-    kvpr = KVPRDecoder(model, given, stores, "cpu", num_chunks=2, schedule=schedule)
+    stores = make_cpu_stores(model, layers, 3, BATCH, MAX_CONTEXT, CONTEXT, seed=5)
+    kvpr = KVPRDecoder(model, placed(layers, weights), stores, "cpu", num_chunks=2,
+                       schedule=schedule)
     assert kvpr.batch == 3 * BATCH and kvpr.weights == weights
     residents = [ResidentDecoder(model, layers, store, "cpu") for store in stores]
     hidden = torch.randn(3 * BATCH, model.hidden_size, generator=torch.Generator().manual_seed(9))

@@ -17,9 +17,11 @@ host-bound and vary more) in which the settings take turns (so slow drift of the
 them alike), every step from the same cached length; the median is reported. HF steps are timed
 the same way, on their own (the cache grows by one token per step).
 The profile also measures T_L, the time of one layer's own work timed back to back (`layer_ms`),
-which the pipelined model weighs against the link. Each row has the predictions of the three
-models at its l, the point's lower bound (min over l of max(PCIe bytes / v_com, recompute FLOPs /
-v_gpu), summed over the step's units; it leaves T_L out) and the ratio to it, and, from one more
+and the host's time to enqueue a unit and each recompute chunk (`unit_host_ms`,
+`chunk_host_ms`), which the pipelined model weighs against the link. Each row has the
+predictions of the three models at its l, the point's lower bound (min over l of max(PCIe bytes /
+v_com, recompute FLOPs / v_gpu), summed over the step's units; it leaves T_L and the host out)
+and the ratio to it, and, from one more
 step with the timeline on, the busy time of the link and of the GPU and the overlap between them.
 The timeline of --timeline-setting is kept at the --timeline-points.
 Points whose host memory would pass --host-budget-gib are skipped, with the reason.
@@ -71,7 +73,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-seconds", type=float, default=0.5,
                         help=f"time more steps (up to {MAX_STEPS}) where --steps would time a "
                              "setting for less than this")
-    parser.add_argument("--chunks", type=int, default=4, help="X chunks per layer")
+    parser.add_argument("--chunks", type=int, default=1,
+                        help="X chunks per layer (each costs the host some 6 CUDA calls; with "
+                             "the layers double-buffered, one chunk is fastest on the H200)")
+    parser.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
+                        help="replay each layer's work around the attention as CUDA graphs "
+                             "(--no-cuda-graphs: enqueue it eagerly)")
     parser.add_argument("--hf", action="store_true",
                         help="also time HF's offloaded cache (row schedule, resident weights)")
     parser.add_argument("--hf-max-tokens", type=int, default=16384,
@@ -111,7 +118,8 @@ def host_bytes(name: str, batch: int, context: int, weights: str = "resident",
 
 def measure_point(name: str, batch: int, context: int, *, schedule: str = "row",
                   gpu_batches: int = 1, weights: str = "resident", steps: int = 5,
-                  chunks: int = 4, hf: bool = False, keep_timeline: bool = True,
+                  chunks: int = 1, cuda_graphs: bool = True, hf: bool = False,
+                  keep_timeline: bool = True,
                   timeline_setting: str = "kvpr-pipelined", layers=None, host_layers=None,
                   progress=None, min_seconds: float = 0.0) -> dict:
     """Time every setting at one point on the GPU: {"rows": [...], "timeline": {...} or None}.
@@ -120,7 +128,8 @@ def measure_point(name: str, batch: int, context: int, *, schedule: str = "row",
     GPU (seeded random ones when None); they prefill the stores and, with weights="resident",
     run the steps. host_layers: their HostLayers for weights="offloaded" (packed here when
     None). progress: called with (steps done, steps in all) after each step. min_seconds: time
-    up to MAX_STEPS steps per setting where `steps` would take less than this.
+    up to MAX_STEPS steps per setting where `steps` would take less than this. cuda_graphs: the
+    decoder's (and the profile's) layers as CUDA graphs, or eager.
     """
     check_settings(steps, chunks, [gpu_batches], min_seconds)
     for key, value in (("batch", batch), ("context", context)):
@@ -148,8 +157,8 @@ def measure_point(name: str, batch: int, context: int, *, schedule: str = "row",
         host_layers = HostLayers(layers)
     point, rows, timeline = _kvpr_rows(
         name, batch, context, schedule, gpu_batches, layers if weights == "resident" else
-        host_layers, layers, steps, chunks, timeline_setting if keep_timeline else None,
-        progress, min_seconds,
+        host_layers, layers, steps, chunks, cuda_graphs,
+        timeline_setting if keep_timeline else None, progress, min_seconds,
     )  # returns with the stores and the decoder freed, before HF allocates its own
     if hf:
         rows.append({**point, **hf_offloaded_row(name, layers, batch, context, steps,
@@ -169,7 +178,7 @@ def check_settings(steps: int, chunks: int, gpu_batches, min_seconds: float) -> 
 
 
 def _kvpr_rows(name, batch, context, schedule, gpu_batches, weights, layers, steps, chunks,
-               timeline_setting, progress, min_seconds):
+               cuda_graphs, timeline_setting, progress, min_seconds):
     """measure_point's KVPR settings: (the point's common fields, a row per setting, the
     timeline of `timeline_setting` or None)."""
     model = MODELS[name]
@@ -179,8 +188,9 @@ def _kvpr_rows(name, batch, context, schedule, gpu_batches, weights, layers, ste
         fill(store, layers, context, seed=1000 * g, device="cuda")
     # NOTE: after the fill: once, measured before it, as the last point's stores were being
     # freed, pinned H2D read 39 GB/s (55 in steady state)
-    hw = profile(model, batch // gpu_batches, context)
-    decoder = KVPRDecoder(model, weights, stores, "cuda", num_chunks=chunks, schedule=schedule)
+    decoder = KVPRDecoder(model, weights, stores, "cuda", num_chunks=chunks, schedule=schedule,
+                          cuda_graphs=cuda_graphs)
+    hw = profile(model, batch // gpu_batches, context, decoder=decoder)
     hidden = torch.randn(batch, model.hidden_size, dtype=torch.float16, device="cuda")
     shape = decoder.unit_shape(context)
     splits = {s: split_for(s, shape, hw, chunks) for s in SETTINGS}
@@ -207,10 +217,11 @@ def _kvpr_rows(name, batch, context, schedule, gpu_batches, weights, layers, ste
             times[setting].append(run(setting))
     lower_bound = lower_bound_seconds(shape, hw) * len(decoder.units())
     point = {"model": name, "batch": batch, "context": context, "schedule": schedule,
-             "gpu_batches": gpu_batches, "weights": decoder.weights,
+             "gpu_batches": gpu_batches, "weights": decoder.weights, "cuda_graphs": cuda_graphs,
              "h2d_gbps": hw.h2d_bytes_per_s / 1e9, "d2h_gbps": hw.d2h_bytes_per_s / 1e9,
              "recompute_tflops": hw.recompute_flops_per_s / 1e12,
-             "layer_ms": 1e3 * hw.layer_seconds,
+             "layer_ms": 1e3 * hw.layer_seconds, "unit_host_ms": 1e3 * hw.unit_host_seconds,
+             "chunk_host_ms": 1e3 * hw.chunk_host_seconds,
              "lower_bound_ms": 1e3 * lower_bound}
     rows, timeline = [], None
     for setting in SETTINGS:
@@ -283,7 +294,8 @@ def run(args) -> dict:
         raise RuntimeError("python -m kvlab bench kvpr needs a CUDA GPU")
     result = {"benchmark": "kvpr", **run_info(), "gpu": torch.cuda.get_device_name(0),
               "torch": torch.__version__, "dtype": "float16", "steps": args.steps,
-              "chunks": args.chunks, "min_seconds": args.min_seconds,
+              "chunks": args.chunks, "cuda_graphs": args.cuda_graphs,
+              "min_seconds": args.min_seconds,
               "timing": "CUDA events per step, settings interleaved, median after one warm-up "
               "step each", "rows": [], "timelines": [], "skipped": []}
     budget = args.host_budget_gib * 2**30
@@ -316,7 +328,8 @@ def run(args) -> dict:
                 host_layers = HostLayers(layers)
             measured = measure_point(
                 name, batch, context, schedule=schedule, gpu_batches=gpu_batches,
-                weights=weights, steps=args.steps, chunks=args.chunks, hf=hf,
+                weights=weights, steps=args.steps, chunks=args.chunks,
+                cuda_graphs=args.cuda_graphs, hf=hf,
                 keep_timeline=(batch, context) in keep, timeline_setting=args.timeline_setting,
                 layers=layers, host_layers=host_layers, min_seconds=args.min_seconds,
             )

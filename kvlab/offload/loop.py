@@ -69,7 +69,8 @@ def decode(decoder: KVPRDecoder, hidden: torch.Tensor, num_steps: int, hw: LinkA
             raise ValueError("reprofile=None: a CPU run needs a reprofile function to re-profile")
         def reprofile():
             store = decoder.stores[0]
-            return profile(decoder.model, store.batch, max(store.length, 1), decoder.device)
+            return profile(decoder.model, store.batch, max(store.length, 1), decoder.device,
+                           decoder)
 
     records = []
     for _ in range(num_steps):

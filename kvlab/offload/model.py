@@ -79,6 +79,29 @@ def attend(model: ModelConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     return out[:, :, 0, :]
 
 
+def layer_head(model: ModelConfig, w: LayerWeights, hidden: torch.Tensor,
+               positions: torch.Tensor, rope: RopeTable | None = None) -> tuple:
+    """A layer's decode work before the attention: (X, Q, K, V) of the batch's new tokens at
+    `positions` [batch]. X [batch, hidden_size] is the attention input KVPR stores; Q [batch,
+    num_qo_heads, head_dim]; K, V [batch, num_kv_heads, head_dim]."""
+    x = attention_input(model, w.attn, hidden)
+    k, v = project_kv(model, w.attn, x, positions, rope)
+    return x, project_q(model, w.attn, x, positions, rope), k, v
+
+
+def layer_tail(model: ModelConfig, w: LayerWeights, hidden: torch.Tensor,
+               attn: torch.Tensor) -> torch.Tensor:
+    """A layer's decode work after the attention: W_O, the residual, the MLP norm and the MLP.
+    attn [batch, num_qo_heads * head_dim] -> the layer's output [batch, hidden_size]."""
+    hidden = hidden + F.linear(attn, w.attn.w_o, w.b_o)
+    y = norm(model, hidden, w.mlp_norm_weight, w.mlp_norm_bias)
+    if w.w_gate is None:
+        y = F.relu(F.linear(y, w.w_up, w.b_up))
+    else:
+        y = F.silu(F.linear(y, w.w_gate)) * F.linear(y, w.w_up)
+    return hidden + F.linear(y, w.w_down, w.b_down)
+
+
 def decode_layer(model: ModelConfig, w: LayerWeights, hidden: torch.Tensor, position: int,
                  k: torch.Tensor, v: torch.Tensor, rope: RopeTable | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,14 +115,6 @@ def decode_layer(model: ModelConfig, w: LayerWeights, hidden: torch.Tensor, posi
     """
     batch = hidden.shape[0]
     positions = torch.full((batch,), position, dtype=torch.long, device=hidden.device)
-    x = attention_input(model, w.attn, hidden)
-    k[position], v[position] = project_kv(model, w.attn, x, positions, rope)
-    q = project_q(model, w.attn, x, positions, rope)
+    x, q, k[position], v[position] = layer_head(model, w, hidden, positions, rope)
     attn = attend(model, q, k[:position + 1], v[:position + 1]).reshape(batch, model.q_size)
-    hidden = hidden + F.linear(attn, w.attn.w_o, w.b_o)
-    y = norm(model, hidden, w.mlp_norm_weight, w.mlp_norm_bias)
-    if w.w_gate is None:
-        y = F.relu(F.linear(y, w.w_up, w.b_up))
-    else:
-        y = F.silu(F.linear(y, w.w_gate)) * F.linear(y, w.w_up)
-    return hidden + F.linear(y, w.w_down, w.b_down), x
+    return layer_tail(model, w, hidden, attn), x

@@ -6,16 +6,19 @@ inference, and names that as a limitation).
 from __future__ import annotations
 
 import statistics
+import time
 
 import torch
 
 from kvlab.bench.timing import Timer, back_to_back_ms
 from kvlab.checks import check_positive_int
 from kvlab.config import ModelConfig
+from kvlab.offload.graphs import StaticLayers
 from kvlab.offload.host import PinnedHostMemory
-from kvlab.offload.model import LayerWeights, decode_layer
-from kvlab.offload.recompute import AttentionWeights, RopeTable, project_kv
-from kvlab.offload.scheduler import LinkAndCompute
+from kvlab.offload.model import LayerWeights
+from kvlab.offload.recompute import AttentionWeights, RopeTable, recompute_kv
+from kvlab.offload.runtime import KVPRDecoder
+from kvlab.offload.scheduler import LinkAndCompute, token_chunks
 
 DIRECTIONS = ("h2d", "d2h")
 
@@ -35,46 +38,99 @@ def link_bytes_per_s(device, direction: str = "h2d", num_bytes: int = 256 * 2**2
     return num_bytes / (ms * 1e-3)
 
 
-def recompute_flops_per_s(model: ModelConfig, tokens: int, device, dtype=torch.float16,
-                          num_runs: int = 10) -> float:
-    """FLOP/s of K, V recomputation (GEMMs, bias, RoPE) for `tokens` rows of `model`, counting
-    the GEMMs' 4 x tokens x hidden x kv FLOPs."""
-    check_positive_int("tokens", tokens)
+def recompute_flops_per_s(model: ModelConfig, batch: int, context: int, device,
+                          dtype=torch.float16, num_chunks: int = 1, num_runs: int = 10) -> float:
+    """FLOP/s of K, V recomputation as the runtime runs it: every one of `context` tokens of
+    `batch` sequences, in `num_chunks` chunks (`recompute_kv`: GEMMs, bias, RoPE), enqueued back
+    to back, so that the host's cost per chunk counts where it exceeds the GPU's. Counts the
+    GEMMs' 4 x tokens x hidden x kv FLOPs."""
+    for name, value in (("batch", batch), ("context", context), ("num_chunks", num_chunks)):
+        check_positive_int(name, value)
     w = AttentionWeights.random(model, seed=0, dtype=dtype, device=device)
-    x = torch.randn(tokens, model.hidden_size, dtype=dtype, device=device)
-    positions = torch.arange(tokens, device=device)
-    ms = Timer(device, num_runs=num_runs).median_ms(lambda: project_kv(model, w, x, positions))
-    return 4.0 * tokens * model.hidden_size * model.kv_size / (ms * 1e-3)
+    x = torch.randn(context, batch, model.hidden_size, dtype=dtype, device=device)
+    k, v = (torch.empty(context, batch, model.num_kv_heads, model.head_dim, dtype=dtype,
+                        device=device) for _ in range(2))
+    rope = RopeTable.build(model, context, dtype, device) if model.position == "rope" else None
+    chunks = token_chunks(context, num_chunks)
+
+    def recompute():
+        for a, b in chunks:
+            recompute_kv(model, w, x[a:b], k[a:b], v[a:b], a, rope)
+
+    ms = back_to_back_ms(recompute, device, num_calls=num_runs)
+    return 4.0 * batch * context * model.hidden_size * model.kv_size / (ms * 1e-3)
 
 
 def layer_seconds(model: ModelConfig, batch: int, context: int, device, dtype=torch.float16,
-                  num_runs: int = 10) -> float:
+                  cuda_graphs: bool = True, num_runs: int = 10) -> float:
     """Seconds per layer of decode work (attention over `context` cached tokens, the projections,
-    the MLP) for `batch` sequences with its K, V resident, timed back to back: the slower of the
-    GPU and the host's enqueueing, as in the runtime (Llama's layer is some 30 small operations:
-    at small batches the host sets the pace)."""
+    the MLP) for `batch` sequences with its K, V resident, run as the runtime runs it
+    (`StaticLayers`, CUDA graphs unless `cuda_graphs` is False) and timed back to back: the
+    slower of the GPU and the host's enqueueing."""
     check_positive_int("batch", batch)
     check_positive_int("context", context)
     w = LayerWeights.random(model, seed=0, dtype=dtype, device=device)
     kv = (context + 1, batch, model.num_kv_heads, model.head_dim)
     k, v = (torch.randn(kv, dtype=dtype, device=device) for _ in range(2))
-    hidden = torch.randn(batch, model.hidden_size, dtype=dtype, device=device)
+    hidden = torch.randn(1, batch, model.hidden_size, dtype=dtype, device=device)
     rope = RopeTable.build(model, context + 1, dtype, device) if model.position == "rope" else None
-    ms = back_to_back_ms(lambda: decode_layer(model, w, hidden, context, k, v, rope), device,
-                         num_calls=num_runs)
+    layer = StaticLayers(model, [w], hidden, [k], [v], rope, capture=cuda_graphs)
+    layer.set_position(context)
+    ms = back_to_back_ms(lambda: layer.run(0, 0, 0), device, num_calls=num_runs)
     return ms * 1e-3
 
 
-def profile(model: ModelConfig, batch: int, context: int, device="cuda") -> LinkAndCompute:
+def host_seconds(decoder: KVPRDecoder, num_runs: int = 3) -> tuple[float, float]:
+    """(the host's time to enqueue one unit of `decoder`'s step at l = 0, what each recompute
+    chunk adds to it), in seconds: the wall clock of steps at l = 0 and at l = num_chunks (one
+    token per chunk, so the GPU's work stays that of l = 0 and the host never waits for it), from
+    the stores' current length, which is restored after; the token at that length is written
+    and is written again by the next step. The host's cost of a CUDA call grows with the work
+    queued on the GPU (on the H200's machine a unit over a store of a few tokens cost the host
+    about half what it cost at Llama-2-7B 8 x 512), so it is measured on the decoder itself."""
+    check_positive_int("num_runs", num_runs)
+    stores, chunks = decoder.stores, decoder.num_chunks
+    length = stores[0].length
+    if length < chunks:
+        raise ValueError(f"stores hold {length} tokens: host_seconds needs at least num_chunks="
+                         f"{chunks}")
+    hidden = torch.zeros(decoder.batch, decoder.model.hidden_size, dtype=stores[0].dtype,
+                         device=decoder.device)
+
+    def unit_seconds(l: int) -> float:
+        times = []
+        for _ in range(num_runs + 1):  # the first warms up
+            torch.cuda.synchronize(decoder.device)
+            start = time.perf_counter()
+            decoder.step(hidden, l)
+            times.append(time.perf_counter() - start)
+            for store in stores:
+                store.length = length
+        torch.cuda.synchronize(decoder.device)
+        return statistics.median(times[1:]) / len(decoder.units())
+
+    bare = unit_seconds(0)
+    return bare, max(unit_seconds(chunks) - bare, 0.0) / chunks
+
+
+def profile(model: ModelConfig, batch: int, context: int, device="cuda",
+            decoder: KVPRDecoder | None = None) -> LinkAndCompute:
     """The rates of a step of `batch` sequences of `context` cached tokens, measured on `device`:
-    `v_com` (pinned H2D, and D2H), `v_gpu` (recomputing all batch x context rows) and the GPU
-    time of one layer's own work."""
+    `v_com` (pinned H2D, and D2H), `v_gpu` (recomputing all batch x context rows) and the time
+    of one layer's own work; given the `decoder` that will run the steps, these follow its
+    chunks and CUDA graphs, and the host's time per unit and per chunk is measured on it
+    (`host_seconds`)."""
+    chunks, graphs = (1, True) if decoder is None else (decoder.num_chunks, decoder.cuda_graphs)
+    host = (0.0, 0.0) if decoder is None else host_seconds(decoder)
     return LinkAndCompute(
         h2d_bytes_per_s=link_bytes_per_s(device),
-        recompute_flops_per_s=recompute_flops_per_s(model, batch * context, device),
+        recompute_flops_per_s=recompute_flops_per_s(model, batch, context, device,
+                                                    num_chunks=chunks),
         source=f"measured on {torch.cuda.get_device_name(device)}",
         d2h_bytes_per_s=link_bytes_per_s(device, "d2h"),
-        layer_seconds=layer_seconds(model, batch, context, device),
+        layer_seconds=layer_seconds(model, batch, context, device, cuda_graphs=graphs),
+        unit_host_seconds=host[0],
+        chunk_host_seconds=host[1],
     )
 
 

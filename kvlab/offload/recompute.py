@@ -108,11 +108,14 @@ class RopeTable:
         return cls(*rope_cos_sin(positions, model.head_dim, model.rope_theta, dtype))
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate [tokens, heads, head_dim] by the half-split convention of Llama (and Qwen2)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """Rotate x [..., head_dim] by the half-split convention of Llama (and Qwen2): pair i is
+    (x[i], x[i + d/2]). cos and sin broadcast against x. `out` may be x itself (in place)."""
+    rotated = x.roll(x.shape[-1] // 2, -1)  # (x2, x1)
+    rotated[..., : x.shape[-1] // 2].neg_()  # (-x2, x1)
+    out = torch.mul(x, cos, out=out)
+    return out.addcmul_(rotated, sin)
 
 
 def project_q(model: ModelConfig, w: AttentionWeights, x: torch.Tensor,
@@ -145,4 +148,32 @@ def _rope(model: ModelConfig, t: torch.Tensor, positions: torch.Tensor,
         cos, sin = rope_cos_sin(positions, model.head_dim, model.rope_theta, t.dtype)
     else:
         cos, sin = rope.cos[positions], rope.sin[positions]
-    return apply_rope(t, cos, sin)
+    return apply_rope(t, cos[:, None, :], sin[:, None, :])
+
+
+def recompute_kv(model: ModelConfig, w: AttentionWeights, x: torch.Tensor, k: torch.Tensor,
+                 v: torch.Tensor, start: int, rope: RopeTable | None) -> None:
+    """K, V of a range of tokens [start, start + n) of a batch, written in place: x [n, batch,
+    hidden] (token-major, as the runtime's buffers hold it) into k, v [n, batch, num_kv_heads,
+    head_dim] (contiguous). Equal to `project_kv` at positions start..start + n - 1 for each
+    sequence, in fewer operations (the runtime is host-bound on small ones): the GEMMs write
+    into k and v, RoPE turns k in place with a slice of the table, no gather."""
+    if x.dim() != 3 or x.shape[2] != model.hidden_size:
+        raise ValueError(f"x.shape={tuple(x.shape)}: must be [tokens, batch, {model.hidden_size}]")
+    shape = (*x.shape[:2], model.num_kv_heads, model.head_dim)
+    for name, t in (("k", k), ("v", v)):
+        if tuple(t.shape) != shape or not t.is_contiguous():
+            raise ValueError(f"{name}.shape={tuple(t.shape)}: must be {shape}, contiguous")
+    if model.position == "rope" and rope is None:
+        raise ValueError(f"rope=None: {model.name} needs a RopeTable")
+    rows = x.reshape(-1, model.hidden_size)
+    for weight, bias, out in ((w.w_k, w.b_k, k), (w.w_v, w.b_v, v)):
+        out = out.view(rows.shape[0], model.kv_size)
+        if bias is None:
+            torch.mm(rows, weight.t(), out=out)
+        else:
+            torch.addmm(bias, rows, weight.t(), out=out)
+    if model.position == "rope":
+        end = start + x.shape[0]
+        apply_rope(k, rope.cos[start:end, None, None, :], rope.sin[start:end, None, None, :],
+                   out=k)

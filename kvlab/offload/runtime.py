@@ -7,12 +7,17 @@ cached tokens and split l:
   X_i[0:l] in `num_chunks` token ranges, one event each; then the layer's other weights; then
   K_i, V_i[l:s'] (each a single contiguous block of the token-major host store);
 - compute stream: each chunk's K, V recomputed as soon as its event fires, then, once the copy is
-  in, the layer itself (attention over [0:s'] plus the new token, MLP);
+  in, the layer itself (attention over [0:s'] plus the new token, MLP), on a GPU as two CUDA
+  graphs around the attention (`kvlab.offload.graphs`: the host enqueues a few calls per layer,
+  not some 30 kernels);
 - store stream: the new token's X, K and V back to the host.
 Two GPU buffer slots alternate between units (and two weight slots between layers), so unit n + 1
 crosses PCIe while unit n computes. The streams order each other through events only; nothing
-synchronises the device. On a CPU the same code runs with no streams, one operation after
-another (what the exactness tests use).
+synchronises the device. One event per buffer slot is enough: the copy into a slot waits for the
+write-back of the slot's last unit, which the store stream runs after every earlier write-back,
+after the compute stream's work on every earlier unit (so after the last use of a weight slot
+too); tests/offload/test_ordering.py checks each operation against what it reads. On a CPU the
+same code runs with no streams, one operation after another (what the exactness tests use).
 """
 
 from __future__ import annotations
@@ -24,10 +29,11 @@ import torch
 
 from kvlab.checks import check_positive_int
 from kvlab.config import ModelConfig
+from kvlab.offload.graphs import StaticLayers
 from kvlab.offload.host import HostStore
 from kvlab.offload.model import LayerWeights, decode_layer
-from kvlab.offload.recompute import RopeTable, project_kv
-from kvlab.offload.scheduler import LayerShape, check_split
+from kvlab.offload.recompute import RopeTable, recompute_kv
+from kvlab.offload.scheduler import LayerShape, check_split, token_chunks
 from kvlab.offload.timeline import Timeline
 from kvlab.offload.weights import HostLayers
 
@@ -66,12 +72,6 @@ class ResidentDecoder:
         return hidden
 
 
-def _chunks(l: int, num_chunks: int) -> list[tuple[int, int]]:
-    """[0:l] as up to `num_chunks` non-empty token ranges of near-equal size."""
-    bounds = [round(l * c / num_chunks) for c in range(num_chunks + 1)]
-    return [(a, b) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
-
-
 SCHEDULES = ("row", "column")
 
 
@@ -96,12 +96,18 @@ class KVPRDecoder:
     layer over every GPU batch in turn, so offloaded weights cross the link once per layer per
     step, as in FlexGen: throughput). With resident weights the two do the same work.
     l = 0 is full transfer (FlexGen-style) and l = s' full recomputation, in the same runtime.
+    num_chunks: X[0:l] crosses the link in this many chunks, each recomputed once it is in.
+    Every chunk costs the host some 6 CUDA calls, and with the units double-buffered the
+    pipeline's fill inside a unit hides behind its neighbours, so one chunk is the default (on
+    the H200, Llama-2-7B at 8 x 512: 24.5 ms per step with one chunk, 27.0 ms with four).
     `timeline=True` records CUDA events around every operation (`last_timeline`).
+    cuda_graphs: on a GPU, replay each layer's work around the attention as CUDA graphs (False:
+    enqueue it eagerly, to measure what the graphs save).
     """
 
     def __init__(self, model: ModelConfig, layers: list[LayerWeights] | HostLayers,
-                 stores: HostStore | list[HostStore], device, num_chunks: int = 4,
-                 timeline: bool = False, schedule: str = "row"):
+                 stores: HostStore | list[HostStore], device, num_chunks: int = 1,
+                 timeline: bool = False, schedule: str = "row", cuda_graphs: bool = True):
         stores = [stores] if isinstance(stores, HostStore) else list(stores)
         if len(layers) != model.num_layers:
             raise ValueError(f"len(layers)={len(layers)}: must be {model.name}'s "
@@ -122,6 +128,7 @@ class KVPRDecoder:
             raise ValueError(f"stores hold {first.model.name}'s layers, not {model.name}'s")
         self.model, self.stores, self.schedule = model, stores, schedule
         self.device, self.num_chunks, self.record = _device(device), num_chunks, timeline
+        self.cuda_graphs = cuda_graphs
         cuda = self.device.type == "cuda"
         offloaded = isinstance(layers, HostLayers)
         if cuda and not all(st.pinned for st in stores):
@@ -129,12 +136,12 @@ class KVPRDecoder:
                              "synchronous)")
         if cuda and offloaded and not layers.pinned:
             raise ValueError("layers: GPU runs need pinned HostLayers")
-        self.layers = layers
-        if offloaded:
+        self.layers, weights = layers, layers
+        if offloaded:  # two GPU weight slots, and the layers run with their views
             packing = layers.packing
             self._w_buf = [torch.empty(packing.num_bytes, dtype=torch.uint8, device=self.device)
                            for _ in range(2)]
-            self._w_slots = [packing.views(buf, layers.template) for buf in self._w_buf]
+            weights = [packing.views(buf, layers.template) for buf in self._w_buf]
         kv = (first.max_context, first.batch, model.num_kv_heads, model.head_dim)
         self.k_buf = [torch.empty(kv, dtype=first.dtype, device=device) for _ in range(2)]
         self.v_buf = [torch.empty(kv, dtype=first.dtype, device=device) for _ in range(2)]
@@ -142,19 +149,14 @@ class KVPRDecoder:
                       for _ in range(2)]
         self.copy_stream = torch.cuda.Stream(self.device) if cuda else None
         self.store_stream = torch.cuda.Stream(self.device) if cuda else None
-
-        def events(n):
-            return [torch.cuda.Event() for _ in range(n)] if cuda else [None] * n
-
-        self._slot_free, self._weights_free = events(2), events(2)
-        self._stored = [events(len(stores)) for _ in range(model.num_layers)]
+        self._slot_free = [torch.cuda.Event() for _ in range(2)] if cuda else [None, None]
         self._weight_loads = 0
         self.last_timeline = Timeline()
         self.rope = _rope_table(model, first, self.device)
-        # positions of the token-major rows [t0 * batch, t1 * batch) of a range [t0, t1)
-        self._positions = torch.arange(first.max_context, device=self.device).repeat_interleave(
-            first.batch
-        )
+        hidden = torch.empty(len(stores), first.batch, model.hidden_size, dtype=first.dtype,
+                             device=self.device)
+        self._static = StaticLayers(model, weights, hidden, self.k_buf, self.v_buf, self.rope,
+                                    cuda and cuda_graphs)
 
     @property
     def weights(self) -> str:
@@ -211,13 +213,11 @@ class KVPRDecoder:
         store, offloaded = self.stores[g], self.weights == "offloaded"
         weight_slot = None
         with self._on(copy):
-            self._wait(copy, self._slot_free[slot])  # the unit before last is done with it
-            self._wait(copy, self._stored[i][g])  # last step's new token of this unit is home
+            self._wait(copy, self._slot_free[slot])  # every unit before last is home (module doc)
             if offloaded:
                 weight_slot = (self._weight_loads - (not new_layer)) % 2
             if offloaded and new_layer:
                 self._weight_loads += 1
-                self._wait(copy, self._weights_free[weight_slot])
                 with tl.span(copy, "H2D", "W_KV", i, g):
                     self._copy_weights(i, slice(0, self.layers.packing.kv_bytes), weight_slot)
             events = []
@@ -245,15 +245,17 @@ class KVPRDecoder:
         if s >= stores[0].max_context:
             raise ValueError(f"max_context={stores[0].max_context}: the store is full")
         expected = (self.batch, model.hidden_size)
-        if tuple(hidden.shape) != expected or hidden.device != self.device:
-            raise ValueError(f"hidden: shape {tuple(hidden.shape)} on {hidden.device}; must be "
-                             f"{expected} on {self.device}")
+        dtype = stores[0].dtype
+        if (tuple(hidden.shape), hidden.dtype, hidden.device) != (expected, dtype, self.device):
+            raise ValueError(f"hidden: shape {tuple(hidden.shape)}, {hidden.dtype} on "
+                             f"{hidden.device}; must be {expected}, {dtype} on {self.device}")
         compute = torch.cuda.current_stream(self.device) if self.copy_stream else None
         tl = self.last_timeline = Timeline()
         if self.record and compute is not None:
             tl.start(compute)
-        chunks, units = _chunks(l, self.num_chunks), self.units()
-        hiddens = list(hidden.split(stores[0].batch))
+        chunks, units, static = token_chunks(l, self.num_chunks), self.units(), self._static
+        static.hidden.copy_(hidden.reshape(static.hidden.shape))
+        static.set_position(s)
 
         def load(n):
             if n == len(units):
@@ -264,45 +266,35 @@ class KVPRDecoder:
         pending = load(0)
         for n, (i, g) in enumerate(units):
             loaded, pending = pending, load(n + 1)
-            w = self.layers[i] if loaded.weight_slot is None else self._w_slots[loaded.weight_slot]
-            self._recompute(w, loaded, chunks, i, g, compute, tl)
+            w = i if loaded.weight_slot is None else loaded.weight_slot
+            self._recompute(static.weights[w], loaded, chunks, i, g, compute, tl)
             self._wait(compute, loaded.kv_event)
             with tl.span(compute, "compute", "layer", i, g):
-                hiddens[g], x_new = decode_layer(model, w, hiddens[g], s, self.k_buf[loaded.slot],
-                                                 self.v_buf[loaded.slot], self.rope)
-            last_of_layer = n + 1 == len(units) or units[n + 1][0] != i
-            if loaded.weight_slot is not None and last_of_layer and compute is not None:
-                self._weights_free[loaded.weight_slot].record(compute)
+                x_new = static.run(w, g, loaded.slot)
             self._store_token(i, g, s, loaded.slot, x_new, self._event(compute), tl)
         for store in stores:
             store.length = s + 1
-        return hiddens[0] if len(hiddens) == 1 else torch.cat(hiddens)
+        return static.hidden.reshape(hidden.shape).clone()
 
     def _recompute(self, w: LayerWeights, loaded: _Loaded, chunks, i: int, g: int, compute,
                    tl: Timeline) -> None:
         """K, V of each chunk of [0:l] from its X, as soon as the chunk is in."""
-        batch, slot = self.stores[g].batch, loaded.slot
+        slot = loaded.slot
         for (a, b), event in zip(chunks, loaded.chunk_events, strict=True):
             self._wait(compute, event)
             with tl.span(compute, "compute", f"recompute [{a}:{b}]", i, g):
-                positions = self._positions[a * batch:b * batch]
-                x = self.x_buf[slot][a:b].reshape(-1, self.model.hidden_size)
-                k, v = project_kv(self.model, w.attn, x, positions, self.rope)
-                self.k_buf[slot][a:b] = k.view(b - a, batch, *k.shape[1:])
-                self.v_buf[slot][a:b] = v.view(b - a, batch, *v.shape[1:])
+                recompute_kv(self.model, w.attn, self.x_buf[slot][a:b], self.k_buf[slot][a:b],
+                             self.v_buf[slot][a:b], a, self.rope)
 
     def _store_token(self, i: int, g: int, s: int, slot: int, x_new, computed,
                      tl: Timeline) -> None:
-        """The new token's X, K, V of layer i, GPU batch g back to the host, on the store
-        stream."""
+        """The new token's X, K, V of layer i, GPU batch g (all in the slot's buffers) back to
+        the host, on the store stream."""
         back, store = self.store_stream, self.stores[g]
         self._wait(back, computed)
         with self._on(back), tl.span(back, "D2H", "new token", i, g):
-            if back is not None:
-                x_new.record_stream(back)  # its memory must outlive the copy
             store.x[i, s].copy_(x_new, non_blocking=True)
             store.k[i, s].copy_(self.k_buf[slot][s], non_blocking=True)
             store.v[i, s].copy_(self.v_buf[slot][s], non_blocking=True)
         if back is not None:
-            self._stored[i][g].record(back)
             self._slot_free[slot].record(back)  # the slot's last reader (compute) is before it

@@ -5,8 +5,9 @@ timeline of one recorded decode step (Gantt, per stream) and the step time of ev
 the fastest KVPR split's speedup over full transfer, full recompute and HF's offloaded cache.
 
 The models need `v_com` (PCIe GB/s) and `v_gpu` (recompute TFLOP/s). With rates "recorded" the
-sliders take the rates measured with the nearest recorded point of the model; with "what-if" they
-are free, and the figure's title says so.
+sliders take the rates measured with the nearest recorded point of the model, and the pipelined
+model also takes the layer's own time and the host's time per unit and chunk recorded with them;
+with "what-if" the rates are free, those times are left out, and the figure's title says so.
 
 Wiring only. Without a GPU (backend "sim") the figures show the recorded H200 result. On a GPU a
 Measure button runs `kvlab.bench.kvpr.measure_point` at the chosen model, batch, context, schedule
@@ -30,6 +31,7 @@ from kvlab.results import KVPR, label, load_results, nearest_point, recorded_mod
 from kvlab.viz.offload import (
     describe_point,
     nearest_timeline,
+    recorded_times,
     speedup_figure,
     split_figure,
     split_points,
@@ -90,7 +92,7 @@ class KVPRTab:
                                         continuous_update=False),
             "l": labeled(widgets.IntSlider, "split l (tokens)", min=0, max=context, value=0,
                          continuous_update=False),
-            "chunks": labeled(widgets.IntSlider, "X chunks per layer", min=1, max=16, value=4,
+            "chunks": labeled(widgets.IntSlider, "X chunks per layer", min=1, max=16, value=1,
                               continuous_update=False),
         }
         for name, options in (("schedule", schedules), ("weights", weights)):
@@ -201,7 +203,10 @@ class KVPRTab:
                 c["gpu_batches"].disabled = v["schedule"] == "row"
         source = (f"rates {provenance} with {rate_row['model']} {rate_row['batch']} x "
                   f"{rate_row['context']}" if recorded_rates else "what-if rates")
-        hw = LinkAndCompute(c["pcie_gbps"].value * 1e9, c["recompute_tflops"].value * 1e12, source)
+        # the layer's own time and the host's, as recorded with the rates (what-if: left out)
+        times = recorded_times(rate_row) if recorded_rates else {}
+        hw = LinkAndCompute(c["pcie_gbps"].value * 1e9, c["recompute_tflops"].value * 1e12, source,
+                            **times)
         shape = LayerShape(model, v["batch"], v["context"])
         same_point = rows and (rows[0]["batch"], rows[0]["context"]) == (v["batch"], v["context"])
         if self.backend == "cuda" and measured is None:

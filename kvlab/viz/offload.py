@@ -4,7 +4,8 @@ with the best KVPR split's speedup over each baseline.
 
 Results of `python -m kvlab bench kvpr` recorded before the column-by-column schedule and the
 offloaded weights have no `schedule`, `gpu_batches` or `weights`: `with_defaults` reads them as
-what that runtime did (row-by-row, one GPU batch, weights resident).
+what that runtime did (row-by-row, one GPU batch, weights resident). Rows with `cuda_graphs`
+False ran each layer eagerly (`--no-cuda-graphs`): their group is labelled "eager".
 
 NOTE: the Gantt chart is drawn with horizontal bars and `base=`, not `px.timeline`, which turns
 its axis into dates with millisecond resolution: these operations last tens of microseconds.
@@ -29,8 +30,8 @@ from kvlab.results import nearest_point
 
 __all__ = [
     "BASELINES", "OP_COLORS", "ROW_DEFAULTS", "baseline_speedups", "describe_point",
-    "nearest_timeline", "schedule_label", "speedup_figure", "split_figure", "split_points",
-    "timeline_figure", "with_defaults",
+    "nearest_timeline", "recorded_times", "schedule_label", "speedup_figure", "split_figure",
+    "split_points", "timeline_figure", "with_defaults",
 ]
 
 # The runtime's streams (kvlab.offload's LANES), top to bottom; a lane not listed goes below.
@@ -52,10 +53,12 @@ def with_defaults(row: dict) -> dict:
 
 
 def schedule_label(row: dict) -> str:
-    """How a row ran: "row, weights resident", "column x4, weights offloaded" (4 GPU batches)."""
+    """How a row ran: "row, weights resident", "column x4, weights offloaded" (4 GPU batches),
+    with ", eager" where its layers ran without CUDA graphs."""
     r = with_defaults(row)
-    schedule = r["schedule"] if r["schedule"] == "row" else f"{r['schedule']} x{r['gpu_batches']}"
-    return f"{schedule}, weights {r['weights']}"
+    schedule = r["schedule"] if r["gpu_batches"] == 1 else f"{r['schedule']} x{r['gpu_batches']}"
+    return f"{schedule}, weights {r['weights']}" + (", eager" if r.get("cuda_graphs") is False
+                                                    else "")
 
 
 def describe_point(row: dict) -> str:
@@ -73,11 +76,26 @@ def _one_point(rows: list[dict]) -> tuple[str, int, int]:
     return points.pop()
 
 
+# LinkAndCompute's times that a benchmark row records beside the rates: field -> row key (ms)
+RECORDED_TIMES = {"layer_seconds": "layer_ms", "unit_host_seconds": "unit_host_ms",
+                  "chunk_host_seconds": "chunk_host_ms"}
+
+
+def recorded_times(row: dict) -> dict:
+    """The layer's own time and the host's per unit and per chunk that `row` recorded, as
+    LinkAndCompute keyword arguments in seconds (those not recorded are left out: zero)."""
+    return {field: row[key] * 1e-3 for field, key in RECORDED_TIMES.items()
+            if row.get(key) is not None}
+
+
 def split_points(rows: list[dict], schedule: str = "row", weights: str = "resident") -> list[dict]:
     """The rows of KVPR's runtime (l recorded: not HF's cache) that ran with `schedule` and
-    `weights`: the points `split_figure` draws."""
-    return [r for r in map(with_defaults, rows)
+    `weights`: the points `split_figure` draws. Rows run without CUDA graphs (an ablation of the
+    host's cost) only where no other row is there."""
+    mine = [r for r in map(with_defaults, rows)
             if r.get("l") is not None and (r["schedule"], r["weights"]) == (schedule, weights)]
+    graphed = [r for r in mine if r.get("cuda_graphs") is not False]
+    return graphed or mine
 
 
 def nearest_timeline(timelines: list[dict], model: str, batch: int, context: int,

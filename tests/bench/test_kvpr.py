@@ -107,3 +107,9 @@ def test_tiny_kvpr_benchmark_runs_every_setting(tmp_path, capsys):
     spans = result["timelines"][-1]["spans"]
     assert {s["name"] for s in spans} >= {"W_KV", "W_rest", "layer", "new token"}
     assert "kvpr-pipelined" in capsys.readouterr().out
+    assert all(r["cuda_graphs"] is True for r in rows)
+    main(["bench", "kvpr", "--json", str(out), "--models", "tiny-opt", "--batches", "4",
+          "--contexts", "64", "--steps", "1", "--gpu-batches", "1", "--no-cuda-graphs"])
+    result = json.loads(out.read_text())
+    assert result["cuda_graphs"] is False and len(result["rows"]) == len(SETTINGS)
+    assert all(r["cuda_graphs"] is False for r in result["rows"])

@@ -1,13 +1,15 @@
 """The KVPR runtime on a GPU: pinned exact-size memory, streams ordered by events, and the same
 outputs as the resident cache (GPU only)."""
 
+import dataclasses
+
 import pytest
 import torch
 
 from kvlab.config import MODELS
 from kvlab.offload.host import HostStore, PinnedHostMemory, fill
 from kvlab.offload.model import random_layers
-from kvlab.offload.profiler import link_bytes_per_s, profile
+from kvlab.offload.profiler import host_seconds, link_bytes_per_s, profile
 from kvlab.offload.runtime import KVPRDecoder, ResidentDecoder
 from kvlab.offload.weights import HostLayers
 
@@ -86,6 +88,29 @@ def test_offloaded_weights_and_gpu_batches_on_the_gpu_equal_resident_steps(sched
                    if s["name"].startswith("recompute"))
 
 
+@pytest.mark.parametrize("name", ["opt-6.7b", "llama3-8b"])
+def test_cuda_graphs_give_the_eager_steps_at_real_shapes(name):
+    """Two layers of the real model, 8 x 300 tokens: the graphed layers, the eager ones and the
+    resident cache agree step after step (the graphs read the position from the device)."""
+    model = dataclasses.replace(MODELS[name], num_layers=2)
+    layers = random_layers(model, seed=3, dtype=torch.float16, device="cuda")
+    stores = [HostStore(model, 8, 304) for _ in range(2)]
+    for store in stores:
+        fill(store, layers, 300, seed=5, device="cuda")
+    resident = ResidentDecoder(model, layers, stores[0], "cuda")
+    graphed, eager = (KVPRDecoder(model, layers, store, "cuda", cuda_graphs=on)
+                      for store, on in zip(stores, (True, False), strict=True))
+    hidden = torch.randn(8, model.hidden_size, device="cuda", dtype=torch.float16)
+    h_ref = h_graphed = h_eager = hidden
+    for l in (0, 120, 302):
+        h_ref = resident.step(h_ref)
+        h_graphed, h_eager = graphed.step(h_graphed, l), eager.step(h_eager, l)
+        assert rel_l2(h_graphed, h_eager) < 1e-3 and rel_l2(h_graphed, h_ref) < 2e-3
+    torch.cuda.synchronize()
+    for a, b in ((stores[0].k, stores[1].k), (stores[0].x, stores[1].x)):
+        assert rel_l2(a[:, 300:303], b[:, 300:303]) < 1e-3
+
+
 def test_timeline_orders_copies_before_their_use():
     model, layers, store = setup("tiny-llama", batch=4, context=300, max_context=302)
     kvpr = KVPRDecoder(model, layers, store, "cuda", num_chunks=4, timeline=True)
@@ -107,8 +132,20 @@ def test_timeline_orders_copies_before_their_use():
 
 
 def test_profile_measures_this_gpu():
-    hw = profile(MODELS["tiny-llama"], batch=4, context=1024)
+    model = MODELS["tiny-llama"]
+    hw = profile(model, batch=4, context=1024)
     assert hw.source == f"measured on {torch.cuda.get_device_name()}"
     assert hw.h2d_bytes_per_s > 0 and hw.recompute_flops_per_s > 0
     assert hw.d2h_bytes_per_s > 0 and 0 < hw.layer_seconds < 0.01
+    assert hw.unit_host_seconds == hw.chunk_host_seconds == 0  # no decoder given
+    model, layers, store = setup("tiny-llama", batch=4, context=64, max_context=66)
+    graphed, eager = (KVPRDecoder(model, layers, store, "cuda", num_chunks=2, cuda_graphs=on)
+                      for on in (True, False))
+    hw = profile(model, batch=4, context=64, decoder=graphed)
+    assert 0 < hw.unit_host_seconds < 0.01 and 0 < hw.chunk_host_seconds < 0.01
+    assert store.length == 64  # restored
+    assert host_seconds(eager)[0] > hw.unit_host_seconds  # the graphs save host calls
+    store.length = 1
+    with pytest.raises(ValueError, match="stores hold 1 tokens: host_seconds needs at least"):
+        host_seconds(graphed)
     assert link_bytes_per_s("cuda", "d2h", num_bytes=2**20) > 0

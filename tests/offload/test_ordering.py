@@ -12,9 +12,9 @@ import torch
 from factories import make_cpu_stores, placed
 
 from kvlab.config import MODELS
-from kvlab.offload import runtime
 from kvlab.offload.model import random_layers
 from kvlab.offload.runtime import KVPRDecoder
+from kvlab.offload.scheduler import token_chunks
 
 
 class FakeStream:
@@ -66,11 +66,8 @@ def fake_cuda(monkeypatch, decoder):
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: compute)
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
-    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, s: None)
     decoder.copy_stream, decoder.store_stream = FakeStream("copy"), FakeStream("store")
     decoder._slot_free = [FakeEvent(), FakeEvent()]
-    decoder._weights_free = [FakeEvent(), FakeEvent()]
-    decoder._stored = [[FakeEvent() for _ in decoder.stores] for _ in decoder._stored]
     return [compute, decoder.copy_stream, decoder.store_stream]
 
 
@@ -85,7 +82,7 @@ def check_step(graph, spans, decoder, l, s):
         assert graph.before(spans[a][1], spans[b][0]), f"{a} may not end before {b} starts"
 
     units = decoder.units()
-    chunks = runtime._chunks(l, decoder.num_chunks)
+    chunks = token_chunks(l, decoder.num_chunks)
     offloaded = decoder.weights == "offloaded"
     # a unit that starts a new layer loads its weights; `loader[n]`: the unit whose load unit n uses
     loads = [n for n in range(len(units)) if n == 0 or units[n - 1][0] != units[n][0]]
@@ -100,9 +97,10 @@ def check_step(graph, spans, decoder, l, s):
         if offloaded:
             before(("W_rest", *w), ("layer", i, g))
         before(("layer", i, g), ("new token", i, g))
-        if n + 2 < len(units):  # unit n + 2 reuses unit n's buffer slot
+        if n + 2 < len(units):  # unit n + 2 reuses unit n's buffer slot (X, K, V, new X)
             j, h = units[n + 2]
-            for name in [f"X[{a}:{b}]" for a, b in chunks] + [f"KV[{l}:{s}]"]:
+            writers = [f"X[{a}:{b}]" for a, b in chunks] + [f"KV[{l}:{s}]", "layer"]
+            for name in writers + [f"recompute [{a}:{b}]" for a, b in chunks]:
                 before(("new token", i, g), (name, j, h))
     if offloaded:  # load k + 2 overwrites the weight slot of load k: after all its users
         for k in range(len(loads) - 2):
@@ -131,7 +129,7 @@ def test_every_operation_waits_for_what_it_reads(monkeypatch, schedule, weights,
         check_step(graph, spans_of(timeline), decoder, l, s)
     for (earlier, _, s), (later, l, s_next) in zip(timelines, timelines[1:], strict=False):
         old, new = spans_of(earlier), spans_of(later)
-        reads = [f"X[{a}:{b}]" for a, b in runtime._chunks(l, decoder.num_chunks) if a <= s < b]
+        reads = [f"X[{a}:{b}]" for a, b in token_chunks(l, decoder.num_chunks) if a <= s < b]
         reads += [f"KV[{l}:{s_next}]"] if l <= s else []
         assert len(reads) == 1
         for i, g in decoder.units():  # the copy of last step's token waits for its write-back

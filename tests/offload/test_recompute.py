@@ -12,6 +12,7 @@ from kvlab.offload.recompute import (
     attention_input,
     project_kv,
     project_q,
+    recompute_kv,
     rope_cos_sin,
 )
 
@@ -80,7 +81,8 @@ def test_rope_matches_a_complex_rotation():
     turned = z * torch.polar(torch.ones_like(angle), angle)[:, None, :]
     # the angles are fp32 (as in HF's rotary embedding): agreement to fp32 rounding
     expected = torch.cat([turned.real, turned.imag], -1)
-    torch.testing.assert_close(apply_rope(x, cos, sin), expected, rtol=1e-5, atol=1e-5)
+    got = apply_rope(x, cos[:, None], sin[:, None])
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_rope_scores_depend_on_relative_position_only():
@@ -125,3 +127,33 @@ def test_rope_table_lookup_equals_computing_it():
     positions = torch.tensor([0, 5, 63, 5])
     cos, sin = rope_cos_sin(positions, model.head_dim, model.rope_theta, torch.float32)
     assert torch.equal(table.cos[positions], cos) and torch.equal(table.sin[positions], sin)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_recompute_kv_writes_what_project_kv_computes(name):
+    """The runtime's in-place recompute of tokens [5, 9) of a batch of 3, token-major, equals
+    project_kv of each sequence's tokens at their positions, and leaves the rest untouched."""
+    model = MODELS[name]
+    w = AttentionWeights.random(model, seed=4)
+    rope = RopeTable.build(model, 16, torch.float32, "cpu") if model.position == "rope" else None
+    x = torch.randn(4, 3, model.hidden_size, generator=torch.Generator().manual_seed(5))
+    k = torch.full((16, 3, model.num_kv_heads, model.head_dim), 7.0)
+    v = k.clone()
+    recompute_kv(model, w, x, k[5:9], v[5:9], 5, rope)
+    for b in range(3):
+        k_ref, v_ref = project_kv(model, w, x[:, b], torch.arange(5, 9))
+        torch.testing.assert_close(k[5:9, b], k_ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(v[5:9, b], v_ref, rtol=1e-5, atol=1e-5)
+    assert (k[:5] == 7).all() and (k[9:] == 7).all() and (v[:5] == 7).all()
+
+
+def test_recompute_kv_refuses_bad_input():
+    model = MODELS["tiny-llama"]
+    w = AttentionWeights.random(model, seed=0)
+    k = torch.empty(2, 1, model.num_kv_heads, model.head_dim)
+    with pytest.raises(ValueError, match=r"x.shape=\(2, 256\): must be \[tokens, batch, 256\]"):
+        recompute_kv(model, w, torch.zeros(2, 256), k, k.clone(), 0, None)
+    with pytest.raises(ValueError, match=r"v.shape=\(2, 2, 2, 64\): must be \(2, 1, 2, 64\)"):
+        recompute_kv(model, w, torch.zeros(2, 1, 256), k, torch.empty(2, 2, 2, 64), 0, None)
+    with pytest.raises(ValueError, match="rope=None: tiny-llama needs a RopeTable"):
+        recompute_kv(model, w, torch.zeros(2, 1, 256), k, k.clone(), 0, None)

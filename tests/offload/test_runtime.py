@@ -8,7 +8,8 @@ from factories import make_cpu_stores, placed
 from kvlab.config import MODELS
 from kvlab.offload.host import HostStore, PinnedHostMemory, fill, store_bytes
 from kvlab.offload.model import random_layers
-from kvlab.offload.runtime import KVPRDecoder, ResidentDecoder, _chunks
+from kvlab.offload.runtime import KVPRDecoder, ResidentDecoder
+from kvlab.offload.scheduler import token_chunks
 
 BATCH, CONTEXT, MAX_CONTEXT = 3, 13, 16
 
@@ -104,7 +105,7 @@ def test_bf16_steps_agree_within_bf16_rounding():
 def test_chunks_cover_the_prefix_in_order():
     for l in range(0, 40):
         for n in (1, 3, 8):
-            chunks = _chunks(l, n)
+            chunks = token_chunks(l, n)
             assert len(chunks) == min(l, n)
             assert [t for a, b in chunks for t in range(a, b)] == list(range(l))
 

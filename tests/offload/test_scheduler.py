@@ -1,6 +1,7 @@
 """KVPR's split point: exact integer optimum of both models of time, GQA awareness, bad input."""
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -185,3 +186,30 @@ def test_the_layers_own_work_shares_the_gpu_with_recomputation():
     assert lower_bound_seconds(shape, busy, 100) == layer_time(shape, bare, 100, "pipelined")
     with pytest.raises(ValueError, match="layer_seconds=-1: must be a finite number >= 0"):
         LinkAndCompute(1e9, 1e12, "x", layer_seconds=-1)
+
+
+def test_the_hosts_enqueueing_bounds_the_pipelined_model():
+    """Llama-2-7B at 8 x 512 with the host costs measured on the H200's machine: recomputing
+    anything adds chunks the host must enqueue; past a point the host, not the link, sets the
+    pace, and the optimum recomputes less than the GPU alone would allow."""
+    shape = LayerShape(MODELS["llama2-7b"], batch=8, context=512)
+    bare = LinkAndCompute(55.4e9, 450e12, "what-if", layer_seconds=0.25e-3)
+    host = replace(bare, unit_host_seconds=0.45e-3, chunk_host_seconds=0.3e-3)
+    ls = np.arange(513)
+    expected = np.maximum(layer_times(shape, bare, "pipelined", 4),
+                          0.45e-3 + np.minimum(ls, 4) * 0.3e-3)
+    assert np.allclose(layer_times(shape, host, "pipelined", 4), expected)
+    gpu_only = best_split(shape, bare, "pipelined", 4)
+    assert gpu_only.l > 300 and gpu_only.seconds < 0.75e-3
+    # four chunks cost the host more than the link saves: almost full transfer
+    four = best_split(shape, host, "pipelined", 4)
+    assert four.l < 4 and four.seconds > 1.5 * gpu_only.seconds
+    # one chunk: the host's 0.75 ms per unit sets the pace, just above the GPU-only optimum
+    one = best_split(shape, host, "pipelined", 1)
+    assert one.l > 0 and one.seconds == pytest.approx(0.45e-3 + 0.3e-3)
+    for model in ("paper", "chunked"):  # the paper's models know nothing of the host
+        assert np.array_equal(layer_times(shape, host, model), layer_times(shape, bare, model))
+    assert lower_bound_seconds(shape, host) == lower_bound_seconds(shape, bare)
+    for name in ("unit_host_seconds", "chunk_host_seconds"):
+        with pytest.raises(ValueError, match=f"{name}=nan: must be a finite number >= 0"):
+            LinkAndCompute(1e9, 1e12, "x", **{name: float("nan")})

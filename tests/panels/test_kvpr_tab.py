@@ -188,6 +188,27 @@ def test_schedule_and_weights_pick_the_timeline_and_the_measured_points(new_tab)
         new_tab.status.value)
 
 
+def test_recorded_layer_and_host_times_enter_the_pipelined_curve(monkeypatch):
+    """Rows with the layer's and the host's times: with recorded rates the pipelined optimum
+    cannot be faster than the host's time per unit; with what-if rates they are left out."""
+    result = make_result()
+    for row in result["rows"]:
+        row.update(layer_ms=0.2, unit_host_ms=3.0, chunk_host_ms=1.0)
+    monkeypatch.setenv("KVLAB_BACKEND", "sim")
+    monkeypatch.setattr(module, "load_results", lambda machine, names: result)
+    tab = KVPRTab()
+    layers = MODELS["opt-6.7b"].num_layers
+
+    def optimum_ms():
+        (pipelined,) = [t for t in tab.figures["split"].data if t.name == "pipelined model"]
+        return min(pipelined.y)
+
+    # l = 0 is link-bound (5.4 ms a layer); any l > 0 costs the host 3 + 1 ms (one chunk)
+    assert optimum_ms() == pytest.approx(layers * 4.0)
+    tab.controls["rates"].value = "what-if"
+    assert optimum_ms() < layers * 4.0
+
+
 def test_speedup_figure_compares_every_group_with_its_baselines(new_tab):
     speedups = [t for t in new_tab.figures["speedup"].data if t.xaxis == "x2"]
     assert [list(t.text) for t in speedups] == [["2.00x", "3.00x"], ["2.40x", "4.80x"],
@@ -231,7 +252,7 @@ def test_measure_button_shows_the_measured_point(monkeypatch):
     tab.controls["hf"].value = True
     tab.measure_button.click()
     assert calls == [("opt-6.7b", 16, 2048, "column", module.COLUMN_GPU_BATCHES, "resident",
-                      module.MEASURE_STEPS, 4, True)]
+                      module.MEASURE_STEPS, 1, True)]
     assert (tab.progress.value, tab.progress.max) == (2, 2)
     assert not tab.measure_button.disabled and "press Measure" not in tab.status.value
     gantt = tab.figures["timeline"]
@@ -242,9 +263,9 @@ def test_measure_button_shows_the_measured_point(monkeypatch):
     assert "measured on FAKE GPU" in tab.figures["speedup"].layout.title.text
     measured = [t for t in tab.figures["split"].data if (t.name or "").startswith("measured")]
     assert list(measured[0].y) == [25.0, 60.0]  # at the requested shape: drawn
-    tab.controls["chunks"].value = 8  # measured with 4 chunks: back to the recorded point
+    tab.controls["chunks"].value = 8  # measured with 1 chunk: back to the recorded point
     assert "recorded on NVIDIA H200" in tab.figures["speedup"].layout.title.text
-    tab.controls["chunks"].value = 4
+    tab.controls["chunks"].value = 1
     assert "measured on FAKE GPU" in tab.figures["speedup"].layout.title.text
 
 
@@ -257,3 +278,20 @@ def test_a_failed_measurement_is_shown_in_the_status(monkeypatch):
     tab.measure_button.click()
     assert "measuring failed" in tab.status.value and "300 GiB" in tab.status.value
     assert not tab.measure_button.disabled and tab.measured == {}
+
+
+@pytest.mark.gpu
+def test_measure_button_measures_on_this_gpu(monkeypatch):
+    monkeypatch.delenv("KVLAB_BACKEND", raising=False)
+    import torch
+
+    tab = KVPRTab(model="tiny-llama", batch=4, context=64)
+    assert "press Measure" in tab.status.value
+    tab.measure_button.click()
+    assert "measuring failed" not in tab.status.value
+    (measured,) = tab.measured.values()
+    assert {r["setting"] for r in measured["rows"]} >= {"kvpr-pipelined", "full-transfer"}
+    label = f"measured on {torch.cuda.get_device_name()}"
+    assert label in tab.figures["speedup"].layout.title.text
+    assert label in tab.figures["timeline"].layout.title.text
+    assert tab.progress.value == tab.progress.max > 0

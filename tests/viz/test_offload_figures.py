@@ -166,8 +166,18 @@ def test_rows_recorded_before_the_schedule_keys_read_as_row_by_row_resident():
     assert schedule_label(old) == "row, weights resident"
     assert schedule_label(make_row("x", 1.0, schedule="column", gpu_batches=4,
                                    weights="offloaded")) == "column x4, weights offloaded"
+    assert schedule_label(make_row("x", 1.0, gpu_batches=4)) == "row x4, weights resident"
     assert describe_point(make_row("hf-offloaded", 1.0)) == (
         "opt-6.7b, batch 16 x 1024, row, weights resident, hf-offloaded")
+
+
+def test_eager_rows_are_labelled_and_left_out_of_the_split_points_beside_graphed_ones():
+    graphed, eager = make_row("kvpr-paper", 1.0), make_row("kvpr-paper", 3.0, split=256)
+    graphed["cuda_graphs"], eager["cuda_graphs"] = True, False
+    assert schedule_label(graphed) == "row, weights resident"
+    assert schedule_label(eager) == "row, weights resident, eager"
+    assert split_points([graphed, eager]) == [graphed]
+    assert split_points([eager]) == [eager]
 
 
 def test_baseline_speedups_compare_the_fastest_kvpr_split_of_each_group():

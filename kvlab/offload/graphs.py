@@ -43,7 +43,7 @@ class StaticLayers:
             raise ValueError(f"capture=True with buffers on {hidden.device}: CUDA graphs need "
                              "a GPU")
         self.model, self.weights, self.hidden, self.rope = model, list(weights), hidden, rope
-        self.k_slots, self.v_slots, self.captured = list(k_slots), list(v_slots), capture
+        self.k_slots, self.v_slots = list(k_slots), list(v_slots)
         batch, like = hidden.shape[1], {"dtype": hidden.dtype, "device": hidden.device}
         self.position = 0  # the step's cached length, s'
         self.positions = torch.zeros(batch, dtype=torch.long, device=hidden.device)

@@ -236,6 +236,10 @@ class KVPRTab:
         best = best_split(shape, hw, "pipelined", v["chunks"])
         lines = [f"Pipelined optimum l={best.l}: {1e3 * model.num_layers * best.seconds:.1f} ms "
                  f"per step, {best.speedup:.2f}x full transfer (modelled)."]
+        if hw.unit_host_seconds or hw.layer_seconds:
+            lines.append(f"Per layer, as recorded: its own work {1e3 * hw.layer_seconds:.2f} ms; "
+                         f"the host {1e3 * hw.unit_host_seconds:.2f} ms to enqueue it, "
+                         f"{1e3 * hw.chunk_host_seconds:.2f} ms more per recompute chunk.")
         if rows:
             b, c = rows[0]["batch"], rows[0]["context"]
             lines.append(f"Steps shown: {v['model']} batch {b} x {c} ({provenance}; requested "

@@ -205,8 +205,10 @@ def test_recorded_layer_and_host_times_enter_the_pipelined_curve(monkeypatch):
 
     # l = 0 is link-bound (5.4 ms a layer); any l > 0 costs the host 3 + 1 ms (one chunk)
     assert optimum_ms() == pytest.approx(layers * 4.0)
+    assert "the host 3.00 ms to enqueue it, 1.00 ms more per recompute chunk" in tab.status.value
     tab.controls["rates"].value = "what-if"
     assert optimum_ms() < layers * 4.0
+    assert "to enqueue it" not in tab.status.value
 
 
 def test_speedup_figure_compares_every_group_with_its_baselines(new_tab):

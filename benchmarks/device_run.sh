@@ -2,31 +2,37 @@
 # One call on the GPU machine: GPU tests, sanitizers, a benchmark. Logs and JSON go to $OUT.
 # Usage (from the repo root there): [BENCH=attention|kvpr] bash benchmarks/device_run.sh [bench
 # options...]; TESTS overrides the test paths, SKIP_TESTS=1 / SKIP_SANITIZER=1 skip those parts.
+# NOTE: the device returns at most 8 files from $OUT. This script leaves three: device.log (GPU,
+# tests, sanitizers), $BENCH.log (the report and progress) and $BENCH.json (or, when the run was
+# cut short, the checkpoint $BENCH_partial.json), so a call can run a few benchmarks.
 set -uo pipefail
 OUT=${OUT:-/tmp/kvlab-out}
 mkdir -p "$OUT"
+log=$OUT/device.log
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv 2>&1 | tee -a "$log"
 
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -m gpu -p no:cacheprovider --import-mode=importlib \
     ${TESTS:-tests/kernels tests/bench tests/offload tests/cache/test_paged_cache.py tests/test_device.py} \
-    2>&1 | tail -40 | tee "$OUT/pytest.log"
+    2>&1 | tail -40 | tee -a "$log"
 fi
 if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
   for tool in memcheck racecheck; do
+    echo "== compute-sanitizer --tool $tool" >> "$log"
     timeout ${SANITIZER_TIMEOUT:-90} compute-sanitizer --tool $tool python3 benchmarks/sanitize_cases.py \
-      > "$OUT/sanitizer_$tool.log" 2>&1
-    tail -3 "$OUT/sanitizer_$tool.log"
+      2>&1 | tail -20 >> "$log"
+    tail -3 "$log"
   done
 fi
 if [ "$#" -gt 0 ]; then
   bench=${BENCH:-attention}
   timeout "${BENCH_TIMEOUT:-300}" python3 -m kvlab bench "$bench" --json "$OUT/$bench.json" \
-    --checkpoint "$OUT/${bench}_partial.json" "$@" > "$OUT/$bench.txt" 2> "$OUT/$bench.err"
-  tail -60 "$OUT/$bench.txt"; tail -5 "$OUT/$bench.err"
+    --checkpoint "$OUT/${bench}_partial.json" "$@" > "$OUT/$bench.log" 2>&1
+  [ -f "$OUT/$bench.json" ] && rm -f "$OUT/${bench}_partial.json"
+  tail -60 "$OUT/$bench.log"
 fi

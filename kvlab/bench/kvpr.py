@@ -21,8 +21,8 @@ and the host's time to enqueue a unit and each recompute chunk (`unit_host_ms`,
 `chunk_host_ms`), which the pipelined model weighs against the link. Each row has the
 predictions of the three models at its l, the point's lower bound (min over l of max(PCIe bytes /
 v_com, recompute FLOPs / v_gpu), summed over the step's units; it leaves T_L and the host out)
-and the ratio to it, and, from one more
-step with the timeline on, the busy time of the link and of the GPU and the overlap between them.
+and the ratio to it, and, from one more step with the timeline on, the busy time of the link and
+of the GPU and the overlap between them.
 The timeline of --timeline-setting is kept at the --timeline-points.
 Points whose host memory would pass --host-budget-gib are skipped, with the reason.
 NOTE: contexts may pass a model's trained window (OPT: 2,048 learned positions): a layer's work

@@ -31,8 +31,8 @@ batches), that optimum recomputes fewer tokens than the bound below would.
 The pipelined model also knows the host: a unit cannot run faster than the host enqueues it, H(l)
 = H_0 + min(l, n) H_c (`unit_host_seconds`, `chunk_host_seconds`: every recompute chunk adds CUDA
 calls), so t(l) = max(T_X + T_KV, T_R + T_L, H(l)). Where a layer moves little data (Llama-2-7B
-at 8 x 512 on the H200: 1.2 ms of link per layer at l = 0; 0.45 ms of host, and 0.3 ms more per
-chunk), this keeps the optimum from recomputing more than the host can issue.
+at 8 x 512 on the H200: 1.2 ms of link per layer at l = 0; 0.36 ms of host, and 0.30 ms more per
+chunk, in kvpr_llama.json), this keeps the optimum from recomputing more than the host can issue.
 
 With the weights offloaded too, a layer's weights cross the same link: W_K, W_V (and their
 biases) first, so that recomputation can start, then the rest. `LayerShape.weight_bytes` holds the

@@ -189,7 +189,7 @@ def test_the_layers_own_work_shares_the_gpu_with_recomputation():
 
 
 def test_the_hosts_enqueueing_bounds_the_pipelined_model():
-    """Llama-2-7B at 8 x 512 with the host costs measured on the H200's machine: recomputing
+    """Llama-2-7B at 8 x 512 with host costs of the size measured on the H200's machine: recomputing
     anything adds chunks the host must enqueue; past a point the host, not the link, sets the
     pace, and the optimum recomputes less than the GPU alone would allow."""
     shape = LayerShape(MODELS["llama2-7b"], batch=8, context=512)

@@ -25,9 +25,10 @@ def main(argv=None) -> int:
     sub = argparse.ArgumentParser(prog=f"python -m kvlab bench {args.name}")
     module.add_arguments(sub)
     options = sub.parse_args(rest)
+    options.command = "python -m kvlab " + " ".join(argv)  # for results written as they run
 
     result = module.run(options)
-    result["command"] = "python -m kvlab " + " ".join(argv)
+    result["command"] = options.command
     print(module.report(result))
     if args.json:
         with open(args.json, "w") as f:

@@ -24,7 +24,11 @@ v_com, recompute FLOPs / v_gpu), summed over the step's units; it leaves T_L and
 and the ratio to it, and, from one more step with the timeline on, the busy time of the link and
 of the GPU and the overlap between them.
 The timeline of --timeline-setting is kept at the --timeline-points.
-Points whose host memory would pass --host-budget-gib are skipped, with the reason.
+Points whose host memory would pass --host-budget-gib are skipped, with the reason (where only
+HF's copy of the KV would pass it, the point runs without HF).
+--resume PATH continues an earlier result or checkpoint, timed the same way on the same GPU: its
+rows and timelines are kept, its points are not measured again, and `resumed_from` records the
+runs it came from.
 NOTE: contexts may pass a model's trained window (OPT: 2,048 learned positions): a layer's work
 and bytes do not depend on it, and the weights are random anyway.
 """
@@ -47,15 +51,20 @@ from kvlab.offload.host import HostStore, fill, store_bytes
 from kvlab.offload.loop import predicted_seconds, timed_step
 from kvlab.offload.model import random_layers
 from kvlab.offload.profiler import profile
-from kvlab.offload.runtime import SCHEDULES, KVPRDecoder
-from kvlab.offload.scheduler import MODELS_OF_TIME, best_split, lower_bound_seconds
+from kvlab.offload.runtime import KVPRDecoder
+from kvlab.offload.scheduler import (
+    MODELS_OF_TIME,
+    SCHEDULES,
+    WEIGHTS,
+    best_split,
+    lower_bound_seconds,
+)
 from kvlab.offload.timeline import overlap
 from kvlab.offload.weights import HostLayers, Packing
 
 PAPER_MODELS = ("opt-6.7b", "opt-13b", "opt-30b", "llama2-7b", "llama3-8b")
 SETTINGS = (*(f"kvpr-{m}" for m in MODELS_OF_TIME), "full-transfer", "full-recompute")
 HF_SETTING = "hf-offloaded"
-WEIGHTS = ("resident", "offloaded")
 MAX_STEPS = 25
 HEADROOM = 2  # tokens past the context in each store: the step's new token, and one spare
 
@@ -90,6 +99,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="skip points whose pinned host memory would be larger")
     parser.add_argument("--checkpoint", metavar="PATH",
                         help="rewrite the result so far as JSON after every point")
+    parser.add_argument("--resume", metavar="PATH",
+                        help="continue the result or checkpoint at PATH: keep its rows, measure "
+                             "only the points it lacks")
 
 
 def split_for(setting: str, shape, hw, num_chunks: int) -> int:
@@ -283,6 +295,36 @@ def _points(text: list[str]) -> set[tuple[int, int]]:
         raise ValueError(f"--timeline-points {text}: must be BATCHxCONTEXT, e.g. 16x1024") from err
 
 
+POINT = ("model", "batch", "context", "schedule", "gpu_batches", "weights")
+
+
+def _point(entry: dict) -> tuple:
+    return tuple(entry[key] for key in POINT)
+
+
+def previous_result(path: str, args) -> dict:
+    """The result or checkpoint at `path` that `args` resume: a kvpr result timed as `args` time
+    (ValueError naming what differs)."""
+    try:
+        with open(path) as f:
+            previous = json.load(f)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"--resume {path}: cannot read it as JSON ({err})") from err
+    if not isinstance(previous, dict) or previous.get("benchmark") != "kvpr":
+        raise ValueError(f"--resume {path}: not a result of python -m kvlab bench kvpr")
+    missing = [key for key in ("gpu", "rows", "timelines", "skipped") if key not in previous]
+    if missing:
+        raise ValueError(f"--resume {path}: it lacks {', '.join(missing)}")
+    timing = {"dtype": "float16", "steps": args.steps, "chunks": args.chunks,
+              "cuda_graphs": args.cuda_graphs, "min_seconds": args.min_seconds}
+    for key, value in timing.items():
+        if previous.get(key) != value:
+            raise ValueError(f"--resume {path}: it was timed with {key}={previous.get(key)!r}, "
+                             f"this run with {key}={value!r}; a resumed run must time the same "
+                             "way")
+    return previous
+
+
 def run(args) -> dict:
     keep = _points(args.timeline_points)
     check_settings(args.steps, args.chunks, args.gpu_batches, args.min_seconds)
@@ -290,57 +332,84 @@ def run(args) -> dict:
                         and "resident" in args.weights):
         raise ValueError("--hf: HF's cache is compared with the row schedule, one GPU batch, "
                          "resident weights: add row, 1 and resident to the options")
+    previous = previous_result(args.resume, args) if args.resume else None
     if not torch.cuda.is_available():
         raise RuntimeError("python -m kvlab bench kvpr needs a CUDA GPU")
-    result = {"benchmark": "kvpr", **run_info(), "gpu": torch.cuda.get_device_name(0),
+    gpu = torch.cuda.get_device_name(0)
+    if previous is not None and previous.get("gpu") != gpu:
+        raise ValueError(f"--resume {args.resume}: measured on {previous.get('gpu')}, this GPU "
+                         f"is {gpu}")
+    result = {"benchmark": "kvpr", **run_info(), "gpu": gpu, "command": args.command,
               "torch": torch.__version__, "dtype": "float16", "steps": args.steps,
               "chunks": args.chunks, "cuda_graphs": args.cuda_graphs,
               "min_seconds": args.min_seconds,
               "timing": "CUDA events per step, settings interleaved, median after one warm-up "
               "step each", "rows": [], "timelines": [], "skipped": []}
+    skipped = {}  # (point, setting or None) -> the entry; a later decision replaces one
+    if previous is not None:
+        result["rows"], result["timelines"] = previous["rows"], previous["timelines"]
+        result["resumed_from"] = [*previous.get("resumed_from", []), {
+            **{key: previous.get(key) for key in ("date", "kvlab", "torch", "command")},
+            "points": len({_point(r) for r in previous["rows"]})}]
+        skipped = {(_point(s), s.get("setting")): s for s in previous["skipped"]}
+    measured = {_point(r) for r in result["rows"]}
     budget = args.host_budget_gib * 2**30
+
+    def over_budget(need: int) -> str:
+        return f"host memory of {need / 2**30:.0f} GiB > {args.host_budget_gib:g} GiB"
+
     for name in args.models:
         model = MODELS[name]
         layers = random_layers(model, seed=0, dtype=torch.float16, device="cuda")
         host_layers = None  # packed at the first offloaded point that fits
         for batch, context, schedule, gpu_batches, weights in itertools.product(
                 args.batches, args.contexts, args.schedules, args.gpu_batches, args.weights):
+            where = dict(zip(POINT, (name, batch, context, schedule, gpu_batches, weights),
+                             strict=True))
+            point = _point(where)
+            if point in measured:
+                continue
+            for entry in [e for e in skipped if e[0] == point]:  # decided anew below
+                del skipped[entry]
             hf = args.hf and (schedule, gpu_batches, weights) == ("row", 1, "resident") and (
                 batch * context <= args.hf_max_tokens)
-            need = host_bytes(name, batch, context, weights, hf)
-            where = {"model": name, "batch": batch, "context": context, "schedule": schedule,
-                     "gpu_batches": gpu_batches, "weights": weights}
+            need = host_bytes(name, batch, context, weights)
+            reason = None
             if schedule == "column" and gpu_batches == 1:
-                result["skipped"].append({**where, "reason": "a column of one GPU batch is the "
-                                          "row schedule"})
+                reason = "a column of one GPU batch is the row schedule"
+            elif need > budget:
+                reason = over_budget(need)
+            elif batch % gpu_batches:
+                reason = f"{gpu_batches} GPU batches do not divide batch {batch}"
+            if reason is not None:
+                skipped[point, None] = {**where, "reason": reason}
                 continue
-            if need > budget:
-                result["skipped"].append({**where, "reason": f"host memory of {need / 2**30:.0f} "
-                                          f"GiB > {args.host_budget_gib:g} GiB"})
-                continue
-            if batch % gpu_batches:
-                result["skipped"].append({**where, "reason": f"{gpu_batches} GPU batches do not "
-                                          f"divide batch {batch}"})
-                continue
+            with_hf = host_bytes(name, batch, context, weights, hf=True)
+            if hf and with_hf > budget:  # the point runs without HF's copy of the KV
+                hf = False
+                skipped[point, HF_SETTING] = {**where, "setting": HF_SETTING,
+                                              "reason": over_budget(with_hf)}
             print(f"{name} batch={batch} context={context} {schedule}/{gpu_batches} {weights}",
                   file=sys.stderr)
             if weights == "offloaded" and host_layers is None:
                 host_layers = HostLayers(layers)
-            measured = measure_point(
+            point_result = measure_point(
                 name, batch, context, schedule=schedule, gpu_batches=gpu_batches,
                 weights=weights, steps=args.steps, chunks=args.chunks,
                 cuda_graphs=args.cuda_graphs, hf=hf,
                 keep_timeline=(batch, context) in keep, timeline_setting=args.timeline_setting,
                 layers=layers, host_layers=host_layers, min_seconds=args.min_seconds,
             )
-            result["rows"] += measured["rows"]
-            if measured["timeline"] is not None:
-                result["timelines"].append(measured["timeline"])
+            result["rows"] += point_result["rows"]
+            if point_result["timeline"] is not None:
+                result["timelines"].append(point_result["timeline"])
+            result["skipped"] = list(skipped.values())
             if args.checkpoint:
                 with open(args.checkpoint, "w") as f:
                     json.dump(result, f)
         del layers, host_layers
         torch.cuda.empty_cache()
+    result["skipped"] = list(skipped.values())
     return result
 
 
@@ -362,5 +431,6 @@ def report(result: dict) -> str:
                      f"{r['tokens_per_s']:>7.0f} {r['ratio_to_lower_bound']:>5.2f} "
                      f"{shared:>7} {speedup:>7}")
     lines += [f"skipped {s['model']} B={s['batch']} ctx={s['context']} {s['schedule']}/"
-              f"{s['gpu_batches']} {s['weights']}: {s['reason']}" for s in result["skipped"]]
+              f"{s['gpu_batches']} {s['weights']}{' ' + s['setting'] if 'setting' in s else ''}: "
+              f"{s['reason']}" for s in result["skipped"]]
     return "\n".join(lines)

@@ -1,5 +1,6 @@
-"""`python -m kvlab bench kvpr`: the split of each setting, bad settings (CPU), and a tiny
-run of the whole harness (GPU)."""
+"""`python -m kvlab bench kvpr`: the split of each setting, bad settings, the bookkeeping of a
+grid and of a resumed run (CPU, with the GPU's part replaced), and a tiny run of the whole
+harness (GPU)."""
 
 import json
 import re
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 from kvlab.__main__ import main
+from kvlab.bench import kvpr
 from kvlab.bench.kvpr import (
     HF_SETTING,
     SETTINGS,
@@ -83,6 +85,106 @@ def test_timeline_points_parse_or_say_what_is_allowed():
     assert _points(["16x1024", "8X512"]) == {(16, 1024), (8, 512)}
     with pytest.raises(ValueError, match="must be BATCHxCONTEXT"):
         _points(["16by1024"])
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """kvpr.run on the CPU: a GPU named "Fake GPU" and a measure_point that records its calls and
+    returns one row per setting (and HF's when asked)."""
+    calls = []
+
+    def measure_point(name, batch, context, *, schedule, gpu_batches, weights, hf, **_):
+        calls.append((name, batch, context, schedule, gpu_batches, weights, hf))
+        point = {"model": name, "batch": batch, "context": context, "schedule": schedule,
+                 "gpu_batches": gpu_batches, "weights": weights}
+        settings = [*SETTINGS, HF_SETTING] if hf else SETTINGS
+        return {"rows": [{**point, "setting": s, "l": 0, "step_ms": 1.0, "tokens_per_s": 1.0,
+                          "ratio_to_lower_bound": 1.0, "overlap": 1.0} for s in settings],
+                "timeline": None}
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Fake GPU")
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(kvpr, "random_layers", lambda *args, **kwargs: None)
+    monkeypatch.setattr(kvpr, "measure_point", measure_point)
+    return calls
+
+
+# llama2-7b at batch 8: host GiB of the stores (with HF's copy of the KV): 3 (5) at context 512,
+# 6 (10) at 1024, 12 (20) at 2048
+GRID = ["--models", "llama2-7b", "--batches", "8", "--schedules", "row", "--gpu-batches", "1",
+        "--steps", "3", "--hf", "--timeline-points"]
+
+
+def skip(context, setting, reason):
+    point = dict(zip(kvpr.POINT, ("llama2-7b", 8, context, "row", 1, "resident"), strict=True))
+    return {**point, "reason": reason} if setting is None else {
+        **point, "setting": setting, "reason": reason}
+
+
+def test_grid_skips_what_the_host_budget_cannot_hold_and_hf_alone_where_only_it_cannot(
+        fake_gpu, tmp_path, capsys):
+    out = tmp_path / "kvpr.json"
+    main(["bench", "kvpr", "--json", str(out), *GRID, "--host-budget-gib", "7",
+          "--contexts", "512", "1024", "2048"])
+    result = json.loads(out.read_text())
+    assert fake_gpu == [("llama2-7b", 8, 512, "row", 1, "resident", True),
+                        ("llama2-7b", 8, 1024, "row", 1, "resident", False)]
+    assert len(result["rows"]) == 2 * len(SETTINGS) + 1
+    assert result["skipped"] == [skip(1024, HF_SETTING, "host memory of 10 GiB > 7 GiB"),
+                                 skip(2048, None, "host memory of 12 GiB > 7 GiB")]
+    assert "skipped llama2-7b B=8 ctx=1024 row/1 resident hf-offloaded: host memory" in (
+        capsys.readouterr().out)
+
+
+def test_resumed_run_keeps_the_rows_and_measures_only_the_missing_points(fake_gpu, tmp_path):
+    first, second = tmp_path / "first.json", tmp_path / "second.json"
+    main(["bench", "kvpr", "--checkpoint", str(first), *GRID, "--host-budget-gib", "7",
+          "--contexts", "512", "1024", "2048"])
+    checkpoint = json.loads(first.read_text())
+    assert checkpoint["command"].startswith("python -m kvlab bench kvpr --checkpoint")
+    fake_gpu.clear()
+    main(["bench", "kvpr", "--json", str(second), "--resume", str(first), *GRID,
+          "--host-budget-gib", "15", "--contexts", "1024", "2048"])
+    result = json.loads(second.read_text())
+    assert fake_gpu == [("llama2-7b", 8, 2048, "row", 1, "resident", False)]  # 1024 was measured
+    assert result["rows"][:len(checkpoint["rows"])] == checkpoint["rows"]
+    assert len(result["rows"]) == 3 * len(SETTINGS) + 1
+    # 1024's entry is kept; 2048's is decided anew
+    assert result["skipped"] == [skip(1024, HF_SETTING, "host memory of 10 GiB > 7 GiB"),
+                                 skip(2048, HF_SETTING, "host memory of 20 GiB > 15 GiB")]
+    assert result["resumed_from"] == [{"date": checkpoint["date"], "kvlab": checkpoint["kvlab"],
+                                       "torch": checkpoint["torch"],
+                                       "command": checkpoint["command"], "points": 2}]
+
+
+@pytest.mark.parametrize(
+    ("edit", "options", "message"),
+    [
+        ({"benchmark": "attention"}, [], "not a result of python -m kvlab bench kvpr"),
+        ({}, ["--steps", "5"], "it was timed with steps=3, this run with steps=5"),
+        ({}, ["--no-cuda-graphs"], "it was timed with cuda_graphs=True, this run with "
+                                   "cuda_graphs=False"),
+        ({"gpu": "NVIDIA H20"}, [], "measured on NVIDIA H20, this GPU is Fake GPU"),
+        ({"rows": None, "skipped": None}, [], "it lacks rows, skipped"),
+    ],
+)
+def test_resume_refuses_a_result_timed_another_way(fake_gpu, tmp_path, edit, options, message):
+    path = tmp_path / "kvpr.json"
+    main(["bench", "kvpr", "--json", str(path), *GRID, "--contexts", "512"])
+    edited = {**json.loads(path.read_text()), **edit}  # None: the key removed
+    path.write_text(json.dumps({key: value for key, value in edited.items() if value is not None}))
+    fake_gpu.clear()
+    with pytest.raises(ValueError, match=re.escape(message)):
+        main(["bench", "kvpr", "--resume", str(path), *GRID, "--contexts", "1024", *options])
+    assert fake_gpu == []
+
+
+def test_resume_refuses_a_file_that_is_not_json(tmp_path):
+    path = tmp_path / "kvpr.json"
+    path.write_text("{ cut short")
+    with pytest.raises(ValueError, match=re.escape(f"--resume {path}: cannot read it as JSON")):
+        main(["bench", "kvpr", "--resume", str(path), *GRID])
 
 
 @pytest.mark.gpu

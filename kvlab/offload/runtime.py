@@ -33,7 +33,7 @@ from kvlab.offload.graphs import StaticLayers
 from kvlab.offload.host import HostStore
 from kvlab.offload.model import LayerWeights, decode_layer
 from kvlab.offload.recompute import RopeTable, recompute_kv
-from kvlab.offload.scheduler import LayerShape, check_split, token_chunks
+from kvlab.offload.scheduler import SCHEDULES, LayerShape, check_split, token_chunks, unit_shape
 from kvlab.offload.timeline import Timeline
 from kvlab.offload.weights import HostLayers
 
@@ -70,9 +70,6 @@ class ResidentDecoder:
                                      self.rope)
         self.length += 1
         return hidden
-
-
-SCHEDULES = ("row", "column")
 
 
 class _Loaded(NamedTuple):
@@ -136,6 +133,9 @@ class KVPRDecoder:
                              "synchronous)")
         if cuda and offloaded and not layers.pinned:
             raise ValueError("layers: GPU runs need pinned HostLayers")
+        if offloaded and layers.packing.dtype != first.dtype:
+            raise ValueError(f"layers: offloaded as {layers.packing.dtype}, the stores hold "
+                             f"{first.dtype}: they must match")
         self.layers, weights = layers, layers
         if offloaded:  # two GPU weight slots, and the layers run with their views
             packing = layers.packing
@@ -172,14 +172,8 @@ class KVPRDecoder:
         """One unit's work for the scheduler at `context` cached tokens: its GPU batch and, with
         offloaded weights, its share of the layer's weight bytes (a column shares one load among
         the GPU batches)."""
-        store = self.stores[0]
-        weight_bytes = (0.0, 0.0)
-        if self.weights == "offloaded":
-            packing = self.layers.packing
-            share = len(self.stores) if self.schedule == "column" else 1
-            weight_bytes = (packing.kv_bytes / share,
-                            (packing.num_bytes - packing.kv_bytes) / share)
-        return LayerShape(self.model, store.batch, context, store.k.element_size(), weight_bytes)
+        return unit_shape(self.model, self.batch, context, self.schedule, len(self.stores),
+                          self.weights, self.stores[0].k.element_size())
 
     def units(self) -> list[tuple[int, int]]:
         """(layer, GPU batch) in the order a step runs them."""

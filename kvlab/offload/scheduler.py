@@ -30,16 +30,19 @@ t(l) = max(T_X + T_KV, T_R + T_L). Where T_L is a sizeable part of a layer (OPT-
 batches), that optimum recomputes fewer tokens than the bound below would.
 The pipelined model also knows the host: a unit cannot run faster than the host enqueues it, H(l)
 = H_0 + min(l, n) H_c (`unit_host_seconds`, `chunk_host_seconds`: every recompute chunk adds CUDA
-calls), so t(l) = max(T_X + T_KV, T_R + T_L, H(l)). Where a layer moves little data (Llama-2-7B
-at 8 x 512 on the H200: 1.2 ms of link per layer at l = 0; 0.36 ms of host, and 0.30 ms more per
-chunk, in kvpr_llama.json), this keeps the optimum from recomputing more than the host can issue.
+calls), so t(l) = max(T_X + T_KV, T_R + T_L, H(l)). It binds where a unit moves little data:
+OPT-6.7B at 16 x 512 as a column of 4 GPU batches, on the H200, measured 0.47 ms of host per unit
+(128 units, 60 ms a step; kvpr_schedules.json). It is also the least certain input: measured as
+the wall clock of a step at l = 0, it can count the host's waits on a busy GPU too (at that point
+l = 391 ran in 49.9 ms, under the host's estimate).
 
 With the weights offloaded too, a layer's weights cross the same link: W_K, W_V (and their
 biases) first, so that recomputation can start, then the rest. `LayerShape.weight_bytes` holds the
-two parts per GPU batch (a column-by-column schedule shares one load among its GPU batches). With
-T_WK and T_WR their copy times: paper t(l) = T_WK + T_X + max(T_R, T_KV + T_WR); chunked adds T_WK
-to the recomputation's start and T_WK + T_WR to the link's busy time; pipelined
-t(l) = max(T_WK + T_X + T_KV + T_WR, T_R). With no weight bytes these are the models above.
+two parts per GPU batch (a column-by-column schedule shares one load among its GPU batches;
+`unit_shape` counts them from the model's shapes). With T_WK and T_WR their copy times: paper
+t(l) = T_WK + T_X + max(T_R, T_KV + T_WR); chunked adds T_WK to the recomputation's start and
+T_WK + T_WR to the link's busy time; pipelined t(l) = max(T_WK + T_X + T_KV + T_WR, T_R). With no
+weight bytes these are the models above.
 """
 
 from __future__ import annotations
@@ -52,6 +55,9 @@ from kvlab.checks import check_positive_int
 from kvlab.config import ModelConfig
 
 MODELS_OF_TIME = ("paper", "chunked", "pipelined")
+SCHEDULES = ("row", "column")  # the runtime's orders of units (kvlab.offload.runtime)
+WEIGHTS = ("resident", "offloaded")  # where the runtime's weights live
+ALIGN = 256  # bytes: each tensor of an offloaded layer starts on this boundary
 
 
 @dataclass(frozen=True)
@@ -122,6 +128,44 @@ class LayerShape:
         return 4.0 * self.batch * np.asarray(l, dtype=np.float64) * self.model.hidden_size * (
             self.model.kv_size
         )
+
+
+def layer_weight_bytes(model: ModelConfig, dtype_bytes: int = 2) -> tuple[int, int]:
+    """(W_K and W_V with their biases, the whole layer): the bytes of one of `model`'s layers as
+    `kvlab.offload.weights.Packing` lays it out for offloading, every tensor padded to ALIGN."""
+    h, q, kv, ffn = model.hidden_size, model.q_size, model.kv_size, model.intermediate_size
+    opt, layernorm, bias = model.family == "opt", model.norm == "layernorm", model.qkv_bias
+
+    def packed(*numels):
+        return sum(-(-n * dtype_bytes // ALIGN) * ALIGN for n in numels)
+
+    kv_part = packed(kv * h, kv * h, *(2 * [kv] if bias else []))
+    rest = packed(q * h, h * q, h, h, ffn * h, h * ffn,  # W_Q, W_O, the norms, the MLP
+                  *([q] if bias else []), *(2 * [h] if layernorm else []),
+                  *([h, ffn, h] if opt else [ffn * h]))  # OPT's b_O and MLP biases; W_gate
+    return kv_part, kv_part + rest
+
+
+def unit_shape(model: ModelConfig, batch: int, context: int, schedule: str = "row",
+               gpu_batches: int = 1, weights: str = "resident", dtype_bytes: int = 2
+               ) -> LayerShape:
+    """One unit's (layer, GPU batch) work when the runtime runs `batch` sequences of `context`
+    cached tokens as `gpu_batches` GPU batches in `schedule` order, with the weights resident or
+    offloaded: a column shares one load of a layer's weights among its GPU batches, a row loads
+    them once per GPU batch. A step is num_layers x gpu_batches such units."""
+    check_positive_int("gpu_batches", gpu_batches)
+    if batch % gpu_batches:
+        raise ValueError(f"gpu_batches={gpu_batches}: must divide batch={batch}")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule={schedule!r}: must be one of {SCHEDULES}")
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights={weights!r}: must be one of {WEIGHTS}")
+    weight_bytes = (0.0, 0.0)
+    if weights == "offloaded":
+        kv, total = layer_weight_bytes(model, dtype_bytes)
+        share = gpu_batches if schedule == "column" else 1
+        weight_bytes = (kv / share, (total - kv) / share)
+    return LayerShape(model, batch // gpu_batches, context, dtype_bytes, weight_bytes)
 
 
 def check_split(l: int, context: int) -> None:

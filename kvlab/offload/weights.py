@@ -12,9 +12,9 @@ import torch
 
 from kvlab.offload.host import PinnedHostMemory
 from kvlab.offload.model import LayerWeights
+from kvlab.offload.scheduler import ALIGN
 
 KV_FIELDS = ("attn.w_k", "attn.b_k", "attn.w_v", "attn.b_v")  # what recomputation needs
-ALIGN = 256  # bytes: every tensor of a packed layer starts on a 256-byte boundary
 
 
 def named_tensors(w: LayerWeights) -> dict[str, torch.Tensor]:

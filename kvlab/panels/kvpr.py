@@ -4,10 +4,14 @@ steps measured at the nearest recorded point (`python -m kvlab bench kvpr`) on t
 timeline of one recorded decode step (Gantt, per stream) and the step time of every setting with
 the fastest KVPR split's speedup over full transfer, full recompute and HF's offloaded cache.
 
-The models need `v_com` (PCIe GB/s) and `v_gpu` (recompute TFLOP/s). With rates "recorded" the
-sliders take the rates measured with the nearest recorded point of the model, and the pipelined
-model also takes the layer's own time and the host's time per unit and chunk recorded with them;
-with "what-if" the rates are free, those times are left out, and the figure's title says so.
+The curves model the chosen schedule: a step is num_layers x GPU batches units, each with its
+GPU batch's share of the batch and, with offloaded weights, of the layer's weight bytes (a column
+shares one load among its GPU batches; `kvlab.offload.scheduler.unit_shape`). Without a GPU the
+column schedule is the recorded one, in 4 GPU batches. The models need `v_com` (PCIe GB/s) and
+`v_gpu` (recompute TFLOP/s). With rates "recorded" the sliders take the rates measured with the
+nearest recorded point of the model, and the pipelined model also takes the layer's own time and
+the host's time per unit and chunk recorded with them; with "what-if" the rates are free, those
+times are left out, and the figure's title says so.
 
 Wiring only. Without a GPU (backend "sim") the figures show the recorded H200 result. On a GPU a
 Measure button runs `kvlab.bench.kvpr.measure_point` at the chosen model, batch, context, schedule
@@ -25,13 +29,14 @@ import plotly.graph_objects as go
 
 from kvlab.config import MODELS
 from kvlab.device import backend, device_label
-from kvlab.offload.scheduler import LayerShape, LinkAndCompute, best_split
+from kvlab.offload.scheduler import SCHEDULES, WEIGHTS, LinkAndCompute, best_split, unit_shape
 from kvlab.panels.app import figure_widget, labeled, show_figure
 from kvlab.results import KVPR, label, load_results, nearest_point, recorded_models
 from kvlab.viz.offload import (
     describe_point,
     nearest_timeline,
     recorded_times,
+    schedule_label,
     speedup_figure,
     split_figure,
     split_points,
@@ -43,10 +48,8 @@ __all__ = ["KVPRTab", "recorded_options"]
 
 FIGURE_HEIGHTS = {"split": 420, "timeline": 360, "speedup": 400}
 MAX_CONTEXT = 32768
-SCHEDULES = ("row", "column")  # what measure_point runs; on a GPU both are offered
-WEIGHTS = ("resident", "offloaded")
 MEASURE_STEPS = 5  # timed decode steps per setting when measuring here
-COLUMN_GPU_BATCHES = 4  # the column schedule's default: GPU batches sharing one weight load
+COLUMN_GPU_BATCHES = 4  # GPU batches of a column (sharing one weight load): recorded, GPU default
 
 
 def recorded_options(result: dict, key: str, order: tuple[str, ...]) -> list[str]:
@@ -132,8 +135,10 @@ class KVPRTab:
 
     def _values(self) -> dict:
         v = {**self.defaults, **{name: c.value for name, c in self.controls.items()}}
-        if v["schedule"] == "row" or "gpu_batches" not in v:
+        if v["schedule"] == "row":
             v["gpu_batches"] = 1  # row-by-row runs the batch as one
+        elif "gpu_batches" not in v:
+            v["gpu_batches"] = COLUMN_GPU_BATCHES  # what was recorded
         return v
 
     @staticmethod
@@ -185,9 +190,10 @@ class KVPRTab:
         else:
             rows = self._recorded_rows(v["model"], v["batch"], v["context"])
             timeline = nearest_timeline(self.recorded.get("timelines", []), v["model"],
-                                        v["batch"], v["context"], v["schedule"], v["weights"])
+                                        v["batch"], v["context"], v["schedule"], v["weights"],
+                                        gpu_batches=v["gpu_batches"])
             provenance = label(self.recorded)
-        points = split_points(rows, v["schedule"], v["weights"])
+        points = split_points(rows, v["schedule"], v["weights"], v["gpu_batches"])
         rate_row = next((r for r in [*points, *rows] if r.get("h2d_gbps") is not None), None)
         notes = []
         recorded_rates = v["rates"] == "recorded" and rate_row is not None
@@ -207,15 +213,22 @@ class KVPRTab:
         times = recorded_times(rate_row) if recorded_rates else {}
         hw = LinkAndCompute(c["pcie_gbps"].value * 1e9, c["recompute_tflops"].value * 1e12, source,
                             **times)
-        shape = LayerShape(model, v["batch"], v["context"])
+        gpu_batches = v["gpu_batches"]
+        if v["batch"] % gpu_batches:
+            notes.append(f"batch {v['batch']} does not split into {gpu_batches} GPU batches: "
+                         "modelled as one")
+            gpu_batches = 1
+        shape = unit_shape(model, v["batch"], v["context"], v["schedule"], gpu_batches,
+                           v["weights"])
         same_point = rows and (rows[0]["batch"], rows[0]["context"]) == (v["batch"], v["context"])
         if self.backend == "cuda" and measured is None:
             notes.append("press Measure to measure this point on this GPU")
-        self.status.value = self._status(v, model, shape, hw, rows, timeline, provenance, notes)
+        self.status.value = self._status(v, shape, gpu_batches, hw, rows, timeline, provenance,
+                                         notes)
         show_figure(self.figures["split"], split_figure(
             shape, hw, c["l"].value, v["chunks"], FIGURE_HEIGHTS["split"],
             measured=points if same_point else None,
-            provenance=f"{v['schedule']}, weights {v['weights']}; {provenance}"))
+            provenance=f"{schedule_label(v)}; {provenance}", gpu_batches=gpu_batches))
         if timeline and timeline.get("spans"):
             gantt = timeline_figure(timeline["spans"], provenance, FIGURE_HEIGHTS["timeline"],
                                     point=describe_point(timeline))
@@ -232,10 +245,12 @@ class KVPRTab:
         ))
 
     @staticmethod
-    def _status(v, model, shape, hw, rows, timeline, provenance, notes) -> str:
+    def _status(v, shape, gpu_batches, hw, rows, timeline, provenance, notes) -> str:
         best = best_split(shape, hw, "pipelined", v["chunks"])
-        lines = [f"Pipelined optimum l={best.l}: {1e3 * model.num_layers * best.seconds:.1f} ms "
-                 f"per step, {best.speedup:.2f}x full transfer (modelled)."]
+        units = shape.model.num_layers * gpu_batches
+        lines = [f"Pipelined optimum l={best.l}: {1e3 * units * best.seconds:.1f} ms per step "
+                 f"({schedule_label({**v, 'gpu_batches': gpu_batches})}), {best.speedup:.2f}x "
+                 "full transfer (modelled)."]
         if hw.unit_host_seconds or hw.layer_seconds:
             lines.append(f"Per layer, as recorded: its own work {1e3 * hw.layer_seconds:.2f} ms; "
                          f"the host {1e3 * hw.unit_host_seconds:.2f} ms to enqueue it, "

@@ -88,29 +88,32 @@ def recorded_times(row: dict) -> dict:
             if row.get(key) is not None}
 
 
-def split_points(rows: list[dict], schedule: str = "row", weights: str = "resident") -> list[dict]:
-    """The rows of KVPR's runtime (l recorded: not HF's cache) that ran with `schedule` and
-    `weights`: the points `split_figure` draws. Rows run without CUDA graphs (an ablation of the
-    host's cost) only where no other row is there."""
-    mine = [r for r in map(with_defaults, rows)
-            if r.get("l") is not None and (r["schedule"], r["weights"]) == (schedule, weights)]
+def split_points(rows: list[dict], schedule: str = "row", weights: str = "resident",
+                 gpu_batches: int = 1) -> list[dict]:
+    """The rows of KVPR's runtime (l recorded: not HF's cache) that ran with `schedule`,
+    `gpu_batches` and `weights`: the points `split_figure` draws. Rows run without CUDA graphs
+    (an ablation of the host's cost) only where no other row is there."""
+    mine = [r for r in map(with_defaults, rows) if r.get("l") is not None
+            and (r["schedule"], r["gpu_batches"], r["weights"]) == (schedule, gpu_batches, weights)]
     graphed = [r for r in mine if r.get("cuda_graphs") is not False]
     return graphed or mine
 
 
 def nearest_timeline(timelines: list[dict], model: str, batch: int, context: int,
                      schedule: str = "row", weights: str = "resident",
-                     setting: str = "kvpr-pipelined") -> dict | None:
+                     setting: str = "kvpr-pipelined", gpu_batches: int = 1) -> dict | None:
     """The timeline of `model` and `schedule` at the recorded point nearest to (`batch`,
-    `context`) (as `kvlab.results.nearest_point`), of `weights` and `setting` where there is one.
-    None when no timeline of `model` with `schedule` is recorded."""
+    `context`) (as `kvlab.results.nearest_point`), of `weights`, `gpu_batches` and `setting`
+    where there is one (in that order of preference). None when no timeline of `model` with
+    `schedule` is recorded."""
     mine = [t for t in map(with_defaults, timelines)
             if t["model"] == model and t["schedule"] == schedule]
     if not mine:
         return None
     point = nearest_point({"rows": mine}, model, batch, context)
     here = [t for t in mine if (t["batch"], t["context"]) == point]
-    return min(here, key=lambda t: (t["weights"] != weights, t["setting"] != setting))
+    return min(here, key=lambda t: (t["weights"] != weights, t["gpu_batches"] != gpu_batches,
+                                    t["setting"] != setting))
 
 
 def _kind(name: str) -> str:
@@ -156,21 +159,22 @@ def timeline_figure(spans: list[dict], provenance: str, height: int = 320,
 
 def split_figure(shape: LayerShape, hw: LinkAndCompute, selected_l: int | None = None,
                  num_chunks: int = 8, height: int = 380, measured: list[dict] | None = None,
-                 provenance: str = "") -> go.Figure:
-    """Predicted decode-step time (all layers) against the split l under each model of time,
-    each model's optimum marked, and `selected_l` as a vertical line. `measured`: benchmark rows
-    (`l`, `step_ms`, `setting`) of this shape, drawn as points labelled with `provenance`; rows
-    without a split (HF's offloaded cache) are left out."""
-    layers = shape.model.num_layers
+                 provenance: str = "", gpu_batches: int = 1) -> go.Figure:
+    """Predicted decode-step time against the split l under each model of time, each model's
+    optimum marked, and `selected_l` as a vertical line. `shape` is one unit's work
+    (`kvlab.offload.scheduler.unit_shape`); a step is num_layers x `gpu_batches` units.
+    `measured`: benchmark rows (`l`, `step_ms`, `setting`) of this shape, drawn as points labelled
+    with `provenance`; rows without a split (HF's offloaded cache) are left out."""
+    units = shape.model.num_layers * gpu_batches
     ls = np.arange(shape.context + 1)
     fig = go.Figure()
     for model in MODELS_OF_TIME:
-        ms = 1e3 * layers * layer_times(shape, hw, model, num_chunks)
+        ms = 1e3 * units * layer_times(shape, hw, model, num_chunks)
         best = best_split(shape, hw, model, num_chunks)
         fig.add_trace(go.Scatter(x=ls, y=ms, mode="lines", name=f"{model} model",
                                  line=dict(dash=MODEL_DASH[model])))
         fig.add_trace(go.Scatter(
-            x=[best.l], y=[1e3 * layers * best.seconds], mode="markers", showlegend=False,
+            x=[best.l], y=[1e3 * units * best.seconds], mode="markers", showlegend=False,
             marker=dict(size=10, symbol="diamond"),
             hovertemplate=f"{model} optimum: l=%{{x}}, %{{y:.2f}} ms, {best.speedup:.2f}x full "
                           "transfer<extra></extra>",
@@ -185,11 +189,13 @@ def split_figure(shape: LayerShape, hw: LinkAndCompute, selected_l: int | None =
         ))
     if selected_l is not None:
         fig.add_vline(x=selected_l, line=dict(color="black", width=1))
-    m = shape.model
+    batch = f"batch {shape.batch * gpu_batches}" + (
+        f" in {gpu_batches} GPU batches" if gpu_batches > 1 else "")
+    weights = ", weights offloaded" if any(shape.weight_bytes) else ""
     fig.update_layout(
         height=height, xaxis_title="l: tokens whose K, V are recomputed",
         yaxis_title="predicted decode step (ms)",
-        title=(f"{m.name}, batch {shape.batch} x {shape.context} tokens: modelled with "
+        title=(f"{shape.model.name}, {batch} x {shape.context} tokens{weights}: modelled with "
                f"{hw.h2d_bytes_per_s / 1e9:.1f} GB/s and {hw.recompute_flops_per_s / 1e12:.0f} "
                f"TFLOP/s ({hw.source})"),
     )

@@ -10,6 +10,7 @@ from kvlab.offload.host import HostStore, PinnedHostMemory, fill, store_bytes
 from kvlab.offload.model import random_layers
 from kvlab.offload.runtime import KVPRDecoder, ResidentDecoder
 from kvlab.offload.scheduler import token_chunks
+from kvlab.offload.weights import HostLayers
 
 BATCH, CONTEXT, MAX_CONTEXT = 3, 13, 16
 
@@ -83,6 +84,10 @@ def test_mismatched_stores_and_schedules_are_refused():
         KVPRDecoder(model, layers, a, "cpu", schedule="diagonal")
     with pytest.raises(ValueError, match="stores is empty"):
         KVPRDecoder(model, layers, [], "cpu")
+    half = HostLayers(random_layers(model, seed=3, dtype=torch.float16), pinned=False)
+    with pytest.raises(ValueError, match="layers: offloaded as torch.float16, the stores hold "
+                                         "torch.float32"):
+        KVPRDecoder(model, half, a, "cpu")
     other = HostStore(MODELS["tiny-llama"], 2, 8, dtype=torch.float32, pinned=False)
     with pytest.raises(ValueError, match="stores hold tiny-llama's layers, not tiny-opt's"):
         KVPRDecoder(model, layers, other, "cpu")

@@ -1,6 +1,7 @@
 """KVPR's split point: exact integer optimum of both models of time, GQA awareness, bad input."""
 
 import math
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -13,7 +14,9 @@ from kvlab.offload.scheduler import (
     best_split,
     layer_time,
     layer_times,
+    layer_weight_bytes,
     lower_bound_seconds,
+    unit_shape,
 )
 
 H200 = LinkAndCompute(55.4e9, 670e12, "recorded on NVIDIA H200")
@@ -160,6 +163,33 @@ def test_offloaded_weights_cross_the_link_w_k_w_v_first():
     # the weights only add time: the same split never gets faster
     for model in ("paper", "chunked", "pipelined"):
         assert np.all(layer_times(shape, H200, model) >= layer_times(plain, H200, model))
+
+
+def test_a_units_shape_follows_the_schedule_and_the_weights():
+    m = MODELS["llama2-7b"]
+    kv, total = layer_weight_bytes(m)
+    assert kv == 2 * m.kv_size * m.hidden_size * 2 and total > 3 * kv
+    assert unit_shape(m, 16, 1024) == LayerShape(m, 16, 1024)
+    assert unit_shape(m, 16, 1024, "column", 4) == LayerShape(m, 4, 1024)
+    # a row loads a layer once per GPU batch, a column once for all of them
+    assert unit_shape(m, 16, 1024, "row", 4, "offloaded").weight_bytes == (kv, total - kv)
+    assert unit_shape(m, 16, 1024, "column", 4, "offloaded").weight_bytes == (
+        kv / 4, (total - kv) / 4)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((16, 1024, "row", 3), "gpu_batches=3: must divide batch=16"),
+        ((16, 1024, "row", 0), "gpu_batches=0: must be an integer >= 1"),
+        ((16, 1024, "diagonal"), "schedule='diagonal': must be one of ('row', 'column')"),
+        ((16, 1024, "row", 1, "disk"), "weights='disk': must be one of ('resident', 'offloaded')"),
+        ((16, 0), "context=0: must be an integer >= 1"),
+    ],
+)
+def test_bad_units_are_refused(args, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        unit_shape(MODELS["opt-6.7b"], *args)
 
 
 @pytest.mark.parametrize("weight_bytes", [(1.0,), (-1.0, 0.0)])

@@ -5,6 +5,7 @@ import torch
 
 from kvlab.config import MODELS
 from kvlab.offload.model import LayerWeights, random_layers
+from kvlab.offload.scheduler import layer_weight_bytes
 from kvlab.offload.weights import (
     ALIGN,
     KV_FIELDS,
@@ -53,3 +54,13 @@ def test_layers_of_different_shapes_or_dtypes_are_refused():
         HostLayers([], pinned=False)
     with pytest.raises(ValueError, match="layer weights of dtypes"):
         Packing.of(with_tensors(a, {"w_up": a.w_up.half()}))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_the_schedulers_weight_bytes_are_the_packings(name, dtype):
+    """The scheduler (no torch) counts a layer's packed bytes as Packing lays them out."""
+    layer = random_layers(MODELS[name], dtype=dtype, device="meta", num_layers=1)[0]
+    packing = Packing.of(layer)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    assert layer_weight_bytes(MODELS[name], itemsize) == (packing.kv_bytes, packing.num_bytes)

@@ -95,13 +95,20 @@ def test_recorded_point_shows_its_rates_and_measured_steps(tab):
     assert c["pcie_gbps"].disabled and c["pcie_gbps"].value == round(rows[0]["h2d_gbps"], 1)
     split = tab.figures["split"]
     measured = [t for t in split.data if (t.name or "").startswith("measured")]
-    kvpr_rows = [r for r in rows if r["l"] is not None]  # HF's row has no split
+    kvpr_rows = [r for r in rows if r["l"] is not None  # HF's row has no split
+                 and (r["schedule"], r["gpu_batches"], r["weights"]) == ("row", 1, "resident")]
     assert len(measured) == 1 and list(measured[0].y) == [r["step_ms"] for r in kvpr_rows]
     assert "recorded on NVIDIA H200" in split.layout.title.text
-    steps, speedups = tab.figures["speedup"].data
-    assert list(steps.y) == [r["step_ms"] for r in rows]
-    full = next(r["step_ms"] for r in rows if r["setting"] == "full-transfer")
-    best = min(r["step_ms"] for r in rows if r["setting"].startswith("kvpr-"))
+    # one pair of bar traces per schedule group: row x1 (and HF) first, then kvpr_schedules' four
+    groups = {(r["schedule"], r["gpu_batches"], r["weights"]) for r in rows}
+    assert len(groups) == 5 and len(tab.figures["speedup"].data) == 2 * len(groups)
+    steps, speedups = tab.figures["speedup"].data[:2]
+    row = [r for r in rows if (r["schedule"], r["gpu_batches"], r["weights"]) == (
+        "row", 1, "resident")]
+    assert steps.name == "row, weights resident"
+    assert list(steps.y) == [r["step_ms"] for r in row]
+    full = next(r["step_ms"] for r in row if r["setting"] == "full-transfer")
+    best = min(r["step_ms"] for r in row if r["setting"].startswith("kvpr-"))
     assert speedups.x[0] == "full-transfer" and speedups.text[0] == f"{full / best:.2f}x"
     assert "recorded on NVIDIA H200" in tab.figures["speedup"].layout.title.text
     assert "Steps shown: opt-6.7b batch 16 x 1024 (recorded on NVIDIA H200" in tab.status.value
@@ -179,13 +186,19 @@ def test_schedule_and_weights_pick_the_timeline_and_the_measured_points(new_tab)
     assert list(new_tab.figures["timeline"].data[0].base) == [2.0]
     assert "GPU batch" in new_tab.figures["timeline"].data[0].hovertemplate
     measured = [t for t in new_tab.figures["split"].data if (t.name or "").startswith("measured")]
-    assert list(measured[0].y) == [50.0, 120.0] and "column, weights resident" in measured[0].name
+    assert list(measured[0].y) == [50.0, 120.0]
+    assert "column x4, weights resident" in measured[0].name
+    assert "in 4 GPU batches" in new_tab.figures["split"].layout.title.text
     c["weights"].value = "offloaded"
     gantt = new_tab.figures["timeline"]
     assert [t.name for t in gantt.data] == ["W_KV", "KV", "layer"]
     assert list(gantt.data[1].base) == [3.0]
     assert "Timeline: opt-6.7b, batch 16 x 1024, column x4, weights offloaded" in (
         new_tab.status.value)
+    assert "(column x4, weights offloaded)" in new_tab.status.value  # the modelled optimum's
+    c["batch"].value = 6
+    assert "batch 6 does not split into 4 GPU batches: modelled as one" in new_tab.status.value
+    assert "in 4 GPU batches" not in new_tab.figures["split"].layout.title.text
 
 
 def test_recorded_layer_and_host_times_enter_the_pipelined_curve(monkeypatch):

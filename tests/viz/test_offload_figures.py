@@ -8,7 +8,7 @@ import json
 import pytest
 
 from kvlab.config import MODELS
-from kvlab.offload.scheduler import LayerShape, LinkAndCompute, best_split
+from kvlab.offload.scheduler import LayerShape, LinkAndCompute, best_split, layer_time, unit_shape
 from kvlab.offload.timeline import LANES, chrome_trace
 from kvlab.results import KVPR, label, load_results
 from kvlab.viz.offload import (
@@ -150,12 +150,18 @@ def test_split_figure_draws_rows_of_one_schedule_and_never_hf():
     fig = split_figure(shape, HW, measured=rows, provenance=PROVENANCE)
     (measured,) = [t for t in fig.data if (t.name or "").startswith("measured")]
     assert len(measured.x) == 9 and None not in measured.x  # hf-offloaded has no l
-    points = split_points(rows, "column", "offloaded")
+    assert split_points(rows, "column", "offloaded") == []  # recorded in 4 GPU batches, not 1
+    points = split_points(rows, "column", "offloaded", gpu_batches=4)
     assert [(r["setting"], r["l"]) for r in points] == [("kvpr-pipelined", 800),
                                                         ("full-transfer", 0)]
-    fig = split_figure(shape, HW, measured=points, provenance=PROVENANCE)
+    unit = unit_shape(MODELS["opt-6.7b"], 16, 1024, "column", 4, "offloaded")
+    fig = split_figure(unit, HW, measured=points, provenance=PROVENANCE, gpu_batches=4)
     (measured,) = [t for t in fig.data if (t.name or "").startswith("measured")]
     assert list(measured.y) == [60.0, 150.0] and PROVENANCE in measured.name
+    assert "batch 16 in 4 GPU batches x 1024 tokens, weights offloaded" in fig.layout.title.text
+    # a step is 32 layers x 4 GPU batches, each unit with a quarter of the weight load
+    pipelined = next(t for t in fig.data if t.name == "pipelined model")
+    assert pipelined.y[0] == pytest.approx(1e3 * 128 * layer_time(unit, HW, 0, "pipelined"))
 
 
 def test_rows_recorded_before_the_schedule_keys_read_as_row_by_row_resident():

@@ -27,11 +27,10 @@ __all__ = [
 # block 16 with SDPA and kernel="auto", and blocks 32 and 128. (The evict-last twins of every
 # prefetch setting, block 16, are the separate result "attention_evict_last".)
 ATTENTION = ("h200", ("attention", "attention_block_sizes"))
-# KVPR: the grid with CUDA graphs (kvpr_opt, kvpr_llama), the points those runs did not reach,
-# from the eager runtime before them (kvpr_earlier), and row vs column schedules with offloaded
-# weights (kvpr_schedules, eager). The ablations (kvpr_eager, kvpr_chunks4) stay out of the
-# dashboard: they repeat points of the grid under other settings.
-KVPR = ("h200", ("kvpr_opt", "kvpr_llama", "kvpr_earlier", "kvpr_schedules"))
+# KVPR: the grid (kvpr_opt, kvpr_llama: row schedule, resident weights) and row vs column
+# schedules with resident and offloaded weights (kvpr_schedules). The ablations (kvpr_eager,
+# kvpr_chunks4) stay out of the dashboard: they repeat points of the grid under other settings.
+KVPR = ("h200", ("kvpr_opt", "kvpr_llama", "kvpr_schedules"))
 # A row's identity; "family" is set on kernel="auto" rows only (the family auto ran).
 ROW_KEY = ("model", "batch", "context", "kernel", "family", "block_size", "prefetch")
 PACKAGED_DIR = Path(__file__).resolve().parent / "results_data"

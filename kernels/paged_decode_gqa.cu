@@ -1,7 +1,7 @@
 // Group-aware paged decode attention on the "hnd" cache layout (family: gqa_decode + gqa_merge).
 //
-// One CTA owns one (sequence, KV head, chunk of the sequence) and ALL the GROUP query heads that
-// read that KV head, so every K/V byte is read from HBM once (a per-query-head kernel reads it
+// One CTA owns one (sequence, KV head, partition of the sequence) and ALL the GROUP query heads
+// that read that KV head, so every K/V byte is read from HBM once (a per-query-head kernel reads it
 // GROUP times).
 //
 //   gqa_decode<T, HEAD_DIM, BLOCK_SIZE, GROUP, PF_MODE, PF_K, PF_V, PF_DIST, PF_EVICT_LAST>
@@ -13,25 +13,25 @@
 //     PF_K, PF_V  which of the two caches to prefetch into L2.
 //     PF_DIST     prefetch distance in main-loop iterations (64-token tiles), >= 1; see below.
 //     PF_EVICT_LAST  tag prefetched lines evict-last (one createpolicy per thread at kernel start).
-//   gqa_merge<T, HEAD_DIM>: combines the chunks of a split-KV launch by their log-sum-exp.
+//   gqa_merge<T, HEAD_DIM>: combines the partitions of a split-KV launch by their log-sum-exp.
 //
 // Launch contract (the Python wrapper's side):
-//   gqa_decode: grid (max_num_chunks, num_kv_heads, num_seqs), block 128 threads (4 warps),
+//   gqa_decode: grid (max_num_partitions, num_kv_heads, num_seqs), block 128 threads (4 warps),
 //     dynamic shared memory = STAGES * NUM_WARPS * 2 * WARP_TOKENS * (HEAD_DIM * 2 + 16) bytes
 //                           = 384 * (2 * HEAD_DIM + 16) bytes  (both dtypes are 2 bytes):
 //       head_dim 64: 55,296   80: 67,584   96: 79,872   112: 92,160   128: 104,448   256: 202,752.
 //     All are above 48 KB: the wrapper must set cudaFuncAttributeMaxDynamicSharedMemorySize
 //     (CuPy: kernel.max_dynamic_shared_size_bytes = bytes) before the first launch.
-//     chunk_size: a multiple of 256 (64 suffices). When max_num_chunks == 1 the one chunk is the
-//     whole sequence whatever chunk_size says, and the CTA writes `out`; otherwise it writes
-//     partial_out (fp32, normalised by its own sum) and partial_lse (natural log, scaled-logit
-//     domain), and gqa_merge writes `out`.
+//     partition_size: a multiple of 256 (64 suffices). When max_num_partitions == 1 the one
+//     partition is the whole sequence whatever partition_size says, and the CTA writes `out`;
+//     otherwise it writes partial_out (fp32, normalised by its own sum) and partial_lse (natural
+//     log, scaled-logit domain), and gqa_merge writes `out`.
 //   gqa_merge: grid (num_qo_heads, num_seqs), block 128 threads, no dynamic shared memory.
 //
 // Design (4 warps per CTA; each warp runs its own cp.async pipeline, no CTA barrier in the loop):
-//   - The chunk is walked in 64-token tiles; warp w owns rows [16w, 16w + 16) of every tile. Tile
-//     starts are multiples of 64 (chunk starts are multiples of 256), so a warp's 16 rows lie in
-//     one block when BLOCK_SIZE >= 16 and in two consecutive blocks when BLOCK_SIZE == 8.
+//   - The partition is walked in 64-token tiles; warp w owns rows [16w, 16w + 16) of every tile.
+//     Tile starts are multiples of 64 (partition starts are multiples of 256), so a warp's 16 rows
+//     lie in one block when BLOCK_SIZE >= 16 and in two consecutive blocks when BLOCK_SIZE == 8.
 //   - Each warp copies its 16 K rows and 16 V rows into its own shared-memory stage with 16-byte
 //     cp.async.cg (3 stages: 2 tiles in flight while one is computed). Rows at or past seq_len
 //     are zero-filled (src-size 0: nothing is read), so garbage/NaN there never reaches the math.
@@ -48,7 +48,7 @@
 //   - At the end the 4 warps' (m, l, O) are merged through shared memory (aliasing the stages).
 //
 // Prefetch (arXiv 2504.06319, Algorithm 1, adapted): when a warp issues the cp.async of tile L it
-// also prefetches into L2 its part of tile L + PF_DIST (if that tile exists in the chunk), i.e.
+// also prefetches into L2 its part of tile L + PF_DIST (if that tile exists in the partition), i.e.
 // PF_DIST iterations ahead of the shared-memory load, PF_DIST + STAGES - 1 ahead of the math.
 // One prefetch_tile_l2 call per contiguous (block, kv head) run of the tile: runs are
 // min(BLOCK_SIZE, 64) tokens, clipped to seq_len, issued by the warp whose rows start the run
@@ -58,11 +58,11 @@
 // ~4,280 GB/s measured in the same run; benchmarks/results/h200/attention*.json):
 //   v1  tensor-core GQA decode, 64-token tiles, 3-stage per-warp cp.async pipeline, split-KV +
 //       merge, optional L2 prefetch. Split by a makespan model of CTA waves (kvlab/kernels/gqa.py):
-//       filling one wave matters (llama3-8b, 16 x 32k: 2 chunks 93.5%, 3 chunks 87.3%).
+//       filling one wave matters (llama3-8b, 16 x 32k: 2 partitions 93.5%, 3 partitions 87.3%).
 //   v2  this file: cp.async with .L2::128B (+2.5-3% from 256k tokens; .L2::64B, .L2::256B, and
 //       copying all K rows before the V rows: no change), merge kernel reading float4 rows of
-//       several chunks at once. 2026-11-29, block 16, L2 flushed by a read before each run, median
-//       of 25: 93-101% of the roofline from batch x context = 256k tokens for all four paper
+//       several partitions at once. 2026-11-29, block 16, L2 flushed by a read before each run,
+//       median of 25: 93-101% of the roofline from batch x context = 256k tokens for all four paper
 //       models, 98-101% from 1M; 0.92-0.95x of dense SDPA there (cuDNN flash, 4.4-4.7 TB/s;
 //       Nsight Compute: same occupancy, its DRAM efficiency 92% of peak vs 85% here before
 //       .L2::128B). Batch 1 x 32k: 92% (32:32), 72% (32:8), 70% (40:8), 52% (28:4); the merge
@@ -174,8 +174,9 @@ template <> struct Mma<__nv_bfloat16> {
 // ---- paging: which blocks hold a warp's 16 rows ------------------------------------------------
 
 // Physical block ids of the rows [row0, row0 + 16) of the sequence: one id when BLOCK_SIZE >= 16,
-// two (rows 0-7, 8-15) when BLOCK_SIZE == 8. Entries at or past `end` (= min(chunk end, seq_len))
-// are never read from the block table (NOTE: it is padded with 0 there; we do not rely on that).
+// two (rows 0-7, 8-15) when BLOCK_SIZE == 8. Entries at or past `end` (= min(partition end,
+// seq_len)) are never read from the block table (NOTE: it is padded with 0 there; we do not rely
+// on that).
 template <int BLOCK_SIZE> struct RowBlocks {
   static constexpr int N = BLOCK_SIZE >= WARP_TOKENS ? 1 : WARP_TOKENS / BLOCK_SIZE;  // 1 or 2
   static_assert(N <= 2, "of_row assumes at most two blocks per warp");
@@ -208,7 +209,8 @@ __device__ __forceinline__ void decode_body(
     T* __restrict__ out, float* __restrict__ partial_out, float* __restrict__ partial_lse,
     const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
     const int* __restrict__ block_tables, const int* __restrict__ seq_lens,
-    int max_num_blocks_per_seq, int num_kv_heads, int chunk_size, int max_num_chunks, float scale) {
+    int max_num_blocks_per_seq, int num_kv_heads, int partition_size, int max_num_partitions,
+    float scale) {
   static_assert(HEAD_DIM == 64 || HEAD_DIM == 80 || HEAD_DIM == 96 || HEAD_DIM == 112 ||
                 HEAD_DIM == 128 || HEAD_DIM == 256, "HEAD_DIM: 64, 80, 96, 112, 128 or 256");
   static_assert(BLOCK_SIZE >= 8 && BLOCK_SIZE <= 256 && (BLOCK_SIZE & (BLOCK_SIZE - 1)) == 0,
@@ -224,14 +226,15 @@ __device__ __forceinline__ void decode_body(
   constexpr int RUN = BLOCK_SIZE < TILE_TOKENS ? BLOCK_SIZE : TILE_TOKENS;  // prefetch call, tokens
   constexpr bool PREFETCH = PF_MODE != PF_NONE && (PF_K || PF_V);
 
-  const int chunk = blockIdx.x, kv_head = blockIdx.y, seq = blockIdx.z;
+  const int partition = blockIdx.x, kv_head = blockIdx.y, seq = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int seq_len = seq_lens[seq];
-  const int chunk_start = chunk * chunk_size;
-  // NOTE: chunk 0 always runs, so that an empty sequence still gets (zero) outputs.
-  if (chunk > 0 && chunk_start >= seq_len) return;
-  const int chunk_end = max_num_chunks == 1 ? seq_len : min(chunk_start + chunk_size, seq_len);
-  const int num_tiles = (chunk_end - chunk_start + TILE_TOKENS - 1) / TILE_TOKENS;  // <= 0: none
+  const int partition_start = partition * partition_size;
+  // NOTE: partition 0 always runs, so that an empty sequence still gets (zero) outputs.
+  if (partition > 0 && partition_start >= seq_len) return;
+  const int partition_end =
+      max_num_partitions == 1 ? seq_len : min(partition_start + partition_size, seq_len);
+  const int num_tiles = (partition_end - partition_start + TILE_TOKENS - 1) / TILE_TOKENS;  // <= 0
   const int num_qo_heads = num_kv_heads * GROUP;
   const int* __restrict__ table_row =
       block_tables + static_cast<long long>(seq) * max_num_blocks_per_seq;  // this seq's row
@@ -246,7 +249,9 @@ __device__ __forceinline__ void decode_body(
   constexpr int WARP_TILE = Smem<HEAD_DIM>::WARP_TILE;
   auto stage_k = [&](int stage) { return smem + (stage * NUM_WARPS + warp) * 2 * WARP_TILE; };
   auto stage_v = [&](int stage) { return stage_k(stage) + WARP_TILE; };
-  auto warp_row0 = [&](int tile) { return chunk_start + tile * TILE_TOKENS + warp * WARP_TOKENS; };
+  auto warp_row0 = [&](int tile) {
+    return partition_start + tile * TILE_TOKENS + warp * WARP_TOKENS;
+  };
 
   // Q of the group as mma A fragments (rows = query heads, rows >= GROUP and 8..15 are zero):
   // q_frag[s][0] = Q[g][16s + 2(lane%4) + {0,1}], q_frag[s][1] = Q[g][16s + 8 + 2(lane%4) + {0,1}],
@@ -263,10 +268,11 @@ __device__ __forceinline__ void decode_body(
     }
   }
 
-  // Copy this warp's 16 K and V rows of `tile` into `stage` (rows >= chunk_end zero-filled).
+  // Copy this warp's 16 K and V rows of `tile` into `stage` (rows >= partition_end zero-filled).
   auto load_tile = [&](int tile, int stage, const RowBlocks<BLOCK_SIZE>& blocks) {
     const int row0 = warp_row0(tile);
-    if (row0 >= chunk_end) return;  // warp-uniform: this warp's rows of the last tile are all empty
+    // warp-uniform: this warp's rows of the last tile are all empty
+    if (row0 >= partition_end) return;
     T* const ks = stage_k(stage);
     T* const vs = stage_v(stage);
 #pragma unroll
@@ -279,7 +285,7 @@ __device__ __forceinline__ void decode_body(
       const long long off =
           tile_offset<HEAD_DIM, BLOCK_SIZE>(blocks.of_row(r), num_kv_heads, kv_head) +
           row_in_block * HEAD_DIM + v * 8;
-      const bool valid = row0 + r < chunk_end;
+      const bool valid = row0 + r < partition_end;
       cp_async_16(ks + r * ROW + v * 8, valid ? k_cache + off : k_cache, valid);
       cp_async_16(vs + r * ROW + v * 8, valid ? v_cache + off : v_cache, valid);
     }
@@ -292,7 +298,7 @@ __device__ __forceinline__ void decode_body(
     for (int i = 0; i < RowBlocks<BLOCK_SIZE>::N; ++i) {
       if (RUN > WARP_TOKENS && (warp * WARP_TOKENS) % RUN != 0) continue;
       const int run0 = row0 + i * RUN;
-      const int num_tokens = min(RUN, chunk_end - run0);
+      const int num_tokens = min(RUN, partition_end - run0);
       if (num_tokens <= 0) continue;
       const long long off = tile_offset<HEAD_DIM, BLOCK_SIZE>(blocks.id[i], num_kv_heads, kv_head) +
                             (run0 & (BLOCK_SIZE - 1)) * HEAD_DIM;
@@ -318,7 +324,7 @@ __device__ __forceinline__ void decode_body(
 
   auto compute_tile = [&](int tile, int stage) {
     const int row0 = warp_row0(tile);
-    if (row0 >= chunk_end) return;  // warp-uniform
+    if (row0 >= partition_end) return;  // warp-uniform
     const T* const ks = stage_k(stage) + lm_offset;
     const T* const vs = stage_v(stage) + lm_offset;
 
@@ -332,14 +338,14 @@ __device__ __forceinline__ void decode_body(
       Mma<T>::run(s_acc[1], q_frag[s][0], 0u, q_frag[s][1], 0u, kb[2], kb[3]);
     }
 
-    // Scaled logits (log2 domain) of tokens row0 + 8n + 2(lane%4) + j; masked past chunk_end.
+    // Scaled logits (log2 domain) of tokens row0 + 8n + 2(lane%4) + j; masked past partition_end.
     float x[2][2];
     float tile_max = neg_inf();
 #pragma unroll
     for (int n = 0; n < 2; ++n)
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        const bool valid = row0 + 8 * n + 2 * (lane % 4) + j < chunk_end;
+        const bool valid = row0 + 8 * n + 2 * (lane % 4) + j < partition_end;
         x[n][j] = valid ? s_acc[n][j] * scale_log2 : neg_inf();
         tile_max = fmaxf(tile_max, x[n][j]);
       }
@@ -376,11 +382,11 @@ __device__ __forceinline__ void decode_body(
 #pragma unroll
   for (int tile = 0; tile < STAGES - 1; ++tile) {
     if (tile < num_tiles) {
-      blocks.lookup(table_row, warp_row0(tile), chunk_end);
+      blocks.lookup(table_row, warp_row0(tile), partition_end);
       load_tile(tile, tile, blocks);
       if constexpr (PREFETCH) {
         if (tile + PF_DIST < num_tiles) {
-          pf_blocks.lookup(table_row, warp_row0(tile + PF_DIST), chunk_end);
+          pf_blocks.lookup(table_row, warp_row0(tile + PF_DIST), partition_end);
           prefetch_tile(tile + PF_DIST, pf_blocks);
         }
       }
@@ -389,8 +395,9 @@ __device__ __forceinline__ void decode_body(
   }
   // Block ids for the next load (and its prefetch) are looked up one iteration early, so the
   // block-table read overlaps the math instead of stalling the cp.async issue.
-  blocks.lookup(table_row, warp_row0(STAGES - 1), chunk_end);
-  if constexpr (PREFETCH) pf_blocks.lookup(table_row, warp_row0(STAGES - 1 + PF_DIST), chunk_end);
+  blocks.lookup(table_row, warp_row0(STAGES - 1), partition_end);
+  if constexpr (PREFETCH)
+    pf_blocks.lookup(table_row, warp_row0(STAGES - 1 + PF_DIST), partition_end);
 
   int read_stage = 0, write_stage = STAGES - 1;
   for (int tile = 0; tile < num_tiles; ++tile) {
@@ -403,8 +410,9 @@ __device__ __forceinline__ void decode_body(
       }
     }
     cp_async_commit();  // always, possibly empty: keeps "tile t = group t" for wait_group
-    blocks.lookup(table_row, warp_row0(next + 1), chunk_end);
-    if constexpr (PREFETCH) pf_blocks.lookup(table_row, warp_row0(next + 1 + PF_DIST), chunk_end);
+    blocks.lookup(table_row, warp_row0(next + 1), partition_end);
+    if constexpr (PREFETCH)
+      pf_blocks.lookup(table_row, warp_row0(next + 1 + PF_DIST), partition_end);
 
     cp_async_wait<STAGES - 1>();  // this lane's copies of `tile` have landed ...
     __syncwarp();                 // ... and every lane's are visible to the warp
@@ -458,12 +466,12 @@ __device__ __forceinline__ void decode_body(
     }
     const float value = sum > 0.f ? acc / sum : 0.f;
     const long long head = static_cast<long long>(seq) * num_qo_heads + kv_head * GROUP + g;
-    if (max_num_chunks == 1) {
+    if (max_num_partitions == 1) {
       out[head * HEAD_DIM + d] = Mma<T>::from_float(value);
     } else {
-      partial_out[(head * max_num_chunks + chunk) * HEAD_DIM + d] = value;
+      partial_out[(head * max_num_partitions + partition) * HEAD_DIM + d] = value;
       if (d == 0)
-        partial_lse[head * max_num_chunks + chunk] =
+        partial_lse[head * max_num_partitions + partition] =
             sum > 0.f ? (m_max + __log2f(sum)) * LN2 : neg_inf();
     }
   }
@@ -473,12 +481,13 @@ __device__ __forceinline__ void decode_body(
 
 // ---- entry points (instantiated through CuPy name_expressions) ----------------------------
 
-// out [num_seqs, num_qo_heads, HEAD_DIM] T (written when max_num_chunks == 1);
-// partial_out [num_seqs, num_qo_heads, max_num_chunks, HEAD_DIM] fp32;
-// partial_lse [num_seqs, num_qo_heads, max_num_chunks] fp32;
+// out [num_seqs, num_qo_heads, HEAD_DIM] T (written when max_num_partitions == 1);
+// partial_out [num_seqs, num_qo_heads, max_num_partitions, HEAD_DIM] fp32;
+// partial_lse [num_seqs, num_qo_heads, max_num_partitions] fp32;
 // q [num_seqs, num_qo_heads, HEAD_DIM] T; k_cache, v_cache [num_blocks, num_kv_heads, BLOCK_SIZE,
 // HEAD_DIM] T; block_tables [num_seqs, max_num_blocks_per_seq] int32; seq_lens [num_seqs] int32.
-// grid (max_num_chunks, num_kv_heads, num_seqs), block 128, dynamic smem 384 * (2 * HEAD_DIM + 16).
+// grid (max_num_partitions, num_kv_heads, num_seqs), block 128,
+// dynamic smem 384 * (2 * HEAD_DIM + 16).
 // (__launch_bounds__ adds the shared-memory occupancy as min blocks; the launch is unchanged.)
 template <typename T, int HEAD_DIM, int BLOCK_SIZE, int GROUP, int PF_MODE, bool PF_K, bool PF_V,
           int PF_DIST, bool PF_EVICT_LAST>
@@ -486,34 +495,36 @@ __global__ void __launch_bounds__(128, gqa::Smem<HEAD_DIM>::CTAS_PER_SM) gqa_dec
     T* __restrict__ out, float* __restrict__ partial_out, float* __restrict__ partial_lse,
     const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
     const int* __restrict__ block_tables, const int* __restrict__ seq_lens,
-    int max_num_blocks_per_seq, int num_kv_heads, int chunk_size, int max_num_chunks, float scale) {
+    int max_num_blocks_per_seq, int num_kv_heads, int partition_size, int max_num_partitions,
+    float scale) {
   gqa::decode_body<T, HEAD_DIM, BLOCK_SIZE, GROUP, PF_MODE, PF_K, PF_V, PF_DIST, PF_EVICT_LAST>(
       out, partial_out, partial_lse, q, k_cache, v_cache, block_tables, seq_lens,
-      max_num_blocks_per_seq, num_kv_heads, chunk_size, max_num_chunks, scale);
+      max_num_blocks_per_seq, num_kv_heads, partition_size, max_num_partitions, scale);
 }
 
-// Combine the chunks of each (sequence, query head): out = sum_c w_c partial_out_c / sum_c w_c with
-// w_c = exp(lse_c - max lse). Sequence s has ceil(seq_lens[s] / chunk_size) chunks (at most
-// max_num_chunks). grid (num_qo_heads, num_seqs), block 128, no dynamic shared memory.
-// The partial rows are read as float4: VECS = HEAD_DIM / 4 threads cover one chunk's row and the
-// block reads ROWS = 128 / VECS chunks at a time (unrolled), so many L2 loads are in flight
-// instead of one chunk after another; the ROWS partial sums then meet in shared memory.
+// Combine the partitions of each (sequence, query head):
+// out = sum_c w_c partial_out_c / sum_c w_c with w_c = exp(lse_c - max lse). Sequence s has
+// ceil(seq_lens[s] / partition_size) partitions (at most
+// max_num_partitions). grid (num_qo_heads, num_seqs), block 128, no dynamic shared memory.
+// The partial rows are read as float4: VECS = HEAD_DIM / 4 threads cover one partition's row and
+// the block reads ROWS = 128 / VECS partitions at a time (unrolled), so many L2 loads are in flight
+// instead of one partition after another; the ROWS partial sums then meet in shared memory.
 template <typename T, int HEAD_DIM>
 __global__ void __launch_bounds__(128) gqa_merge(
     T* __restrict__ out, const float* __restrict__ partial_out,
-    const float* __restrict__ partial_lse, const int* __restrict__ seq_lens, int chunk_size,
-    int max_num_chunks) {
+    const float* __restrict__ partial_lse, const int* __restrict__ seq_lens, int partition_size,
+    int max_num_partitions) {
   constexpr int THREADS = 128;
   constexpr int VECS = HEAD_DIM / 4;      // float4 per partial row: 16 .. 64
-  constexpr int ROWS = THREADS / VECS;    // chunks read at once: 2 .. 8
+  constexpr int ROWS = THREADS / VECS;    // partitions read at once: 2 .. 8
   const int head = blockIdx.x, seq = blockIdx.y, num_qo_heads = gridDim.x;
   const int seq_len = seq_lens[seq];
-  const int num_chunks =
-      seq_len > 0 ? min((seq_len + chunk_size - 1) / chunk_size, max_num_chunks) : 0;
+  const int num_partitions =
+      seq_len > 0 ? min((seq_len + partition_size - 1) / partition_size, max_num_partitions) : 0;
   const long long row = static_cast<long long>(seq) * num_qo_heads + head;
-  const float* __restrict__ lse = partial_lse + row * max_num_chunks;         // [max_num_chunks]
+  const float* __restrict__ lse = partial_lse + row * max_num_partitions;  // [max_num_partitions]
   const float4* __restrict__ po =
-      reinterpret_cast<const float4*>(partial_out + row * max_num_chunks * HEAD_DIM);
+      reinterpret_cast<const float4*>(partial_out + row * max_num_partitions * HEAD_DIM);
 
   // Pass 1: the largest lse and the sum of the weights, each reduced over the block.
   __shared__ float warp_red[THREADS / 32];
@@ -530,21 +541,21 @@ __global__ void __launch_bounds__(128) gqa_merge(
                   : (warp_red[0] + warp_red[1]) + (warp_red[2] + warp_red[3]);
   };
   float lse_max = gqa::neg_inf();
-  for (int c = threadIdx.x; c < num_chunks; c += THREADS) lse_max = fmaxf(lse_max, lse[c]);
+  for (int c = threadIdx.x; c < num_partitions; c += THREADS) lse_max = fmaxf(lse_max, lse[c]);
   lse_max = block_reduce(lse_max, true);
-  // No chunk with a token (an empty sequence): every weight is 0 and the output is 0.
+  // No partition with a token (an empty sequence): every weight is 0 and the output is 0.
   const float shift = lse_max == gqa::neg_inf() ? 0.f : lse_max;
   float weights = 0.f;
-  for (int c = threadIdx.x; c < num_chunks; c += THREADS) weights += __expf(lse[c] - shift);
+  for (int c = threadIdx.x; c < num_partitions; c += THREADS) weights += __expf(lse[c] - shift);
   weights = block_reduce(weights, false);
 
-  // Pass 2: thread (slot, vec) sums dims 4 vec .. 4 vec + 3 over chunks slot, slot + ROWS, ...
+  // Pass 2: thread (slot, vec) sums dims 4 vec .. 4 vec + 3 over partitions slot, slot + ROWS, ...
   __shared__ float4 red[ROWS][VECS];
   const int slot = threadIdx.x / VECS, vec = threadIdx.x % VECS;
   if (slot < ROWS) {  // 128 % VECS threads idle for head_dim 80, 96, 112
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll 4
-    for (int c = slot; c < num_chunks; c += ROWS) {
+    for (int c = slot; c < num_partitions; c += ROWS) {
       const float w = __expf(lse[c] - shift);
       const float4 p = po[static_cast<long long>(c) * VECS + vec];
       acc.x += w * p.x; acc.y += w * p.y; acc.z += w * p.z; acc.w += w * p.w;

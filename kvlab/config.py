@@ -93,18 +93,22 @@ def model_table(models=None):
     return pd.DataFrame(rows).set_index("model")
 
 
-def _llama(name, layers, hidden, heads, kv_heads, inter, vocab, max_pos, theta, family="llama"):
+def _llama(name: str, *, family: str = "llama", **dims) -> ModelConfig:
+    """A Llama-style preset (RMSNorm, SiLU MLP, RoPE; Qwen2 adds biases to Q, K, V)."""
     return ModelConfig(
-        name, family, layers, hidden, heads, kv_heads, hidden // heads, inter, vocab, max_pos,
-        norm="rmsnorm", activation="silu", position="rope", qkv_bias=family == "qwen2",
-        rope_theta=theta,
+        name, family, head_dim=dims["hidden_size"] // dims["num_qo_heads"], norm="rmsnorm",
+        activation="silu", position="rope", qkv_bias=family == "qwen2", **dims,
     )
 
 
-def _opt(name, layers, hidden, heads, ffn, max_pos=2048, vocab=50272):
+def _opt(name: str, *, num_qo_heads: int, max_position: int = 2048, vocab_size: int = 50272,
+         **dims) -> ModelConfig:
+    """An OPT preset (pre-LayerNorm, ReLU MLP, learned positions, biases, multi-head)."""
     return ModelConfig(
-        name, "opt", layers, hidden, heads, heads, hidden // heads, ffn, vocab, max_pos,
-        norm="layernorm", activation="relu", position="learned", qkv_bias=True,
+        name, "opt", num_qo_heads=num_qo_heads, num_kv_heads=num_qo_heads,
+        head_dim=dims["hidden_size"] // num_qo_heads, vocab_size=vocab_size,
+        max_position=max_position, norm="layernorm", activation="relu", position="learned",
+        qkv_bias=True, **dims,
     )
 
 
@@ -112,17 +116,31 @@ def _opt(name, layers, hidden, heads, ffn, max_pos=2048, vocab=50272):
 MODELS: dict[str, ModelConfig] = {
     m.name: m
     for m in (
-        _llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096, 10000.0),
-        _llama("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096, 10000.0),
-        _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, 500000.0),
-        _llama("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, 32768, 1e6, family="qwen2"),
-        _llama("qwen2.5-14b", 48, 5120, 40, 8, 13824, 152064, 32768, 1e6, family="qwen2"),
-        _opt("opt-6.7b", 32, 4096, 32, 16384),
-        _opt("opt-13b", 40, 5120, 40, 20480),
-        _opt("opt-30b", 48, 7168, 56, 28672),
+        _llama("llama2-7b", num_layers=32, hidden_size=4096, num_qo_heads=32, num_kv_heads=32,
+               intermediate_size=11008, vocab_size=32000, max_position=4096, rope_theta=1e4),
+        _llama("llama2-13b", num_layers=40, hidden_size=5120, num_qo_heads=40, num_kv_heads=40,
+               intermediate_size=13824, vocab_size=32000, max_position=4096, rope_theta=1e4),
+        _llama("llama3-8b", num_layers=32, hidden_size=4096, num_qo_heads=32, num_kv_heads=8,
+               intermediate_size=14336, vocab_size=128256, max_position=8192, rope_theta=5e5),
+        _llama("qwen2.5-7b", family="qwen2", num_layers=28, hidden_size=3584, num_qo_heads=28,
+               num_kv_heads=4, intermediate_size=18944, vocab_size=152064, max_position=32768,
+               rope_theta=1e6),
+        _llama("qwen2.5-14b", family="qwen2", num_layers=48, hidden_size=5120, num_qo_heads=40,
+               num_kv_heads=8, intermediate_size=13824, vocab_size=152064, max_position=32768,
+               rope_theta=1e6),
+        _opt("opt-6.7b", num_layers=32, hidden_size=4096, num_qo_heads=32,
+             intermediate_size=16384),
+        _opt("opt-13b", num_layers=40, hidden_size=5120, num_qo_heads=40,
+             intermediate_size=20480),
+        _opt("opt-30b", num_layers=48, hidden_size=7168, num_qo_heads=56,
+             intermediate_size=28672),
         # Tiny shapes for tests and CPU demos: one of each family, GQA group 2 and 3.
-        _llama("tiny-llama", 2, 256, 4, 2, 512, 1024, 512, 10000.0),
-        _llama("tiny-qwen", 2, 384, 6, 2, 768, 1024, 512, 1e6, family="qwen2"),
-        _opt("tiny-opt", 2, 256, 4, 1024, max_pos=512, vocab=1024),
+        _llama("tiny-llama", num_layers=2, hidden_size=256, num_qo_heads=4, num_kv_heads=2,
+               intermediate_size=512, vocab_size=1024, max_position=512, rope_theta=1e4),
+        _llama("tiny-qwen", family="qwen2", num_layers=2, hidden_size=384, num_qo_heads=6,
+               num_kv_heads=2, intermediate_size=768, vocab_size=1024, max_position=512,
+               rope_theta=1e6),
+        _opt("tiny-opt", num_layers=2, hidden_size=256, num_qo_heads=4, intermediate_size=1024,
+             max_position=512, vocab_size=1024),
     )
 }

@@ -14,12 +14,12 @@ import torch
 import torch.nn.functional as F
 
 from kvlab.bench.env import run_info
-from kvlab.bench.timing import METHOD, Timer, copy_roofline_gbps
 from kvlab.cache import PagedKVCache
 from kvlab.config import MODELS
 from kvlab.kernels import gqa, vllm_v1
 from kvlab.kernels.decode import DecodePlan
 from kvlab.kernels.prefetch import PrefetchConfig
+from kvlab.timing import METHOD, Timer, copy_roofline_gbps
 
 PAPER_MODELS = ("llama2-7b", "llama3-8b", "qwen2.5-7b", "qwen2.5-14b")
 MAX_KV_BYTES = 48 * 2**30  # one layer's paged K/V plus its dense copy must fit beside each other

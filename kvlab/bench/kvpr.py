@@ -104,13 +104,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "only the points it lacks")
 
 
-def split_for(setting: str, shape, hw, num_chunks: int) -> int:
+def split_for(setting: str, shape, rates, num_chunks: int) -> int:
     """The l a setting runs at for a unit of `shape` (its context is s')."""
     if setting == "full-transfer":
         return 0
     if setting == "full-recompute":
         return shape.context
-    return best_split(shape, hw, setting.removeprefix("kvpr-"), num_chunks).l
+    return best_split(shape, rates, setting.removeprefix("kvpr-"), num_chunks).l
 
 
 def host_bytes(name: str, batch: int, context: int, weights: str = "resident",
@@ -202,10 +202,10 @@ def _kvpr_rows(name, batch, context, schedule, gpu_batches, weights, layers, ste
     # freed, pinned H2D read 39 GB/s (55 in steady state)
     decoder = KVPRDecoder(model, weights, stores, "cuda", num_chunks=chunks, schedule=schedule,
                           cuda_graphs=cuda_graphs)
-    hw = profile(model, batch // gpu_batches, context, decoder=decoder)
+    rates = profile(model, batch // gpu_batches, context, decoder=decoder)
     hidden = torch.randn(batch, model.hidden_size, dtype=torch.float16, device="cuda")
     shape = decoder.unit_shape(context)
-    splits = {s: split_for(s, shape, hw, chunks) for s in SETTINGS}
+    splits = {s: split_for(s, shape, rates, chunks) for s in SETTINGS}
     times = {s: [] for s in SETTINGS}
     total, done = (steps + 2) * len(SETTINGS), 0
 
@@ -227,13 +227,13 @@ def _kvpr_rows(name, batch, context, schedule, gpu_batches, weights, layers, ste
     for _ in range(steps):
         for setting in SETTINGS:
             times[setting].append(run(setting))
-    lower_bound = lower_bound_seconds(shape, hw) * len(decoder.units())
+    lower_bound = lower_bound_seconds(shape, rates) * len(decoder.units())
     point = {"model": name, "batch": batch, "context": context, "schedule": schedule,
              "gpu_batches": gpu_batches, "weights": decoder.weights, "cuda_graphs": cuda_graphs,
-             "h2d_gbps": hw.h2d_bytes_per_s / 1e9, "d2h_gbps": hw.d2h_bytes_per_s / 1e9,
-             "recompute_tflops": hw.recompute_flops_per_s / 1e12,
-             "layer_ms": 1e3 * hw.layer_seconds, "unit_host_ms": 1e3 * hw.unit_host_seconds,
-             "chunk_host_ms": 1e3 * hw.chunk_host_seconds,
+             "h2d_gbps": rates.h2d_bytes_per_s / 1e9, "d2h_gbps": rates.d2h_bytes_per_s / 1e9,
+             "recompute_tflops": rates.recompute_flops_per_s / 1e12,
+             "layer_ms": 1e3 * rates.layer_seconds, "unit_host_ms": 1e3 * rates.unit_host_seconds,
+             "chunk_host_ms": 1e3 * rates.chunk_host_seconds,
              "lower_bound_ms": 1e3 * lower_bound}
     rows, timeline = [], None
     for setting in SETTINGS:
@@ -242,7 +242,7 @@ def _kvpr_rows(name, batch, context, schedule, gpu_batches, weights, layers, ste
         ms, l = statistics.median(times[setting]), splits[setting]
         rows.append({**point, "setting": setting, "l": l, "step_ms": ms,
                      "step_ms_runs": times[setting], "tokens_per_s": batch / (ms * 1e-3),
-                     **{f"predicted_{m}_ms": 1e3 * predicted_seconds(decoder, hw, l, context, m)
+                     **{f"predicted_{m}_ms": 1e3 * predicted_seconds(decoder, rates, l, context, m)
                         for m in MODELS_OF_TIME},
                      "ratio_to_lower_bound": ms / point["lower_bound_ms"], **overlap(spans)})
         if setting == timeline_setting:

@@ -10,18 +10,17 @@ import math
 import torch
 
 from kvlab.checks import check_num_heads
-from kvlab.kernels import gqa, select, tune, vllm_v1
+from kvlab.kernels import FAMILIES, KERNELS, gqa, select, tune, vllm_v1
 from kvlab.kernels.prefetch import PrefetchConfig
 
-FAMILIES = {"vllm_v1": vllm_v1.VllmV1, "gqa": gqa.Gqa}
-KERNELS = ("auto", *FAMILIES)
+LAUNCHERS = dict(zip(FAMILIES, (vllm_v1.VllmV1, gqa.Gqa), strict=True))
 
 
 def check_kernel(kernel: str, cache, num_qo_heads: int) -> None:
     """Raise ValueError unless `kernel` can run on `cache` with `num_qo_heads` query heads."""
     if kernel not in FAMILIES:
         raise ValueError(f"kernel={kernel!r}: must be one of {KERNELS}")
-    family = FAMILIES[kernel]
+    family = LAUNCHERS[kernel]
     if cache.layout != family.layout:
         raise ValueError(
             f"cache.layout={cache.layout!r}: kernel={kernel!r} reads the {family.layout!r} layout"
@@ -108,7 +107,7 @@ class DecodePlan:
         self.launcher = self._launcher(prefetch)
 
     def _launcher(self, prefetch: PrefetchConfig):
-        return FAMILIES[self.kernel](self.cache, self.num_qo_heads, self.num_seqs,
+        return LAUNCHERS[self.kernel](self.cache, self.num_qo_heads, self.num_seqs,
                                      self.max_seq_len, prefetch, self._num_sms)
 
     def _auto_prefetch(self) -> PrefetchConfig:

@@ -1,10 +1,10 @@
 """Launcher for `kernels/paged_decode_gqa.cu`: a group-aware paged decode kernel on the "hnd"
 layout, with split-KV and the optional L2 prefetch of arXiv 2504.06319.
 
-One CTA handles one (sequence chunk, KV head) and all query heads of that head's group, so each
+One CTA handles one (sequence partition, KV head) and all query heads of that head's group, so each
 KV byte is read from HBM once. When num_seqs x num_kv_heads CTAs cannot fill the GPU, each
-sequence is cut into chunks (multiples of 256 tokens) spread over more CTAs, and a merge kernel
-combines the chunks' partial outputs by their log-sum-exp.
+sequence is cut into partitions (multiples of 256 tokens) spread over more CTAs, and a merge kernel
+combines the partitions' partial outputs by their log-sum-exp.
 """
 
 import numpy as np
@@ -20,8 +20,8 @@ LAYOUT = "hnd"
 BLOCK_SIZES = (8, 16, 32, 64, 128, 256)
 MAX_GROUP = 8
 NUM_THREADS = 128
-CHUNK_QUANTUM = 256  # chunk sizes are multiples of this many tokens
-CHUNK_OVERHEAD_TOKENS = 128  # a CTA's fixed cost (prologue, pipeline fill, merge), in tokens
+PARTITION_QUANTUM = 256  # partition sizes are multiples of this many tokens
+PARTITION_OVERHEAD_TOKENS = 128  # a CTA's fixed cost (prologue, pipeline fill, merge), in tokens
 SM_SHARED_BYTES = 228 * 1024  # shared memory per SM on Hopper (H100, H200)
 CTA_RESERVED_SHARED_BYTES = 1024  # what the driver reserves per resident CTA
 
@@ -61,21 +61,21 @@ def ctas_per_sm(head_dim: int) -> int:
     return SM_SHARED_BYTES // (smem_bytes(head_dim) + CTA_RESERVED_SHARED_BYTES)
 
 
-def chunk_size(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_slots: int) -> int:
-    """Tokens per chunk (a multiple of CHUNK_QUANTUM) when `num_slots` CTAs run at once.
+def partition_size(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_slots: int) -> int:
+    """Tokens per partition (a multiple of PARTITION_QUANTUM) when `num_slots` CTAs run at once.
 
-    Minimises the makespan model `waves x (chunk tokens + CHUNK_OVERHEAD_TOKENS)`, where waves =
-    ceil(CTAs / num_slots); ties go to fewer chunks (less merge work).
+    Minimises the makespan model `waves x (partition tokens + PARTITION_OVERHEAD_TOKENS)`, where
+    waves = ceil(CTAs / num_slots); ties go to fewer partitions (less merge work).
     NOTE: on the H200 this ordering held: llama3-8b at batch 16 x 32k ran 93.5% of the roofline
-    with 2 chunks (256 CTAs in 264 slots: one wave), 92.1% with 9 and 87.3% with 3 (two waves).
+    with 2 partitions (256 CTAs in 264 slots: one wave), 92.1% with 9 and 87.3% with 3 (two waves).
     """
     num_ctas = num_seqs * num_kv_heads
 
     def makespan(size: int) -> tuple[int, int]:
         waves = -(-num_ctas * -(-max_seq_len // size) // num_slots)
-        return waves * (size + CHUNK_OVERHEAD_TOKENS), -size
+        return waves * (size + PARTITION_OVERHEAD_TOKENS), -size
 
-    q = CHUNK_QUANTUM
+    q = PARTITION_QUANTUM
     sizes = {-(-max_seq_len // n // q) * q for n in range(1, -(-max_seq_len // q) + 1)}
     return min(sizes, key=makespan)
 
@@ -94,16 +94,16 @@ class Gqa:
             num_qo_heads, num_seqs, cache.num_kv_heads
         )
         num_slots = num_sms * ctas_per_sm(cache.head_dim)
-        self.chunk_size = chunk_size(num_seqs, cache.num_kv_heads, max_seq_len, num_slots)
-        self.num_chunks = -(-max_seq_len // self.chunk_size)
+        self.partition_size = partition_size(num_seqs, cache.num_kv_heads, max_seq_len, num_slots)
+        self.num_partitions = -(-max_seq_len // self.partition_size)
         d, group = cache.head_dim, num_qo_heads // cache.num_kv_heads
         names = name_expressions(cache.dtype, d, cache.block_size, group, prefetch)
         self.decode, self.merge = load(SOURCE, names, cache.device.index)
         self.smem = smem_bytes(d)
         self.decode.max_dynamic_shared_size_bytes = self.smem
         self.partials = None
-        if self.num_chunks > 1:
-            shape = (num_seqs, num_qo_heads, self.num_chunks)
+        if self.num_partitions > 1:
+            shape = (num_seqs, num_qo_heads, self.num_partitions)
             self.partials = (
                 torch.empty(*shape, d, dtype=torch.float32, device=cache.device),
                 torch.empty(shape, dtype=torch.float32, device=cache.device),
@@ -111,15 +111,15 @@ class Gqa:
 
     def __call__(self, out, q, k_cache, v_cache, block_tables, seq_lens, scale: float) -> None:
         partial_out, partial_lse = map(ptr, self.partials) if self.partials else (NULL, NULL)
-        grid = (self.num_chunks, self.num_kv_heads, self.num_seqs)
+        grid = (self.num_partitions, self.num_kv_heads, self.num_seqs)
         launch(self.decode, grid, (NUM_THREADS,), (
             ptr(out), partial_out, partial_lse, ptr(q), ptr(k_cache), ptr(v_cache),
             ptr(block_tables), ptr(seq_lens), np.int32(block_tables.shape[1]),
-            np.int32(self.num_kv_heads), np.int32(self.chunk_size), np.int32(self.num_chunks),
-            np.float32(scale),
+            np.int32(self.num_kv_heads), np.int32(self.partition_size),
+            np.int32(self.num_partitions), np.float32(scale),
         ), out.device, self.smem)
         if self.partials:
             launch(self.merge, (self.num_qo_heads, self.num_seqs), (NUM_THREADS,), (
-                ptr(out), partial_out, partial_lse, ptr(seq_lens), np.int32(self.chunk_size),
-                np.int32(self.num_chunks),
+                ptr(out), partial_out, partial_lse, ptr(seq_lens), np.int32(self.partition_size),
+                np.int32(self.num_partitions),
             ), out.device)

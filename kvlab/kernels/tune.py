@@ -17,8 +17,8 @@ import warnings
 
 import torch
 
-from kvlab.bench.timing import Timer
 from kvlab.kernels.prefetch import PrefetchConfig
+from kvlab.timing import Timer
 
 CANDIDATES = (
     PrefetchConfig(),

@@ -1,8 +1,11 @@
 """A decoder's layers run on fixed buffers, replayed as CUDA graphs on a GPU.
 
 Where a layer moves little data, the KVPR runtime is bound by the host: eager PyTorch enqueues a
-Llama layer as some 30 kernels, and each costs the host 10-40 us on the H200's machine whatever
-its size. A CUDA graph enqueues a captured sequence of kernels in one call. A decode layer's
+Llama layer as some 30 kernels, each a host call whatever its size. On the H200's machine a unit
+(one layer of one GPU batch) cost the host 0.60-1.61 ms enqueued eagerly (`unit_host_ms` in
+benchmarks/results/h200/kvpr_eager.json) and 0.21-0.62 ms with these graphs (kvpr_opt.json,
+kvpr_llama.json). This is the one place kvlab states that cost. A CUDA graph enqueues a captured
+sequence of kernels in one call. A decode layer's
 shapes are fixed except the attention's length, which grows by one every step, so a layer runs as
 - head (a graph): the attention norm; Q, K, V of the new tokens, with RoPE at the step's position
   (read from a device tensor, so one capture serves every step); the new K, V written into the

@@ -29,10 +29,10 @@ class StepRecord:
     reprofiled: bool
 
 
-def predicted_seconds(decoder: KVPRDecoder, hw: LinkAndCompute, l: int, context: int,
+def predicted_seconds(decoder: KVPRDecoder, rates: LinkAndCompute, l: int, context: int,
                       model_of_time: str = "pipelined") -> float:
     """A step's predicted time: every unit (layer, GPU batch) at split `l`."""
-    per_unit = layer_time(decoder.unit_shape(context), hw, l, model_of_time, decoder.num_chunks)
+    per_unit = layer_time(decoder.unit_shape(context), rates, l, model_of_time, decoder.num_chunks)
     return len(decoder.units()) * per_unit
 
 
@@ -50,12 +50,12 @@ def timed_step(decoder: KVPRDecoder, hidden: torch.Tensor, l: int) -> tuple[torc
     return out, start.elapsed_time(end) * 1e-3
 
 
-def decode(decoder: KVPRDecoder, hidden: torch.Tensor, num_steps: int, hw: LinkAndCompute, *,
+def decode(decoder: KVPRDecoder, hidden: torch.Tensor, num_steps: int, rates: LinkAndCompute, *,
            model_of_time: str = "pipelined", monitor: DriftMonitor | None = None,
            reprofile: Callable[[], LinkAndCompute] | None = None,
            timed: Callable = timed_step) -> tuple[torch.Tensor, list[StepRecord], LinkAndCompute]:
     """`num_steps` decode steps of `decoder` from `hidden` [batch, hidden_size], each at the
-    split `model_of_time` chooses for the current length under rates `hw`.
+    split `model_of_time` chooses for the current length under `rates`.
 
     monitor: compares measured with predicted step times; when it flags a drift the rates are
     measured again with `reprofile` (default: `profile` of the model on the decoder's GPU) and
@@ -75,11 +75,11 @@ def decode(decoder: KVPRDecoder, hidden: torch.Tensor, num_steps: int, hw: LinkA
     records = []
     for _ in range(num_steps):
         context = decoder.stores[0].length
-        l = best_split(decoder.unit_shape(context), hw, model_of_time, decoder.num_chunks).l
+        l = best_split(decoder.unit_shape(context), rates, model_of_time, decoder.num_chunks).l
         hidden, seconds = timed(decoder, hidden, l)
-        predicted = predicted_seconds(decoder, hw, l, context, model_of_time)
+        predicted = predicted_seconds(decoder, rates, l, context, model_of_time)
         drifted = monitor is not None and monitor.observe(seconds, predicted)
         if drifted:
-            hw = reprofile()
+            rates = reprofile()
         records.append(StepRecord(context, l, 1e3 * seconds, 1e3 * predicted, drifted))
-    return hidden, records, hw
+    return hidden, records, rates

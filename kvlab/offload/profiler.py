@@ -10,7 +10,6 @@ import time
 
 import torch
 
-from kvlab.bench.timing import Timer, back_to_back_ms
 from kvlab.checks import check_positive_int
 from kvlab.config import ModelConfig
 from kvlab.offload.graphs import StaticLayers
@@ -19,6 +18,7 @@ from kvlab.offload.model import LayerWeights
 from kvlab.offload.recompute import AttentionWeights, RopeTable, recompute_kv
 from kvlab.offload.runtime import KVPRDecoder
 from kvlab.offload.scheduler import LinkAndCompute, token_chunks
+from kvlab.timing import Timer, back_to_back_ms
 
 DIRECTIONS = ("h2d", "d2h")
 

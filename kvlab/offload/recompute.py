@@ -96,8 +96,8 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype) ->
 @dataclass(frozen=True)
 class RopeTable:
     """cos and sin [max_positions, head_dim] of every position, computed once: a lookup costs one
-    indexing op per tensor where `rope_cos_sin` costs a dozen (the runtime is host-bound on
-    small ops, about 15-25 us each)."""
+    indexing op per tensor where `rope_cos_sin` costs a dozen (small ops cost the host more than
+    the GPU: see `kvlab.offload.graphs`)."""
 
     cos: torch.Tensor
     sin: torch.Tensor

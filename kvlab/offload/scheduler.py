@@ -72,7 +72,7 @@ class LinkAndCompute:
     enqueueing (0: left out, as the paper does). unit_host_seconds, chunk_host_seconds: the
     host's time to enqueue one unit (layer, GPU batch) of the runtime at l = 0, and what each
     recompute chunk adds to it (0: left out). A step cannot run faster than the host enqueues
-    it: on the H200's machine each CUDA call costs the host 5-20 us, and a unit makes some 30.
+    it (`kvlab.offload.graphs` states what the host cost on the H200).
     """
 
     h2d_bytes_per_s: float
@@ -181,37 +181,37 @@ def token_chunks(l: int, num_chunks: int) -> list[tuple[int, int]]:
     return [(a, b) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
 
 
-def _check_model(model: str, num_chunks: int) -> None:
-    if model not in MODELS_OF_TIME:
-        raise ValueError(f"model={model!r}: must be one of {MODELS_OF_TIME}")
+def _check_model_of_time(model_of_time: str, num_chunks: int) -> None:
+    if model_of_time not in MODELS_OF_TIME:
+        raise ValueError(f"model_of_time={model_of_time!r}: must be one of {MODELS_OF_TIME}")
     check_positive_int("num_chunks", num_chunks)
 
 
-def layer_times(shape: LayerShape, hw: LinkAndCompute, model: str = "paper",
+def layer_times(shape: LayerShape, rates: LinkAndCompute, model_of_time: str = "paper",
                 num_chunks: int = 8) -> np.ndarray:
     """Predicted seconds per layer at every split l = 0, 1, ..., s' (the t(l) curve)."""
-    _check_model(model, num_chunks)
+    _check_model_of_time(model_of_time, num_chunks)
     ls = np.arange(shape.context + 1)
-    t_x = shape.activation_bytes(ls) / hw.h2d_bytes_per_s
-    t_kv = shape.kv_bytes(ls) / hw.h2d_bytes_per_s
-    t_r = shape.recompute_flops(ls) / hw.recompute_flops_per_s
-    t_wk, t_wr = (b / hw.h2d_bytes_per_s for b in shape.weight_bytes)
-    t_l = hw.layer_seconds
-    if model == "paper":
+    t_x = shape.activation_bytes(ls) / rates.h2d_bytes_per_s
+    t_kv = shape.kv_bytes(ls) / rates.h2d_bytes_per_s
+    t_r = shape.recompute_flops(ls) / rates.recompute_flops_per_s
+    t_wk, t_wr = (b / rates.h2d_bytes_per_s for b in shape.weight_bytes)
+    t_l = rates.layer_seconds
+    if model_of_time == "paper":
         return t_wk + t_x + np.maximum(t_r, t_kv + t_wr) + t_l
     link = t_wk + t_x + t_kv + t_wr
-    if model == "pipelined":
-        host = hw.unit_host_seconds + np.minimum(ls, num_chunks) * hw.chunk_host_seconds
+    if model_of_time == "pipelined":
+        host = rates.unit_host_seconds + np.minimum(ls, num_chunks) * rates.chunk_host_seconds
         return np.maximum.reduce([link, t_r + t_l, host])
     n = num_chunks
     return np.maximum.reduce([link, t_wk + t_x / n + t_r, t_wk + t_x + t_r / n]) + t_l
 
 
-def layer_time(shape: LayerShape, hw: LinkAndCompute, l: int, model: str = "paper",
+def layer_time(shape: LayerShape, rates: LinkAndCompute, l: int, model_of_time: str = "paper",
                num_chunks: int = 8) -> float:
     """Predicted seconds per layer at split `l`."""
     check_split(l, shape.context)
-    return float(layer_times(shape, hw, model, num_chunks)[l])
+    return float(layer_times(shape, rates, model_of_time, num_chunks)[l])
 
 
 @dataclass(frozen=True)
@@ -220,7 +220,7 @@ class Split:
 
     l: int
     seconds: float
-    model: str
+    model_of_time: str
     full_transfer_seconds: float  # l = 0: every K, V byte crosses the link
 
     @property
@@ -229,20 +229,20 @@ class Split:
         return self.full_transfer_seconds / self.seconds
 
 
-def best_split(shape: LayerShape, hw: LinkAndCompute, model: str = "paper",
+def best_split(shape: LayerShape, rates: LinkAndCompute, model_of_time: str = "paper",
                num_chunks: int = 8) -> Split:
     """The integer l in [0, s'] with the smallest predicted layer time; ties go to the smaller l
     (less recomputation for the same time)."""
-    times = layer_times(shape, hw, model, num_chunks)
+    times = layer_times(shape, rates, model_of_time, num_chunks)
     best = int(np.argmin(times))  # the first minimum: the smallest l
-    return Split(best, float(times[best]), model, float(times[0]))
+    return Split(best, float(times[best]), model_of_time, float(times[0]))
 
 
-def lower_bound_seconds(shape: LayerShape, hw: LinkAndCompute, l: int | None = None) -> float:
+def lower_bound_seconds(shape: LayerShape, rates: LinkAndCompute, l: int | None = None) -> float:
     """`max(PCIe bytes / v_com, recompute FLOPs / v_gpu)` at split `l`, or at the best split when
     `l` is None: no schedule of that split can beat it, however well it overlaps (the
     "pipelined" model without the layer's own work and the host's)."""
-    bare = replace(hw, layer_seconds=0.0, unit_host_seconds=0.0, chunk_host_seconds=0.0)
+    bare = replace(rates, layer_seconds=0.0, unit_host_seconds=0.0, chunk_host_seconds=0.0)
     if l is None:
         return best_split(shape, bare, "pipelined").seconds
     return layer_time(shape, bare, l, "pipelined")

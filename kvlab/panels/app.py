@@ -1,8 +1,7 @@
 """The dashboard shell: a header naming the backend, then one `ipywidgets.Tab` page per tab.
 
 A tab is any object with `key`, `title`, `controls`, `figures` and `widget` (see `DashboardTab`);
-adding one ("Decode kernels", "KVPR", ...) means appending it in `dashboard()`. This module also
-holds the two helpers every tab uses to show Plotly figures as live widgets.
+adding one ("Decode kernels", "KVPR", ...) means appending it in `dashboard()`.
 """
 
 from __future__ import annotations
@@ -14,11 +13,11 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from kvlab.device import backend, device_label
+from kvlab.panels.decode_kernels import DecodeKernelsTab
+from kvlab.panels.kvpr import KVPRTab
+from kvlab.panels.paged_cache import PagedCacheTab
 
-__all__ = [
-    "Dashboard", "DashboardTab", "dashboard", "figure_widget", "header_html", "labeled",
-    "show_figure",
-]
+__all__ = ["Dashboard", "DashboardTab", "dashboard", "header_html"]
 
 
 class DashboardTab(Protocol):
@@ -27,40 +26,6 @@ class DashboardTab(Protocol):
     controls: dict[str, widgets.Widget]
     figures: dict[str, go.FigureWidget]
     widget: widgets.Widget
-
-
-def figure_widget(height: int) -> go.FigureWidget:
-    """An empty `go.FigureWidget` of a fixed height, to be filled by `show_figure`."""
-    return go.FigureWidget(layout=dict(height=height))
-
-
-def labeled(cls, description: str, **kwargs) -> widgets.Widget:
-    """A control of type `cls` with the description column and width every tab uses."""
-    return cls(
-        description=description,
-        style={"description_width": "150px"},
-        layout={"width": "420px"},
-        **kwargs,
-    )
-
-
-def show_figure(widget: go.FigureWidget, fig: go.Figure) -> None:
-    """Make `widget` show `fig`: traces and layout replaced in one `batch_update`.
-
-    Traces are updated in place when `fig` has the same trace types as the widget (the front end
-    then redraws without rebuilding), else replaced.
-    """
-    same_traces = [t.type for t in widget.data] == [t.type for t in fig.data]
-    with widget.batch_update():
-        if same_traces:
-            for old, new in zip(widget.data, fig.data, strict=True):
-                props = new.to_plotly_json()
-                props.pop("type")
-                old.update(props, overwrite=True)
-        else:
-            widget.data = ()
-            widget.add_traces(fig.data)
-        widget.layout = fig.layout
 
 
 def header_html(backend_name: str, label: str) -> str:
@@ -103,8 +68,4 @@ class Dashboard:
 
 def dashboard() -> Dashboard:
     """The kvlab dashboard with all its tabs, built afresh (so it reflects `KVLAB_BACKEND` now)."""
-    from kvlab.panels.decode_kernels import DecodeKernelsTab  # imports this module: keep it lazy
-    from kvlab.panels.kvpr import KVPRTab
-    from kvlab.panels.paged_cache import PagedCacheTab
-
     return Dashboard([PagedCacheTab(), DecodeKernelsTab(), KVPRTab()])

@@ -16,13 +16,13 @@ import ipywidgets as widgets
 
 from kvlab.config import MODELS
 from kvlab.device import backend, device_label
+from kvlab.kernels import FAMILIES
 from kvlab.kernels.prefetch import MAX_DISTANCE, MODES, PrefetchConfig
-from kvlab.panels.app import figure_widget, labeled, show_figure
+from kvlab.panels.widgets import figure_widget, labeled, show_figure
 from kvlab.results import ATTENTION, label, load_results, nearest_rows, recorded_models
 from kvlab.viz.kernels import bandwidth_figure, prefetch_speedup_figure, variant
 
 RECORDED = ATTENTION  # (machine, result names) of the recorded results shown without a GPU
-KERNELS = ("vllm_v1", "gqa")  # the paged kernel families; sdpa is always measured beside them
 BLOCK_SIZES = (8, 16, 32, 64, 128, 256)  # gqa's; vllm_v1 supports 8, 16, 32
 FIGURE_HEIGHTS = {"bandwidth": 440, "speedup": 440}
 
@@ -42,7 +42,7 @@ def measure_point(
 
     parser = argparse.ArgumentParser()
     attention.add_arguments(parser)
-    kernels = [*KERNELS, "sdpa"]
+    kernels = [*FAMILIES, "sdpa"]
     result = None
     for i, kernel in enumerate(kernels):
         args = parser.parse_args(
@@ -105,7 +105,7 @@ class DecodeKernelsTab:
             "context": labeled(
                 widgets.BoundedIntText, "context (tokens)", min=1, max=131072, value=context
             ),
-            "kernel": labeled(widgets.Dropdown, "kernel family", options=KERNELS, value=kernel),
+            "kernel": labeled(widgets.Dropdown, "kernel family", options=FAMILIES, value=kernel),
             "prefetch": labeled(widgets.Dropdown, "L2 prefetch", options=MODES, value=prefetch),
             "distance": labeled(
                 widgets.IntSlider,

@@ -30,7 +30,7 @@ import plotly.graph_objects as go
 from kvlab.config import MODELS
 from kvlab.device import backend, device_label
 from kvlab.offload.scheduler import SCHEDULES, WEIGHTS, LinkAndCompute, best_split, unit_shape
-from kvlab.panels.app import figure_widget, labeled, show_figure
+from kvlab.panels.widgets import figure_widget, labeled, show_figure
 from kvlab.results import KVPR, label, load_results, nearest_point, recorded_models
 from kvlab.viz.offload import (
     describe_point,
@@ -211,8 +211,8 @@ class KVPRTab:
                   f"{rate_row['context']}" if recorded_rates else "what-if rates")
         # the layer's own time and the host's, as recorded with the rates (what-if: left out)
         times = recorded_times(rate_row) if recorded_rates else {}
-        hw = LinkAndCompute(c["pcie_gbps"].value * 1e9, c["recompute_tflops"].value * 1e12, source,
-                            **times)
+        rates = LinkAndCompute(c["pcie_gbps"].value * 1e9, c["recompute_tflops"].value * 1e12,
+                               source, **times)
         gpu_batches = v["gpu_batches"]
         if v["batch"] % gpu_batches:
             notes.append(f"batch {v['batch']} does not split into {gpu_batches} GPU batches: "
@@ -223,10 +223,10 @@ class KVPRTab:
         same_point = rows and (rows[0]["batch"], rows[0]["context"]) == (v["batch"], v["context"])
         if self.backend == "cuda" and measured is None:
             notes.append("press Measure to measure this point on this GPU")
-        self.status.value = self._status(v, shape, gpu_batches, hw, rows, timeline, provenance,
+        self.status.value = self._status(v, shape, gpu_batches, rates, rows, timeline, provenance,
                                          notes)
         show_figure(self.figures["split"], split_figure(
-            shape, hw, c["l"].value, v["chunks"], FIGURE_HEIGHTS["split"],
+            shape, rates, c["l"].value, v["chunks"], FIGURE_HEIGHTS["split"],
             measured=points if same_point else None,
             provenance=f"{schedule_label(v)}; {provenance}", gpu_batches=gpu_batches))
         if timeline and timeline.get("spans"):
@@ -245,16 +245,17 @@ class KVPRTab:
         ))
 
     @staticmethod
-    def _status(v, shape, gpu_batches, hw, rows, timeline, provenance, notes) -> str:
-        best = best_split(shape, hw, "pipelined", v["chunks"])
+    def _status(v, shape, gpu_batches, rates, rows, timeline, provenance, notes) -> str:
+        best = best_split(shape, rates, "pipelined", v["chunks"])
         units = shape.model.num_layers * gpu_batches
         lines = [f"Pipelined optimum l={best.l}: {1e3 * units * best.seconds:.1f} ms per step "
                  f"({schedule_label({**v, 'gpu_batches': gpu_batches})}), {best.speedup:.2f}x "
                  "full transfer (modelled)."]
-        if hw.unit_host_seconds or hw.layer_seconds:
-            lines.append(f"Per layer, as recorded: its own work {1e3 * hw.layer_seconds:.2f} ms; "
-                         f"the host {1e3 * hw.unit_host_seconds:.2f} ms to enqueue it, "
-                         f"{1e3 * hw.chunk_host_seconds:.2f} ms more per recompute chunk.")
+        if rates.unit_host_seconds or rates.layer_seconds:
+            lines.append(f"Per layer, as recorded: its own work "
+                         f"{1e3 * rates.layer_seconds:.2f} ms; "
+                         f"the host {1e3 * rates.unit_host_seconds:.2f} ms to enqueue it, "
+                         f"{1e3 * rates.chunk_host_seconds:.2f} ms more per recompute chunk.")
         if rows:
             b, c = rows[0]["batch"], rows[0]["context"]
             lines.append(f"Steps shown: {v['model']} batch {b} x {c} ({provenance}; requested "

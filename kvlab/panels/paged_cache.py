@@ -17,7 +17,7 @@ from kvlab.cache.accounting import (
     replay_block_tables,
 )
 from kvlab.config import MODELS
-from kvlab.panels.app import figure_widget, labeled, show_figure
+from kvlab.panels.widgets import figure_widget, labeled, show_figure
 from kvlab.viz.cache import GIB, block_table_figure, fragmentation_figure, memory_figure
 from kvlab.workload import DISTRIBUTIONS, make_workload
 

@@ -157,7 +157,7 @@ def timeline_figure(spans: list[dict], provenance: str, height: int = 320,
     return fig
 
 
-def split_figure(shape: LayerShape, hw: LinkAndCompute, selected_l: int | None = None,
+def split_figure(shape: LayerShape, rates: LinkAndCompute, selected_l: int | None = None,
                  num_chunks: int = 8, height: int = 380, measured: list[dict] | None = None,
                  provenance: str = "", gpu_batches: int = 1) -> go.Figure:
     """Predicted decode-step time against the split l under each model of time, each model's
@@ -168,16 +168,16 @@ def split_figure(shape: LayerShape, hw: LinkAndCompute, selected_l: int | None =
     units = shape.model.num_layers * gpu_batches
     ls = np.arange(shape.context + 1)
     fig = go.Figure()
-    for model in MODELS_OF_TIME:
-        ms = 1e3 * units * layer_times(shape, hw, model, num_chunks)
-        best = best_split(shape, hw, model, num_chunks)
-        fig.add_trace(go.Scatter(x=ls, y=ms, mode="lines", name=f"{model} model",
-                                 line=dict(dash=MODEL_DASH[model])))
+    for model_of_time in MODELS_OF_TIME:
+        ms = 1e3 * units * layer_times(shape, rates, model_of_time, num_chunks)
+        best = best_split(shape, rates, model_of_time, num_chunks)
+        fig.add_trace(go.Scatter(x=ls, y=ms, mode="lines", name=f"{model_of_time} model",
+                                 line=dict(dash=MODEL_DASH[model_of_time])))
         fig.add_trace(go.Scatter(
             x=[best.l], y=[1e3 * units * best.seconds], mode="markers", showlegend=False,
             marker=dict(size=10, symbol="diamond"),
-            hovertemplate=f"{model} optimum: l=%{{x}}, %{{y:.2f}} ms, {best.speedup:.2f}x full "
-                          "transfer<extra></extra>",
+            hovertemplate=f"{model_of_time} optimum: l=%{{x}}, %{{y:.2f}} ms, "
+                          f"{best.speedup:.2f}x full transfer<extra></extra>",
         ))
     measured = [r for r in measured or [] if r.get("l") is not None]
     if measured:
@@ -196,8 +196,8 @@ def split_figure(shape: LayerShape, hw: LinkAndCompute, selected_l: int | None =
         height=height, xaxis_title="l: tokens whose K, V are recomputed",
         yaxis_title="predicted decode step (ms)",
         title=(f"{shape.model.name}, {batch} x {shape.context} tokens{weights}: modelled with "
-               f"{hw.h2d_bytes_per_s / 1e9:.1f} GB/s and {hw.recompute_flops_per_s / 1e12:.0f} "
-               f"TFLOP/s ({hw.source})"),
+               f"{rates.h2d_bytes_per_s / 1e9:.1f} GB/s and "
+               f"{rates.recompute_flops_per_s / 1e12:.0f} TFLOP/s ({rates.source})"),
     )
     return fig
 

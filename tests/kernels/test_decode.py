@@ -26,7 +26,7 @@ PREFETCHES = [
 ]
 NUM_KV_HEADS = 2
 # Two batches per case: mixed lengths (long ones: v2 partitions / split-KV), and many short
-# sequences (v1 / one chunk per CTA); test_matches_reference checks each takes its path.
+# sequences (v1 / one partition per CTA); test_matches_reference checks each takes its path.
 MIXED = [1, 17, 97, 1000, 3, 600]
 MANY = [1 + (37 * i) % 256 for i in range(160)]
 
@@ -102,7 +102,7 @@ def test_matches_reference(case, compiled):
         cache, seq_ids = make_batch(kernel, dtype, head_dim, block_size, lens, seed)
         q = torch.randn(len(lens), NUM_KV_HEADS * group, head_dim, device="cuda").to(dtype)
         plan = kvlab.DecodePlan(cache, seq_ids, q.shape[1], kernel=kernel, prefetch=prefetch)
-        split = getattr(plan.launcher, "num_chunks", None) or plan.launcher.num_partitions
+        split = plan.launcher.num_partitions
         assert (split > 1) == (lens is MIXED), f"{kernel} split {split} ways for {lens[:6]}"
         out = plan.run(q, out=torch.full_like(q, math.nan))
         ref = reference(q, cache, seq_ids)
@@ -113,7 +113,7 @@ def test_matches_reference(case, compiled):
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel", FAMILIES)
 def test_long_context(kernel):
-    """32k tokens in one sequence: many partitions / chunks, and v2 beyond v1's 8k limit."""
+    """32k tokens in one sequence: many partitions, and v2 beyond v1's 8k limit."""
     cache, seq_ids = make_batch(kernel, torch.float16, 128, 16, [32768, 5], seed=2)
     q = torch.randn(2, 8, 128, device="cuda", dtype=torch.float16)
     out = kvlab.decode_attention(q, cache, seq_ids, kernel=kernel, prefetch=BULK)
@@ -239,13 +239,13 @@ def test_autotune_setting_is_checked(monkeypatch):
 @pytest.mark.parametrize(
     ("num_seqs", "num_kv_heads", "max_seq_len", "expected"),
     [
-        (16, 8, 32768, 16384),  # 128 CTAs: 2 chunks fill one wave of 264 slots
+        (16, 8, 32768, 16384),  # 128 CTAs: 2 partitions fill one wave of 264 slots
         (128, 8, 32768, 32768),  # 1024 CTAs already fill the GPU: no split
-        (1, 8, 32768, 1024),  # 32 chunks: 256 CTAs
-        (160, 2, 256, 256),  # short sequences: one chunk
+        (1, 8, 32768, 1024),  # 32 partitions: 256 CTAs
+        (160, 2, 256, 256),  # short sequences: one partition
     ],
 )
 def test_gqa_split_fills_waves_of_resident_ctas(num_seqs, num_kv_heads, max_seq_len, expected):
     num_slots = 132 * gqa.ctas_per_sm(128)
     assert gqa.ctas_per_sm(128) == 2
-    assert gqa.chunk_size(num_seqs, num_kv_heads, max_seq_len, num_slots) == expected
+    assert gqa.partition_size(num_seqs, num_kv_heads, max_seq_len, num_slots) == expected

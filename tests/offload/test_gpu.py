@@ -133,18 +133,18 @@ def test_timeline_orders_copies_before_their_use():
 
 def test_profile_measures_this_gpu():
     model = MODELS["tiny-llama"]
-    hw = profile(model, batch=4, context=1024)
-    assert hw.source == f"measured on {torch.cuda.get_device_name()}"
-    assert hw.h2d_bytes_per_s > 0 and hw.recompute_flops_per_s > 0
-    assert hw.d2h_bytes_per_s > 0 and 0 < hw.layer_seconds < 0.01
-    assert hw.unit_host_seconds == hw.chunk_host_seconds == 0  # no decoder given
+    rates = profile(model, batch=4, context=1024)
+    assert rates.source == f"measured on {torch.cuda.get_device_name()}"
+    assert rates.h2d_bytes_per_s > 0 and rates.recompute_flops_per_s > 0
+    assert rates.d2h_bytes_per_s > 0 and 0 < rates.layer_seconds < 0.01
+    assert rates.unit_host_seconds == rates.chunk_host_seconds == 0  # no decoder given
     model, layers, store = setup("tiny-llama", batch=4, context=64, max_context=66)
     graphed, eager = (KVPRDecoder(model, layers, store, "cuda", num_chunks=2, cuda_graphs=on)
                       for on in (True, False))
-    hw = profile(model, batch=4, context=64, decoder=graphed)
-    assert 0 < hw.unit_host_seconds < 0.01 and 0 < hw.chunk_host_seconds < 0.01
+    rates = profile(model, batch=4, context=64, decoder=graphed)
+    assert 0 < rates.unit_host_seconds < 0.01 and 0 < rates.chunk_host_seconds < 0.01
     assert store.length == 64  # restored
-    assert host_seconds(eager)[0] > hw.unit_host_seconds  # the graphs save host calls
+    assert host_seconds(eager)[0] > rates.unit_host_seconds  # the graphs save host calls
     store.length = 1
     with pytest.raises(ValueError, match="stores hold 1 tokens: host_seconds needs at least"):
         host_seconds(graphed)

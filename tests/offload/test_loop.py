@@ -56,10 +56,10 @@ def test_a_drift_brings_a_new_profile_used_from_the_next_step():
         profiles.append(FAST_GPU)
         return FAST_GPU
 
-    _, records, hw = decode(dec, hidden, 8, SLOW_GPU, monitor=DriftMonitor(0.1, 3),
+    _, records, rates = decode(dec, hidden, 8, SLOW_GPU, monitor=DriftMonitor(0.1, 3),
                             reprofile=reprofile, timed=scripted(seconds))
     assert [r.reprofiled for r in records] == [False] * 5 + [True, False, False]
-    assert len(profiles) == 1 and hw is FAST_GPU
+    assert len(profiles) == 1 and rates is FAST_GPU
     assert [r.l for r in records[:6]] == [0] * 6  # scheduled with the old rates
     assert [r.l for r in records[6:]] == [26, 27]  # and with the new ones
 

@@ -23,23 +23,23 @@ H200 = LinkAndCompute(55.4e9, 670e12, "recorded on NVIDIA H200")
 SLOW_GPU = LinkAndCompute(32e9, 20e12, "what-if")
 
 
-def paper_time_by_hand(shape, hw, l):
+def paper_time_by_hand(shape, rates, l):
     """The paper's formula, written out for one l with MHA or GQA sizes."""
     m, b, s, p = shape.model, shape.batch, shape.context, shape.dtype_bytes
     m_x = b * l * m.hidden_size * p
     m_kv = 2 * b * (s - l) * m.num_kv_heads * m.head_dim * p
     flops = 4 * b * l * m.hidden_size * m.num_kv_heads * m.head_dim
-    recompute, copy = flops / hw.recompute_flops_per_s, m_kv / hw.h2d_bytes_per_s
-    return m_x / hw.h2d_bytes_per_s + max(recompute, copy)
+    recompute, copy = flops / rates.recompute_flops_per_s, m_kv / rates.h2d_bytes_per_s
+    return m_x / rates.h2d_bytes_per_s + max(recompute, copy)
 
 
-@pytest.mark.parametrize("hw", [H200, SLOW_GPU])
+@pytest.mark.parametrize("rates", [H200, SLOW_GPU])
 @pytest.mark.parametrize("name", ["opt-6.7b", "llama2-7b", "tiny-opt"])
-def test_paper_optimum_is_the_exact_integer_minimum(name, hw):
+def test_paper_optimum_is_the_exact_integer_minimum(name, rates):
     shape = LayerShape(MODELS[name], batch=16, context=777)
-    by_hand = [paper_time_by_hand(shape, hw, l) for l in range(778)]
-    assert layer_times(shape, hw) == pytest.approx(by_hand, rel=1e-12)
-    split = best_split(shape, hw)
+    by_hand = [paper_time_by_hand(shape, rates, l) for l in range(778)]
+    assert layer_times(shape, rates) == pytest.approx(by_hand, rel=1e-12)
+    split = best_split(shape, rates)
     assert split.l == int(np.argmin(by_hand)) and 0 < split.l < 777
     assert split.seconds == pytest.approx(min(by_hand))
     assert split.full_transfer_seconds == pytest.approx(by_hand[0]) and split.speedup > 1
@@ -65,8 +65,8 @@ def test_gqa_models_recompute_nothing(name, batch, context, model):
     m = MODELS[name]
     assert 2 * m.kv_size <= m.hidden_size
     infinite_gpu = LinkAndCompute(55.4e9, 1e30, "what-if")
-    for hw in (H200, infinite_gpu):
-        split = best_split(LayerShape(m, batch, context), hw, model)
+    for rates in (H200, infinite_gpu):
+        split = best_split(LayerShape(m, batch, context), rates, model)
         assert split.l == 0 and split.speedup == 1.0
 
 
@@ -110,7 +110,7 @@ def test_bad_shapes_and_rates_are_refused():
         LinkAndCompute(-1, 1e12, "x")
     with pytest.raises(ValueError, match="recompute_flops_per_s=nan"):
         LinkAndCompute(1e9, float("nan"), "x")
-    with pytest.raises(ValueError, match="model='fast'"):
+    with pytest.raises(ValueError, match="model_of_time=.fast."):
         best_split(LayerShape(MODELS["llama2-7b"], 1, 8), H200, "fast")
     with pytest.raises(ValueError, match="num_chunks=0"):
         layer_times(LayerShape(MODELS["llama2-7b"], 1, 8), H200, "chunked", num_chunks=0)

@@ -142,8 +142,8 @@ def test_what_if_rates_move_the_curves(tab):
     assert not c["pcie_gbps"].disabled
     c["pcie_gbps"].value, c["recompute_tflops"].value = 25.0, 300.0
     shape = LayerShape(MODELS["opt-6.7b"], 16, 1024)
-    hw = LinkAndCompute(25e9, 300e12, "what-if")
-    best = best_split(shape, hw, "pipelined", 4)
+    rates = LinkAndCompute(25e9, 300e12, "what-if")
+    best = best_split(shape, rates, "pipelined", 4)
     optimum = [t for t in tab.figures["split"].data if t.mode == "markers"][2]
     assert list(optimum.x) == [best.l]
     assert "what-if rates" in tab.figures["split"].layout.title.text

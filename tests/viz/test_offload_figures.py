@@ -32,7 +32,7 @@ SPANS = [
     {"lane": "compute", "name": "layer", "layer": 0, "start_us": 30.5, "end_us": 42.25},
     {"lane": "D2H", "name": "new token", "layer": 0, "start_us": 43.0, "end_us": 44.0},
 ]
-HW = LinkAndCompute(55.4e9, 670e12, "recorded on NVIDIA H200, 2026-11-29")
+RATES = LinkAndCompute(55.4e9, 670e12, "recorded on NVIDIA H200, 2026-11-29")
 PROVENANCE = "recorded on TEST GPU, 2026-12-01"
 
 
@@ -132,12 +132,12 @@ def test_timeline_without_spans_is_refused():
 
 def test_split_figure_draws_each_model_and_its_optimum():
     shape = LayerShape(MODELS["opt-6.7b"], batch=16, context=1024)
-    fig = split_figure(shape, HW, selected_l=300)
+    fig = split_figure(shape, RATES, selected_l=300)
     curves = [t for t in fig.data if t.mode == "lines"]
     optima = [t for t in fig.data if t.mode == "markers"]
     assert [t.name for t in curves] == ["paper model", "chunked model", "pipelined model"]
     for model, marker in zip(("paper", "chunked", "pipelined"), optima, strict=True):
-        best = best_split(shape, HW, model)
+        best = best_split(shape, RATES, model)
         assert list(marker.x) == [best.l]
         assert marker.y[0] == pytest.approx(1e3 * 32 * best.seconds)
     assert len(curves[0].x) == 1025 and [s.x0 for s in fig.layout.shapes] == [300]
@@ -147,7 +147,7 @@ def test_split_figure_draws_each_model_and_its_optimum():
 def test_split_figure_draws_rows_of_one_schedule_and_never_hf():
     rows = make_point_rows()
     shape = LayerShape(MODELS["opt-6.7b"], batch=16, context=1024)
-    fig = split_figure(shape, HW, measured=rows, provenance=PROVENANCE)
+    fig = split_figure(shape, RATES, measured=rows, provenance=PROVENANCE)
     (measured,) = [t for t in fig.data if (t.name or "").startswith("measured")]
     assert len(measured.x) == 9 and None not in measured.x  # hf-offloaded has no l
     assert split_points(rows, "column", "offloaded") == []  # recorded in 4 GPU batches, not 1
@@ -155,13 +155,13 @@ def test_split_figure_draws_rows_of_one_schedule_and_never_hf():
     assert [(r["setting"], r["l"]) for r in points] == [("kvpr-pipelined", 800),
                                                         ("full-transfer", 0)]
     unit = unit_shape(MODELS["opt-6.7b"], 16, 1024, "column", 4, "offloaded")
-    fig = split_figure(unit, HW, measured=points, provenance=PROVENANCE, gpu_batches=4)
+    fig = split_figure(unit, RATES, measured=points, provenance=PROVENANCE, gpu_batches=4)
     (measured,) = [t for t in fig.data if (t.name or "").startswith("measured")]
     assert list(measured.y) == [60.0, 150.0] and PROVENANCE in measured.name
     assert "batch 16 in 4 GPU batches x 1024 tokens, weights offloaded" in fig.layout.title.text
     # a step is 32 layers x 4 GPU batches, each unit with a quarter of the weight load
     pipelined = next(t for t in fig.data if t.name == "pipelined model")
-    assert pipelined.y[0] == pytest.approx(1e3 * 128 * layer_time(unit, HW, 0, "pipelined"))
+    assert pipelined.y[0] == pytest.approx(1e3 * 128 * layer_time(unit, RATES, 0, "pipelined"))
 
 
 def test_rows_recorded_before_the_schedule_keys_read_as_row_by_row_resident():

@@ -5,7 +5,7 @@ import time
 import pytest
 import torch
 
-from kvlab.bench.timing import Timer
+from kvlab.timing import Timer
 
 pytestmark = pytest.mark.gpu
 

@@ -4,19 +4,36 @@ Each raises ValueError naming the parameter, the value and what is allowed. Pure
 this module costs nothing.
 """
 
+import numbers
+
 HEAD_DIMS = (64, 80, 96, 112, 128, 256)
 MAX_BLOCK_SIZE = 256
 
 
+def is_int(value) -> bool:
+    """True for an integer: a Python int or a numpy integer (numbers.Integral), but not a bool.
+
+    Floats are not integers here, even integral-valued ones such as 3.0. A caller that keeps the
+    value stores `int(value)`, so that numpy integers do not leak into its state.
+    """
+    # NOTE: the plain-int test first: the ABC check costs ~10x more and sits on hot paths.
+    return type(value) is int or (
+        isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    )
+
+
+def check_int(name: str, value, minimum: int) -> None:
+    if not is_int(value) or value < minimum:
+        raise ValueError(f"{name}={value!r}: must be an integer >= {minimum}")
+
+
 def check_positive_int(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}={value!r}: must be an integer >= 1")
+    check_int(name, value, 1)
 
 
 def check_block_size(block_size) -> None:
     if (
-        isinstance(block_size, bool)
-        or not isinstance(block_size, int)
+        not is_int(block_size)
         or not 1 <= block_size <= MAX_BLOCK_SIZE
         or block_size & (block_size - 1)
     ):
@@ -26,8 +43,8 @@ def check_block_size(block_size) -> None:
 
 
 def check_head_dim(head_dim) -> None:
-    if isinstance(head_dim, bool) or head_dim not in HEAD_DIMS:
-        raise ValueError(f"head_dim={head_dim!r}: must be one of {HEAD_DIMS}")
+    if not is_int(head_dim) or head_dim not in HEAD_DIMS:
+        raise ValueError(f"head_dim={head_dim!r}: must be an integer, one of {HEAD_DIMS}")
 
 
 def check_num_heads(num_qo_heads, num_kv_heads) -> None:

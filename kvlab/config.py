@@ -53,6 +53,8 @@ class ModelConfig:
             raise ValueError(
                 f"rope_theta={self.rope_theta!r}: must be set exactly when position='rope'"
             )
+        for name in (*sizes, "num_qo_heads", "num_kv_heads", "head_dim"):
+            object.__setattr__(self, name, int(getattr(self, name)))  # numpy ints become ints
 
     @property
     def gqa_group(self) -> int:

@@ -5,6 +5,7 @@ from `PagedKVCache.gather`, which indexes slot by slot), and compute in fp32.
 """
 
 import math
+import numbers
 
 import torch
 
@@ -30,17 +31,25 @@ def decode_attention(q: torch.Tensor, cache: PagedKVCache, seq_ids, scale: float
     Args:
         q: [B, num_qo_heads, head_dim], floating point, on the cache's device. Query head h reads
             KV head h // (num_qo_heads // num_kv_heads).
-        seq_ids: B live sequence ids of `cache`; row b of q attends to all of seq_ids[b]'s tokens.
-        scale: softmax scale, default 1 / sqrt(head_dim).
+        seq_ids: B >= 1 live sequence ids of `cache`; row b of q attends to all of seq_ids[b]'s
+            tokens.
+        scale: softmax scale, a finite real number; default 1 / sqrt(head_dim).
     Returns:
         float32 [B, num_qo_heads, head_dim].
     Raises:
-        ValueError for a q of the wrong shape, dtype or device, a head count that is not a
-        multiple of the cache's num_kv_heads, or an unknown seq_id.
+        ValueError for no seq_ids, a q of the wrong shape, dtype or device, a head count that is
+        not a positive multiple of the cache's num_kv_heads, a scale that is not a finite real
+        number, or an unknown seq_id.
     """
     seq_ids = list(seq_ids)
+    if not seq_ids:
+        raise ValueError("seq_ids=[]: must name at least one sequence")
     _check_q(q, cache, len(seq_ids))
-    scale = 1.0 / math.sqrt(cache.head_dim) if scale is None else float(scale)
+    if scale is None:
+        scale = 1.0 / math.sqrt(cache.head_dim)
+    elif isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale):
+        raise ValueError(f"scale={scale!r}: must be a finite real number")
+    scale = float(scale)
     group = q.shape[1] // cache.num_kv_heads
     tables, seq_lens = cache.block_tables(seq_ids), cache.seq_lens(seq_ids).tolist()
     out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
@@ -62,9 +71,9 @@ def _check_q(q, cache: PagedKVCache, batch_size: int) -> None:
             f"q.shape={tuple(q.shape)}: must be [B={batch_size} (one row per seq_id), "
             f"num_qo_heads, head_dim={cache.head_dim}]"
         )
-    if q.shape[1] % cache.num_kv_heads:
+    if q.shape[1] < 1 or q.shape[1] % cache.num_kv_heads:
         raise ValueError(
-            f"num_qo_heads={q.shape[1]}: must be a multiple of the cache's "
+            f"num_qo_heads={q.shape[1]}: must be a positive multiple of the cache's "
             f"num_kv_heads={cache.num_kv_heads}"
         )
     if q.device != cache.device:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 __all__ = [
@@ -31,10 +32,12 @@ ATTENTION = ("h200", ("attention", "attention_block_sizes"))
 # schedules with resident and offloaded weights (kvpr_schedules). The ablations (kvpr_eager,
 # kvpr_chunks4) stay out of the dashboard: they repeat points of the grid under other settings.
 KVPR = ("h200", ("kvpr_opt", "kvpr_llama", "kvpr_schedules"))
-# A row's identity; "family" is set on kernel="auto" rows only (the family auto ran).
-ROW_KEY = ("model", "batch", "context", "kernel", "family", "block_size", "prefetch")
+# A row's identity; "family" and "auto_mode" are set on kernel="auto" rows only (the family auto
+# ran; tuned at the point, reused from another shape of its bucket, or the recorded choice).
+ROW_KEY = ("model", "batch", "context", "kernel", "family", "auto_mode", "block_size", "prefetch")
 PACKAGED_DIR = Path(__file__).resolve().parent / "results_data"
 CHECKOUT_DIR = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+PATH_COMPONENT = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 def results_dir() -> Path:
@@ -54,9 +57,10 @@ def load_result(machine: str, name: str) -> dict:
     """The recorded result `<machine>/<name>.json`, e.g. `load_result("h200", "attention")`, as
     written by `python -m kvlab bench <name> --json` (keys gpu, date, rows, ...).
 
-    Raises ValueError naming `machine` and `name` and listing the recorded results when absent.
+    Raises ValueError naming `machine` and `name` and listing the recorded results when absent, or
+    naming the one that is not a plain file name (letters, digits, '_', '-', '.'; not '.' or '..').
     """
-    path = results_dir() / machine / f"{name}.json"
+    path = _result_path(machine, name)
     if not path.is_file():
         raise ValueError(
             f"machine={machine!r}, name={name!r}: no recorded result {path}; "
@@ -64,6 +68,23 @@ def load_result(machine: str, name: str) -> dict:
         )
     with open(path) as f:
         return json.load(f)
+
+
+def _result_path(machine: str, name: str) -> Path:
+    """`<results_dir>/<machine>/<name>.json`, for plain names that stay inside the folder."""
+    for param, value in (("machine", machine), ("name", name)):
+        if not (isinstance(value, str) and PATH_COMPONENT.fullmatch(value)) or value in (".", ".."):
+            raise ValueError(
+                f"{param}={value!r}: must be a plain file name of letters, digits, '_', '-' and "
+                f"'.' (not '.' or '..')"
+            )
+    root = results_dir().resolve()
+    path = root / machine / f"{name}.json"
+    if not path.resolve().is_relative_to(root):
+        raise ValueError(
+            f"machine={machine!r}, name={name!r}: {path} resolves outside the results folder {root}"
+        )
+    return path
 
 
 def load_results(machine: str, names) -> dict:
@@ -74,9 +95,11 @@ def load_results(machine: str, names) -> dict:
     NOTE: every run measures its own no-prefetch baseline, so a row can appear once per run.
     Compare times only within one source (`speedups`): tiny kernels vary more between runs
     than prefetch changes them. Names not recorded are skipped; raises ValueError (as
-    `load_result`) when none is."""
+    `load_result`) when none is, or for `names` empty or not plain file names."""
     names = list(names)
-    recorded = [n for n in names if (results_dir() / machine / f"{n}.json").is_file()]
+    if not names:
+        raise ValueError("names=[]: must name at least one result")
+    recorded = [n for n in names if _result_path(machine, n).is_file()]
     loaded = {n: load_result(machine, n) for n in recorded}
     if not loaded:
         return load_result(machine, names[0])

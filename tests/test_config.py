@@ -1,5 +1,6 @@
 import dataclasses
 
+import numpy as np
 import pytest
 
 import kvlab
@@ -44,7 +45,11 @@ def test_families():
     ("change", "message"),
     [
         ({"num_kv_heads": 3}, "num_qo_heads=32: must be divisible by num_kv_heads=3"),
-        ({"head_dim": 100}, r"head_dim=100: must be one of \(64, 80, 96, 112, 128, 256\)"),
+        ({"head_dim": 100},
+         r"head_dim=100: must be an integer, one of \(64, 80, 96, 112, 128, 256\)"),
+        ({"head_dim": 128.0}, r"head_dim=128.0: must be an integer, one of"),
+        ({"num_layers": 32.0}, "num_layers=32.0: must be an integer >= 1"),
+        ({"num_kv_heads": True}, "num_kv_heads=True: must be an integer >= 1"),
         ({"num_layers": 0}, "num_layers=0: must be an integer >= 1"),
         ({"norm": "batchnorm"}, "norm='batchnorm': must be one of"),
         ({"family": "gpt2"}, "family='gpt2': must be one of"),
@@ -54,6 +59,13 @@ def test_families():
 def test_presets_validate_themselves(change, message):
     with pytest.raises(ValueError, match=message):
         dataclasses.replace(MODELS["llama2-7b"], **change)
+
+
+def test_numpy_integer_sizes_are_accepted():
+    sizes = {"num_layers": np.int64(16), "head_dim": np.int32(128)}
+    model = dataclasses.replace(MODELS["llama2-7b"], **sizes)
+    assert (model.num_layers, model.head_dim) == (16, 128)
+    assert type(model.num_layers) is int and type(model.head_dim) is int
 
 
 def test_configs_are_frozen():

@@ -74,12 +74,27 @@ def test_bad_q():
         decode_attention(torch.randn(2, 4, 64), cache, [seq_id])
     with pytest.raises(ValueError, match=r"q.shape=\(1, 4, 32\)"):
         decode_attention(torch.randn(1, 4, 32), cache, [seq_id])
-    with pytest.raises(ValueError, match="num_qo_heads=3: must be a multiple of the cache's "
-                                         "num_kv_heads=2"):
-        decode_attention(torch.randn(1, 3, 64), cache, [seq_id])
+    for num_qo_heads in (3, 0):
+        with pytest.raises(ValueError, match=f"num_qo_heads={num_qo_heads}: must be a positive "
+                                             "multiple of the cache's num_kv_heads=2"):
+            decode_attention(torch.randn(1, num_qo_heads, 64), cache, [seq_id])
     with pytest.raises(ValueError, match="q: must be a floating-point torch.Tensor"):
         decode_attention(torch.ones(1, 4, 64, dtype=torch.int32), cache, [seq_id])
     with pytest.raises(ValueError, match="q.device=meta"):
         decode_attention(torch.randn(1, 4, 64, device="meta"), cache, [seq_id])
     with pytest.raises(ValueError, match="seq_id=5: not a live sequence"):
         decode_attention(torch.randn(1, 4, 64), cache, [5])
+
+
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), -float("inf"), True, "0.3",
+                                   torch.tensor(0.3)])
+def test_bad_scale(scale):
+    cache = make_cache(num_kv_heads=2)
+    seq_id, _, _ = make_seq(cache, 3)
+    with pytest.raises(ValueError, match="must be a finite real number"):
+        decode_attention(torch.randn(1, 4, 64), cache, [seq_id], scale=scale)
+
+
+def test_no_seq_ids():
+    with pytest.raises(ValueError, match=r"seq_ids=\[\]: must name at least one sequence"):
+        decode_attention(torch.randn(0, 4, 64), make_cache(num_kv_heads=2), [])

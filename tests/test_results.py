@@ -1,10 +1,14 @@
 """Recorded results: loading, provenance label, nearest recorded point on a log2 scale."""
 
+import re
+
 import pytest
 
+import kvlab.results
 from kvlab.results import (
     label,
     load_result,
+    load_results,
     nearest_point,
     nearest_rows,
     recorded_models,
@@ -44,6 +48,45 @@ def test_load_result_unknown_names_machine_name_and_lists_recorded(machine, name
     message = str(error.value)
     assert f"machine={machine!r}" in message and f"name={name!r}" in message
     assert "h200/attention" in message
+
+
+@pytest.mark.parametrize(
+    "machine,name,bad",
+    [
+        ("h200", "../h200/attention", "name"),  # once loaded h200/attention.json by a detour
+        ("h200", "../../pyproject", "name"),
+        ("..", "attention", "machine"),
+        ("h200/..", "attention", "machine"),
+        (".", "attention", "machine"),
+        ("h200", "..", "name"),
+        ("", "attention", "machine"),
+        ("h200", "/etc/passwd", "name"),
+        ("h200", None, "name"),
+    ],
+)
+def test_load_result_refuses_anything_but_plain_names(machine, name, bad):
+    value = {"machine": machine, "name": name}[bad]
+    message = f"{bad}={value!r}: must be a plain file name of letters, digits"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        load_result(machine, name)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        load_results(machine, ["attention", name])
+
+
+def test_load_result_refuses_a_link_out_of_the_results_folder(tmp_path, monkeypatch):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.json").write_text("{}")
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "h200").symlink_to(outside)
+    monkeypatch.setattr(kvlab.results, "results_dir", lambda: tmp_path / "results")
+    with pytest.raises(ValueError, match="machine='h200', name='secret': .* resolves outside"):
+        load_result("h200", "secret")
+
+
+def test_load_results_needs_a_name():
+    with pytest.raises(ValueError, match=r"names=\[\]: must name at least one result"):
+        load_results("h200", [])
 
 
 @pytest.mark.parametrize(

@@ -205,7 +205,7 @@ def fragmentation_sweep(
     if len(block_sizes) == 0:
         raise ValueError("block_sizes=(): must hold at least one block size")
     for block_size in block_sizes:
-        check_block_size(int(block_size))
+        check_block_size(block_size)
     sizes = np.asarray(block_sizes, dtype=np.int64)
     num_new_blocks, num_new_tokens = _paged_costs(workload, sizes)
     reserved = num_new_blocks.sum(axis=1) * sizes * bytes_per_token

@@ -12,7 +12,7 @@ are equal. No hash of a hash is involved, so no collision can alias two differen
 from dataclasses import dataclass, field
 
 from kvlab.cache.block_pool import BlockPool, OutOfBlocksError
-from kvlab.checks import check_positive_int
+from kvlab.checks import check_int, check_positive_int, is_int
 
 
 @dataclass(frozen=True)
@@ -42,11 +42,15 @@ def _cdiv(a: int, b: int) -> int:
 
 
 class BlockManager:
-    """Allocates blocks to sequences. Every failed call leaves the manager unchanged."""
+    """Allocates blocks to sequences. Every failed call leaves the manager unchanged.
+
+    Counts, positions and token ids are integers (Python or numpy, not bools); anything else
+    raises ValueError naming the argument.
+    """
 
     def __init__(self, num_blocks: int, block_size: int, seed: int | None = None):
         self.pool = BlockPool(num_blocks, block_size, seed)
-        self.block_size = block_size
+        self.block_size = self.pool.block_size
         self._seqs: dict[int, _Sequence] = {}
         self._next_seq_id = 0
 
@@ -70,13 +74,21 @@ class BlockManager:
         return list(self._seq(seq_id).block_ids)
 
     def slot_mapping(self, seq_id: int, start: int, stop: int) -> list[int]:
-        """Slot `block_id * block_size + offset` of each token position in [start, stop)."""
-        block_ids, bs = self._seq(seq_id).block_ids, self.block_size
+        """Slot `block_id * block_size + offset` of each token position in [start, stop), for
+        integers 0 <= start <= stop <= seq_len."""
+        seq = self._seq(seq_id)
+        if not (is_int(start) and is_int(stop) and 0 <= start <= stop <= seq.num_tokens):
+            raise ValueError(
+                f"start={start!r}, stop={stop!r}: must be integers with "
+                f"0 <= start <= stop <= seq_len={seq.num_tokens}"
+            )
+        block_ids, bs = seq.block_ids, self.block_size
         return [block_ids[pos // bs] * bs + pos % bs for pos in range(start, stop)]
 
     def add_sequence(self, num_tokens: int, token_ids=None) -> Allocation:
         """Place a new sequence of `num_tokens` tokens, reusing live blocks with an equal prefix."""
         check_positive_int("num_tokens", num_tokens)
+        num_tokens = int(num_tokens)
         token_ids = self._check_token_ids(token_ids, num_tokens)
         shared = self._match_prefix(token_ids) if token_ids is not None else []
         num_new = _cdiv(num_tokens, self.block_size) - len(shared)
@@ -96,8 +108,8 @@ class BlockManager:
         (copy-on-write). Appending without token ids ends prefix sharing for the later blocks.
         """
         seq = self._seq(seq_id)
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
-            raise ValueError(f"num_tokens={num_tokens!r}: must be an integer >= 0")
+        check_int("num_tokens", num_tokens, 0)
+        num_tokens = int(num_tokens)
         token_ids = self._check_token_ids(token_ids, num_tokens)
         old_len, bs = seq.num_tokens, self.block_size
         room = len(seq.block_ids) * bs - old_len
@@ -135,26 +147,35 @@ class BlockManager:
         del self._seqs[seq_id]
 
     def _seq(self, seq_id: int) -> _Sequence:
-        try:
-            return self._seqs[seq_id]
-        except (KeyError, TypeError):
+        seq = self._seqs.get(seq_id) if is_int(seq_id) else None
+        if seq is None:
             raise ValueError(
                 f"seq_id={seq_id!r}: not a live sequence (never added, or already freed)"
-            ) from None
+            )
+        return seq
 
     def _new_seq_id(self) -> int:
         self._next_seq_id += 1
         return self._next_seq_id - 1
 
     def _check_token_ids(self, token_ids, num_tokens: int) -> list[int] | None:
+        """`token_ids` as a list of `num_tokens` plain ints, or None."""
         if token_ids is None:
             return None
-        token_ids = [int(t) for t in token_ids]
+        try:
+            token_ids = list(token_ids)
+        except TypeError:
+            raise ValueError(
+                f"token_ids={token_ids!r:.60}: must be None or a sequence of integers"
+            ) from None
         if len(token_ids) != num_tokens:
             raise ValueError(
                 f"token_ids has {len(token_ids)} ids: must have one per token ({num_tokens})"
             )
-        return token_ids
+        for i, token_id in enumerate(token_ids):
+            if not is_int(token_id):
+                raise ValueError(f"token_ids[{i}]={token_id!r}: must be an integer")
+        return [int(t) for t in token_ids]
 
     def _block_key(self, token_ids: list[int], parent: int | None, index: int) -> tuple:
         bs = self.block_size

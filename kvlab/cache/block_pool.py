@@ -6,10 +6,10 @@ prefixes can share blocks.
 """
 
 import random
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Hashable, Iterable
 
-from kvlab.checks import check_block_size, check_positive_int
+from kvlab.checks import check_block_size, check_int, check_positive_int, is_int
 
 
 class OutOfBlocksError(RuntimeError):
@@ -29,41 +29,48 @@ class BlockPool:
     A block is free exactly when its ref count is 0; then it sits in the free queue. With a `seed`,
     the queue starts in a random order, so block tables come out scattered over the pool as in a
     server that has run for a while; without, blocks are handed out in id order.
+
+    Block ids are ints (Python or numpy integers, not bools). Every call given a bad argument
+    raises ValueError before changing anything.
     """
 
     def __init__(self, num_blocks: int, block_size: int, seed: int | None = None):
         check_positive_int("num_blocks", num_blocks)
         check_block_size(block_size)
-        self.num_blocks = num_blocks
-        self.block_size = block_size
-        order = list(range(num_blocks))
+        if seed is not None and not is_int(seed):
+            raise ValueError(f"seed={seed!r}: must be None or an integer")
+        self.num_blocks = int(num_blocks)
+        self.block_size = int(block_size)
+        order = list(range(self.num_blocks))
         if seed is not None:
-            random.Random(seed).shuffle(order)
+            random.Random(int(seed)).shuffle(order)
         self._free_queue: deque[int] = deque(order)
-        self._ref_cnt = [0] * num_blocks
+        self._ref_cnt = [0] * self.num_blocks
         # NOTE: a key is in `_cached` only while its block is in use (ref_cnt > 0).
         self._cached: dict[Hashable, int] = {}
-        self._key_of: list[Hashable | None] = [None] * num_blocks
+        self._key_of: list[Hashable | None] = [None] * self.num_blocks
 
     @property
     def num_free_blocks(self) -> int:
         return len(self._free_queue)
 
     def ref_cnt(self, block_id: int) -> int:
-        return self._ref_cnt[block_id]
+        return self._ref_cnt[self._check_block_id("block_id", block_id)]
 
     def free_block_ids(self) -> list[int]:
         """The ids in the free queue, in the order they will be handed out."""
         return list(self._free_queue)
 
     def can_allocate(self, num_blocks: int) -> bool:
+        check_int("num_blocks", num_blocks, 0)
         return num_blocks <= len(self._free_queue)
 
     def allocate(self, num_blocks: int) -> list[int]:
         """Take `num_blocks` free blocks, ref count 1 each. All or nothing: OutOfBlocksError."""
+        check_int("num_blocks", num_blocks, 0)
         free_queue, ref_cnt = self._free_queue, self._ref_cnt
         if num_blocks > len(free_queue):
-            raise OutOfBlocksError(num_blocks, len(free_queue))
+            raise OutOfBlocksError(int(num_blocks), len(free_queue))
         block_ids = []
         for _ in range(num_blocks):  # NOTE: a plain loop; a comprehension costs 2x here
             block_id = free_queue.popleft()
@@ -74,16 +81,20 @@ class BlockPool:
     def share(self, block_ids: Iterable[int]) -> None:
         """Add one reference to each block; the blocks must be in use."""
         ref_cnt = self._ref_cnt
-        for block_id in block_ids:
-            assert ref_cnt[block_id] > 0, f"block {block_id} is free: cannot share it"
+        for block_id in self._check_in_use(block_ids, "share"):
             ref_cnt[block_id] += 1
 
     def free(self, block_ids: Iterable[int]) -> None:
-        """Drop one reference to each block; at 0 references a block returns to the free queue."""
+        """Drop one reference to each block; at 0 references a block returns to the free queue.
+
+        The blocks must be in use, and a block listed n times must have at least n references.
+        """
+        block_ids = self._check_in_use(block_ids, "free")
+        if len(block_ids) > 1 and len(set(block_ids)) < len(block_ids):
+            self._check_repeats(block_ids)
         ref_cnt = self._ref_cnt
         for block_id in block_ids:
             count = ref_cnt[block_id] - 1
-            assert count >= 0, f"block {block_id} is already free"
             ref_cnt[block_id] = count
             if not count:
                 key = self._key_of[block_id]
@@ -101,7 +112,41 @@ class BlockPool:
 
         The first block registered under a key keeps it; a later equal block stays private.
         """
-        assert self._ref_cnt[block_id] > 0, f"block {block_id} is free: cannot register it"
+        block_id = self._check_block_id("block_id", block_id, action="register")
         if key not in self._cached and self._key_of[block_id] is None:
             self._cached[key] = block_id
             self._key_of[block_id] = key
+
+    def _check_in_use(self, block_ids: Iterable[int], action: str) -> list[int]:
+        """`block_ids` as a list of plain ints, each naming a block in use."""
+        block_ids = list(block_ids)
+        ref_cnt, num_blocks = self._ref_cnt, self.num_blocks
+        for block_id in block_ids:
+            # NOTE: a cheap test of the common case (plain ints); the full check once one fails.
+            if type(block_id) is not int or not 0 <= block_id < num_blocks or not ref_cnt[block_id]:
+                return [
+                    self._check_block_id(f"block_ids[{i}]", b, action)
+                    for i, b in enumerate(block_ids)
+                ]
+        return block_ids
+
+    def _check_block_id(self, name: str, block_id, action: str | None = None) -> int:
+        """`block_id` as a plain int; with an `action`, the block must also be in use."""
+        if not is_int(block_id) or not 0 <= block_id < self.num_blocks:
+            raise ValueError(
+                f"{name}={block_id!r}: must be a block id, an integer in [0, {self.num_blocks})"
+            )
+        if action is not None and not self._ref_cnt[block_id]:
+            raise ValueError(
+                f"{name}={block_id!r}: must be a block in use, not a free one (cannot {action} it)"
+            )
+        return int(block_id)
+
+    def _check_repeats(self, block_ids: list[int]) -> None:
+        for block_id, count in Counter(block_ids).items():
+            if count > self._ref_cnt[block_id]:
+                raise ValueError(
+                    f"block_ids.count({block_id})={count}: must be <= ref_cnt({block_id})="
+                    f"{self._ref_cnt[block_id]} (a block cannot be freed more often than it is "
+                    f"referenced)"
+                )

@@ -6,17 +6,23 @@ Layouts (per block; `x = 16 // itemsize`, so one x-vector is 16 bytes):
             v_cache           [num_blocks, num_kv_heads, head_dim, block_size]
 """
 
+import math
+import os
+
 import torch
 
 from kvlab.cache.block_manager import Allocation, BlockManager
-from kvlab.checks import check_head_dim, check_positive_int
+from kvlab.checks import check_block_size, check_head_dim, check_positive_int
 
 LAYOUTS = ("hnd", "vllm")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def cache_shapes(num_blocks, block_size, num_kv_heads, head_dim, dtype, layout):
-    """(k_cache shape, v_cache shape) of a paged cache."""
+    """(k_cache shape, v_cache shape) of a paged cache. Raises ValueError for a layout not in
+    LAYOUTS."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout={layout!r}: must be one of {LAYOUTS}")
     if layout == "hnd":
         shape = (num_blocks, num_kv_heads, block_size, head_dim)
         return shape, shape
@@ -34,28 +40,41 @@ class PagedKVCache:
         num_blocks, block_size: pool size; block_size a power of two in [1, 256].
         num_kv_heads: KV heads; head_dim: one of 64, 80, 96, 112, 128, 256.
         dtype: torch.float16, torch.bfloat16 or torch.float32. layout: "hnd" or "vllm".
+        device: a torch device; the K/V tensors must fit in its free memory.
         seed: if given, blocks are handed out in a random order (scattered block tables).
 
-    Every method that fails raises before changing anything: the cache stays as it was.
+    Raises ValueError for a bad argument, or when the K/V tensors do not fit on `device` (checked
+    before allocating anything). Every method that fails raises before changing anything: the
+    cache stays as it was. Writes never record autograd history, even for K/V that require grad.
     """
 
     def __init__(self, num_blocks, block_size, num_kv_heads, head_dim, dtype=torch.float16,
                  device="cpu", layout="hnd", seed=None):
+        check_positive_int("num_blocks", num_blocks)
+        check_block_size(block_size)
         check_positive_int("num_kv_heads", num_kv_heads)
         check_head_dim(head_dim)
         if dtype not in DTYPES:
             raise ValueError(f"dtype={dtype!r}: must be one of {DTYPES}")
-        if layout not in LAYOUTS:
-            raise ValueError(f"layout={layout!r}: must be one of {LAYOUTS}")
-        self.manager = BlockManager(num_blocks, block_size, seed)
-        self.num_blocks, self.block_size = num_blocks, block_size
-        self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
-        self.dtype, self.layout = dtype, layout
+        num_blocks, block_size, num_kv_heads, head_dim = (
+            int(num_blocks), int(block_size), int(num_kv_heads), int(head_dim)
+        )
         k_shape, v_shape = cache_shapes(
             num_blocks, block_size, num_kv_heads, head_dim, dtype, layout
         )
-        self.k_cache = torch.zeros(k_shape, dtype=dtype, device=device)
-        self.v_cache = torch.zeros(v_shape, dtype=dtype, device=device)
+        device = _check_device(device)
+        _check_fits(num_blocks, (math.prod(k_shape) + math.prod(v_shape)) * dtype.itemsize, device)
+        try:
+            self.manager = BlockManager(num_blocks, block_size, seed)
+            self.k_cache = torch.zeros(k_shape, dtype=dtype, device=device)
+            self.v_cache = torch.zeros(v_shape, dtype=dtype, device=device)
+        except (MemoryError, RuntimeError) as err:  # torch.OutOfMemoryError is a RuntimeError
+            raise ValueError(
+                f"num_blocks={num_blocks}: could not allocate the K/V tensors on {device}: {err}"
+            ) from err
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
+        self.dtype, self.layout = dtype, layout
         self.device = self.k_cache.device
 
     def __repr__(self):
@@ -135,6 +154,7 @@ class PagedKVCache:
         if k.shape != v.shape:
             raise ValueError(f"k.shape={tuple(k.shape)} and v.shape={tuple(v.shape)}: must match")
 
+    @torch.no_grad()  # NOTE: K/V that require grad must not pull the cache into autograd.
     def _write(self, alloc: Allocation, k, v) -> int:
         for src, dst in alloc.copies:
             self.k_cache[dst] = self.k_cache[src]
@@ -166,3 +186,47 @@ class PagedKVCache:
             return self.k_cache[block, :, offset], self.v_cache[block, :, offset]
         k = self.k_cache[block, :, :, offset].reshape(len(slots), self.num_kv_heads, self.head_dim)
         return k, self.v_cache[block, :, :, offset]
+
+
+def _check_device(device) -> torch.device:
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(
+            f"device={device!r}: must be a torch device, e.g. 'cpu' or 'cuda:0'"
+        ) from err
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise ValueError(
+            f"device={device}: no such CUDA device ({torch.cuda.device_count()} visible)"
+        )
+    return device
+
+
+def _free_bytes(device: torch.device) -> int | None:
+    """Bytes that an allocation on `device` can take now, where that is known: on a GPU the free
+    memory plus what torch's caching allocator holds unused; on the CPU MemAvailable (free
+    memory and page cache the kernel can drop)."""
+    if device.type == "cuda":
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return torch.cuda.mem_get_info(device)[0] + cached
+    if device.type == "cpu":
+        try:
+            with open("/proc/meminfo") as f:
+                for line in f:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        if "SC_AVPHYS_PAGES" in getattr(os, "sysconf_names", {}):
+            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return None
+
+
+def _check_fits(num_blocks: int, num_bytes: int, device: torch.device) -> None:
+    """ValueError unless `num_bytes` fit in the free memory of `device` (where that is known)."""
+    num_free = _free_bytes(device)
+    if num_free is not None and num_bytes > num_free:
+        raise ValueError(
+            f"num_blocks={num_blocks}: the K/V tensors need {num_bytes:,} bytes, but {device} has "
+            f"{num_free:,} bytes free"
+        )

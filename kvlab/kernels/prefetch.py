@@ -1,5 +1,6 @@
 """PrefetchConfig: the L2 prefetch options of the decode kernels (arXiv 2504.06319, Algorithm 1)."""
 
+import contextlib
 from dataclasses import dataclass
 
 MODES = ("none", "bulk", "line")
@@ -53,18 +54,21 @@ class PrefetchConfig:
 
     @classmethod
     def from_label(cls, label: str) -> "PrefetchConfig":
-        """The config whose `label()` is `label` (as recorded in benchmark results)."""
-        words = label.split()
-        if words == ["none"]:
-            return cls()
-        try:
+        """The config whose `label()` is exactly `label` (as recorded in benchmark results):
+        "none", or "<mode> <K, V or K+V> d=<distance>" with " evict_last" when set. Raises
+        ValueError for any other string."""
+        words = label.split() if isinstance(label, str) else []
+        config = cls() if words == ["none"] else None
+        if len(words) >= 3:
             mode, kv, distance, *rest = words
-            return cls(mode, k="K" in kv.split("+"), v="V" in kv.split("+"),
-                       distance=int(distance.removeprefix("d=")), evict_last=rest == ["evict_last"])
-        except ValueError:
-            raise ValueError(
-                f"label={label!r}: not a PrefetchConfig label like 'bulk K+V d=1'"
-            ) from None
+            with contextlib.suppress(ValueError):
+                config = cls(mode, k="K" in kv.split("+"), v="V" in kv.split("+"),
+                             distance=int(distance.removeprefix("d=")),
+                             evict_last=rest == ["evict_last"])
+        if config is None or config.label() != label:  # refuses what the parse let through
+            raise ValueError(f"label={label!r}: not a PrefetchConfig label like 'none', "
+                             f"'bulk K+V d=1' or 'line K d=4 evict_last'")
+        return config
 
     def label(self) -> str:
         if not self.enabled:

@@ -10,16 +10,13 @@ an error: a pageable fallback would silently make every copy synchronous and 3-7
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING
 
 import torch
 
 from kvlab.checks import check_positive_int
 from kvlab.config import ModelConfig
+from kvlab.offload.model import LayerWeights, check_layers
 from kvlab.offload.recompute import attention_input, project_kv, seeded_randn
-
-if TYPE_CHECKING:
-    from kvlab.offload.model import LayerWeights
 
 PAGE = 4096
 
@@ -109,9 +106,12 @@ class HostStore:
 def fill(store: HostStore, layers: list[LayerWeights], context: int, seed: int = 0,
          device="cpu") -> None:
     """Prefill `store` with `context` tokens per sequence: for each layer, random layer inputs,
-    their attention inputs X and the K, V computed from them at positions 0..context-1."""
+    their attention inputs X and the K, V computed from them at positions 0..context-1.
+    `layers`: every layer of the store's model, in the store's dtype, on `device` (ValueError
+    otherwise, before anything is written)."""
     if not 0 <= context <= store.max_context:
         raise ValueError(f"context={context}: must be in [0, max_context={store.max_context}]")
+    check_layers(store.model, layers, store.dtype, device)
     model, batch = store.model, store.batch
     positions = torch.arange(context, device=device).repeat_interleave(batch)
     for i, w in enumerate(layers):

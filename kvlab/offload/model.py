@@ -11,6 +11,7 @@ K, V are [tokens, batch, num_kv_heads, head_dim] (the host store's token-major l
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -63,6 +64,58 @@ def random_layers(model: ModelConfig, seed: int = 0, dtype=torch.float32, device
     """Seeded random weights for the first `num_layers` layers (default: all) of `model`."""
     count = model.num_layers if num_layers is None else num_layers
     return [LayerWeights.random(model, seed + 7919 * i, dtype, device) for i in range(count)]
+
+
+def resolve_device(device) -> torch.device:
+    """`device` with its index: "cuda" means the current CUDA device."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+KV_FIELDS = ("attn.w_k", "attn.b_k", "attn.w_v", "attn.b_v")  # what recomputation needs
+
+
+def named_tensors(w: LayerWeights) -> dict[str, torch.Tensor]:
+    """The layer's tensors by dotted field name ("attn.w_k", "w_up", ...), KV_FIELDS first;
+    fields that are None (biases a family lacks) are left out."""
+    named = {}
+    for field in dataclasses.fields(w):
+        value = getattr(w, field.name)
+        if dataclasses.is_dataclass(value):
+            named.update({f"{field.name}.{f.name}": getattr(value, f.name)
+                          for f in dataclasses.fields(value)})
+        else:
+            named[field.name] = value
+    named = {name: t for name, t in named.items() if t is not None}
+    return {**{n: named[n] for n in KV_FIELDS if n in named},
+            **{n: t for n, t in named.items() if n not in KV_FIELDS}}
+
+
+def check_layers(model: ModelConfig, layers: list[LayerWeights], dtype: torch.dtype,
+                 device) -> None:
+    """Raise ValueError unless `layers` are `model`'s num_layers layers, each tensor with the
+    shape `random_layers(model)` gives it (and None where it gives None), of `dtype`, on
+    `device`. The error names the first wrong layer and tensor."""
+    if len(layers) != model.num_layers:
+        raise ValueError(f"len(layers)={len(layers)}: must be {model.name}'s {model.num_layers}")
+    device = resolve_device(device)
+    shapes = {name: tuple(t.shape)
+              for name, t in named_tensors(LayerWeights.random(model, 0, device="meta")).items()}
+    for i, w in enumerate(layers):
+        if not isinstance(w, LayerWeights):
+            raise ValueError(f"layers[{i}]: {type(w).__name__}, must be LayerWeights")
+        tensors = named_tensors(w)
+        for name in [*shapes, *(n for n in tensors if n not in shapes)]:
+            t, shape, where = tensors.get(name), shapes.get(name), f"layers[{i}].{name}"
+            if (None if t is None else tuple(t.shape)) != shape:
+                got = "None" if t is None else f"shape {tuple(t.shape)}"
+                raise ValueError(f"{where}: {got}, must be {shape} for {model.name}")
+            if t.dtype != dtype:
+                raise ValueError(f"{where}: {t.dtype}, must be {dtype}")
+            if t.device != device:
+                raise ValueError(f"{where}: on {t.device}, must be on {device}")
 
 
 # NOTE: not cuDNN's SDPA: on the H200 its first call at each new sequence length took 20-40 ms

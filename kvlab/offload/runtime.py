@@ -31,19 +31,11 @@ from kvlab.checks import check_positive_int
 from kvlab.config import ModelConfig
 from kvlab.offload.graphs import StaticLayers
 from kvlab.offload.host import HostStore
-from kvlab.offload.model import LayerWeights, decode_layer
+from kvlab.offload.model import LayerWeights, check_layers, decode_layer, resolve_device
 from kvlab.offload.recompute import RopeTable, recompute_kv
 from kvlab.offload.scheduler import SCHEDULES, LayerShape, check_split, token_chunks, unit_shape
 from kvlab.offload.timeline import Timeline
 from kvlab.offload.weights import HostLayers
-
-
-def _device(device) -> torch.device:
-    """`device` with its index: "cuda" means the current CUDA device."""
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        return torch.device("cuda", torch.cuda.current_device())
-    return device
 
 
 def _rope_table(model: ModelConfig, store: HostStore, device) -> RopeTable | None:
@@ -86,7 +78,8 @@ class KVPRDecoder:
     from the transferred X[0:l], the rest copied, the two overlapped (see the module doc).
 
     model: the decoder's shapes. layers: every layer's weights, resident on `device` (a list of
-    LayerWeights) or offloaded (`HostLayers`, copied in per layer, W_K and W_V first).
+    LayerWeights) or offloaded (`HostLayers`, copied in per layer, W_K and W_V first), of
+    `model`'s shapes and the stores' dtype (`check_layers`: ValueError before any allocation).
     stores: one HostStore per GPU batch, all of one model, batch, max_context, dtype and length;
     a step's hidden rows are the GPU batches' rows in order.
     schedule: "row" (each GPU batch through every layer in turn: latency) or "column" (each
@@ -106,9 +99,6 @@ class KVPRDecoder:
                  stores: HostStore | list[HostStore], device, num_chunks: int = 1,
                  timeline: bool = False, schedule: str = "row", cuda_graphs: bool = True):
         stores = [stores] if isinstance(stores, HostStore) else list(stores)
-        if len(layers) != model.num_layers:
-            raise ValueError(f"len(layers)={len(layers)}: must be {model.name}'s "
-                             f"{model.num_layers}")
         check_positive_int("num_chunks", num_chunks)
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule={schedule!r}: must be one of {SCHEDULES}")
@@ -124,7 +114,7 @@ class KVPRDecoder:
         if first.model != model:
             raise ValueError(f"stores hold {first.model.name}'s layers, not {model.name}'s")
         self.model, self.stores, self.schedule = model, stores, schedule
-        self.device, self.num_chunks, self.record = _device(device), num_chunks, timeline
+        self.device, self.num_chunks, self.record = resolve_device(device), num_chunks, timeline
         self.cuda_graphs = cuda_graphs
         cuda = self.device.type == "cuda"
         offloaded = isinstance(layers, HostLayers)
@@ -136,6 +126,10 @@ class KVPRDecoder:
         if offloaded and layers.packing.dtype != first.dtype:
             raise ValueError(f"layers: offloaded as {layers.packing.dtype}, the stores hold "
                              f"{first.dtype}: they must match")
+        if offloaded:  # every layer is packed as layer 0 (HostLayers checks): its host views
+            check_layers(model, [layers.template] * len(layers), first.dtype, "cpu")
+        else:
+            check_layers(model, layers, first.dtype, self.device)
         self.layers, weights = layers, layers
         if offloaded:  # two GPU weight slots, and the layers run with their views
             packing = layers.packing

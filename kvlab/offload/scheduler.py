@@ -9,7 +9,7 @@ element:
 The paper writes kv = h (multi-head attention). With GQA, kv < h and, once kv <= h / 2, a
 recomputed token costs as many PCIe bytes (h) as it saves (2 kv) or more: l = 0 must win.
 
-Two models of one layer's time, each minimised exactly over every integer l in [0, s']:
+Three models of one layer's time, t(l) for each integer l in [0, s']:
 - "paper": t(l) = M_X(l) / v_com + max(N(l) / v_gpu, M_KV(l) / v_com). Recomputation waits for
   all of X, and the KV copy waits for X too (one PCIe link).
 - "chunked": X streams in `num_chunks` chunks and chunk k is recomputed while chunk k + 1 and then
@@ -43,21 +43,40 @@ two parts per GPU batch (a column-by-column schedule shares one load among its G
 t(l) = T_WK + T_X + max(T_R, T_KV + T_WR); chunked adds T_WK to the recomputation's start and
 T_WK + T_WR to the link's busy time; pipelined t(l) = max(T_WK + T_X + T_KV + T_WR, T_R). With no
 weight bytes these are the models above.
+
+`best_split` minimises t(l) exactly over the integers without drawing the curve, so any context
+costs it the same few evaluations: each model's t(l) is the largest of a few terms linear in l,
+but for the host's H(l), which bends once, at l = n. On [0, n] and on [n, s'] it is then convex
+and piecewise linear, and its integer minimum lies at an end or next to where two terms cross.
+Ties go to the smallest l: every l whose time is within a relative 1e-9 (float noise) of the
+minimum counts as the minimum, and the first such l lies at an end or next to where a term
+crosses that level. So l = 0 wins wherever K, V per token are no larger than X: at kv = h / 2
+(tiny-llama) the link's time is the same at every l but for rounding. `layer_times` draws the
+curve, for plots, up to MAX_CURVE_CONTEXT.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
+from numbers import Real
 
 import numpy as np
 
-from kvlab.checks import check_positive_int
+from kvlab.checks import check_int, check_positive_int, is_int
 from kvlab.config import ModelConfig
 
 MODELS_OF_TIME = ("paper", "chunked", "pipelined")
 SCHEDULES = ("row", "column")  # the runtime's orders of units (kvlab.offload.runtime)
 WEIGHTS = ("resident", "offloaded")  # where the runtime's weights live
 ALIGN = 256  # bytes: each tensor of an offloaded layer starts on this boundary
+MAX_CURVE_CONTEXT = 2**22  # the longest context whose t(l) curve `layer_times` draws
+TIE_TOLERANCE = 1e-9  # relative: times this close to the minimum tie with it (float noise)
+
+
+def _is_finite_real(value) -> bool:
+    """A finite real number, and not a bool."""
+    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True)
@@ -88,11 +107,11 @@ class LinkAndCompute:
             value = getattr(self, name)
             if name == "d2h_bytes_per_s" and value is None:
                 continue
-            if not (isinstance(value, (int, float)) and value > 0 and np.isfinite(value)):
+            if not (_is_finite_real(value) and value > 0):
                 raise ValueError(f"{name}={value!r}: must be a positive finite number")
         for name in ("layer_seconds", "unit_host_seconds", "chunk_host_seconds"):
             t = getattr(self, name)
-            if not (isinstance(t, (int, float)) and t >= 0 and np.isfinite(t)):
+            if not (_is_finite_real(t) and t >= 0):
                 raise ValueError(f"{name}={t!r}: must be a finite number >= 0")
 
 
@@ -111,10 +130,13 @@ class LayerShape:
     def __post_init__(self):
         check_positive_int("batch", self.batch)
         check_positive_int("context", self.context)
-        if self.dtype_bytes not in (1, 2, 4):
+        if not is_int(self.dtype_bytes) or self.dtype_bytes not in (1, 2, 4):
             raise ValueError(f"dtype_bytes={self.dtype_bytes!r}: must be 1, 2 or 4")
-        if len(self.weight_bytes) != 2 or not all(b >= 0 for b in self.weight_bytes):
-            raise ValueError(f"weight_bytes={self.weight_bytes!r}: must be two byte counts >= 0")
+        weight_bytes = self.weight_bytes
+        if not (isinstance(weight_bytes, tuple) and len(weight_bytes) == 2
+                and all(_is_finite_real(b) and b >= 0 for b in weight_bytes)):
+            raise ValueError(f"weight_bytes={weight_bytes!r}: must be two finite byte counts "
+                             f">= 0")
 
     def activation_bytes(self, l) -> np.ndarray:
         tokens = np.asarray(l, dtype=np.float64)
@@ -177,6 +199,8 @@ def check_split(l: int, context: int) -> None:
 def token_chunks(l: int, num_chunks: int) -> list[tuple[int, int]]:
     """[0:l] as up to `num_chunks` non-empty token ranges of near-equal size: the chunks in
     which X streams in and is recomputed."""
+    check_int("l", l, 0)
+    check_positive_int("num_chunks", num_chunks)
     bounds = [round(l * c / num_chunks) for c in range(num_chunks + 1)]
     return [(a, b) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
 
@@ -187,31 +211,70 @@ def _check_model_of_time(model_of_time: str, num_chunks: int) -> None:
     check_positive_int("num_chunks", num_chunks)
 
 
-def layer_times(shape: LayerShape, rates: LinkAndCompute, model_of_time: str = "paper",
-                num_chunks: int = 8) -> np.ndarray:
-    """Predicted seconds per layer at every split l = 0, 1, ..., s' (the t(l) curve)."""
-    _check_model_of_time(model_of_time, num_chunks)
-    ls = np.arange(shape.context + 1)
+def _terms(shape: LayerShape, rates: LinkAndCompute, model_of_time: str, num_chunks: int,
+           ls: np.ndarray) -> list[np.ndarray]:
+    """The terms whose largest is t(l), each at every split of `ls`: all linear in l, but the
+    pipelined model's host term, which bends at l = num_chunks (see the module doc)."""
     t_x = shape.activation_bytes(ls) / rates.h2d_bytes_per_s
     t_kv = shape.kv_bytes(ls) / rates.h2d_bytes_per_s
     t_r = shape.recompute_flops(ls) / rates.recompute_flops_per_s
     t_wk, t_wr = (b / rates.h2d_bytes_per_s for b in shape.weight_bytes)
-    t_l = rates.layer_seconds
-    if model_of_time == "paper":
-        return t_wk + t_x + np.maximum(t_r, t_kv + t_wr) + t_l
+    t_l, n = rates.layer_seconds, num_chunks
+    if model_of_time == "paper":  # T_WK + T_X + max(T_R, T_KV + T_WR) + T_L
+        return [t_wk + t_x + t_r + t_l, t_wk + t_x + t_kv + t_wr + t_l]
     link = t_wk + t_x + t_kv + t_wr
     if model_of_time == "pipelined":
-        host = rates.unit_host_seconds + np.minimum(ls, num_chunks) * rates.chunk_host_seconds
-        return np.maximum.reduce([link, t_r + t_l, host])
-    n = num_chunks
-    return np.maximum.reduce([link, t_wk + t_x / n + t_r, t_wk + t_x + t_r / n]) + t_l
+        host = rates.unit_host_seconds + np.minimum(ls, n) * rates.chunk_host_seconds
+        return [link, t_r + t_l, host]
+    return [link + t_l, t_wk + t_x / n + t_r + t_l, t_wk + t_x + t_r / n + t_l]
+
+
+def _times(shape: LayerShape, rates: LinkAndCompute, model_of_time: str, num_chunks: int,
+           ls: np.ndarray) -> np.ndarray:
+    """t(l) at every split of `ls` (float64 token counts in [0, s'])."""
+    return np.maximum.reduce(_terms(shape, rates, model_of_time, num_chunks, ls))
+
+
+def layer_times(shape: LayerShape, rates: LinkAndCompute, model_of_time: str = "paper",
+                num_chunks: int = 8) -> np.ndarray:
+    """Predicted seconds per layer at every split l = 0, 1, ..., s' (the t(l) curve, for plots:
+    s' = `shape.context` up to MAX_CURVE_CONTEXT; `best_split` needs no curve)."""
+    _check_model_of_time(model_of_time, num_chunks)
+    if shape.context > MAX_CURVE_CONTEXT:
+        raise ValueError(f"shape.context={shape.context}: layer_times draws at most "
+                         f"{MAX_CURVE_CONTEXT:,} tokens (best_split and layer_time take any)")
+    ls = np.arange(shape.context + 1, dtype=np.float64)
+    return _times(shape, rates, model_of_time, num_chunks, ls)
 
 
 def layer_time(shape: LayerShape, rates: LinkAndCompute, l: int, model_of_time: str = "paper",
                num_chunks: int = 8) -> float:
     """Predicted seconds per layer at split `l`."""
+    _check_model_of_time(model_of_time, num_chunks)
     check_split(l, shape.context)
-    return float(layer_times(shape, rates, model_of_time, num_chunks)[l])
+    return float(_times(shape, rates, model_of_time, num_chunks, np.array([l], np.float64))[0])
+
+
+def _crossings(shape: LayerShape, rates: LinkAndCompute, model_of_time: str, num_chunks: int,
+               level: float | None = None) -> np.ndarray:
+    """Integer splits where t(l) can reach its minimum (`level` None) or first fall to `level`:
+    0, num_chunks and s', and the integers next to where two of its terms (or a term and
+    `level`) cross, on [0, num_chunks] and on [num_chunks, s'], where every term is linear."""
+    s = shape.context
+    bends = np.array(sorted({0, min(num_chunks, s), s}), dtype=np.float64)
+    at_bends = np.array(_terms(shape, rates, model_of_time, num_chunks, bends))  # [terms, bends]
+    if level is not None:
+        at_bends = np.vstack([at_bends, np.full(len(bends), level)])
+    found = [bends]
+    for k, (a, b) in enumerate(zip(bends, bends[1:], strict=False)):
+        start = at_bends[:, k]  # [terms]
+        slope = (at_bends[:, k + 1] - start) / (b - a)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            x = a + (start[:, None] - start[None, :]) / (slope[None, :] - slope[:, None])
+        x = x[np.isfinite(x) & (x >= a) & (x <= b)]
+        # floor and ceil, and one further each way for the rounding of x
+        found.append(np.clip(np.floor(x)[:, None] + np.arange(-1, 3), a, b).ravel())
+    return np.unique(np.concatenate(found))
 
 
 @dataclass(frozen=True)
@@ -231,11 +294,17 @@ class Split:
 
 def best_split(shape: LayerShape, rates: LinkAndCompute, model_of_time: str = "paper",
                num_chunks: int = 8) -> Split:
-    """The integer l in [0, s'] with the smallest predicted layer time; ties go to the smaller l
-    (less recomputation for the same time)."""
-    times = layer_times(shape, rates, model_of_time, num_chunks)
-    best = int(np.argmin(times))  # the first minimum: the smallest l
-    return Split(best, float(times[best]), model_of_time, float(times[0]))
+    """The integer l in [0, s'] with the smallest predicted layer time, exactly, for any context
+    (no t(l) curve: see the module doc). Ties go to the smaller l (less recomputation for the
+    same time): the smallest l whose time is within a relative TIE_TOLERANCE of the minimum."""
+    _check_model_of_time(model_of_time, num_chunks)
+    args = (shape, rates, model_of_time, num_chunks)
+    ls = _crossings(*args)
+    level = _times(*args, ls).min() * (1 + TIE_TOLERANCE)
+    ls = _crossings(*args, level)
+    times = _times(*args, ls)
+    best = int(np.flatnonzero(times <= level)[0])  # ls is sorted: the smallest l
+    return Split(int(ls[best]), float(times[best]), model_of_time, float(times[0]))
 
 
 def lower_bound_seconds(shape: LayerShape, rates: LinkAndCompute, l: int | None = None) -> float:

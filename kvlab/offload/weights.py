@@ -11,26 +11,8 @@ import dataclasses
 import torch
 
 from kvlab.offload.host import PinnedHostMemory
-from kvlab.offload.model import LayerWeights
+from kvlab.offload.model import KV_FIELDS, LayerWeights, named_tensors
 from kvlab.offload.scheduler import ALIGN
-
-KV_FIELDS = ("attn.w_k", "attn.b_k", "attn.w_v", "attn.b_v")  # what recomputation needs
-
-
-def named_tensors(w: LayerWeights) -> dict[str, torch.Tensor]:
-    """The layer's tensors by dotted field name ("attn.w_k", "w_up", ...), KV_FIELDS first;
-    fields that are None (biases a family lacks) are left out."""
-    named = {}
-    for field in dataclasses.fields(w):
-        value = getattr(w, field.name)
-        if dataclasses.is_dataclass(value):
-            named.update({f"{field.name}.{f.name}": getattr(value, f.name)
-                          for f in dataclasses.fields(value)})
-        else:
-            named[field.name] = value
-    named = {name: t for name, t in named.items() if t is not None}
-    return {**{n: named[n] for n in KV_FIELDS if n in named},
-            **{n: t for n, t in named.items() if n not in KV_FIELDS}}
 
 
 def with_tensors(w: LayerWeights, tensors: dict[str, torch.Tensor]) -> LayerWeights:

@@ -171,6 +171,7 @@ def test_replay_block_tables_matches_the_analytic_count(block_size):
         (lambda w: memory_report(w, 0, 16), r"bytes_per_token=0"),
         (lambda w: memory_report(w, 2, 16, budget_bytes=-1), r"budget_bytes=-1: must be >= 0"),
         (lambda w: fragmentation_sweep(w, 2, [16, 24]), r"block_size=24"),
+        (lambda w: fragmentation_sweep(w, 2, [16.5]), r"block_size=16.5"),
         (lambda w: fragmentation_sweep(w, 2, []), r"block_sizes=\(\)"),
         (lambda w: replay_block_tables(w, 16, max_requests=0), r"max_requests=0"),
     ],

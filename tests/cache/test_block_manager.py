@@ -1,3 +1,6 @@
+import re
+
+import numpy as np
 import pytest
 
 from kvlab.cache import BlockManager, OutOfBlocksError
@@ -140,6 +143,71 @@ def test_bad_token_counts():
     with pytest.raises(ValueError, match="token_ids has 2 ids: must have one per token"):
         manager.add_sequence(3, token_ids=[1, 2])
     seq_id = manager.add_sequence(3).seq_id
-    with pytest.raises(ValueError, match="num_tokens=-1"):
+    with pytest.raises(ValueError, match="num_tokens=-1: must be an integer >= 0"):
         manager.append(seq_id, -1)
+    with pytest.raises(ValueError, match="num_tokens=1.0: must be an integer >= 0"):
+        manager.append(seq_id, 1.0)
+    with pytest.raises(ValueError, match="num_tokens=3.0: must be an integer >= 1"):
+        manager.add_sequence(3.0)
     assert manager.num_free_blocks == 7
+
+
+@pytest.mark.parametrize(
+    ("token_ids", "message"),
+    [
+        # NOTE: int() once truncated these to [0, 1, 2, 3], sharing (and dropping) their K/V.
+        ([0.5, 1.5, 2.5, 3.5], "token_ids[0]=0.5: must be an integer"),
+        ([0, 1, 2, 0.5], "token_ids[3]=0.5: must be an integer"),
+        ([0, 1, 2, 3.0], "token_ids[3]=3.0: must be an integer"),
+        ([0, 1, "2", 3], "token_ids[2]='2': must be an integer"),
+        ([0, None, 2, 3], "token_ids[1]=None: must be an integer"),
+        ([0, 1, float("nan"), 3], "token_ids[2]=nan: must be an integer"),
+        ([[0], 1, 2, 3], "token_ids[0]=[0]: must be an integer"),
+        ([0, True, 2, 3], "token_ids[1]=True: must be an integer"),
+        (np.arange(4.0), f"token_ids[0]={np.float64(0)!r}: must be an integer"),
+        (4, "token_ids=4: must be None or a sequence of integers"),
+    ],
+)
+def test_token_ids_must_be_integers(token_ids, message):
+    manager = BlockManager(8, 2)
+    a = manager.add_sequence(4, token_ids=[0, 1, 2, 3]).seq_id
+    before = snapshot(manager)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        manager.add_sequence(4, token_ids=token_ids)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        manager.append(a, 4, token_ids=token_ids)
+    assert snapshot(manager) == before
+
+
+def test_numpy_integers_are_accepted_as_counts_and_token_ids():
+    manager = BlockManager(np.int64(8), np.int64(2))
+    a = manager.add_sequence(np.int64(3), token_ids=np.arange(3)).seq_id
+    manager.append(a, np.int32(1), token_ids=np.array([3], dtype=np.int16))
+    b = manager.add_sequence(5, token_ids=[0, 1, 2, 3, 4]).seq_id
+    assert manager.block_table(b)[:2] == manager.block_table(a)
+    assert type(manager.block_size) is int and type(manager.seq_len(a)) is int
+    assert manager.block_table(np.int64(a)) == manager.block_table(a)
+
+
+@pytest.mark.parametrize(("start", "stop"), [(0, 6), (-1, 2), (3, 2), (6, 6), (0.0, 2), (0, 2.0),
+                                             (True, 2), (None, 2)])
+def test_slot_mapping_range_must_lie_in_the_sequence(start, stop):
+    manager = BlockManager(8, 4)
+    seq_id = manager.add_sequence(5).seq_id
+    message = (f"start={start!r}, stop={stop!r}: must be integers with "
+               "0 <= start <= stop <= seq_len=5")
+    with pytest.raises(ValueError, match=re.escape(message)):
+        manager.slot_mapping(seq_id, start, stop)
+    assert manager.slot_mapping(seq_id, 5, 5) == []
+
+
+@pytest.mark.parametrize("seq_id", [True, 1.0])
+def test_a_bool_or_float_is_not_a_seq_id(seq_id):
+    manager = BlockManager(8, 4)
+    manager.add_sequence(3)
+    manager.add_sequence(3)  # seq_id 1 == True == 1.0
+    before = snapshot(manager)
+    for call in (manager.free, manager.fork, manager.block_table, lambda s: manager.append(s, 1)):
+        with pytest.raises(ValueError, match=f"seq_id={seq_id!r}: not a live sequence"):
+            call(seq_id)
+    assert snapshot(manager) == before

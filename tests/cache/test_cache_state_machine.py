@@ -3,6 +3,7 @@
 import collections
 
 import hypothesis.strategies as st
+import pytest
 import torch
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -86,6 +87,54 @@ class CacheMachine(RuleBasedStateMachine):
         seq_id = data.draw(st.sampled_from(sorted(self.k)))
         self.cache.free(seq_id)
         del self.k[seq_id], self.v[seq_id], self.tokens[seq_id]
+
+    @rule(data=st.data())
+    def bad_call(self, data):
+        """A call with a bad argument raises ValueError and leaves the cache exactly as it was;
+        lists of block ids start with good ids, so a check made id by id would change those."""
+        manager = self.cache.manager
+        pool = manager.pool
+        used = sorted({b for s in manager.seq_ids for b in manager.block_table(s)})
+        free = pool.free_block_ids()
+        calls = [
+            lambda: pool.allocate(-1),
+            lambda: pool.free([*used, -1]),
+            lambda: pool.free([*used, NUM_BLOCKS]),
+            lambda: pool.share([*used, True]),
+            lambda: self.cache.add_sequence(*self._random_kv(2), token_ids=[0, 0.5]),
+        ]
+        if free:
+            calls += [
+                lambda: pool.free([*used, free[0]]),
+                lambda: pool.share([*used, free[0]]),
+                lambda: pool.register(free[0], "key"),
+            ]
+        if used:
+            calls.append(lambda: pool.free(used + [used[-1]] * pool.ref_cnt(used[-1])))
+        if self.k:
+            seq_id = data.draw(st.sampled_from(sorted(self.k)))
+            seq_len = manager.seq_len(seq_id)
+            calls += [
+                lambda: self.cache.append(seq_id, *self._random_kv(1), token_ids=[1.0]),
+                lambda: manager.slot_mapping(seq_id, 0, seq_len + 1),
+                lambda: manager.slot_mapping(seq_id, -1, seq_len),
+            ]
+        before = self._state()
+        with pytest.raises(ValueError):
+            data.draw(st.sampled_from(calls))()
+        after = self._state()
+        assert after[:3] == before[:3]
+        assert torch.equal(after[3], before[3]) and torch.equal(after[4], before[4])
+
+    def _state(self):
+        manager = self.cache.manager
+        return (
+            {s: manager.block_table(s) for s in manager.seq_ids},
+            manager.pool.free_block_ids(),
+            [manager.pool.ref_cnt(b) for b in range(NUM_BLOCKS)],
+            self.cache.k_cache.clone(),
+            self.cache.v_cache.clone(),
+        )
 
     @invariant()
     def no_block_is_both_free_and_in_use(self):

@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 import torch
 from factories import make_cache, make_kv, make_seq
@@ -113,17 +114,63 @@ def test_append_zero_tokens_is_a_no_op():
     ("kwargs", "message"),
     [
         ({"block_size": 48}, r"block_size=48: must be a power of two in \[1, 256\]"),
-        ({"head_dim": 100}, r"head_dim=100: must be one of \(64, 80, 96, 112, 128, 256\)"),
+        ({"head_dim": 100},
+         r"head_dim=100: must be an integer, one of \(64, 80, 96, 112, 128, 256\)"),
+        ({"head_dim": 64.0}, r"head_dim=64.0: must be an integer, one of"),
         ({"dtype": torch.float64}, r"dtype=torch.float64: must be one of"),
         ({"dtype": torch.int8}, r"dtype=torch.int8: must be one of"),
         ({"layout": "nhd"}, r"layout='nhd': must be one of \('hnd', 'vllm'\)"),
         ({"num_kv_heads": 0}, r"num_kv_heads=0: must be an integer >= 1"),
+        ({"num_kv_heads": 2.0}, r"num_kv_heads=2.0: must be an integer >= 1"),
         ({"num_blocks": 0}, r"num_blocks=0: must be an integer >= 1"),
+        ({"device": "bogus"}, r"device='bogus': must be a torch device"),
+        ({"device": "cuda:99"}, r"device=cuda:99: no such CUDA device"),
     ],
 )
 def test_bad_construction(kwargs, message):
     with pytest.raises(ValueError, match=message):
         make_cache(**kwargs)
+
+
+def test_a_cache_larger_than_memory_is_refused_before_allocating():
+    with pytest.raises(ValueError, match=r"num_blocks=1099511627776: the K/V tensors need "
+                                         r"72,057,594,037,927,936 bytes, but cpu has"):
+        PagedKVCache(2**40, 16, 8, 128)
+
+
+def test_a_failed_allocation_is_a_value_error(monkeypatch):
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(torch, "zeros", out_of_memory)
+    with pytest.raises(ValueError, match="num_blocks=8: could not allocate the K/V tensors on "
+                                         "cpu: CUDA out of memory") as err:
+        make_cache(num_blocks=8)
+    assert isinstance(err.value.__cause__, torch.OutOfMemoryError)
+
+
+def test_cache_shapes_refuses_an_unknown_layout():
+    with pytest.raises(ValueError, match=r"layout='bogus': must be one of \('hnd', 'vllm'\)"):
+        cache_shapes(3, 8, 2, 64, torch.float16, "bogus")
+
+
+def test_numpy_sizes_are_stored_as_ints():
+    cache = PagedKVCache(np.int64(8), np.int64(4), np.int32(2), np.int64(64), seed=np.int64(0))
+    sizes = (cache.num_blocks, cache.block_size, cache.num_kv_heads, cache.head_dim,
+             cache.manager.block_size, cache.manager.num_blocks)
+    assert sizes == (8, 4, 2, 64, 4, 8) and all(type(n) is int for n in sizes)
+
+
+@pytest.mark.parametrize("layout", ["hnd", "vllm"])
+def test_writes_of_kv_that_require_grad_stay_out_of_autograd(layout):
+    cache = make_cache(block_size=4, layout=layout)
+    k, v = make_kv(cache, 6)
+    seq_id = cache.add_sequence(k.requires_grad_(), v.requires_grad_())
+    child = cache.fork(seq_id)
+    cache.append(child, *(t.requires_grad_() for t in make_kv(cache, 1, seed=1)))  # copy-on-write
+    for t in (cache.k_cache, cache.v_cache):
+        assert not t.requires_grad and t.grad_fn is None
+    assert_gather(cache, seq_id, k.detach(), v.detach())
 
 
 def test_bad_kv_is_rejected_and_leaves_the_cache_unchanged():
@@ -149,6 +196,8 @@ def test_bad_kv_is_rejected_and_leaves_the_cache_unchanged():
         cache.add_sequence(*make_kv(cache, 0))
     with pytest.raises(ValueError, match="token_ids has 2 ids"):
         cache.add_sequence(good_k, good_v, token_ids=[1, 2])
+    with pytest.raises(ValueError, match=r"token_ids\[1\]=1.5: must be an integer"):
+        cache.append(seq_id, good_k, good_v, token_ids=[1, 1.5, 2])
     assert_unchanged(cache, before)
 
 
@@ -191,3 +240,12 @@ def test_on_cuda(layout):
     seq_id, k, v = make_seq(cache, 37)
     assert_gather(cache, seq_id, k, v)
     assert cache.block_tables([seq_id]).device.type == "cuda"
+
+
+@pytest.mark.gpu
+def test_a_cache_larger_than_the_gpu_is_refused_before_allocating():
+    free_before = torch.cuda.mem_get_info()[0]
+    with pytest.raises(ValueError, match=r"num_blocks=1099511627776: the K/V tensors need "
+                                         r"72,057,594,037,927,936 bytes, but cuda has"):
+        PagedKVCache(2**40, 16, 8, 128, device="cuda")
+    assert torch.cuda.mem_get_info()[0] >= free_before

@@ -52,20 +52,6 @@ def test_unrecorded_kernel_gets_no_prefetch():
     assert best_prefetch("flash", 32, 8, 16, 1, 1024) == PrefetchConfig()
 
 
-@pytest.mark.parametrize(
-    "config",
-    [PrefetchConfig(), PrefetchConfig("bulk"), PrefetchConfig("line", k=False, distance=4),
-     PrefetchConfig("bulk", v=False, distance=2, evict_last=True)],
-)
-def test_labels_round_trip(config):
-    assert PrefetchConfig.from_label(config.label()) == config
-
-
-def test_bad_label():
-    with pytest.raises(ValueError, match="label='fast': not a PrefetchConfig label"):
-        PrefetchConfig.from_label("fast")
-
-
 @pytest.mark.parametrize(("batch", "context"), [(1, 40), (512, 2**20), (1, 2**20), (512, 40)])
 def test_shapes_outside_the_recorded_grid_take_its_edge(batch, context):
     edge = best_prefetch("gqa", 32, 8, 16, min(max(batch, 1), 128), min(max(context, 1024), 32768))

@@ -1,6 +1,9 @@
 """The KVPR runtime's decode steps equal those with the whole KV resident, at every split, for
 OPT, Llama and Qwen2 layers (CPU here; the GPU run checks the same with streams)."""
 
+import dataclasses
+import re
+
 import pytest
 import torch
 from factories import make_cpu_stores, placed
@@ -96,6 +99,62 @@ def test_mismatched_stores_and_schedules_are_refused():
     kvpr = KVPRDecoder(model, layers, [a, c], "cpu")
     with pytest.raises(ValueError, match=r"lengths \[0, 3\] must be equal"):
         kvpr.step(torch.zeros(4, model.hidden_size), 0)
+
+
+def wrong_layers(case):
+    """tiny-llama's float32 layers, with one thing wrong, and the error that names it."""
+    model = MODELS["tiny-llama"]
+    layers = random_layers(model, seed=3)
+    if case == "model":
+        return random_layers(MODELS["tiny-opt"], seed=3), (
+            "layers[0].attn.w_k: shape (256, 256), must be (128, 256) for tiny-llama")
+    if case == "dtype":
+        return random_layers(model, seed=3, dtype=torch.float16), (
+            "layers[0].attn.w_k: torch.float16, must be torch.float32")
+    if case == "one tensor":
+        layers[1] = dataclasses.replace(layers[1], w_up=layers[1].w_up.double())
+        return layers, "layers[1].w_up: torch.float64, must be torch.float32"
+    if case == "one shape":
+        layers[1] = dataclasses.replace(layers[1], w_down=layers[1].w_down[:, :-1])
+        return layers, "layers[1].w_down: shape (256, 511), must be (256, 512) for tiny-llama"
+    if case == "missing":
+        layers[0] = dataclasses.replace(layers[0], w_gate=None)
+        return layers, "layers[0].w_gate: None, must be (512, 256) for tiny-llama"
+    if case == "extra":
+        layers[1] = dataclasses.replace(layers[1], b_up=torch.zeros(512))
+        return layers, "layers[1].b_up: shape (512,), must be None for tiny-llama"
+    if case == "device":
+        return random_layers(model, seed=3, device="meta"), (
+            "layers[0].attn.w_k: on meta, must be on cpu")
+    if case == "not layers":
+        return [layers[0], layers[1].attn], "layers[1]: AttentionWeights, must be LayerWeights"
+    count = {"fewer": 1, "more": 3}[case]
+    return random_layers(model, seed=3, num_layers=count), (
+        f"len(layers)={count}: must be tiny-llama's 2")
+
+
+WRONG = ["model", "dtype", "one tensor", "one shape", "missing", "extra", "device", "not layers",
+         "fewer", "more"]
+
+
+@pytest.mark.parametrize("case", WRONG)
+def test_layers_of_another_model_dtype_or_device_are_refused(case):
+    layers, message = wrong_layers(case)
+    store = HostStore(MODELS["tiny-llama"], 2, 8, dtype=torch.float32, pinned=False)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        KVPRDecoder(MODELS["tiny-llama"], layers, store, "cpu")
+
+
+@pytest.mark.parametrize("case", WRONG)
+def test_fill_refuses_layers_of_another_model_dtype_or_device(case):
+    layers, message = wrong_layers(case)
+    store = HostStore(MODELS["tiny-llama"], 2, 8, dtype=torch.float32, pinned=False)
+    for t in (store.k, store.v, store.x):
+        t.fill_(7.0)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        fill(store, layers, 5)
+    assert store.length == 0  # nothing written
+    assert all(t.eq(7.0).all() for t in (store.k, store.v, store.x))
 
 
 def test_bf16_steps_agree_within_bf16_rounding():

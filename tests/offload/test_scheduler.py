@@ -1,4 +1,4 @@
-"""KVPR's split point: exact integer optimum of both models of time, GQA awareness, bad input."""
+"""KVPR's split point: exact integer optimum of every model of time, GQA awareness, bad input."""
 
 import math
 import re
@@ -6,9 +6,13 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvlab.config import MODELS
 from kvlab.offload.scheduler import (
+    MAX_CURVE_CONTEXT,
+    MODELS_OF_TIME,
     LayerShape,
     LinkAndCompute,
     best_split,
@@ -16,6 +20,7 @@ from kvlab.offload.scheduler import (
     layer_times,
     layer_weight_bytes,
     lower_bound_seconds,
+    token_chunks,
     unit_shape,
 )
 
@@ -56,18 +61,86 @@ def test_mha_with_the_paper_sizes_matches_its_formula():
     assert layer_time(shape, H200, l) == pytest.approx(expected)
 
 
-@pytest.mark.parametrize("model", ["paper", "chunked"])
-@pytest.mark.parametrize("name", ["llama3-8b", "qwen2.5-7b", "qwen2.5-14b"])
-@pytest.mark.parametrize("batch,context", [(1, 512), (16, 1024), (64, 8192)])
-def test_gqa_models_recompute_nothing(name, batch, context, model):
+SMALL_KV = [name for name, m in MODELS.items() if 2 * m.kv_size <= m.hidden_size]
+
+
+@pytest.mark.parametrize("model", MODELS_OF_TIME)
+@pytest.mark.parametrize("name", SMALL_KV)
+@pytest.mark.parametrize("batch,context", [(1, 1), (1, 512), (3, 777), (16, 1024), (64, 8192)])
+def test_models_whose_kv_is_no_larger_than_x_recompute_nothing(name, batch, context, model):
     # kv <= h / 2: a recomputed token costs at least as many PCIe bytes as it saves, so even an
-    # infinitely fast GPU gains nothing.
-    m = MODELS[name]
-    assert 2 * m.kv_size <= m.hidden_size
+    # infinitely fast GPU gains nothing. At kv = h / 2 (tiny-llama) every l ties with l = 0 up
+    # to float noise, and the tie goes to l = 0.
+    assert {"llama3-8b", "qwen2.5-7b", "qwen2.5-14b", "tiny-llama"} <= set(SMALL_KV)
     infinite_gpu = LinkAndCompute(55.4e9, 1e30, "what-if")
-    for rates in (H200, infinite_gpu):
-        split = best_split(LayerShape(m, batch, context), rates, model)
+    for rates in (H200, SLOW_GPU, infinite_gpu):
+        split = best_split(LayerShape(MODELS[name], batch, context), rates, model)
         assert split.l == 0 and split.speedup == 1.0
+
+
+def curve_optimum(shape, rates, model, num_chunks):
+    """The tie rule on the whole t(l) curve: the smallest l within a relative 1e-9 of its
+    minimum, and its time."""
+    times = layer_times(shape, rates, model, num_chunks)
+    l = int(np.flatnonzero(times <= times.min() * (1 + 1e-9))[0])
+    return l, times[l], times[0]
+
+
+SECONDS = st.one_of(st.just(0.0), st.floats(1e-7, 1e-2))
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    name=st.sampled_from(sorted(MODELS)),
+    batch=st.integers(1, 64),
+    context=st.integers(1, 3000),
+    dtype_bytes=st.sampled_from([1, 2, 4]),
+    weight_bytes=st.tuples(st.one_of(st.just(0.0), st.floats(1.0, 1e9)),
+                           st.one_of(st.just(0.0), st.floats(1.0, 1e10))),
+    h2d=st.floats(1e8, 1e12),
+    flops=st.floats(1e9, 1e16),
+    layer_seconds=SECONDS, unit_host_seconds=SECONDS, chunk_host_seconds=SECONDS,
+    model=st.sampled_from(MODELS_OF_TIME),
+    num_chunks=st.integers(1, 64),
+)
+def test_best_split_is_the_curves_optimum(name, batch, context, dtype_bytes, weight_bytes, h2d,
+                                          flops, layer_seconds, unit_host_seconds,
+                                          chunk_host_seconds, model, num_chunks):
+    shape = LayerShape(MODELS[name], batch, context, dtype_bytes, weight_bytes)
+    rates = LinkAndCompute(h2d, flops, "what-if", layer_seconds=layer_seconds,
+                           unit_host_seconds=unit_host_seconds,
+                           chunk_host_seconds=chunk_host_seconds)
+    split = best_split(shape, rates, model, num_chunks)
+    assert (split.l, split.seconds, split.full_transfer_seconds) == curve_optimum(
+        shape, rates, model, num_chunks)
+    assert split.seconds == layer_time(shape, rates, split.l, model, num_chunks)
+
+
+@pytest.mark.parametrize("model", MODELS_OF_TIME)
+def test_best_split_needs_no_curve_at_any_context(model):
+    """A context of 10^12 tokens: the curve would take 8 TB, the optimum a few points. The paper's
+    optimum is where T_R = T_KV, the pipelined model's where T_X + T_KV = T_R; the tie rule
+    takes the first l within a relative 1e-9 of it (some 10^3 tokens before, at this context)."""
+    m, s = MODELS["opt-6.7b"], 10**12
+    shape = LayerShape(m, batch=1, context=s)
+    split = best_split(shape, SLOW_GPU, model, 4)
+    assert 0 < split.l < s and split.speedup > 1
+    assert split.seconds == layer_time(shape, SLOW_GPU, split.l, model, 4)
+    assert layer_time(shape, SLOW_GPU, split.l - 1, model, 4) > split.seconds
+    # per token: X, K and V across the link, K and V recomputed
+    v, h, kv = SLOW_GPU.h2d_bytes_per_s, m.hidden_size, m.kv_size
+    x, kv_copy, r = h * 2 / v, 2 * kv * 2 / v, 4 * h * kv / SLOW_GPU.recompute_flops_per_s
+    crossing = {"paper": kv_copy * s / (r + kv_copy),
+                "pipelined": kv_copy * s / (r + kv_copy - x)}.get(model)
+    if crossing is not None:
+        best = min(layer_time(shape, SLOW_GPU, l, model, 4)
+                   for l in (math.floor(crossing), math.ceil(crossing)))
+        assert best <= split.seconds <= best * (1 + 1e-9)
+        assert crossing - 1e-8 * s < split.l <= math.ceil(crossing)
+    with pytest.raises(ValueError, match=rf"shape.context={10**12}: layer_times draws at most"):
+        layer_times(shape, SLOW_GPU, model)
+    assert len(layer_times(replace(shape, context=MAX_CURVE_CONTEXT), SLOW_GPU, model)) == (
+        MAX_CURVE_CONTEXT + 1)
 
 
 def test_chunked_model_is_the_paper_model_with_one_chunk_and_never_slower():
@@ -132,16 +205,35 @@ def test_drift_monitor_asks_for_a_new_profile_after_a_run_of_misses():
         DriftMonitor(tolerance=1.5)
 
 
-def test_pipelined_model_is_the_lower_bound_and_the_fastest_prediction():
-    shape = LayerShape(MODELS["opt-6.7b"], batch=16, context=1024)
+def lower_bound_by_hand(shape, rates, l):
+    """max(PCIe bytes / v_com, recompute FLOPs / v_gpu), written out for one l."""
+    m, b, s, p = shape.model, shape.batch, shape.context, shape.dtype_bytes
+    h, kv = m.hidden_size, m.num_kv_heads * m.head_dim
+    pcie_bytes = b * l * h * p + 2 * b * (s - l) * kv * p + sum(shape.weight_bytes)
+    flops = 4 * b * l * h * kv
+    return max(pcie_bytes / rates.h2d_bytes_per_s, flops / rates.recompute_flops_per_s)
+
+
+@pytest.mark.parametrize("name", ["opt-6.7b", "llama3-8b", "tiny-qwen"])
+def test_pipelined_model_is_the_lower_bound_and_the_fastest_prediction(name):
+    m = MODELS[name]
+    shape = LayerShape(m, batch=16, context=1024)
+    kv, total = layer_weight_bytes(m)
+    weights = LayerShape(m, batch=16, context=1024, weight_bytes=(kv, total - kv))
+    busy = LinkAndCompute(55.4e9, 670e12, "what-if", layer_seconds=1e-3,
+                          unit_host_seconds=2e-3, chunk_host_seconds=1e-3)
+    for sh in (shape, weights):
+        for rates in (H200, SLOW_GPU, busy):
+            by_hand = [lower_bound_by_hand(sh, rates, l) for l in range(1025)]
+            for l in (0, 1, 100, 777, 1024):
+                assert lower_bound_seconds(sh, rates, l) == pytest.approx(by_hand[l], rel=1e-12)
+            assert lower_bound_seconds(sh, rates) == pytest.approx(min(by_hand), rel=1e-12)
     piped = layer_times(shape, H200, "pipelined")
-    for l in (0, 100, 1024):
-        assert piped[l] == pytest.approx(lower_bound_seconds(shape, H200, l))
     for model in ("paper", "chunked"):
         assert np.all(piped <= layer_times(shape, H200, model) * (1 + 1e-12))
     # OPT-6.7B on the H200: X is half the bytes of K, V and the GPU recomputes a layer's 1k
-    # tokens faster than X crosses the link, so recomputing everything wins.
-    assert best_split(shape, H200, "pipelined").l == 1024
+    # tokens faster than X crosses the link, so recomputing everything wins (GQA: nothing).
+    assert best_split(shape, H200, "pipelined").l == (1024 if name == "opt-6.7b" else 0)
 
 
 def test_offloaded_weights_cross_the_link_w_k_w_v_first():
@@ -192,10 +284,50 @@ def test_bad_units_are_refused(args, message):
         unit_shape(MODELS["opt-6.7b"], *args)
 
 
-@pytest.mark.parametrize("weight_bytes", [(1.0,), (-1.0, 0.0)])
+@pytest.mark.parametrize(
+    "weight_bytes",
+    [(1.0,), (-1.0, 0.0), (math.inf, 0.0), (0.0, math.nan), (True, 0.0), (1.0, "2"), 3.0,
+     [1.0, 2.0]],
+)
 def test_bad_weight_bytes_are_refused(weight_bytes):
-    with pytest.raises(ValueError, match="weight_bytes=.*: must be two byte counts >= 0"):
+    with pytest.raises(ValueError, match=r"weight_bytes=.*: must be two finite byte counts >= 0"):
         LayerShape(MODELS["opt-6.7b"], 16, 1024, weight_bytes=weight_bytes)
+
+
+@pytest.mark.parametrize("field", ["h2d_bytes_per_s", "recompute_flops_per_s", "d2h_bytes_per_s",
+                                   "layer_seconds", "unit_host_seconds", "chunk_host_seconds"])
+@pytest.mark.parametrize("value", [True, False, "1", 1j, None, math.inf])
+def test_rates_that_are_not_real_numbers_are_refused(field, value):
+    if field == "d2h_bytes_per_s" and value is None:
+        return  # None: not known
+    fields = {"h2d_bytes_per_s": 1e9, "recompute_flops_per_s": 1e12, "source": "x", field: value}
+    with pytest.raises(ValueError, match=rf"{field}={re.escape(repr(value))}: must be a"):
+        LinkAndCompute(**fields)
+    # numpy's reals are real numbers
+    assert LinkAndCompute(**{**fields, field: np.float32(2.0)}) == LinkAndCompute(
+        **{**fields, field: 2.0})
+
+
+@pytest.mark.parametrize("dtype_bytes", [True, 3, 2.0])
+def test_bad_dtype_bytes_are_refused(dtype_bytes):
+    with pytest.raises(ValueError, match=r"dtype_bytes=.*: must be 1, 2 or 4"):
+        LayerShape(MODELS["opt-6.7b"], 16, 1024, dtype_bytes=dtype_bytes)
+
+
+@pytest.mark.parametrize(
+    ("l", "num_chunks", "message"),
+    [
+        (10, 0, "num_chunks=0: must be an integer >= 1"),
+        (10, True, "num_chunks=True: must be an integer >= 1"),
+        (10, 2.0, "num_chunks=2.0: must be an integer >= 1"),
+        (-1, 2, "l=-1: must be an integer >= 0"),
+        (2.5, 2, "l=2.5: must be an integer >= 0"),
+        (True, 2, "l=True: must be an integer >= 0"),
+    ],
+)
+def test_bad_token_chunks_are_refused(l, num_chunks, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        token_chunks(l, num_chunks)
 
 
 def test_the_layers_own_work_shares_the_gpu_with_recomputation():

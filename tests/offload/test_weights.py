@@ -1,19 +1,16 @@
 """Offloaded weights: every layer packed in host memory, W_K and W_V first, unpacked as views."""
 
+import re
+
 import pytest
 import torch
 
 from kvlab.config import MODELS
-from kvlab.offload.model import LayerWeights, random_layers
+from kvlab.offload.host import HostStore
+from kvlab.offload.model import KV_FIELDS, LayerWeights, named_tensors, random_layers
+from kvlab.offload.runtime import KVPRDecoder
 from kvlab.offload.scheduler import layer_weight_bytes
-from kvlab.offload.weights import (
-    ALIGN,
-    KV_FIELDS,
-    HostLayers,
-    Packing,
-    named_tensors,
-    with_tensors,
-)
+from kvlab.offload.weights import ALIGN, HostLayers, Packing, with_tensors
 
 
 @pytest.mark.parametrize("name", ["tiny-opt", "tiny-llama", "tiny-qwen"])
@@ -54,6 +51,21 @@ def test_layers_of_different_shapes_or_dtypes_are_refused():
         HostLayers([], pinned=False)
     with pytest.raises(ValueError, match="layer weights of dtypes"):
         Packing.of(with_tensors(a, {"w_up": a.w_up.half()}))
+
+
+@pytest.mark.parametrize(
+    ("packed_for", "count", "message"),
+    [
+        ("tiny-opt", 2, "layers[0].attn.w_k: shape (256, 256), must be (128, 256) for tiny-llama"),
+        ("tiny-qwen", 2, "layers[0].attn.w_k: shape (128, 384), must be (128, 256) for tiny-llama"),
+        ("tiny-llama", 1, "len(layers)=1: must be tiny-llama's 2"),
+    ],
+)
+def test_layers_packed_for_another_model_are_refused(packed_for, count, message):
+    host = HostLayers(random_layers(MODELS[packed_for], seed=2, num_layers=count), pinned=False)
+    store = HostStore(MODELS["tiny-llama"], 2, 8, dtype=torch.float32, pinned=False)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        KVPRDecoder(MODELS["tiny-llama"], host, store, "cpu")
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])

@@ -54,21 +54,21 @@
 // min(BLOCK_SIZE, 64) tokens, clipped to seq_len, issued by the warp whose rows start the run
 // (block 8: 2 calls per warp; 16: 1 per warp; 32: warps 0 and 2; >= 64: warp 0), per cache.
 //
-// Versions tried / measured (H200, fp16, head_dim 128; GB/s of K+V bytes read once; copy roofline
-// ~4,280 GB/s measured in the same run; benchmarks/results/h200/attention*.json):
+// Versions tried (H200, fp16, head_dim 128). What is recorded is in
+// benchmarks/results/h200/attention*.json and summed up in benchmarks/README.md; the rest are
+// observations made while developing, not recorded (marked so):
 //   v1  tensor-core GQA decode, 64-token tiles, 3-stage per-warp cp.async pipeline, split-KV +
 //       merge, optional L2 prefetch. Split by a makespan model of CTA waves (kvlab/kernels/gqa.py):
-//       filling one wave matters (llama3-8b, 16 x 32k: 2 partitions 93.5%, 3 partitions 87.3%).
-//   v2  this file: cp.async with .L2::128B (+2.5-3% from 256k tokens; .L2::64B, .L2::256B, and
-//       copying all K rows before the V rows: no change), merge kernel reading float4 rows of
-//       several partitions at once. 2026-11-29, block 16, L2 flushed by a read before each run,
-//       median of 25: 93-101% of the roofline from batch x context = 256k tokens for all four paper
-//       models, 98-101% from 1M; 0.92-0.95x of dense SDPA there (cuDNN flash, 4.4-4.7 TB/s;
-//       Nsight Compute: same occupancy, its DRAM efficiency 92% of peak vs 85% here before
-//       .L2::128B). Batch 1 x 32k: 92% (32:32), 72% (32:8), 70% (40:8), 52% (28:4); the merge
-//       launch adds 4.6-5.9 us of those 30-45 us. Blocks 32 and 128 within 2.5% of block 16.
-//       L2 prefetch (same-run speedups): 0.57-1.02x, since the pipeline already keeps enough
-//       bytes in flight; evict-last 0.95-1.06x.
+//       filling one wave matters (observed: llama3-8b, 16 x 32k, 2 partitions 93.5% of the copy
+//       roofline, 3 partitions 87.3%).
+//   v2  this file: cp.async with .L2::128B, merge kernel reading float4 rows of several
+//       partitions at once. Observed, not recorded: .L2::128B gained 2.5-3% from 256k tokens
+//       (.L2::64B, .L2::256B and copying all K rows before the V rows: no change); Nsight Compute
+//       (llama3-8b, 64 x 8k, before .L2::128B) put this kernel and SDPA's at the same occupancy,
+//       with DRAM efficiency 85% of peak here against 92% there; the merge launch took 4.6-5.9 us
+//       of 30-45 us batch-1 calls. Recorded: GB/s and % of the roofline at every point, against
+//       SDPA timed in the same loop, and L2 prefetch against none (it keeps enough bytes in
+//       flight already: prefetch does not pay).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

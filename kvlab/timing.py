@@ -3,11 +3,13 @@ and the HBM roofline measured in the same process.
 
 Two things keep short calls (10-50 us) honest:
 - The L2 is flushed by READING a buffer 4x its size. A write flush (`zero_()`) leaves up to
-  60 MiB of dirty lines that the timed kernel then pays to write back: on the H200 that added
-  6.6-8.1 us to batch-1 decode calls of 31-45 us, and 8 us to a 141 us one.
+  60 MiB of dirty lines that the timed kernel then pays to write back.
 - Between the flush and the start event the stream spins (`torch.cuda._sleep`) for longer than
   the host takes to enqueue the timed call, so the events time the GPU's work, not Python's
-  launch overhead (timed with nothing queued before it, a one-element add measured 19 us, not 4).
+  launch overhead.
+Both were seen on the H200 when this timer was written (observations, not recorded results): a
+write flush added 6.6-8.1 us to batch-1 decode calls of 31-45 us, and a one-element add timed
+with nothing queued before it read 19 us instead of 4.
 """
 
 import statistics
@@ -48,11 +50,11 @@ class Timer:
         torch.cuda.synchronize(self.device)
         return int(MAX_CLOCK_HZ * max(4 * min(host_s), MIN_SPIN_S))
 
-    def medians_ms(self, fns: Mapping[K, Callable[[], object]]) -> dict[K, float]:
-        """The median time in ms of each callable over `num_runs` runs, after `num_warmup`
-        untimed calls (at least two). The callables are timed in turn, run 1 of each, then run 2
-        of each, ..., so that slow drifts (clocks, temperature) fall on all of them alike: two
-        timings of one kernel taken one after the other drifted apart by up to 9% on the H200."""
+    def times_ms(self, fns: Mapping[K, Callable[[], object]]) -> dict[K, list[float]]:
+        """Every timed run of each callable, in ms: `num_runs` runs after `num_warmup` untimed
+        calls (at least two). The callables are timed in turn, run 1 of each, then run 2 of
+        each, ..., so that slow drifts (clocks, temperature) fall on all of them alike (two
+        timings of one kernel taken one after the other were seen 9% apart on the H200)."""
         spin = max(self._spin_cycles(fn) for fn in fns.values())
         events = {
             key: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
@@ -69,11 +71,21 @@ class Timer:
                 fn()
                 end.record()
         torch.cuda.synchronize(self.device)
-        return {key: statistics.median(start.elapsed_time(end) for start, end in runs)
+        return {key: [start.elapsed_time(end) for start, end in runs]
                 for key, runs in events.items()}
+
+    def medians_ms(self, fns: Mapping[K, Callable[[], object]]) -> dict[K, float]:
+        """The median of `times_ms` for each callable."""
+        return {key: statistics.median(times) for key, times in self.times_ms(fns).items()}
 
     def median_ms(self, fn: Callable[[], object]) -> float:
         return self.medians_ms({None: fn})[None]
+
+
+def quartiles(times: list[float]) -> tuple[float, float]:
+    """The lower and upper quartile of `times` (two or more): the run-to-run spread."""
+    q1, _, q3 = statistics.quantiles(times, n=4, method="inclusive")
+    return q1, q3
 
 
 def back_to_back_ms(fn: Callable[[], object], device, num_calls: int = 10,

@@ -1,28 +1,48 @@
-"""Decode-attention kernels on the GPU: ms, GB/s of KV read (each byte once) and % of the HBM
-roofline measured in the same run, for vllm_v1 and gqa with and without L2 prefetch, beside torch
-SDPA on the same K/V gathered dense and contiguous (`enable_gqa=True`).
+"""Decode-attention kernels on the GPU: `python -m kvlab bench attention`.
 
-Every timing is the median of CUDA-event runs with L2 flushed before each run.
+At each point (model, batch, context) and block size, ONE loop times every variant in turn (run 1
+of each, then run 2 of each, ...; `kvlab.timing.Timer`):
+- each kernel family (vllm_v1, gqa) at every prefetch setting asked for;
+- with `--kernels ... auto`, kernel="auto" on each family's cache three ways: tuned at this point
+  ("tuned"), tuned at another shape of its bucket (3/4 of the context) and reused here
+  ("reused"), and with KVLAB_AUTOTUNE=0, the recorded choice ("recorded");
+- torch SDPA on the same K/V gathered dense and contiguous (`enable_gqa=True`), its backend named
+  from the kernels the profiler sees it launch.
+Every row carries its `loop`: ratios between rows (prefetch over none, gqa over SDPA, auto over
+the best setting) compare rows of one loop only.
+
+Each row: ms (median of --runs runs, L2 flushed before each), every run (`ms_runs`), GB/s of K+V
+read (each byte once) and its % of the HBM roofline (a device-to-device copy measured in the same
+run, `kvlab.timing.copy_roofline_gbps`).
 """
 
-import argparse
+from __future__ import annotations
+
+import contextlib
 import itertools
 import json
+import os
+import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
 
-from kvlab.bench.env import run_info
+from kvlab.bench.env import gpu_info, gpu_state, run_info
 from kvlab.cache import PagedKVCache
 from kvlab.config import MODELS
-from kvlab.kernels import gqa, vllm_v1
+from kvlab.kernels import FAMILIES, gqa, tune, vllm_v1
 from kvlab.kernels.decode import DecodePlan
 from kvlab.kernels.prefetch import PrefetchConfig
 from kvlab.timing import METHOD, Timer, copy_roofline_gbps
 
-PAPER_MODELS = ("llama2-7b", "llama3-8b", "qwen2.5-7b", "qwen2.5-14b")
-MAX_KV_BYTES = 48 * 2**30  # one layer's paged K/V plus its dense copy must fit beside each other
+LAYOUTS = {"vllm_v1": vllm_v1.LAYOUT, "gqa": gqa.LAYOUT}
+BLOCK_SIZES = {"vllm_v1": vllm_v1.BLOCK_SIZES, "gqa": gqa.BLOCK_SIZES}
+AUTO_MODES = ("tuned", "reused", "recorded")
+# One loop holds both families' caches and SDPA's dense copy at once: three copies of the K/V.
+MAX_KV_BYTES = 40 * 2**30
+SDPA_BACKENDS = (("cudnn", "cudnn"), ("flash", "flash"), ("fmha", "efficient"),
+                 ("efficient", "efficient"))
 
 
 def prefetch_variants(modes, distances, evict_last: bool = False) -> list[PrefetchConfig]:
@@ -34,140 +54,231 @@ def prefetch_variants(modes, distances, evict_last: bool = False) -> list[Prefet
     ]
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--models", nargs="+", default=list(PAPER_MODELS), choices=list(MODELS))
-    parser.add_argument("--batches", nargs="+", type=int, default=[1, 16, 64, 128])
-    parser.add_argument("--contexts", nargs="+", type=int, default=[1024, 4096, 8192, 32768])
-    parser.add_argument("--block-sizes", nargs="+", type=int, default=[16, 32, 128])
-    parser.add_argument("--prefetch", nargs="+", default=["none", "bulk", "line"],
-                        choices=["none", "bulk", "line"])
-    parser.add_argument("--distances", nargs="+", type=int, default=[1, 2, 4])
-    parser.add_argument("--evict-last", action="store_true",
-                        help="also time each prefetch setting with the evict-last L2 policy")
-    parser.add_argument("--kernels", nargs="+", default=["vllm_v1", "gqa", "sdpa"],
-                        choices=["vllm_v1", "gqa", "sdpa", "auto"],
-                        help="'auto' also times kernel='auto' on each family's cache")
-    parser.add_argument("--runs", type=int, default=25, help="timed runs per point (median)")
-    parser.add_argument("--checkpoint", metavar="PATH",
-                        help="rewrite the result so far as JSON after every point")
+def check(args) -> None:
+    """Raise ValueError unless this machine can run the benchmark (a CUDA GPU and CuPy)."""
+    from kvlab.device import backend
+
+    if backend() != "cuda":
+        raise ValueError("python -m kvlab bench attention needs a CUDA GPU usable through torch "
+                         "and CuPy (kvlab.backend() is 'sim' here)")
 
 
-def _filled_cache(model, batch, context, block_size, layout, dtype):
-    """A cache holding `batch` sequences of `context` random tokens, scattered over the pool."""
+def sibling_context(context: int, block_size: int) -> int | None:
+    """A shorter context in the same autotune bucket as `context` (about 3/4 of it, whole
+    blocks), where kernel="auto" tunes before it is reused at `context`; None if there is none."""
+    sibling = (3 * context // 4) // block_size * block_size
+    if sibling < 1 or tune.pow2_ceil(sibling) != tune.pow2_ceil(context):
+        return None
+    return sibling
+
+
+def filled_cache(model, batch: int, context: int, block_size: int, layout: str, dtype,
+                 sibling: int | None = None):
+    """A cache holding `batch` sequences of `context` random tokens, scattered over the pool:
+    (cache, seq_ids, sibling_ids). With `sibling`, each sequence has token ids and a sibling
+    sequence of its first `sibling` tokens shares its blocks (no new memory)."""
     num_blocks = batch * -(-context // block_size)
     cache = PagedKVCache(num_blocks, block_size, model.num_kv_heads, model.head_dim, dtype=dtype,
                          device="cuda", layout=layout, seed=0)
     cache.k_cache.normal_()
     cache.v_cache.normal_()
     # NOTE: the data is random either way, so sequences are placed without writing K/V again.
-    seq_ids = [cache.manager.add_sequence(context).seq_id for _ in range(batch)]
-    return cache, seq_ids
+    seq_ids, sibling_ids = [], []
+    for i in range(batch):
+        ids = range(i * context, (i + 1) * context) if sibling else None
+        seq_ids.append(cache.manager.add_sequence(context, ids).seq_id)
+        if sibling:
+            sibling_ids.append(cache.manager.add_sequence(sibling, ids[:sibling]).seq_id)
+    return cache, seq_ids, sibling_ids
 
 
-def _time_paged(timer, kernel, model, batch, context, block_size, variants, dtype, auto):
-    family = vllm_v1 if kernel == "vllm_v1" else gqa
-    if block_size not in family.BLOCK_SIZES:
+@contextlib.contextmanager
+def autotune(value: str):
+    """KVLAB_AUTOTUNE set to `value` inside the block."""
+    old = os.environ.get("KVLAB_AUTOTUNE")
+    os.environ["KVLAB_AUTOTUNE"] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["KVLAB_AUTOTUNE"]
+        else:
+            os.environ["KVLAB_AUTOTUNE"] = old
+
+
+def auto_plans(cache, seq_ids, sibling_ids, num_qo_heads: int, sibling: int | None) -> dict:
+    """kernel="auto" on `cache`: {mode: (plan, row fields)} for each of AUTO_MODES ("reused"
+    only with a sibling)."""
+    plans = {}
+    tune.clear()
+    plans["tuned"] = DecodePlan(cache, seq_ids, num_qo_heads, kernel="auto"), {}
+    if sibling:
+        tune.clear()
+        DecodePlan(cache, sibling_ids, num_qo_heads, kernel="auto")  # tunes the bucket there
+        plans["reused"] = (DecodePlan(cache, seq_ids, num_qo_heads, kernel="auto"),
+                           {"tuned_at_context": sibling})
+    with autotune("0"):
+        plans["recorded"] = DecodePlan(cache, seq_ids, num_qo_heads, kernel="auto"), {}
+    tune.clear()
+    return plans
+
+
+def sdpa_backend(kernels: list[str]) -> str:
+    """The SDPA backend a list of CUDA kernel names shows: cudnn, flash, efficient, math (other
+    kernels), or unknown (no kernel seen)."""
+    for name in kernels:
+        for marker, backend in SDPA_BACKENDS:
+            if marker in name.lower():
+                return backend
+    return "math" if kernels else "unknown"
+
+
+def cuda_kernels(fn) -> list[str]:
+    """The names of the CUDA kernels one call of `fn` launches, as torch's profiler sees them
+    ([] where the profiler cannot see the GPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        return sorted({e.name for e in prof.events()
+                       if e.device_type == torch.autograd.DeviceType.CUDA})
+    except RuntimeError as err:  # no CUPTI: the row says "unknown" rather than guess
+        print(f"SDPA's kernels not seen: {err}", file=sys.stderr)
         return []
-    cache, seq_ids = _filled_cache(model, batch, context, block_size, family.LAYOUT, dtype)
+
+
+def loop_variants(model, batch: int, context: int, block_size: int, args, dtype) -> dict:
+    """Every variant of one loop: {key: (row fields, callable)}."""
+    variants = prefetch_variants(args.prefetch, args.distances, args.evict_last)
     q = torch.randn(batch, model.num_qo_heads, model.head_dim, device="cuda", dtype=dtype)
-    plans = {(kernel, p.label()): DecodePlan(cache, seq_ids, model.num_qo_heads, kernel=kernel,
-                                             prefetch=p) for p in variants}
-    if auto:  # it measures its candidates now, in the plan
-        plan = DecodePlan(cache, seq_ids, model.num_qo_heads, kernel="auto")
-        plans["auto", plan.prefetch.label()] = plan
     out = torch.empty_like(q)
-    times = timer.medians_ms({key: lambda plan=plan: plan.run(q, out=out)
-                              for key, plan in plans.items()})
-    return [{"kernel": name, "prefetch": label, "ms": times[name, label],
-             **({"family": kernel} if name == "auto" else {})}
-            for name, label in plans]
+    found = {}
+    for family in FAMILIES:
+        if family not in args.kernels or block_size not in BLOCK_SIZES[family]:
+            continue
+        sibling = sibling_context(context, block_size) if "auto" in args.kernels else None
+        cache, seq_ids, sibling_ids = filled_cache(model, batch, context, block_size,
+                                                   LAYOUTS[family], dtype, sibling)
+        plans = {(family, p.label()): ({"kernel": family, "prefetch": p.label()},
+                                       DecodePlan(cache, seq_ids, model.num_qo_heads, family,
+                                                  prefetch=p)) for p in variants}
+        if "auto" in args.kernels:
+            for mode, (plan, extra) in auto_plans(cache, seq_ids, sibling_ids,
+                                                  model.num_qo_heads, sibling).items():
+                plans["auto", family, mode] = ({"kernel": "auto", "family": family,
+                                                "auto_mode": mode,
+                                                "prefetch": plan.prefetch.label(), **extra}, plan)
+        for key, (fields, plan) in plans.items():
+            found[key] = fields, lambda plan=plan: plan.run(q, out=out)
+    if "sdpa" in args.kernels:
+        shape = (batch, model.num_kv_heads, context, model.head_dim)
+        k, v = (torch.randn(shape, device="cuda", dtype=dtype) for _ in "kv")
+        q4 = q[:, :, None]
 
+        def sdpa():
+            return F.scaled_dot_product_attention(q4, k, v, enable_gqa=True)
 
-def auto_ratios(rows) -> list[float]:
-    """For each `auto` row: its time over the fastest variant of its family measured at the same
-    point and block size (1.0 = auto picked the best)."""
-    ratios = []
-    for auto in (r for r in rows if r["kernel"] == "auto"):
-        same = [r["ms"] for r in rows if r["kernel"] == auto["family"]
-                and all(r[k] == auto[k] for k in ("model", "batch", "context", "block_size"))]
-        ratios.append(auto["ms"] / min(same))
-    return ratios
-
-
-def _time_sdpa(timer, model, batch, context, dtype):
-    shape = (batch, model.num_kv_heads, context, model.head_dim)
-    k = torch.randn(shape, device="cuda", dtype=dtype)
-    v = torch.randn(shape, device="cuda", dtype=dtype)
-    q = torch.randn(batch, model.num_qo_heads, 1, model.head_dim, device="cuda", dtype=dtype)
-    ms = timer.median_ms(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
-    return [{"kernel": "sdpa", "prefetch": "none", "block_size": None, "ms": ms}]
+        kernels = cuda_kernels(sdpa)
+        found["sdpa"] = ({"kernel": "sdpa", "prefetch": "none", "sdpa_backend":
+                          sdpa_backend(kernels), "sdpa_kernels": kernels}, sdpa)
+    return found
 
 
 def run(args) -> dict:
     dtype = torch.float16
     timer = Timer("cuda", num_runs=args.runs)
-    roofline = copy_roofline_gbps(timer)
-    variants = prefetch_variants(args.prefetch, args.distances, args.evict_last)
-    result = {
-        "benchmark": "attention", **run_info(), **gpu_info(),
-        "dtype": "float16", "num_runs": args.runs, "l2_flushed": True, "timing": METHOD,
-        "roofline_copy_gbps": round(roofline, 1), "rows": [], "skipped": [],
-    }
+    result = {"benchmark": "attention", **run_info(), **gpu_info(), "dtype": "float16",
+              "num_runs": args.runs, "l2_flushed": True, "timing": METHOD,
+              "command": args.command}
+    result["roofline_copy_gbps"] = round(copy_roofline_gbps(timer), 1)
+    result["clocks_after_roofline"] = gpu_state()
+    result.update(rows=[], skipped=[])
     rows, skipped = result["rows"], result["skipped"]
     points = list(itertools.product(args.models, args.batches, args.contexts))
+    loop = 0
     for i, (name, batch, context) in enumerate(points):
         model = MODELS[name]
         kv_bytes = 2 * batch * context * model.kv_size * 2
         if kv_bytes > MAX_KV_BYTES:
             skipped.append({"model": name, "batch": batch, "context": context,
-                            "reason": f"{kv_bytes / 2**30:.0f} GiB of K/V for one layer"})
+                            "reason": f"{kv_bytes / 2**30:.0f} GiB of K/V for one layer (one "
+                                      f"loop holds three copies; at most "
+                                      f"{MAX_KV_BYTES / 2**30:.0f} GiB)"})
             continue
         print(f"[{i + 1}/{len(points)}] {name} batch={batch} context={context}", file=sys.stderr)
-        point_rows = []
         for block_size in args.block_sizes:
-            for kernel in ("vllm_v1", "gqa"):
-                if kernel in args.kernels:
-                    for row in _time_paged(timer, kernel, model, batch, context, block_size,
-                                           variants, dtype, "auto" in args.kernels):
-                        point_rows.append({**row, "block_size": block_size})
-                torch.cuda.empty_cache()
-        if "sdpa" in args.kernels:
-            point_rows += _time_sdpa(timer, model, batch, context, dtype)
+            found = loop_variants(model, batch, context, block_size, args, dtype)
+            times = timer.times_ms({key: fn for key, (_, fn) in found.items()})
+            for key, (fields, _) in found.items():
+                ms = statistics.median(times[key])
+                gbps = kv_bytes / (ms * 1e-3) / 1e9
+                rows.append({"model": name, "num_qo_heads": model.num_qo_heads,
+                             "num_kv_heads": model.num_kv_heads, "batch": batch,
+                             "context": context, "block_size": None if key == "sdpa" else
+                             block_size, "loop": loop, **fields, "kv_bytes": kv_bytes, "ms": ms,
+                             "ms_runs": [round(t, 5) for t in times[key]],
+                             "gbps": round(gbps, 1),
+                             "pct_roofline": round(100 * gbps / result["roofline_copy_gbps"], 1)})
+            del found
             torch.cuda.empty_cache()
-        for row in point_rows:
-            gbps = kv_bytes / (row["ms"] * 1e-3) / 1e9
-            rows.append({"model": name, "num_qo_heads": model.num_qo_heads,
-                         "num_kv_heads": model.num_kv_heads, "batch": batch, "context": context,
-                         **row, "kv_bytes": kv_bytes, "gbps": round(gbps, 1),
-                         "pct_roofline": round(100 * gbps / roofline, 1)})
-        if "auto" in args.kernels:
-            result["auto_worst_ratio"] = round(max(auto_ratios(rows), default=1.0), 3)
+            loop += 1
         if args.checkpoint:
             with open(args.checkpoint, "w") as f:
                 json.dump(result, f)
+    result["clocks_end"] = gpu_state()
     return result
 
 
-def gpu_info() -> dict:
-    import cupy
-
-    props = torch.cuda.get_device_properties(0)
-    return {"gpu": props.name, "num_sms": props.multi_processor_count,
-            "torch": torch.__version__, "cuda": torch.version.cuda, "cupy": cupy.__version__}
+def loop_ratios(rows) -> dict[int, dict]:
+    """Per loop: the fastest setting of each family, gqa over SDPA, and each auto row's time over
+    the fastest setting of its family ({loop: {...}}), from rows of one loop only."""
+    by_loop = {}
+    for row in rows:
+        by_loop.setdefault(row["loop"], []).append(row)
+    ratios = {}
+    for loop, mine in by_loop.items():
+        best = {}
+        for family in FAMILIES:
+            timed = [r for r in mine if r["kernel"] == family]
+            if timed:
+                best[family] = min(timed, key=lambda r: r["ms"])
+        entry = {"best": {f: (r["prefetch"], r["ms"]) for f, r in best.items()}}
+        sdpa = next((r for r in mine if r["kernel"] == "sdpa"), None)
+        gqa_none = next((r for r in mine if r["kernel"] == "gqa" and r["prefetch"] == "none"),
+                        None)
+        if sdpa and gqa_none:
+            entry["gqa_over_sdpa"] = sdpa["ms"] / gqa_none["ms"]  # speed ratio
+        entry["auto"] = {(r["family"], r["auto_mode"]): r["ms"] / best[r["family"]]["ms"]
+                         for r in mine if r["kernel"] == "auto" and r["family"] in best}
+        ratios[loop] = entry
+    return ratios
 
 
 def report(result: dict) -> str:
     lines = [f"{result['gpu']}: copy roofline {result['roofline_copy_gbps']:.0f} GB/s "
-             f"(median of {result['num_runs']}, L2 flushed)",
-             f"{'model':12} {'B':>4} {'ctx':>6} {'bs':>4} {'kernel':8} {'prefetch':22} "
+             f"(median of {result['num_runs']}, L2 flushed; every variant of a point timed in "
+             "turn, in one loop)",
+             f"{'model':12} {'B':>4} {'ctx':>6} {'bs':>4} {'kernel':8} {'prefetch':24} "
              f"{'ms':>8} {'GB/s':>7} {'%roof':>6}"]
     for r in result["rows"]:
+        kernel = f"auto:{r['auto_mode']}" if r["kernel"] == "auto" else r["kernel"]
+        prefetch = f"{r['family']} {r['prefetch']}" if r["kernel"] == "auto" else r["prefetch"]
         lines.append(f"{r['model']:12} {r['batch']:>4} {r['context']:>6} "
-                     f"{r['block_size'] or '-':>4} {r['kernel']:8} {r['prefetch']:22} "
-                     f"{r['ms']:>8.3f} {r['gbps']:>7.0f} {r['pct_roofline']:>6.1f}")
+                     f"{r['block_size'] or '-':>4} {kernel:8} {prefetch:24} "
+                     f"{r['ms']:>8.4f} {r['gbps']:>7.0f} {r['pct_roofline']:>6.1f}")
     lines += [f"skipped {s['model']} B={s['batch']} ctx={s['context']}: {s['reason']}"
               for s in result["skipped"]]
-    if "auto_worst_ratio" in result:
-        lines.append(f"kernel='auto' vs the fastest variant of its family at each point: at worst "
-                     f"{result['auto_worst_ratio']:.3f}x its time")
+    ratios = loop_ratios(result["rows"])
+    sdpa = [e["gqa_over_sdpa"] for e in ratios.values() if "gqa_over_sdpa" in e]
+    if sdpa:
+        lines.append(f"gqa (no prefetch) / SDPA, same loop: {min(sdpa):.3f}-{max(sdpa):.3f}x")
+    for mode in AUTO_MODES:
+        worst = [r for e in ratios.values() for (_, m), r in e["auto"].items() if m == mode]
+        if worst:
+            lines.append(f"kernel='auto' ({mode}) vs the fastest setting of its family, same "
+                         f"loop: at worst {max(worst):.3f}x its time, median "
+                         f"{statistics.median(worst):.3f}x, within 3% at "
+                         f"{sum(w <= 1.03 for w in worst)} of {len(worst)}")
     return "\n".join(lines)

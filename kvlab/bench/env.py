@@ -1,9 +1,29 @@
-"""What a benchmark result records about where and when it ran."""
+"""What a benchmark result records about where, when and by what code it ran.
+
+The code: the git revision of the checkout kvlab runs from, and whether its tree differed from
+that revision (`benchmarks/results/`, where results are written, does not count). A copy of a
+checkout without its `.git` folder (a device machine, say) takes both from the environment:
+KVLAB_GIT_REVISION (40 hex digits) and KVLAB_GIT_DIRTY ("0" or "1"), set by whoever made the
+copy. An installed kvlab has neither: the revision is then None, and such a result cannot be
+resumed (`kvlab.bench.kvpr`), since nothing shows which code made it.
+"""
 
 import datetime
+import importlib.metadata
 import os
 import platform
+import re
+import subprocess
 import sys
+from pathlib import Path
+
+# The folder holding the kvlab package: a git checkout's top level when kvlab runs from one.
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+RESULTS = "benchmarks/results"
+VERSIONED = ("numpy", "torch", "cupy", "transformers")
+NVIDIA_SMI_FIELDS = {"driver_version": "driver_version", "clocks.sm": "sm_mhz",
+                     "clocks.mem": "mem_mhz", "clocks.max.sm": "max_sm_mhz",
+                     "clocks.max.mem": "max_mem_mhz", "temperature.gpu": "temperature_c"}
 
 
 def cpu_name() -> str:
@@ -26,13 +46,91 @@ def pin_to_one_core() -> int | None:
     return core
 
 
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(PACKAGE_ROOT), *args], capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def git_state() -> dict:
+    """{"git_revision", "git_dirty", "git_source"}: the revision of the checkout kvlab runs from
+    and whether its tree (results aside) differs from it; from the environment where there is
+    no checkout (see the module doc); None each where neither tells."""
+    top = _git("rev-parse", "--show-toplevel")
+    if top is not None and Path(top).resolve() == PACKAGE_ROOT:
+        status = _git("status", "--porcelain", "--", ".", f":(exclude){RESULTS}")
+        return {"git_revision": _git("rev-parse", "HEAD"), "git_dirty": status != "",
+                "git_source": "checkout"}
+    revision, dirty = os.environ.get("KVLAB_GIT_REVISION"), os.environ.get("KVLAB_GIT_DIRTY")
+    if revision is None:
+        return {"git_revision": None, "git_dirty": None, "git_source": None}
+    if not re.fullmatch(r"[0-9a-f]{40}", revision) or dirty not in ("0", "1"):
+        raise ValueError(f"KVLAB_GIT_REVISION={revision!r}, KVLAB_GIT_DIRTY={dirty!r}: must be "
+                         "40 hex digits and '0' or '1'")
+    return {"git_revision": revision, "git_dirty": dirty == "1", "git_source": "environment"}
+
+
+def versions() -> dict:
+    """The versions of the libraries a measurement depends on (None where not installed)."""
+    found = {}
+    for name in VERSIONED:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = None
+    if found["cupy"] is None:  # CuPy's wheels are named for their CUDA: cupy-cuda12x, ...
+        found["cupy"] = next((d.version for d in importlib.metadata.distributions()
+                              if (d.metadata["Name"] or "").startswith("cupy-cuda")), None)
+    return found
+
+
+def gpu_state(index: int = 0) -> dict:
+    """The driver version, SM and memory clocks (now and their maximum, MHz) and temperature of
+    GPU `index`, read with nvidia-smi: {} where it cannot be read."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", f"--id={index}", "--format=csv,noheader,nounits",
+             f"--query-gpu={','.join(NVIDIA_SMI_FIELDS)}"],
+            capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    if out.returncode != 0:
+        return {}
+    values = [v.strip() for v in out.stdout.strip().split(",")]
+    if len(values) != len(NVIDIA_SMI_FIELDS):
+        return {}
+    state = dict(zip(NVIDIA_SMI_FIELDS.values(), values, strict=True))
+    for key, value in state.items():
+        if key != "driver_version":
+            state[key] = float(value) if re.fullmatch(r"[0-9.]+", value) else None
+    return state
+
+
+def gpu_info(index: int = 0) -> dict:
+    """The GPU a benchmark runs on: its name, SM count, the CUDA version torch was built with,
+    and `gpu_state` (driver, clocks) now, as "clocks_start"; "clocks_end" is added at the end."""
+    import torch
+
+    props = torch.cuda.get_device_properties(index)
+    state = gpu_state(index)
+    return {"gpu": props.name, "num_sms": props.multi_processor_count,
+            "torch_cuda": torch.version.cuda, "driver": state.pop("driver_version", None),
+            "clocks_start": state}
+
+
 def run_info() -> dict:
+    """When and where a benchmark runs, and by what code."""
     import kvlab
 
     return {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "kvlab": kvlab.__version__,
+        **git_state(),
         "python": sys.version.split()[0],
+        "versions": versions(),
         "platform": platform.platform(),
         "cpu": cpu_name(),
     }

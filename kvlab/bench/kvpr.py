@@ -11,11 +11,13 @@ placement of the weights (--weights: resident on the GPU, or offloaded with the 
 - with --hf, HF transformers' offloaded cache (`DynamicCache(offloading=True)`, what
   `cache_implementation="offloaded"` builds) on the same model sharing the same layer tensors,
   after an HF prefill of the context (row schedule, resident weights only).
-Timing: CUDA events around each step, then a synchronize; one warm-up step per setting, then
---steps rounds (more, up to MAX_STEPS, where they would last under --min-seconds: short steps are
-host-bound and vary more) in which the settings take turns (so slow drift of the machine hits
-them alike), every step from the same cached length; the median is reported. HF steps are timed
-the same way, on their own (the cache grows by one token per step).
+Timing (`time_in_turn`): CUDA events around each step, then a synchronize, every step from the
+same cached length (HF's cache is cropped back after each of its steps). First every setting
+warms up until two successive steps agree within 5% (at most MAX_WARMUP_STEPS; a row says whether
+it got there: `steady`); then rounds in which every setting, HF's cache among them, takes one step
+in turn (so slow drift of the machine hits them alike): at least --steps rounds, more (up to
+MAX_STEPS) while a setting has been timed for less than --min-seconds. Every step is recorded
+(`warmup_ms`, `step_ms_runs`); the median is reported.
 The profile also measures T_L, the time of one layer's own work timed back to back (`layer_ms`),
 and the host's time to enqueue a unit and each recompute chunk (`unit_host_ms`,
 `chunk_host_ms`), which the pipelined model weighs against the link. Each row has the
@@ -26,25 +28,25 @@ of the GPU and the overlap between them.
 The timeline of --timeline-setting is kept at the --timeline-points.
 Points whose host memory would pass --host-budget-gib are skipped, with the reason (where only
 HF's copy of the KV would pass it, the point runs without HF).
---resume PATH continues an earlier result or checkpoint, timed the same way on the same GPU: its
-rows and timelines are kept, its points are not measured again, and `resumed_from` records the
-runs it came from.
+--resume PATH continues an earlier result or checkpoint made by the same committed code (its git
+revision, `kvlab.bench.env`), timed the same way on the same GPU: its rows and timelines are
+kept, its points are not measured again, and `resumed_from` records the runs it came from.
 NOTE: contexts may pass a model's trained window (OPT: 2,048 learned positions): a layer's work
 and bytes do not depend on it, and the weights are random anyway.
 """
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
-import math
 import statistics
 import sys
+from collections.abc import Callable
 
 import torch
 
-from kvlab.bench.env import run_info
+from kvlab.bench.cli import KVPR_SETTINGS as SETTINGS
+from kvlab.bench.env import git_state, gpu_info, gpu_state, run_info
 from kvlab.checks import check_positive_int
 from kvlab.config import MODELS
 from kvlab.offload.host import HostStore, fill, store_bytes
@@ -62,46 +64,11 @@ from kvlab.offload.scheduler import (
 from kvlab.offload.timeline import overlap
 from kvlab.offload.weights import HostLayers, Packing
 
-PAPER_MODELS = ("opt-6.7b", "opt-13b", "opt-30b", "llama2-7b", "llama3-8b")
-SETTINGS = (*(f"kvpr-{m}" for m in MODELS_OF_TIME), "full-transfer", "full-recompute")
 HF_SETTING = "hf-offloaded"
-MAX_STEPS = 25
+WARMUP_TOLERANCE = 0.05  # a setting is warm once two successive steps agree within this
+MAX_WARMUP_STEPS = 12
+MAX_STEPS = 40
 HEADROOM = 2  # tokens past the context in each store: the step's new token, and one spare
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--models", nargs="+", default=list(PAPER_MODELS), choices=list(MODELS))
-    parser.add_argument("--batches", nargs="+", type=int, default=[8, 16, 32, 64])
-    parser.add_argument("--contexts", nargs="+", type=int, default=[512, 1024, 2048, 4096, 8192])
-    parser.add_argument("--schedules", nargs="+", default=["row", "column"], choices=SCHEDULES)
-    parser.add_argument("--gpu-batches", nargs="+", type=int, default=[1, 4],
-                        help="GPU batches the batch is split into (column runs only with 2+: "
-                             "with one it is the row schedule)")
-    parser.add_argument("--weights", nargs="+", default=["resident"], choices=WEIGHTS)
-    parser.add_argument("--steps", type=int, default=5, help="timed decode steps per setting")
-    parser.add_argument("--min-seconds", type=float, default=0.5,
-                        help=f"time more steps (up to {MAX_STEPS}) where --steps would time a "
-                             "setting for less than this")
-    parser.add_argument("--chunks", type=int, default=1,
-                        help="X chunks per layer (each costs the host some 6 CUDA calls; with "
-                             "the layers double-buffered, one chunk is fastest on the H200)")
-    parser.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
-                        help="replay each layer's work around the attention as CUDA graphs "
-                             "(--no-cuda-graphs: enqueue it eagerly)")
-    parser.add_argument("--hf", action="store_true",
-                        help="also time HF's offloaded cache (row schedule, resident weights)")
-    parser.add_argument("--hf-max-tokens", type=int, default=16384,
-                        help="time HF only where batch x context is at most this")
-    parser.add_argument("--timeline-setting", default="kvpr-pipelined", choices=SETTINGS)
-    parser.add_argument("--timeline-points", nargs="*", default=["16x1024"],
-                        help="BATCHxCONTEXT points whose timelines are kept")
-    parser.add_argument("--host-budget-gib", type=float, default=100.0,
-                        help="skip points whose pinned host memory would be larger")
-    parser.add_argument("--checkpoint", metavar="PATH",
-                        help="rewrite the result so far as JSON after every point")
-    parser.add_argument("--resume", metavar="PATH",
-                        help="continue the result or checkpoint at PATH: keep its rows, measure "
-                             "only the points it lacks")
 
 
 def split_for(setting: str, shape, rates, num_chunks: int) -> int:
@@ -129,19 +96,21 @@ def host_bytes(name: str, batch: int, context: int, weights: str = "resident",
 
 
 def measure_point(name: str, batch: int, context: int, *, schedule: str = "row",
-                  gpu_batches: int = 1, weights: str = "resident", steps: int = 5,
+                  gpu_batches: int = 1, weights: str = "resident", steps: int = 10,
                   chunks: int = 1, cuda_graphs: bool = True, hf: bool = False,
                   keep_timeline: bool = True,
                   timeline_setting: str = "kvpr-pipelined", layers=None, host_layers=None,
                   progress=None, min_seconds: float = 0.0) -> dict:
-    """Time every setting at one point on the GPU: {"rows": [...], "timeline": {...} or None}.
+    """Time every setting at one point on the GPU, in turn (`time_in_turn`): {"rows": [...],
+    "timeline": {...} or None}.
 
     gpu_batches must divide batch (row schedules use 1). layers: the model's LayerWeights on the
     GPU (seeded random ones when None); they prefill the stores and, with weights="resident",
-    run the steps. host_layers: their HostLayers for weights="offloaded" (packed here when
-    None). progress: called with (steps done, steps in all) after each step. min_seconds: time
-    up to MAX_STEPS steps per setting where `steps` would take less than this. cuda_graphs: the
-    decoder's (and the profile's) layers as CUDA graphs, or eager.
+    run the steps (and HF's model shares them). host_layers: their HostLayers for
+    weights="offloaded" (packed here when None). steps: timed rounds, at least. progress:
+    called with (steps done, steps planned) after each step. min_seconds: time more rounds (up
+    to MAX_STEPS) while a setting has been timed for less than this. cuda_graphs: the decoder's
+    (and the profile's) layers as CUDA graphs, or eager.
     """
     check_settings(steps, chunks, [gpu_batches], min_seconds)
     for key, value in (("batch", batch), ("context", context)):
@@ -167,14 +136,62 @@ def measure_point(name: str, batch: int, context: int, *, schedule: str = "row",
         layers = random_layers(model, seed=0, dtype=torch.float16, device="cuda")
     if weights == "offloaded" and host_layers is None:
         host_layers = HostLayers(layers)
-    point, rows, timeline = _kvpr_rows(
-        name, batch, context, schedule, gpu_batches, layers if weights == "resident" else
-        host_layers, layers, steps, chunks, cuda_graphs,
-        timeline_setting if keep_timeline else None, progress, min_seconds,
-    )  # returns with the stores and the decoder freed, before HF allocates its own
+    stores = [HostStore(model, batch // gpu_batches, context + HEADROOM)
+              for _ in range(gpu_batches)]
+    for g, store in enumerate(stores):
+        fill(store, layers, context, seed=1000 * g, device="cuda")
+    # NOTE: after the fill: once, measured before it, as the last point's stores were being
+    # freed, pinned H2D read 39 GB/s (55 in steady state)
+    decoder = KVPRDecoder(model, layers if weights == "resident" else host_layers, stores, "cuda",
+                          num_chunks=chunks, schedule=schedule, cuda_graphs=cuda_graphs)
+    rates = profile(model, batch // gpu_batches, context, decoder=decoder)
+    hidden = torch.randn(batch, model.hidden_size, dtype=torch.float16, device="cuda")
+    shape = decoder.unit_shape(context)
+    splits = {s: split_for(s, shape, rates, chunks) for s in SETTINGS}
+
+    def kvpr_step(setting: str, record: bool = False) -> Callable[[], float]:
+        def step() -> float:
+            for store in stores:
+                store.length = context  # every step from the same cached length
+            decoder.record = record
+            ms = 1e3 * timed_step(decoder, hidden, splits[setting])[1]
+            torch.cuda.synchronize()  # the write-back too: steps do not overlap
+            return ms
+        return step
+
+    steps_of = {setting: kvpr_step(setting) for setting in SETTINGS}
     if hf:
-        rows.append({**point, **hf_offloaded_row(name, layers, batch, context, steps,
-                                                 point["lower_bound_ms"])})
+        steps_of[HF_SETTING] = HFSteps(model, layers, batch, context)
+    timings = time_in_turn(steps_of, steps, min_seconds, progress)
+    steps_of.pop(HF_SETTING, None)  # HF's model and cache freed
+    lower_bound = lower_bound_seconds(shape, rates) * len(decoder.units())
+    point = {"model": name, "batch": batch, "context": context, "schedule": schedule,
+             "gpu_batches": gpu_batches, "weights": decoder.weights, "cuda_graphs": cuda_graphs,
+             "h2d_gbps": rates.h2d_bytes_per_s / 1e9, "d2h_gbps": rates.d2h_bytes_per_s / 1e9,
+             "recompute_tflops": rates.recompute_flops_per_s / 1e12,
+             "layer_ms": 1e3 * rates.layer_seconds, "unit_host_ms": 1e3 * rates.unit_host_seconds,
+             "chunk_host_ms": 1e3 * rates.chunk_host_seconds,
+             "lower_bound_ms": 1e3 * lower_bound}
+    rows, timeline = [], None
+    for setting, timing in timings.items():
+        ms = statistics.median(timing["step_ms_runs"])
+        row = {**point, "setting": setting, "step_ms": ms, **timing,
+               "tokens_per_s": batch / (ms * 1e-3), "ratio_to_lower_bound": ms / point[
+                   "lower_bound_ms"]}
+        if setting == HF_SETTING:
+            rows.append({**row, "l": None, **{f"predicted_{m}_ms": None for m in MODELS_OF_TIME},
+                         "link_busy_ms": None, "compute_busy_ms": None, "overlap": None})
+            continue
+        l = splits[setting]
+        kvpr_step(setting, record=True)()  # one more step, with the timeline on
+        spans = decoder.last_timeline.spans()
+        rows.append({**row, "l": l,
+                     **{f"predicted_{m}_ms": 1e3 * predicted_seconds(decoder, rates, l, context, m)
+                        for m in MODELS_OF_TIME}, **overlap(spans)})
+        if setting == timeline_setting and keep_timeline:
+            timeline = {key: point[key] for key in ("model", "batch", "context", "schedule",
+                                                     "gpu_batches", "weights")}
+            timeline.update(setting=setting, l=l, step_ms=ms, spans=spans)
     torch.cuda.empty_cache()
     return {"rows": rows, "timeline": timeline}
 
@@ -185,126 +202,105 @@ def check_settings(steps: int, chunks: int, gpu_batches, min_seconds: float) -> 
     check_positive_int("chunks", chunks)
     for g in gpu_batches:
         check_positive_int("gpu_batches", g)
-    if not (isinstance(min_seconds, (int, float)) and min_seconds >= 0):
-        raise ValueError(f"min_seconds={min_seconds!r}: must be a number >= 0")
+    if not (isinstance(min_seconds, (int, float)) and not isinstance(min_seconds, bool)
+            and 0 <= min_seconds < float("inf")):
+        raise ValueError(f"min_seconds={min_seconds!r}: must be a finite number >= 0")
 
 
-def _kvpr_rows(name, batch, context, schedule, gpu_batches, weights, layers, steps, chunks,
-               cuda_graphs, timeline_setting, progress, min_seconds):
-    """measure_point's KVPR settings: (the point's common fields, a row per setting, the
-    timeline of `timeline_setting` or None)."""
-    model = MODELS[name]
-    stores = [HostStore(model, batch // gpu_batches, context + HEADROOM)
-              for _ in range(gpu_batches)]
-    for g, store in enumerate(stores):
-        fill(store, layers, context, seed=1000 * g, device="cuda")
-    # NOTE: after the fill: once, measured before it, as the last point's stores were being
-    # freed, pinned H2D read 39 GB/s (55 in steady state)
-    decoder = KVPRDecoder(model, weights, stores, "cuda", num_chunks=chunks, schedule=schedule,
-                          cuda_graphs=cuda_graphs)
-    rates = profile(model, batch // gpu_batches, context, decoder=decoder)
-    hidden = torch.randn(batch, model.hidden_size, dtype=torch.float16, device="cuda")
-    shape = decoder.unit_shape(context)
-    splits = {s: split_for(s, shape, rates, chunks) for s in SETTINGS}
-    times = {s: [] for s in SETTINGS}
-    total, done = (steps + 2) * len(SETTINGS), 0
+def is_warm(steps_ms: list[float]) -> bool:
+    """Whether the last two steps agree within WARMUP_TOLERANCE (of the smaller)."""
+    return len(steps_ms) >= 2 and (
+        abs(steps_ms[-1] - steps_ms[-2]) <= WARMUP_TOLERANCE * min(steps_ms[-2:]))
 
-    def run(setting, record=False):
+
+def time_in_turn(steps: dict[str, Callable[[], float]], min_rounds: int, min_seconds: float,
+                 progress=None) -> dict[str, dict]:
+    """Time decode steps of several settings at steady state, in turn.
+
+    steps: setting -> a callable that runs one step and returns its ms. Each setting first warms
+    up until `is_warm` (at most MAX_WARMUP_STEPS steps; a warm setting waits for the others).
+    Then rounds in which every setting takes one step: at least `min_rounds`, more (up to
+    MAX_STEPS) while a setting's timed steps add up to less than `min_seconds`. Returns, per
+    setting, {"warmup_ms": [...], "steady": bool, "step_ms_runs": [...]}. progress(done, planned)
+    is called after every step (planned grows when warm-up or rounds run longer)."""
+    warmup = {setting: [] for setting in steps}
+    timed = {setting: [] for setting in steps}
+    done = 0
+
+    def run(setting: str, into: list) -> None:
         nonlocal done
-        for store in stores:
-            store.length = context  # every step from the same cached length
-        decoder.record = record
-        ms = 1e3 * timed_step(decoder, hidden, splits[setting])[1]
+        into.append(steps[setting]())
         done += 1
         if progress is not None:
-            progress(done, total)
-        return ms
+            cold = sum(not is_warm(w) and len(w) < MAX_WARMUP_STEPS for w in warmup.values())
+            left = max(min_rounds - len(timed[setting]), 0) * len(steps)
+            progress(done, done + cold + left)
 
-    warm = statistics.median(run(setting) for setting in SETTINGS)
-    # short, host-bound steps vary more: give them more rounds
-    steps = min(max(steps, math.ceil(1e3 * min_seconds / warm)), MAX_STEPS)
-    total = (steps + 2) * len(SETTINGS)
-    for _ in range(steps):
-        for setting in SETTINGS:
-            times[setting].append(run(setting))
-    lower_bound = lower_bound_seconds(shape, rates) * len(decoder.units())
-    point = {"model": name, "batch": batch, "context": context, "schedule": schedule,
-             "gpu_batches": gpu_batches, "weights": decoder.weights, "cuda_graphs": cuda_graphs,
-             "h2d_gbps": rates.h2d_bytes_per_s / 1e9, "d2h_gbps": rates.d2h_bytes_per_s / 1e9,
-             "recompute_tflops": rates.recompute_flops_per_s / 1e12,
-             "layer_ms": 1e3 * rates.layer_seconds, "unit_host_ms": 1e3 * rates.unit_host_seconds,
-             "chunk_host_ms": 1e3 * rates.chunk_host_seconds,
-             "lower_bound_ms": 1e3 * lower_bound}
-    rows, timeline = [], None
-    for setting in SETTINGS:
-        run(setting, record=True)
-        spans = decoder.last_timeline.spans()
-        ms, l = statistics.median(times[setting]), splits[setting]
-        rows.append({**point, "setting": setting, "l": l, "step_ms": ms,
-                     "step_ms_runs": times[setting], "tokens_per_s": batch / (ms * 1e-3),
-                     **{f"predicted_{m}_ms": 1e3 * predicted_seconds(decoder, rates, l, context, m)
-                        for m in MODELS_OF_TIME},
-                     "ratio_to_lower_bound": ms / point["lower_bound_ms"], **overlap(spans)})
-        if setting == timeline_setting:
-            timeline = {key: point[key] for key in ("model", "batch", "context", "schedule",
-                                                     "gpu_batches", "weights")}
-            timeline.update(setting=setting, l=l, step_ms=ms, spans=spans)
-    return point, rows, timeline
+    while cold := [s for s, w in warmup.items() if not is_warm(w) and len(w) < MAX_WARMUP_STEPS]:
+        for setting in cold:
+            run(setting, warmup[setting])
+    rounds = 0
+    while rounds < min_rounds or (rounds < MAX_STEPS and any(
+            sum(t) < 1e3 * min_seconds for t in timed.values())):
+        for setting in steps:
+            run(setting, timed[setting])
+        rounds += 1
+    return {s: {"warmup_ms": warmup[s], "steady": is_warm(warmup[s]), "step_ms_runs": timed[s]}
+            for s in steps}
 
 
-def hf_offloaded_row(name: str, layers, batch: int, context: int, steps: int,
-                     lower_bound_ms: float) -> dict:
-    """HF's offloaded KV cache on `name` with `layers`' tensors: prefill `context` random tokens
-    per sequence, then time decode steps (one warm-up, median of `steps`)."""
-    import transformers
+class HFSteps:
+    """HF transformers' offloaded KV cache (`DynamicCache(offloading=True)`, what
+    `cache_implementation="offloaded"` builds) on the causal LM of `model` sharing `layers`'
+    tensors, prefilled with `context` random tokens per sequence. Each call runs one decode step,
+    timed with CUDA events, then crops the cache back, so that every step starts from the same
+    cached length (as the KVPR settings do); returns its ms."""
 
-    from kvlab.offload.hf import cache_keyword, causal_lm
+    def __init__(self, model, layers, batch: int, context: int):
+        import transformers
 
-    model = MODELS[name]
-    hf = causal_lm(model, layers, "cuda", max_position=context + steps + HEADROOM)
-    cache = transformers.DynamicCache(config=hf.config, offloading=True)
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    ids = torch.randint(model.vocab_size, (batch, context + steps + 1), device="cuda",
-                        generator=gen)
-    kwargs = {cache_keyword(hf): cache, "use_cache": True}
-    with torch.no_grad():
-        hf(input_ids=ids[:, :context], logits_to_keep=1, **kwargs)
-        times = []
-        for i in range(steps + 1):
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
+        from kvlab.offload.hf import cache_keyword, causal_lm
+
+        self.hf = causal_lm(model, layers, "cuda", max_position=context + HEADROOM)
+        self.cache = transformers.DynamicCache(config=self.hf.config, offloading=True)
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        ids = torch.randint(model.vocab_size, (batch, context + 1), device="cuda", generator=gen)
+        self.kwargs = {cache_keyword(self.hf): self.cache, "use_cache": True}
+        self.next_ids = ids[:, context:]
+        with torch.no_grad():
+            self.hf(input_ids=ids[:, :context], logits_to_keep=1, **self.kwargs)
+        torch.cuda.synchronize()
+
+    def __call__(self) -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.no_grad():
             start.record()
-            hf(input_ids=ids[:, context + i:context + i + 1], **kwargs)
+            self.hf(input_ids=self.next_ids, **self.kwargs)
             end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-    del hf, cache
-    times = times[1:]  # the first step warms up
-    ms = statistics.median(times)
-    return {"setting": HF_SETTING, "schedule": "row", "gpu_batches": 1, "weights": "resident",
-            "l": None, "step_ms": ms, "step_ms_runs": times, "tokens_per_s": batch / (ms * 1e-3),
-            **{f"predicted_{m}_ms": None for m in MODELS_OF_TIME},
-            "ratio_to_lower_bound": ms / lower_bound_ms, "link_busy_ms": None,
-            "compute_busy_ms": None, "overlap": None}
-
-
-def _points(text: list[str]) -> set[tuple[int, int]]:
-    try:
-        return {tuple(int(n) for n in p.lower().split("x")) for p in text}
-    except ValueError as err:
-        raise ValueError(f"--timeline-points {text}: must be BATCHxCONTEXT, e.g. 16x1024") from err
+        torch.cuda.synchronize()  # HF's copies on its own streams too
+        self.cache.crop(-1)  # negative: remove one token (every transformers 5 release)
+        return start.elapsed_time(end)
 
 
 POINT = ("model", "batch", "context", "schedule", "gpu_batches", "weights")
+# What a resumed run must share with the result it continues.
+TIMING = ("dtype", "steps", "chunks", "cuda_graphs", "min_seconds", "warmup_tolerance")
 
 
 def _point(entry: dict) -> tuple:
     return tuple(entry[key] for key in POINT)
 
 
-def previous_result(path: str, args) -> dict:
-    """The result or checkpoint at `path` that `args` resume: a kvpr result timed as `args` time
-    (ValueError naming what differs)."""
+def _timing(args) -> dict:
+    return {"dtype": "float16", "steps": args.steps, "chunks": args.chunks,
+            "cuda_graphs": args.cuda_graphs, "min_seconds": args.min_seconds,
+            "warmup_tolerance": WARMUP_TOLERANCE}
+
+
+def previous_result(path: str, args, code: dict) -> dict:
+    """The result or checkpoint at `path` that `args` resume: a kvpr result made by the same
+    committed code (`code`: this run's `git_state`) and timed as `args` time (ValueError naming
+    what differs)."""
     try:
         with open(path) as f:
             previous = json.load(f)
@@ -315,41 +311,51 @@ def previous_result(path: str, args) -> dict:
     missing = [key for key in ("gpu", "rows", "timelines", "skipped") if key not in previous]
     if missing:
         raise ValueError(f"--resume {path}: it lacks {', '.join(missing)}")
-    timing = {"dtype": "float16", "steps": args.steps, "chunks": args.chunks,
-              "cuda_graphs": args.cuda_graphs, "min_seconds": args.min_seconds}
-    for key, value in timing.items():
+    for key, value in _timing(args).items():
         if previous.get(key) != value:
             raise ValueError(f"--resume {path}: it was timed with {key}={previous.get(key)!r}, "
                              f"this run with {key}={value!r}; a resumed run must time the same "
                              "way")
+    made_by = (previous.get("git_revision"), previous.get("git_dirty"))
+    if code["git_revision"] is None or code["git_dirty"] is not False or made_by != (
+            code["git_revision"], False):
+        raise ValueError(
+            f"--resume {path}: it was made by revision {made_by[0]} (dirty: {made_by[1]}), this "
+            f"run is revision {code['git_revision']} (dirty: {code['git_dirty']}); a resumed run "
+            "must run the same committed code")
     return previous
 
 
-def run(args) -> dict:
-    keep = _points(args.timeline_points)
-    check_settings(args.steps, args.chunks, args.gpu_batches, args.min_seconds)
+def check(args) -> None:
+    """Raise ValueError for settings that cannot run together, without a GPU, or for a --resume
+    file that this run cannot continue."""
     if args.hf and not ("row" in args.schedules and 1 in args.gpu_batches
                         and "resident" in args.weights):
         raise ValueError("--hf: HF's cache is compared with the row schedule, one GPU batch, "
                          "resident weights: add row, 1 and resident to the options")
-    previous = previous_result(args.resume, args) if args.resume else None
     if not torch.cuda.is_available():
-        raise RuntimeError("python -m kvlab bench kvpr needs a CUDA GPU")
-    gpu = torch.cuda.get_device_name(0)
-    if previous is not None and previous.get("gpu") != gpu:
-        raise ValueError(f"--resume {args.resume}: measured on {previous.get('gpu')}, this GPU "
-                         f"is {gpu}")
-    result = {"benchmark": "kvpr", **run_info(), "gpu": gpu, "command": args.command,
-              "torch": torch.__version__, "dtype": "float16", "steps": args.steps,
-              "chunks": args.chunks, "cuda_graphs": args.cuda_graphs,
-              "min_seconds": args.min_seconds,
-              "timing": "CUDA events per step, settings interleaved, median after one warm-up "
-              "step each", "rows": [], "timelines": [], "skipped": []}
+        raise ValueError("python -m kvlab bench kvpr needs a CUDA GPU")
+    if args.resume:
+        previous = previous_result(args.resume, args, git_state())
+        gpu = torch.cuda.get_device_name(0)
+        if previous["gpu"] != gpu:
+            raise ValueError(f"--resume {args.resume}: measured on {previous['gpu']}, this GPU "
+                             f"is {gpu}")
+
+
+def run(args) -> dict:
+    """The grid of `args` (checked by `check`)."""
+    keep = set(args.timeline_points)
+    result = {"benchmark": "kvpr", **run_info(), **gpu_info(), "command": args.command,
+              **_timing(args), "timing": "CUDA events per step; every setting warm (two steps "
+              "within 5%), then timed in turn, round by round; median",
+              "rows": [], "timelines": [], "skipped": []}
+    previous = previous_result(args.resume, args, result) if args.resume else None
     skipped = {}  # (point, setting or None) -> the entry; a later decision replaces one
     if previous is not None:
         result["rows"], result["timelines"] = previous["rows"], previous["timelines"]
         result["resumed_from"] = [*previous.get("resumed_from", []), {
-            **{key: previous.get(key) for key in ("date", "kvlab", "torch", "command")},
+            **{key: previous.get(key) for key in ("date", "git_revision", "command")},
             "points": len({_point(r) for r in previous["rows"]})}]
         skipped = {(_point(s), s.get("setting")): s for s in previous["skipped"]}
     measured = {_point(r) for r in result["rows"]}
@@ -362,8 +368,9 @@ def run(args) -> dict:
         model = MODELS[name]
         layers = random_layers(model, seed=0, dtype=torch.float16, device="cuda")
         host_layers = None  # packed at the first offloaded point that fits
-        for batch, context, schedule, gpu_batches, weights in itertools.product(
-                args.batches, args.contexts, args.schedules, args.gpu_batches, args.weights):
+        points = args.points or list(itertools.product(args.batches, args.contexts))
+        for (batch, context), schedule, gpu_batches, weights in itertools.product(
+                points, args.schedules, args.gpu_batches, args.weights):
             where = dict(zip(POINT, (name, batch, context, schedule, gpu_batches, weights),
                              strict=True))
             point = _point(where)
@@ -410,26 +417,36 @@ def run(args) -> dict:
         del layers, host_layers
         torch.cuda.empty_cache()
     result["skipped"] = list(skipped.values())
+    result["clocks_end"] = gpu_state()
     return result
 
 
 def report(result: dict) -> str:
-    lines = [f"{result['gpu']}: KVPR decode steps, median of >= {result['steps']} steps",
+    """A line per row: the step's median ms, its ratio to the lower bound, and the speedup over
+    full transfer and over HF's offloaded cache at the same point (three digits where a target
+    is at stake); `*` marks a setting whose warm-up did not reach two steps within 5%."""
+    lines = [f"{result['gpu']}: KVPR decode steps, median of >= {result['steps']} steps at "
+             "steady state (* = not steady after the warm-up)",
              f"{'model':10} {'B':>3} {'ctx':>5} {'sched':8} {'weights':9} {'setting':15} "
-             f"{'l':>5} {'ms':>8} {'tok/s':>7} {'xLB':>5} {'overlap':>7} {'vs full':>7}"]
-    key = ("model", "batch", "context", "schedule", "gpu_batches", "weights")
-    full = {tuple(r[k] for k in key): r["step_ms"]
-            for r in result["rows"] if r["setting"] == "full-transfer"}
+             f"{'l':>5} {'ms':>9} {'tok/s':>7} {'xLB':>6} {'overlap':>7} {'vs full':>7} "
+             f"{'vs HF':>7}"]
+    by_point = {}
     for r in result["rows"]:
-        base = full.get(tuple(r[k] for k in key))
-        speedup = f"{base / r['step_ms']:.2f}x" if base else "-"
+        by_point.setdefault(_point(r), {})[r["setting"]] = r["step_ms"]
+    for r in result["rows"]:
+        point = by_point[_point(r)]
+        full, hf = point.get("full-transfer"), point.get(HF_SETTING)
+        versus = [f"{base / r['step_ms']:.3f}x" if base and r["setting"] != HF_SETTING else "-"
+                  for base in (full, hf)]
         split = "-" if r["l"] is None else r["l"]
         shared = "-" if r["overlap"] is None else f"{r['overlap']:.2f}"
         schedule = f"{r['schedule']}/{r['gpu_batches']}"
+        steady = "" if r.get("steady", True) else "*"
         lines.append(f"{r['model']:10} {r['batch']:>3} {r['context']:>5} {schedule:8} "
-                     f"{r['weights']:9} {r['setting']:15} {split:>5} {r['step_ms']:>8.2f} "
-                     f"{r['tokens_per_s']:>7.0f} {r['ratio_to_lower_bound']:>5.2f} "
-                     f"{shared:>7} {speedup:>7}")
+                     f"{r['weights']:9} {r['setting'] + steady:15} {split:>5} "
+                     f"{r['step_ms']:>9.2f} {r['tokens_per_s']:>7.0f} "
+                     f"{r['ratio_to_lower_bound']:>6.3f} {shared:>7} {versus[0]:>7} "
+                     f"{versus[1]:>7}")
     lines += [f"skipped {s['model']} B={s['batch']} ctx={s['context']} {s['schedule']}/"
               f"{s['gpu_batches']} {s['weights']}{' ' + s['setting'] if 'setting' in s else ''}: "
               f"{s['reason']}" for s in result["skipped"]]

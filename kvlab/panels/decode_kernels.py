@@ -8,7 +8,6 @@ chosen point with `kvlab.bench.attention` (`measure_point`); torch and CuPy load
 
 from __future__ import annotations
 
-import argparse
 import html
 import math
 
@@ -33,29 +32,22 @@ def measure_point(
     model: str, batch: int, context: int, block_size: int, distance: int, on_progress=None
 ) -> dict:
     """Measure one point on this GPU with `kvlab.bench.attention.run`, as the CLI would:
-    vllm_v1, gqa (prefetch none / bulk / line at `distance`) and sdpa, one kernel per run.
+    vllm_v1 (where it supports `block_size`) and gqa at prefetch none / bulk / line at `distance`,
+    and SDPA, all timed in turn in one loop.
 
-    Returns the benchmark's result dict (rows of all three kernels; gpu, roofline_copy_gbps, ...).
-    `on_progress(num_done, num_total)` is called after each kernel. Needs torch with CUDA and CuPy.
+    Returns the benchmark's result dict (rows of every kernel; gpu, roofline_copy_gbps, ...).
+    `on_progress(num_done, num_total)` is called once the loop is timed. Needs torch with CUDA
+    and CuPy.
     """
     from kvlab.bench import attention  # imports torch and CuPy: the GPU path only
+    from kvlab.bench.cli import parse
 
-    parser = argparse.ArgumentParser()
-    attention.add_arguments(parser)
-    kernels = [*FAMILIES, "sdpa"]
-    result = None
-    for i, kernel in enumerate(kernels):
-        args = parser.parse_args(
-            ["--models", model, "--batches", str(batch), "--contexts", str(context),
-             "--block-sizes", str(block_size), "--distances", str(distance), "--kernels", kernel]
-        )  # fmt: skip
-        part = attention.run(args)
-        if result is None:
-            result = part
-        else:
-            result["rows"] += part["rows"]
-        if on_progress is not None:
-            on_progress(i + 1, len(kernels))
+    args = parse(["bench", "attention", "--models", model, "--batches", str(batch),
+                  "--contexts", str(context), "--block-sizes", str(block_size),
+                  "--distances", str(distance)])
+    result = attention.run(args)
+    if on_progress is not None:
+        on_progress(1, 1)
     return result
 
 
@@ -124,7 +116,7 @@ class DecodeKernelsTab:
         self.run_button = self.progress = None
         if self.backend == "cuda":
             self.run_button = widgets.Button(description="Run", button_style="primary")
-            self.progress = widgets.IntProgress(min=0, max=3, value=0, description="measuring")
+            self.progress = widgets.IntProgress(min=0, max=1, value=0, description="measuring")
             self.run_button.on_click(self.run)
         for name, control in self.controls.items():
             if name != "gqa_ratio":

@@ -31,11 +31,12 @@ from kvlab.config import MODELS
 from kvlab.device import backend, device_label
 from kvlab.offload.scheduler import SCHEDULES, WEIGHTS, LinkAndCompute, best_split, unit_shape
 from kvlab.panels.widgets import figure_widget, labeled, show_figure
-from kvlab.results import KVPR, label, load_results, nearest_point, recorded_models
+from kvlab.results import KVPR, label, load_results
 from kvlab.viz.offload import (
     describe_point,
     nearest_timeline,
-    recorded_times,
+    point_rows,
+    recorded_rates,
     schedule_label,
     speedup_figure,
     split_figure,
@@ -147,13 +148,6 @@ class KVPRTab:
         return (v["model"], v["batch"], v["context"], v["schedule"], v["gpu_batches"],
                 v["weights"], v["chunks"])
 
-    def _recorded_rows(self, model: str, batch: int, context: int) -> list[dict]:
-        if model not in recorded_models(self.recorded):
-            return []
-        b, c = nearest_point(self.recorded, model, batch, context)
-        return [r for r in self.recorded["rows"]
-                if (r["model"], r["batch"], r["context"]) == (model, b, c)]
-
     def measure(self, button=None) -> None:
         """Measure the chosen point on this GPU (`kvlab.bench.kvpr.measure_point`), then show it."""
         from kvlab.bench.kvpr import measure_point  # imports torch: the GPU path only
@@ -188,7 +182,7 @@ class KVPRTab:
         if measured is not None:
             rows, timeline, provenance = measured["rows"], measured.get("timeline"), device_label()
         else:
-            rows = self._recorded_rows(v["model"], v["batch"], v["context"])
+            rows = point_rows(self.recorded, v["model"], v["batch"], v["context"])
             timeline = nearest_timeline(self.recorded.get("timelines", []), v["model"],
                                         v["batch"], v["context"], v["schedule"], v["weights"],
                                         gpu_batches=v["gpu_batches"])
@@ -196,23 +190,23 @@ class KVPRTab:
         points = split_points(rows, v["schedule"], v["weights"], v["gpu_batches"])
         rate_row = next((r for r in [*points, *rows] if r.get("h2d_gbps") is not None), None)
         notes = []
-        recorded_rates = v["rates"] == "recorded" and rate_row is not None
+        use_recorded = v["rates"] == "recorded" and rate_row is not None
         if v["rates"] == "recorded" and rate_row is None:
             notes.append(f"{v['model']}: nothing recorded; the rates are what-if")
         with self._quiet():
-            c["pcie_gbps"].disabled = c["recompute_tflops"].disabled = recorded_rates
-            if recorded_rates:
+            c["pcie_gbps"].disabled = c["recompute_tflops"].disabled = use_recorded
+            if use_recorded:
                 c["pcie_gbps"].value = round(rate_row["h2d_gbps"], 1)
                 c["recompute_tflops"].value = round(rate_row["recompute_tflops"])
             c["l"].max = v["context"]
             if "gpu_batches" in c:
                 c["gpu_batches"].disabled = v["schedule"] == "row"
-        source = (f"rates {provenance} with {rate_row['model']} {rate_row['batch']} x "
-                  f"{rate_row['context']}" if recorded_rates else "what-if rates")
-        # the layer's own time and the host's, as recorded with the rates (what-if: left out)
-        times = recorded_times(rate_row) if recorded_rates else {}
-        rates = LinkAndCompute(c["pcie_gbps"].value * 1e9, c["recompute_tflops"].value * 1e12,
-                               source, **times)
+        if use_recorded:  # with the layer's own time and the host's, as recorded
+            rates = recorded_rates(rate_row, f"rates {provenance} with {rate_row['model']} "
+                                             f"{rate_row['batch']} x {rate_row['context']}")
+        else:
+            rates = LinkAndCompute(c["pcie_gbps"].value * 1e9,
+                                   c["recompute_tflops"].value * 1e12, "what-if rates")
         gpu_batches = v["gpu_batches"]
         if v["batch"] % gpu_batches:
             notes.append(f"batch {v['batch']} does not split into {gpu_batches} GPU batches: "

@@ -30,8 +30,8 @@ from kvlab.results import nearest_point
 
 __all__ = [
     "BASELINES", "OP_COLORS", "ROW_DEFAULTS", "baseline_speedups", "describe_point",
-    "nearest_timeline", "recorded_times", "schedule_label", "speedup_figure", "split_figure",
-    "split_points", "timeline_figure", "with_defaults",
+    "nearest_timeline", "point_rows", "recorded_rates", "recorded_times", "schedule_label",
+    "speedup_figure", "split_figure", "split_points", "timeline_figure", "with_defaults",
 ]
 
 # The runtime's streams (kvlab.offload's LANES), top to bottom; a lane not listed goes below.
@@ -86,6 +86,23 @@ def recorded_times(row: dict) -> dict:
     LinkAndCompute keyword arguments in seconds (those not recorded are left out: zero)."""
     return {field: row[key] * 1e-3 for field, key in RECORDED_TIMES.items()
             if row.get(key) is not None}
+
+
+def recorded_rates(row: dict, source: str) -> LinkAndCompute:
+    """The rates measured with a KVPR row (`h2d_gbps`, `recompute_tflops`) and the layer's and
+    the host's times recorded with them; `source` says where (e.g. `kvlab.results.label`)."""
+    return LinkAndCompute(row["h2d_gbps"] * 1e9, row["recompute_tflops"] * 1e12, source,
+                          **recorded_times(row))
+
+
+def point_rows(result: dict, model: str, batch: int, context: int) -> list[dict]:
+    """The rows of `result` at `model`'s recorded point nearest to (`batch`, `context`)
+    (`kvlab.results.nearest_point`): every setting, schedule and weights placement there; []
+    when `model` has no rows."""
+    if not any(r["model"] == model for r in result["rows"]):
+        return []
+    b, c = nearest_point(result, model, batch, context)
+    return [r for r in result["rows"] if (r["model"], r["batch"], r["context"]) == (model, b, c)]
 
 
 def split_points(rows: list[dict], schedule: str = "row", weights: str = "resident",

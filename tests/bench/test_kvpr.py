@@ -4,19 +4,22 @@ harness (GPU)."""
 
 import json
 import re
+import statistics
 
 import pytest
 import torch
 
-from kvlab.__main__ import main
-from kvlab.bench import kvpr
+from kvlab.bench import env, kvpr
+from kvlab.bench.cli import main
 from kvlab.bench.kvpr import (
     HF_SETTING,
+    MAX_STEPS,
+    MAX_WARMUP_STEPS,
     SETTINGS,
-    _points,
     host_bytes,
     measure_point,
     split_for,
+    time_in_turn,
 )
 from kvlab.config import MODELS
 from kvlab.offload.host import store_bytes
@@ -52,7 +55,8 @@ def test_host_bytes_count_stores_offloaded_weights_and_hf_cache():
         ({"gpu_batches": 0}, "gpu_batches=0: must be an integer >= 1"),
         ({"steps": 0}, "steps=0: must be an integer >= 1"),
         ({"chunks": 0}, "chunks=0: must be an integer >= 1"),
-        ({"min_seconds": -1}, "min_seconds=-1: must be a number >= 0"),
+        ({"min_seconds": -1}, "min_seconds=-1: must be a finite number >= 0"),
+        ({"min_seconds": float("inf")}, "min_seconds=inf: must be a finite number >= 0"),
         ({"schedule": "diagonal"}, "schedule='diagonal': must be one of"),
         ({"weights": "disk"}, "weights='disk': must be one of"),
         ({"hf": True, "weights": "offloaded"}, "hf=True with schedule='row', gpu_batches=1, "
@@ -72,19 +76,50 @@ def test_measure_point_refuses_bad_settings_before_anything_else(change, message
     ("options", "message"),
     [
         (["--weights", "offloaded", "--hf"], "--hf: HF's cache is compared with the row schedule"),
-        (["--gpu-batches", "0"], "gpu_batches=0: must be an integer >= 1"),
-        (["--steps", "0"], "steps=0: must be an integer >= 1"),
+        (["--gpu-batches", "0"], "argument --gpu-batches: '0': must be an integer >= 1"),
+        (["--steps", "0"], "argument --steps: '0': must be an integer >= 1"),
     ],
 )
-def test_bad_command_lines_are_refused_before_any_gpu_work(options, message):
-    with pytest.raises(ValueError, match=re.escape(message)):
+def test_bad_command_lines_are_refused_before_any_gpu_work(options, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
         main(["bench", "kvpr", "--models", "tiny-opt", *options])
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
 
 
-def test_timeline_points_parse_or_say_what_is_allowed():
-    assert _points(["16x1024", "8X512"]) == {(16, 1024), (8, 512)}
-    with pytest.raises(ValueError, match="must be BATCHxCONTEXT"):
-        _points(["16by1024"])
+def stepper(times):
+    """A step callable returning `times` one after another, logging its calls."""
+    it = iter(times)
+    return lambda: next(it)
+
+
+def test_settings_warm_up_until_two_steps_agree_then_take_turns():
+    calls = []
+
+    def logged(name, times):
+        step = stepper(times)
+        return lambda: calls.append(name) or step()
+
+    steps = {"kvpr": logged("kvpr", [30.0, 20.0, 20.5] + [20.0] * 20),
+             "hf": logged("hf", [404.7, 224.7, 183.3, 180.0] + [179.0] * 20)}
+    timed = time_in_turn(steps, min_rounds=3, min_seconds=0.0)
+    assert timed["kvpr"]["warmup_ms"] == [30.0, 20.0, 20.5]  # 20.0, 20.5: within 5%
+    assert timed["hf"]["warmup_ms"] == [404.7, 224.7, 183.3, 180.0]
+    assert timed["kvpr"]["steady"] and timed["hf"]["steady"]
+    assert timed["hf"]["step_ms_runs"] == [179.0] * 3
+    # warm-up: both, then HF alone; then rounds in turn
+    assert calls == ["kvpr", "hf"] * 3 + ["hf"] + ["kvpr", "hf"] * 3
+
+
+def test_short_steps_get_more_rounds_and_a_setting_that_never_settles_says_so():
+    steps = {"fast": stepper([1.0] * 100), "noisy": stepper([10.0, 20.0] * 100)}
+    timed = time_in_turn(steps, min_rounds=2, min_seconds=0.025)
+    assert len(timed["noisy"]["warmup_ms"]) == MAX_WARMUP_STEPS
+    assert not timed["noisy"]["steady"] and timed["fast"]["steady"]
+    assert len(timed["fast"]["step_ms_runs"]) == 25  # 25 x 1 ms reach 0.025 s
+    assert len(timed["noisy"]["step_ms_runs"]) == 25  # every setting takes every round
+    capped = time_in_turn({"fast": stepper([1.0] * 100)}, min_rounds=1, min_seconds=10.0)
+    assert len(capped["fast"]["step_ms_runs"]) == MAX_STEPS
 
 
 @pytest.fixture
@@ -104,6 +139,11 @@ def fake_gpu(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Fake GPU")
+    monkeypatch.setattr(kvpr, "gpu_info", lambda: {"gpu": "Fake GPU"})
+    monkeypatch.setattr(kvpr, "gpu_state", lambda: {})
+    code = {"git_revision": "a" * 40, "git_dirty": False, "git_source": "checkout"}
+    monkeypatch.setattr(env, "git_state", lambda: code)  # what run_info records
+    monkeypatch.setattr(kvpr, "git_state", lambda: code)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(kvpr, "random_layers", lambda *args, **kwargs: None)
     monkeypatch.setattr(kvpr, "measure_point", measure_point)
@@ -137,6 +177,12 @@ def test_grid_skips_what_the_host_budget_cannot_hold_and_hf_alone_where_only_it_
         capsys.readouterr().out)
 
 
+def test_points_replace_the_product_of_batches_and_contexts(fake_gpu, tmp_path):
+    main(["bench", "kvpr", "--json", str(tmp_path / "kvpr.json"), *GRID, "--batches", "8", "16",
+          "--contexts", "512", "1024", "--points", "8x1024", "16x512"])
+    assert [call[1:3] for call in fake_gpu] == [(8, 1024), (16, 512)]
+
+
 def test_resumed_run_keeps_the_rows_and_measures_only_the_missing_points(fake_gpu, tmp_path):
     first, second = tmp_path / "first.json", tmp_path / "second.json"
     main(["bench", "kvpr", "--checkpoint", str(first), *GRID, "--host-budget-gib", "7",
@@ -153,8 +199,7 @@ def test_resumed_run_keeps_the_rows_and_measures_only_the_missing_points(fake_gp
     # 1024's entry is kept; 2048's is decided anew
     assert result["skipped"] == [skip(1024, HF_SETTING, "host memory of 10 GiB > 7 GiB"),
                                  skip(2048, HF_SETTING, "host memory of 20 GiB > 15 GiB")]
-    assert result["resumed_from"] == [{"date": checkpoint["date"], "kvlab": checkpoint["kvlab"],
-                                       "torch": checkpoint["torch"],
+    assert result["resumed_from"] == [{"date": checkpoint["date"], "git_revision": "a" * 40,
                                        "command": checkpoint["command"], "points": 2}]
 
 
@@ -167,24 +212,44 @@ def test_resumed_run_keeps_the_rows_and_measures_only_the_missing_points(fake_gp
                                    "cuda_graphs=False"),
         ({"gpu": "NVIDIA H20"}, [], "measured on NVIDIA H20, this GPU is Fake GPU"),
         ({"rows": None, "skipped": None}, [], "it lacks rows, skipped"),
+        ({"git_revision": "b" * 40}, [], f"it was made by revision {'b' * 40} (dirty: False), "
+                                         f"this run is revision {'a' * 40} (dirty: False); a "
+                                         "resumed run must run the same committed code"),
+        ({"git_dirty": True}, [], "(dirty: True)"),
+        ({"git_revision": None}, [], "it was made by revision None"),
     ],
 )
-def test_resume_refuses_a_result_timed_another_way(fake_gpu, tmp_path, edit, options, message):
+def test_resume_refuses_a_result_timed_another_way_or_by_other_code(fake_gpu, tmp_path, edit,
+                                                                     options, message, capsys):
     path = tmp_path / "kvpr.json"
     main(["bench", "kvpr", "--json", str(path), *GRID, "--contexts", "512"])
     edited = {**json.loads(path.read_text()), **edit}  # None: the key removed
     path.write_text(json.dumps({key: value for key, value in edited.items() if value is not None}))
     fake_gpu.clear()
-    with pytest.raises(ValueError, match=re.escape(message)):
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
         main(["bench", "kvpr", "--resume", str(path), *GRID, "--contexts", "1024", *options])
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
     assert fake_gpu == []
 
 
-def test_resume_refuses_a_file_that_is_not_json(tmp_path):
+def test_a_dirty_tree_cannot_resume(fake_gpu, tmp_path, monkeypatch, capsys):
+    path = tmp_path / "kvpr.json"
+    main(["bench", "kvpr", "--json", str(path), *GRID, "--contexts", "512"])
+    dirty = {"git_revision": "a" * 40, "git_dirty": True, "git_source": "checkout"}
+    monkeypatch.setattr(kvpr, "git_state", lambda: dirty)
+    with pytest.raises(SystemExit):
+        main(["bench", "kvpr", "--resume", str(path), *GRID, "--contexts", "1024"])
+    assert "this run is revision " + "a" * 40 + " (dirty: True)" in capsys.readouterr().err
+
+
+def test_resume_refuses_a_file_that_is_not_json(fake_gpu, tmp_path, capsys):
     path = tmp_path / "kvpr.json"
     path.write_text("{ cut short")
-    with pytest.raises(ValueError, match=re.escape(f"--resume {path}: cannot read it as JSON")):
+    with pytest.raises(SystemExit):
         main(["bench", "kvpr", "--resume", str(path), *GRID])
+    assert f"--resume {path}: cannot read it as JSON" in capsys.readouterr().err
 
 
 @pytest.mark.gpu
@@ -200,6 +265,8 @@ def test_tiny_kvpr_benchmark_runs_every_setting(tmp_path, capsys):
     assert len(rows) == 2 * (6 * len(SETTINGS) + 1)
     for r in rows:
         assert r["step_ms"] > 0 and r["lower_bound_ms"] > 0
+        assert len(r["step_ms_runs"]) >= 2 and 1 <= len(r["warmup_ms"]) <= MAX_WARMUP_STEPS
+        assert r["step_ms"] == statistics.median(r["step_ms_runs"])
         if r["setting"] != HF_SETTING:
             assert 0 <= r["overlap"] <= 1 and 0 <= r["l"] <= 64
     assert {(r["schedule"], r["gpu_batches"], r["weights"]) for r in rows} == {
@@ -210,6 +277,8 @@ def test_tiny_kvpr_benchmark_runs_every_setting(tmp_path, capsys):
     assert {s["name"] for s in spans} >= {"W_KV", "W_rest", "layer", "new token"}
     assert "kvpr-pipelined" in capsys.readouterr().out
     assert all(r["cuda_graphs"] is True for r in rows)
+    assert result["git_revision"] is None or len(result["git_revision"]) == 40
+    assert result["versions"]["torch"] and "clocks_start" in result and "clocks_end" in result
     main(["bench", "kvpr", "--json", str(out), "--models", "tiny-opt", "--batches", "4",
           "--contexts", "64", "--steps", "1", "--gpu-batches", "1", "--no-cuda-graphs"])
     result = json.loads(out.read_text())

@@ -13,7 +13,8 @@ from kvlab.kernels import gqa, vllm_v1
 from kvlab.kernels.loader import compile_options, source_dir
 
 NVCC = shutil.which("nvcc")
-pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc not found")
+pytestmark = [pytest.mark.compile,
+              pytest.mark.skipif(NVCC is None, reason="nvcc not found")]
 FAMILIES = {family.SOURCE: family for family in (vllm_v1, gqa)}
 SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 

@@ -31,9 +31,11 @@ def _nvrtc_loads() -> bool:
         return False
 
 
-pytestmark = pytest.mark.skipif(
-    cuda_include_dir() is None or not _nvrtc_loads(), reason="needs libnvrtc and the CUDA headers"
-)
+pytestmark = [
+    pytest.mark.compile,
+    pytest.mark.skipif(cuda_include_dir() is None or not _nvrtc_loads(),
+                       reason="needs libnvrtc and the CUDA headers"),
+]
 
 
 def compile_log(source: str, names: list[str]) -> tuple[bool, str]:

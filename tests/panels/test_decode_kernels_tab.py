@@ -101,7 +101,7 @@ def test_run_button_wiring_with_a_fake_measurement(monkeypatch):
     def fake_measure(model, batch, context, block_size, distance, on_progress=None):
         calls.append((model, batch, context, block_size, distance))
         rows = [{**r, "gbps": r["gbps"] + 1} for r in expected_rows(model, batch, context)]
-        on_progress(3, 3)
+        on_progress(1, 1)
         return {**recorded, "rows": rows}
 
     monkeypatch.setattr(module, "backend", lambda: "cuda")
@@ -111,7 +111,7 @@ def test_run_button_wiring_with_a_fake_measurement(monkeypatch):
     assert "press Run" in tab.status.value
     assert "recorded on" in tab.figures["bandwidth"].layout.title.text
     tab.run_button.click()
-    assert calls == [("llama3-8b", 64, 1024, 16, 1)] and tab.progress.value == 3
+    assert calls == [("llama3-8b", 64, 1024, 16, 1)] and tab.progress.value == 1
     rows = expected_rows("llama3-8b", 64, 1024)
     assert list(tab.figures["bandwidth"].data[0].y) == [r["gbps"] + 1 for r in rows]
     assert "measured on FAKE GPU" in tab.figures["bandwidth"].layout.title.text
@@ -123,7 +123,7 @@ def test_run_button_measures_the_point_on_this_gpu(monkeypatch):
     monkeypatch.delenv("KVLAB_BACKEND", raising=False)
     tab = DecodeKernelsTab(model="llama3-8b", batch=2, context=1024, distance=2)
     tab.run_button.click()
-    assert tab.progress.value == tab.progress.max == 3
+    assert tab.progress.value == tab.progress.max == 1
     assert "measured on" in tab.figures["bandwidth"].layout.title.text
     bars = tab.figures["bandwidth"].data[0]
     assert {"sdpa", "gqa / none", "vllm_v1 / bulk K+V d=2"} <= set(bars.x)

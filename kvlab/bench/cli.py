@@ -1,0 +1,229 @@
+"""The command line: `python -m kvlab bench <name> [options] [--json PATH]`.
+
+Every benchmark's options are declared here, in a module that imports nothing heavy, so that
+`python -m kvlab bench <name> --help` lists them, and a bad value ends in one line on stderr and
+exit status 2 before torch loads or any GPU work starts. A benchmark module
+(`kvlab.bench.<name>`) is imported only to run; it provides `check(args)` (raises ValueError for
+what the options alone cannot tell: a GPU to run on, a file to resume), `run(args)` and
+`report(result)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+
+from kvlab.checks import MAX_BLOCK_SIZE, check_block_size
+from kvlab.config import MODELS
+from kvlab.kernels import FAMILIES
+from kvlab.kernels.prefetch import MAX_DISTANCE, MODES
+from kvlab.offload.scheduler import MODELS_OF_TIME, SCHEDULES, WEIGHTS
+
+PROG = "python -m kvlab"
+# What `bench kvpr` times at each point: KVPR's split under each model of time, and the two ends.
+KVPR_SETTINGS = (*(f"kvpr-{m}" for m in MODELS_OF_TIME), "full-transfer", "full-recompute")
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line: `<prog>: error: <message>`, exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be an integer >= 1")
+    return value
+
+
+def nonnegative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a finite number >= 0")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = nonnegative_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a number > 0")
+    return value
+
+
+def block_size(text: str) -> int:
+    value = positive_int(text)
+    try:
+        check_block_size(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a power of two in "
+                                         f"[1, {MAX_BLOCK_SIZE}]") from err
+    return value
+
+
+def distance(text: str) -> int:
+    value = positive_int(text)
+    if value > MAX_DISTANCE:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be an integer in [1, {MAX_DISTANCE}]")
+    return value
+
+
+def batch_x_context(text: str) -> tuple[int, int]:
+    """A BATCHxCONTEXT point, e.g. 16x1024."""
+    parts = text.lower().split("x")
+    try:
+        batch, context = (positive_int(p) for p in parts)
+    except (ValueError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(f"{text!r}: must be BATCHxCONTEXT, e.g. 16x1024") from None
+    return batch, context
+
+
+def _add_cache(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="fewer repeats (a smoke run)")
+
+
+def _add_attention(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--models", nargs="+", default=["llama2-7b", "llama3-8b", "qwen2.5-7b",
+                                                        "qwen2.5-14b"], choices=list(MODELS),
+                        metavar="MODEL", help=f"one or more of {', '.join(MODELS)}")
+    parser.add_argument("--batches", nargs="+", type=positive_int, default=[1, 16, 64, 128])
+    parser.add_argument("--contexts", nargs="+", type=positive_int,
+                        default=[1024, 4096, 8192, 32768])
+    parser.add_argument("--block-sizes", nargs="+", type=block_size, default=[16],
+                        help="one loop of timings per block size at each point")
+    parser.add_argument("--prefetch", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--distances", nargs="+", type=distance, default=[1, 2, 4])
+    parser.add_argument("--evict-last", action="store_true",
+                        help="also time each prefetch setting with the evict-last L2 policy")
+    parser.add_argument("--kernels", nargs="+", default=[*FAMILIES, "sdpa"],
+                        choices=[*FAMILIES, "sdpa", "auto"],
+                        help="'auto' also times kernel='auto' on each family's cache: tuned at "
+                             "the point, tuned at another shape of its bucket, and with "
+                             "KVLAB_AUTOTUNE=0")
+    parser.add_argument("--runs", type=positive_int, default=25,
+                        help="timed runs per variant (median)")
+    parser.add_argument("--checkpoint", metavar="PATH",
+                        help="rewrite the result so far as JSON after every point")
+
+
+def _add_kvpr(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--models", nargs="+", default=["opt-6.7b", "opt-13b", "opt-30b",
+                                                        "llama2-7b", "llama3-8b"],
+                        choices=list(MODELS), metavar="MODEL",
+                        help=f"one or more of {', '.join(MODELS)}")
+    parser.add_argument("--batches", nargs="+", type=positive_int, default=[8, 16, 32, 64])
+    parser.add_argument("--contexts", nargs="+", type=positive_int,
+                        default=[512, 1024, 2048, 4096, 8192])
+    parser.add_argument("--points", nargs="+", type=batch_x_context, metavar="BATCHxCONTEXT",
+                        help="measure these points instead of every --batches x --contexts")
+    parser.add_argument("--schedules", nargs="+", default=list(SCHEDULES), choices=SCHEDULES)
+    parser.add_argument("--gpu-batches", nargs="+", type=positive_int, default=[1, 4],
+                        help="GPU batches the batch is split into (column runs only with 2+: "
+                             "with one it is the row schedule)")
+    parser.add_argument("--weights", nargs="+", default=["resident"], choices=WEIGHTS)
+    parser.add_argument("--steps", type=positive_int, default=10,
+                        help="timed decode steps per setting, after the warm-up")
+    parser.add_argument("--min-seconds", type=nonnegative_float, default=0.5,
+                        help="time more steps where --steps would time a setting for less than "
+                             "this")
+    parser.add_argument("--chunks", type=positive_int, default=1,
+                        help="X chunks per layer (each costs the host some 6 CUDA calls)")
+    parser.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
+                        help="replay each layer's work around the attention as CUDA graphs "
+                             "(--no-cuda-graphs: enqueue it eagerly)")
+    parser.add_argument("--hf", action="store_true",
+                        help="also time HF's offloaded cache (row schedule, resident weights), "
+                             "in turn with the other settings")
+    parser.add_argument("--hf-max-tokens", type=positive_int, default=16384,
+                        help="time HF only where batch x context is at most this")
+    parser.add_argument("--timeline-setting", default="kvpr-pipelined", choices=KVPR_SETTINGS)
+    parser.add_argument("--timeline-points", nargs="*", type=batch_x_context,
+                        default=[(16, 1024)], metavar="BATCHxCONTEXT",
+                        help="points whose timelines are kept")
+    parser.add_argument("--host-budget-gib", type=positive_float, default=100.0,
+                        help="skip points whose pinned host memory would be larger")
+    parser.add_argument("--checkpoint", metavar="PATH",
+                        help="rewrite the result so far as JSON after every point")
+    parser.add_argument("--resume", metavar="PATH",
+                        help="continue the result or checkpoint at PATH, made by the same "
+                             "committed code on the same GPU: keep its rows, measure only the "
+                             "points it lacks")
+
+
+# name -> (module, how to add its options, what it measures)
+BENCHMARKS = {
+    "cache": ("kvlab.bench.cache", _add_cache, "the block pool on one CPU core"),
+    "attention": ("kvlab.bench.attention", _add_attention,
+                  "decode-attention kernels, prefetch settings and SDPA (GPU)"),
+    "kvpr": ("kvlab.bench.kvpr", _add_kvpr,
+             "KVPR decode steps against full transfer, full recompute and HF (GPU)"),
+}
+
+
+def parser() -> tuple[Parser, dict[str, Parser]]:
+    """The whole command line, and the parser of each benchmark (for its error messages)."""
+    top = Parser(prog=PROG)
+    commands = top.add_subparsers(dest="command", required=True, parser_class=Parser)
+    bench = commands.add_parser("bench", help="run a benchmark headless and print its report")
+    names = bench.add_subparsers(dest="name", required=True, parser_class=Parser)
+    subs = {}
+    for name, (_, add_options, what) in BENCHMARKS.items():
+        sub = subs[name] = names.add_parser(name, help=what, description=f"Benchmark: {what}.")
+        sub.add_argument("--json", metavar="PATH", help="also write the full result as JSON")
+        add_options(sub)
+    return top, subs
+
+
+def check_writable(option: str, path: str) -> None:
+    """Raise ValueError unless a file can be written at `path` (before the benchmark runs)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ValueError(f"{option} {path}: is a folder, must be a file path")
+    if not os.path.isdir(folder):
+        raise ValueError(f"{option} {path}: the folder {folder} does not exist")
+    if not os.access(path if os.path.exists(path) else folder, os.W_OK):
+        raise ValueError(f"{option} {path}: not writable")
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """The options of `python -m kvlab <argv>`, checked as `main` checks them (SystemExit 2 on a
+    bad value), with `command` set to the whole command line."""
+    top, subs = parser()
+    args = top.parse_args(argv)
+    for option in ("json", "checkpoint"):
+        path = getattr(args, option, None)
+        if path is not None:
+            try:
+                check_writable(f"--{option}", path)
+            except ValueError as err:
+                subs[args.name].error(str(err))
+    args.command = f"{PROG} " + " ".join(argv)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse(argv)
+    module = importlib.import_module(BENCHMARKS[args.name][0])
+    try:
+        module.check(args)
+    except ValueError as err:
+        parser()[1][args.name].error(str(err))
+    result = module.run(args)
+    result["command"] = args.command
+    print(module.report(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+            f.write("\n")
+    return 0

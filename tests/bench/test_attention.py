@@ -1,0 +1,77 @@
+"""`python -m kvlab bench attention`: one loop per point and block size, kernel="auto" three
+ways, SDPA's backend named, ratios within a loop (CPU), and a tiny run on the GPU."""
+
+import json
+
+import pytest
+
+from kvlab.bench import attention
+from kvlab.bench.cli import main
+
+
+@pytest.mark.parametrize(
+    ("context", "block_size", "expected"),
+    [(1024, 16, 768), (32768, 128, 24576), (1000, 16, 736), (4, 16, None), (3, 1, None), (7, 1, 5)],
+)
+def test_auto_is_reused_from_a_shorter_context_of_the_same_bucket(context, block_size, expected):
+    assert attention.sibling_context(context, block_size) == expected
+
+
+@pytest.mark.parametrize(
+    ("kernels", "backend"),
+    [
+        (["void pytorch_flash::flash_fwd_splitkv_kernel<Flash_fwd_kernel_traits<128>>"], "flash"),
+        (["cudnn_generated_fort_native_sdpa_sm90_flash_fprop"], "cudnn"),
+        (["fmha_cutlassF_f16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel)"],
+         "efficient"),
+        (["ampere_fp16_s16816gemm_fp16_128x64", "softmax_warp_forward"], "math"),
+        ([], "unknown"),
+    ],
+)
+def test_sdpa_backend_is_named_from_the_kernels_it_ran(kernels, backend):
+    assert attention.sdpa_backend(kernels) == backend
+
+
+def row(loop, kernel, prefetch, ms, **extra):
+    return {"loop": loop, "kernel": kernel, "prefetch": prefetch, "ms": ms, **extra}
+
+
+def test_ratios_compare_rows_of_one_loop_only():
+    rows = [
+        row(0, "gqa", "none", 10.0), row(0, "gqa", "bulk K+V d=1", 9.0),
+        row(0, "sdpa", "none", 9.5),
+        row(0, "auto", "bulk K+V d=1", 9.3, family="gqa", auto_mode="tuned"),
+        row(0, "auto", "none", 10.2, family="gqa", auto_mode="recorded"),
+        # another loop, much faster: it must not enter loop 0's ratios
+        row(1, "gqa", "none", 1.0), row(1, "sdpa", "none", 2.0),
+    ]
+    ratios = attention.loop_ratios(rows)
+    assert ratios[0]["best"] == {"gqa": ("bulk K+V d=1", 9.0)}
+    assert ratios[0]["gqa_over_sdpa"] == pytest.approx(0.95)
+    assert ratios[0]["auto"] == {("gqa", "tuned"): pytest.approx(9.3 / 9.0),
+                                 ("gqa", "recorded"): pytest.approx(10.2 / 9.0)}
+    assert ratios[1]["gqa_over_sdpa"] == pytest.approx(2.0)
+
+
+@pytest.mark.gpu
+def test_tiny_attention_benchmark_times_every_variant_in_one_loop(tmp_path, capsys):
+    out = tmp_path / "attention.json"
+    main(["bench", "attention", "--json", str(out), "--models", "llama3-8b", "--batches", "2",
+          "--contexts", "1024", "--block-sizes", "16", "128", "--distances", "1", "--runs", "3",
+          "--kernels", "vllm_v1", "gqa", "sdpa", "auto"])
+    result = json.loads(out.read_text())
+    rows = result["rows"]
+    loops = {r["loop"] for r in rows}
+    assert loops == {0, 1}  # block 16 (both families) and block 128 (gqa only)
+    first = [r for r in rows if r["loop"] == 0]
+    assert {(r["kernel"], r.get("family"), r.get("auto_mode")) for r in first} == {
+        ("vllm_v1", None, None), ("gqa", None, None), ("sdpa", None, None),
+        *(("auto", f, m) for f in ("vllm_v1", "gqa") for m in ("tuned", "reused", "recorded"))}
+    assert all(r["tuned_at_context"] == 768 for r in first if r.get("auto_mode") == "reused")
+    assert {r["kernel"] for r in rows if r["loop"] == 1} == {"gqa", "sdpa", "auto"}
+    sdpa = [r for r in rows if r["kernel"] == "sdpa"]
+    assert all(r["sdpa_backend"] != "unknown" and r["block_size"] is None for r in sdpa)
+    for r in rows:
+        assert len(r["ms_runs"]) == 3 and r["gbps"] > 0
+    assert result["roofline_copy_gbps"] > 0 and "clocks_end" in result
+    assert "gqa (no prefetch) / SDPA, same loop" in capsys.readouterr().out

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from kvlab.checks import HEAD_DIMS
-from kvlab.kernels.launch import NULL, launch, ptr
+from kvlab.kernels.launch import NULL, launch, ptr, reserve_shared_memory
 from kvlab.kernels.prefetch import PrefetchConfig
 from kvlab.kernels.vllm_v1 import CUDA_TYPES
 
@@ -100,7 +100,7 @@ class Gqa:
         names = name_expressions(cache.dtype, d, cache.block_size, group, prefetch)
         self.decode, self.merge = load(SOURCE, names, cache.device.index)
         self.smem = smem_bytes(d)
-        self.decode.max_dynamic_shared_size_bytes = self.smem
+        reserve_shared_memory(self.decode, self.smem)
         self.partials = None
         if self.num_partitions > 1:
             shape = (num_seqs, num_qo_heads, self.num_partitions)

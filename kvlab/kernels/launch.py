@@ -25,6 +25,16 @@ def torch_stream(device: torch.device):
     return stream
 
 
+def reserve_shared_memory(kernel, num_bytes: int) -> None:
+    """Let `kernel` launch with up to `num_bytes` of dynamic shared memory.
+
+    NOTE: the limit belongs to the compiled kernel, which every plan of its instantiation shares:
+    it only ever grows, so that a plan made for shorter sequences cannot shrink it under one made
+    earlier for longer ones (their launches would fail with an invalid argument)."""
+    if num_bytes > kernel.max_dynamic_shared_size_bytes:
+        kernel.max_dynamic_shared_size_bytes = num_bytes
+
+
 def launch(kernel, grid, block, args, device: torch.device, shared_mem: int = 0) -> None:
     with import_cupy().cuda.Device(device.index), torch_stream(device):
         kernel(grid, block, args, shared_mem=shared_mem)

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from kvlab.checks import HEAD_DIMS
-from kvlab.kernels.launch import NULL, launch, ptr
+from kvlab.kernels.launch import NULL, launch, ptr, reserve_shared_memory
 from kvlab.kernels.prefetch import PrefetchConfig
 
 SOURCE = "paged_decode_vllm.cu"
@@ -82,7 +82,7 @@ class VllmV1:
         kernels = load(SOURCE, names, cache.device.index)
         self.decode, self.reduce = kernels[0], kernels[-1]
         self.smem = smem_bytes(d, bs, self.partition_size, max_seq_len)
-        self.decode.max_dynamic_shared_size_bytes = self.smem
+        reserve_shared_memory(self.decode, self.smem)
         self.partials = None
         if self.partition_size:
             shape = (num_seqs, num_qo_heads, self.num_partitions)

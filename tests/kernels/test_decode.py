@@ -136,6 +136,19 @@ def test_plan_runs_per_layer_on_other_tensors_of_the_same_shape():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kernel", FAMILIES)
+def test_a_plan_for_shorter_sequences_leaves_an_earlier_plan_working(kernel):
+    """Plans share each compiled kernel and its shared-memory limit (vllm_v1's grows with the
+    longest sequence): a later plan for shorter sequences must not shrink it."""
+    cache, seq_ids = make_batch(kernel, torch.float16, 128, 16, [500, 100], seed=6)
+    q = torch.randn(1, 4, 128, device="cuda", dtype=torch.float16)
+    long = kvlab.DecodePlan(cache, seq_ids[:1], 4, kernel=kernel)
+    short = kvlab.DecodePlan(cache, seq_ids[1:], 4, kernel=kernel)
+    for plan, seq_id in ((long, seq_ids[0]), (short, seq_ids[1])):
+        assert rel_l2(plan.run(q), reference(q, cache, [seq_id])) < TOLERANCE[torch.float16]
+
+
+@pytest.mark.gpu
 def test_run_checks_its_tensors():
     cache, seq_ids = make_batch("gqa", torch.float16, 64, 16, [40], seed=4)
     plan = kvlab.DecodePlan(cache, seq_ids, num_qo_heads=2)

@@ -122,6 +122,18 @@ def test_short_steps_get_more_rounds_and_a_setting_that_never_settles_says_so():
     assert len(capped["fast"]["step_ms_runs"]) == MAX_STEPS
 
 
+def test_hf_cache_loses_its_last_token_and_stays_contiguous():
+    import transformers
+
+    cache = transformers.DynamicCache()
+    for layer in range(2):
+        cache.update(torch.randn(2, 4, 7, 8), torch.randn(2, 4, 7, 8), layer)
+    kvpr.drop_last_token(cache)
+    assert cache.get_seq_length() == 6
+    assert all(layer.keys.is_contiguous() and layer.values.is_contiguous()
+               for layer in cache.layers)
+
+
 @pytest.fixture
 def fake_gpu(monkeypatch):
     """kvpr.run on the CPU: a GPU named "Fake GPU" and a measure_point that records its calls and

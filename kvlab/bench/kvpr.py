@@ -253,8 +253,9 @@ class HFSteps:
     """HF transformers' offloaded KV cache (`DynamicCache(offloading=True)`, what
     `cache_implementation="offloaded"` builds) on the causal LM of `model` sharing `layers`'
     tensors, prefilled with `context` random tokens per sequence. Each call runs one decode step,
-    timed with CUDA events, then crops the cache back, so that every step starts from the same
-    cached length (as the KVPR settings do); returns its ms."""
+    timed with CUDA events, then puts back the K, V tensors the cache held before it, so that
+    every step starts from the same cache (as the KVPR settings start from the same cached
+    length); returns its ms."""
 
     def __init__(self, model, layers, batch: int, context: int):
         import transformers
@@ -272,23 +273,29 @@ class HFSteps:
         torch.cuda.synchronize()
 
     def __call__(self) -> float:
+        before = cache_tensors(self.cache)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         with torch.no_grad():
             start.record()
             self.hf(input_ids=self.next_ids, **self.kwargs)
             end.record()
         torch.cuda.synchronize()  # HF's copies on its own streams too
-        drop_last_token(self.cache)
+        restore_cache_tensors(self.cache, before)
         return start.elapsed_time(end)
 
 
-def drop_last_token(cache) -> None:
-    """Remove the last token from every layer of an HF cache, leaving each layer's K and V
-    contiguous, as a step of HF's own leaves them. (A cropped view is strided: HF's offloading
-    would then copy it element by element at the next step, a cost it never pays in `generate`.)"""
-    cache.crop(-1)  # negative: remove one token (every transformers 5 release)
-    for layer in cache.layers:
-        layer.keys, layer.values = layer.keys.contiguous(), layer.values.contiguous()
+def cache_tensors(cache) -> list[tuple]:
+    """Every layer's (K, V) tensors of an HF cache: the objects themselves, not copies."""
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def restore_cache_tensors(cache, tensors: list[tuple]) -> None:
+    """Give an HF cache back the (K, V) tensors `cache_tensors` took from it: the state before
+    the steps since, down to where each tensor lives and whether it is pinned. (Cropping instead
+    leaves strided views, or unpinned copies, that the offloaded cache's next step would copy
+    to the GPU at the pageable rate: a cost HF's own decoding never pays.)"""
+    for layer, (keys, values) in zip(cache.layers, tensors, strict=True):
+        layer.keys, layer.values = keys, values
 
 
 POINT = ("model", "batch", "context", "schedule", "gpu_batches", "weights")

@@ -122,16 +122,20 @@ def test_short_steps_get_more_rounds_and_a_setting_that_never_settles_says_so():
     assert len(capped["fast"]["step_ms_runs"]) == MAX_STEPS
 
 
-def test_hf_cache_loses_its_last_token_and_stays_contiguous():
+def test_hf_cache_gets_back_the_very_tensors_it_held_before_a_step():
     import transformers
 
     cache = transformers.DynamicCache()
     for layer in range(2):
         cache.update(torch.randn(2, 4, 7, 8), torch.randn(2, 4, 7, 8), layer)
-    kvpr.drop_last_token(cache)
-    assert cache.get_seq_length() == 6
-    assert all(layer.keys.is_contiguous() and layer.values.is_contiguous()
-               for layer in cache.layers)
+    before = kvpr.cache_tensors(cache)
+    for layer in range(2):  # a decode step: one token more, new tensors
+        cache.update(torch.randn(2, 4, 1, 8), torch.randn(2, 4, 1, 8), layer)
+    assert cache.get_seq_length() == 8
+    kvpr.restore_cache_tensors(cache, before)
+    assert cache.get_seq_length() == 7
+    assert all(layer.keys is k and layer.values is v
+               for layer, (k, v) in zip(cache.layers, before, strict=True))
 
 
 @pytest.fixture

@@ -61,18 +61,14 @@
 //   vllm_reduce  no dynamic shared memory; static NUM_THREADS + 2 * NUM_WARPS floats (544 B). Any
 //                number of partitions (weights are staged 128 partitions at a time).
 //
-// Versions tried / measured (NVIDIA H200, 2026-11-29, fp16, head_dim 128, random block tables, L2
-// flushed by a read before each run, median of 25, variants timed in turn; GB/s = K and V bytes
-// read once / time; copy roofline 4,280 GB/s; benchmarks/results/h200/attention*.json):
-//   v1 / v2 baseline, PF_NONE, block 16, batch 16+ and 8k+: MHA 32:32 4.3-4.5 TB/s (at the
-//     roofline); GQA 32:8 1.9-2.3 TB/s, 28:4 1.2-1.4 TB/s, 40:8 1.3-1.9 TB/s (every query head
-//     re-reads its KV head): where vLLM's own kernel lands on this GPU.
-//   + bulk L2 prefetch, K and V, distance 1, block 16: 0.75-1.24x (best 40:8, batch 1, 8k).
-//   Whole grid (block 16/32, bulk/line, distance 1/2/4, evict-last or not, same-run speedups):
-//     0.60-1.36x. Gains on GQA shapes, far from the bandwidth limit (best 28:4, batch 128, 32k,
-//     block 32, line d=2); MHA, near the roofline, 0.60-1.14x. The paper's H20 figure is
-//     1.84-2.15x. (A first recording with a write flush and host launch time inside the timed
-//     region showed up to 2.31x at batch 1: an artefact of the timing.)
+// Versions tried (NVIDIA H200; recorded in benchmarks/results/h200/attention*.json, summed up in
+// benchmarks/README.md):
+//   v1 / v2 baseline, PF_NONE: MHA at the copy roofline from 16 x 4k; GQA far below it (every
+//     query head re-reads its KV head): where vLLM's own kernel lands on this GPU.
+//   + L2 prefetch (bulk or line, K and V, distances 1/2/4): gains where the kernel is far from the
+//     bandwidth limit (GQA shapes, batch 1), loses where it is near it (MHA); nowhere near the
+//     paper's 1.84-2.15x on an H20. (A first recording with a write flush and host launch time
+//     inside the timed region showed up to 2.31x at batch 1: an artefact of the timing.)
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>

@@ -66,3 +66,17 @@ def make_cpu_stores(model, layers, count, batch, max_context, context, seed=0):
 def placed(layers, weights):
     """`layers` as KVPRDecoder takes them: resident as they are, or offloaded (pageable)."""
     return HostLayers(layers, pinned=False) if weights == "offloaded" else layers
+
+
+def non_finite_paths(value, path="") -> list[str]:
+    """Where a figure's JSON (`fig.to_plotly_json()`, numpy arrays included) holds NaN or inf:
+    a FigureWidget cannot send those to the browser (they are not JSON)."""
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in non_finite_paths(v, f"{path}.{k}")]
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [p for i, v in enumerate(value) for p in non_finite_paths(v, f"{path}[{i}]")]
+    if isinstance(value, float) and not np.isfinite(value):
+        return [path]
+    return []

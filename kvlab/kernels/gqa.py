@@ -66,8 +66,9 @@ def partition_size(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_slots
 
     Minimises the makespan model `waves x (partition tokens + PARTITION_OVERHEAD_TOKENS)`, where
     waves = ceil(CTAs / num_slots); ties go to fewer partitions (less merge work).
-    NOTE: on the H200 this ordering held: llama3-8b at batch 16 x 32k ran 93.5% of the roofline
-    with 2 partitions (256 CTAs in 264 slots: one wave), 92.1% with 9 and 87.3% with 3 (two waves).
+    NOTE: observed on the H200 when this was written (not a recorded result): llama3-8b at batch
+    16 x 32k ran 93.5% of the roofline with 2 partitions (256 CTAs in 264 slots: one wave), 92.1%
+    with 9 and 87.3% with 3 (two waves).
     """
     num_ctas = num_seqs * num_kv_heads
 

@@ -21,15 +21,16 @@ on sm_90+, one `prefetch.global.L2` per 128-byte line before). In the simulator 
 Supported: q, k_cache, v_cache float16 or float32 (q's dtype may differ from the cache's), out
 float32 or q's dtype, head_dim and block_size in [1, 256], any GQA ratio.
 
-Versions (H200, numba-cuda 0.30.4, fp16, head_dim 128, block 16, context 4096, random block
-tables, L2 flushed; unique KV bytes / median time between CUDA events around the Python call, so
-the wrapper's host work is included; prefetch_distance 0 / 1 / 2):
+Versions (observed on the H200 when written, not recorded as a result: numba-cuda 0.30.4, fp16,
+head_dim 128, block 16, context 4096, random block tables, L2 flushed; unique KV bytes / median
+time between CUDA events around the Python call, so the wrapper's host work is included;
+prefetch_distance 0 / 1 / 2):
   v1  lane-per-token logits, per-warp online softmax, CTA barriers (this file).
       MHA 32:32 B=1: 48 / 58 / 58 GB/s;  GQA 32:8 B=8: 95 / 109 / 109 GB/s;
       MHA 32:32 B=64: 757 / 764 / 777 GB/s;  GQA 32:8 B=64: 197 / 198 / 195 GB/s.
       Latency-bound (one lane walks a whole head_dim per token; 2 barriers per round), far below
-      the 4.18 TB/s copy roofline: a readable reference, not a fast kernel. Prefetch helps most
-      where few CTAs run (+20% at B=1), as H200.md found for vLLM's kernel.
+      the copy roofline (about 4.2-4.3 TB/s): a readable reference, not a fast kernel. Prefetch
+      helped most where few CTAs ran (+20% at B=1).
 """
 
 import functools

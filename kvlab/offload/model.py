@@ -118,8 +118,9 @@ def check_layers(model: ModelConfig, layers: list[LayerWeights], dtype: torch.dt
                 raise ValueError(f"{where}: on {t.device}, must be on {device}")
 
 
-# NOTE: not cuDNN's SDPA: on the H200 its first call at each new sequence length took 20-40 ms
-# (plan building, it seems), and a decode loop meets a new length every step.
+# NOTE: not cuDNN's SDPA: on the H200 its first call at each new sequence length was seen to take
+# 20-40 ms (plan building, it seems; not recorded), and a decode loop meets a new length every
+# step.
 SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 

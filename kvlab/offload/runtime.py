@@ -88,8 +88,8 @@ class KVPRDecoder:
     l = 0 is full transfer (FlexGen-style) and l = s' full recomputation, in the same runtime.
     num_chunks: X[0:l] crosses the link in this many chunks, each recomputed once it is in.
     Every chunk costs the host some 6 CUDA calls, and with the units double-buffered the
-    pipeline's fill inside a unit hides behind its neighbours, so one chunk is the default (on
-    the H200, Llama-2-7B at 8 x 512: 24.5 ms per step with one chunk, 27.0 ms with four).
+    pipeline's fill inside a unit hides behind its neighbours, so one chunk is the default (it
+    was the faster on the H200: benchmarks/README.md).
     `timeline=True` records CUDA events around every operation (`last_timeline`).
     cuda_graphs: on a GPU, replay each layer's work around the attention as CUDA graphs (False:
     enqueue it eagerly, to measure what the graphs save).

@@ -19,9 +19,9 @@ Three models of one layer's time, t(l) for each integer l in [0, s']:
   With n = 1 it is the paper's model; more chunks never make it slower.
 - "pipelined": t(l) = max(T_X + T_KV, T_R). The runtime loads layer i + 1 while layer i
   computes, so in steady state a layer costs whichever of the link and the GPU is busier: the
-  chunked model's pipeline fill and drain overlap the neighbouring layers. (On the H200,
-  OPT-6.7B at 16 x 1k: chunked split 87.7 ms per step, full recomputation - this model's
-  choice - 82.3 ms.) With T_L = 0 it is also the lower bound of any schedule of split l.
+  chunked model's pipeline fill and drain overlap the neighbouring layers (on the H200 the
+  chunked model's split ran slower than this model's full recomputation at OPT-6.7B, 16 x 1k:
+  benchmarks/README.md). With T_L = 0 it is also the lower bound of any schedule of split l.
 All leave out the write-back of the new token. The layer's own work (attention over every K, V,
 the projections, the MLP), T_L = `LinkAndCompute.layer_seconds`, is left out too when it is 0 (the
 paper's models). Otherwise the paper's and the chunked model add it after the rest (a constant: it
@@ -30,11 +30,10 @@ t(l) = max(T_X + T_KV, T_R + T_L). Where T_L is a sizeable part of a layer (OPT-
 batches), that optimum recomputes fewer tokens than the bound below would.
 The pipelined model also knows the host: a unit cannot run faster than the host enqueues it, H(l)
 = H_0 + min(l, n) H_c (`unit_host_seconds`, `chunk_host_seconds`: every recompute chunk adds CUDA
-calls), so t(l) = max(T_X + T_KV, T_R + T_L, H(l)). It binds where a unit moves little data:
-OPT-6.7B at 16 x 512 as a column of 4 GPU batches, on the H200, measured 0.47 ms of host per unit
-(128 units, 60 ms a step; kvpr_schedules.json). It is also the least certain input: measured as
-the wall clock of a step at l = 0, it can count the host's waits on a busy GPU too (at that point
-l = 391 ran in 49.9 ms, under the host's estimate).
+calls), so t(l) = max(T_X + T_KV, T_R + T_L, H(l)). It binds where a unit moves little data (small
+units, as in a column of several GPU batches). It is also the least certain input: measured as
+the wall clock of a step at l = 0, it can count the host's waits on a busy GPU too
+(benchmarks/README.md gives a point where a larger l ran under the host's estimate).
 
 With the weights offloaded too, a layer's weights cross the same link: W_K, W_V (and their
 biases) first, so that recomputation can start, then the rest. `LayerShape.weight_bytes` holds the

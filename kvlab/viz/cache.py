@@ -181,6 +181,12 @@ def _grid(block_tables: list[list[int]], seq_lens: list[int], block_size: int, n
     return block_ids, tokens, ref_cnts
 
 
+def _with_gaps(values: np.ndarray) -> list:
+    """`values` as nested lists with None where they are NaN: Plotly draws None as a gap, and a
+    FigureWidget cannot send NaN to the browser (it is not JSON)."""
+    return np.where(np.isnan(values), None, values).tolist()
+
+
 def block_table_figure(
     block_tables: list[list[int]],
     seq_lens: list[int],
@@ -213,11 +219,11 @@ def block_table_figure(
         "request %{y}<br>logical block %{x}<br>physical block %{customdata[0]}"
         f"<br>tokens %{{customdata[1]}} / {block_size}<br>ref_cnt %{{customdata[2]}}<extra></extra>"
     )
-    customdata = np.stack([block_ids, tokens, ref_cnts], axis=-1)  # [rows, cols, 3]
+    customdata = _with_gaps(np.stack([block_ids, tokens, ref_cnts], axis=-1))  # [rows, cols, 3]
     shared = ref_cnts > 1
     private_blocks = go.Heatmap(
         name="private block",
-        z=np.where(shared, np.nan, block_ids),
+        z=_with_gaps(np.where(shared, np.nan, block_ids)),
         customdata=customdata,
         hoverongaps=False,
         colorscale="Viridis",
@@ -226,7 +232,7 @@ def block_table_figure(
     )
     shared_blocks = go.Heatmap(
         name="shared block (ref_cnt > 1)",
-        z=np.where(shared, block_ids, np.nan),
+        z=_with_gaps(np.where(shared, block_ids, np.nan)),
         customdata=customdata,
         hoverongaps=False,
         colorscale=[[0.0, SHARED_COLOR], [1.0, SHARED_COLOR]],

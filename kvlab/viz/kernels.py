@@ -20,11 +20,15 @@ PREFETCH_COLORS = ("#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd
 
 
 def variant(row: dict) -> str:
-    """A row's kernel and prefetch setting, e.g. "gqa / line K+V d=1", "auto (gqa) / none" for
-    kernel="auto" (with the family it ran); sdpa rows are "sdpa"."""
+    """A row's kernel and prefetch setting, e.g. "gqa / line K+V d=1"; for kernel="auto" the
+    family it ran and, where recorded, how it chose ("auto tuned (gqa) / none": tuned here,
+    reused from another shape of its bucket, or the recorded choice); sdpa rows are "sdpa"."""
     if row["kernel"] == "sdpa":
         return "sdpa"
-    kernel = f"auto ({row['family']})" if row["kernel"] == "auto" else row["kernel"]
+    kernel = row["kernel"]
+    if kernel == "auto":
+        mode = f" {row['auto_mode']}" if row.get("auto_mode") else ""
+        kernel = f"auto{mode} ({row['family']})"
     return f"{kernel} / {row['prefetch']}"
 
 

@@ -76,18 +76,20 @@ def test_block_size_change_updates_every_figure(dash):
     assert list(current.x) == [128]
     assert current.y[0] == pytest.approx(sweep.fragmentation_pct[sweep.block_sizes == 128][0])
     block_tables, _ = replay_block_tables(workload, 128, max_requests=24)
-    assert figures["block_table"].data[0].z.shape == (24, max(map(len, block_tables)))
+    assert np.array(figures["block_table"].data[0].z, dtype=float).shape == (
+        24, max(map(len, block_tables)))
 
 
 def test_shared_fraction_makes_shared_blocks_appear(dash):
     controls, figures = dash.controls["paged_cache"], dash.figures["paged_cache"]
-    assert np.isnan(figures["block_table"].data[1].z).all()  # no shared prefix: no shared block
+    shared = np.array(figures["block_table"].data[1].z, dtype=float)
+    assert np.isnan(shared).all()  # no shared prefix: no shared block
     paged_before = figures["memory"].data[0].y[0]
     controls["shared_fraction"].value = 0.5
     _, _, report = expected_report(controls)
     assert_memory_figure_shows(figures["memory"], report)
     assert report.num_shared_blocks > 0
-    assert not np.isnan(figures["block_table"].data[1].z).all()
+    assert not np.isnan(np.array(figures["block_table"].data[1].z, dtype=float)).all()
     # A 1000-token prefix is added to half the requests, yet paged stores each prefix once.
     contiguous_copies = figures["memory"].data[1].y[1]
     assert figures["memory"].data[1].y[0] < contiguous_copies

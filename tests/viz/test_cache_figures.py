@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+from factories import non_finite_paths
 
 from kvlab.cache.accounting import fragmentation_sweep, memory_report, replay_block_tables
 from kvlab.viz.cache import GIB, block_table_figure, fragmentation_figure, memory_figure
@@ -63,20 +64,28 @@ def test_fragmentation_figure_draws_the_sweep_and_marks_block_size():
         fragmentation_figure(sweep, 48)
 
 
+def grid(values) -> np.ndarray:
+    """A heatmap's z or customdata as floats, its gaps (None) as NaN."""
+    return np.array(values, dtype=float)
+
+
 def test_block_table_figure_draws_tables_tokens_and_shared_blocks():
     block_tables = [[0, 1, 2], [0, 1, 3, 4], [5]]
     seq_lens = [10, 13, 2]
     fig = block_table_figure(block_tables, seq_lens, block_size=4)
     private, shared = fig.data
-    z = np.fmax(np.asarray(private.z, dtype=float), np.asarray(shared.z, dtype=float))
+    z = np.fmax(grid(private.z), grid(shared.z))
     assert z.shape == (3, 4)
     assert np.array_equal(z[1], [0, 1, 3, 4]) and np.isnan(z[0, 3]) and np.isnan(z[2, 1:]).all()
-    tokens, ref_cnts = private.customdata[..., 1], private.customdata[..., 2]
+    customdata = grid(private.customdata)
+    tokens, ref_cnts = customdata[..., 1], customdata[..., 2]
     assert tokens[0, :3].tolist() == [4, 4, 2] and tokens[1].tolist() == [4, 4, 4, 1]
     assert ref_cnts[0, :3].tolist() == [2, 2, 1]
     # Blocks 0 and 1, held by requests 0 and 1, are exactly the cells of the shared trace.
-    assert np.argwhere(~np.isnan(shared.z)).tolist() == [[0, 0], [0, 1], [1, 0], [1, 1]]
-    assert np.isnan(private.z[:2, :2]).all()
+    assert np.argwhere(~np.isnan(grid(shared.z))).tolist() == [[0, 0], [0, 1], [1, 0], [1, 1]]
+    assert np.isnan(grid(private.z)[:2, :2]).all()
+    # gaps are None, not NaN: a FigureWidget sends its data to the browser as JSON
+    assert non_finite_paths(fig.to_plotly_json()) == []
     assert "ref_cnt" in private.hovertemplate and "physical block" in private.hovertemplate
     assert_provenance(fig)
 
@@ -86,18 +95,18 @@ def test_block_table_figure_of_a_replayed_shared_prefix_workload():
     block_tables, seq_lens = replay_block_tables(workload, 16, max_requests=20)
     fig = block_table_figure(block_tables, seq_lens, 16)
     private, shared = fig.data
-    assert private.z.shape == (20, max(map(len, block_tables)))
+    assert grid(private.z).shape == (20, max(map(len, block_tables)))
     # Two prefix groups of 300 tokens: 18 full blocks shared by every request of each group.
     groups = workload.prefix_group[:20]
     group_sizes = [int((groups == g).sum()) for g in (0, 1)]
-    num_shared_cells = int((~np.isnan(shared.z)).sum())
+    num_shared_cells = int((~np.isnan(grid(shared.z))).sum())
     assert num_shared_cells == 300 // 16 * sum(n for n in group_sizes if n > 1)
 
 
 def test_block_table_figure_truncates_columns_and_checks_lengths():
     fig = block_table_figure([list(range(100))], [100], block_size=1, max_blocks=10)
-    assert fig.data[0].z.shape == (1, 10) and "first 10 blocks" in fig.layout.title.text
+    assert grid(fig.data[0].z).shape == (1, 10) and "first 10 blocks" in fig.layout.title.text
     empty = block_table_figure([], [], block_size=16)
-    assert empty.data[0].z.shape == (0, 0)
+    assert grid(empty.data[0].z).size == 0
     with pytest.raises(ValueError, match=r"seq_lens has 1 entries: must match block_tables \(2\)"):
         block_table_figure([[0], [1]], [3], block_size=4)

@@ -1,0 +1,43 @@
+"""The READMEs' tables are the recorded data: each line `benchmarks/tables.py` makes from the
+committed results appears in the README that shows it, digit for digit (CPU)."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from kvlab.results import load_result
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tables():
+    spec = importlib.util.spec_from_file_location("tables", ROOT / "benchmarks" / "tables.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("readme", "make"),
+    [
+        ("README.md", lambda t: t.decode_table(load_result("h200", "attention"))),
+        ("benchmarks/README.md", lambda t: t.kvpr_table(
+            {name: load_result("h200", name) for name in ("kvpr_opt", "kvpr_llama")})),
+    ],
+)
+def test_readme_tables_are_the_recorded_data(readme, make):
+    text = (ROOT / readme).read_text().splitlines()
+    for line in make(tables()):
+        assert line in text, f"{readme} lacks: {line}"
+
+
+def test_auto_table_is_the_recorded_data():
+    text = (ROOT / "benchmarks" / "README.md").read_text()
+    summary = tables().auto_summary(load_result("h200", "attention"))
+    labels = {"tuned": "tuned at the point",
+              "reused": "tuned at 3/4 of the context, reused at the point",
+              "recorded": "`KVLAB_AUTOTUNE=0` (the recorded choice)"}
+    for mode, (worst, median, within, total) in summary.items():
+        line = f"| {labels[mode]} | {worst:.3f}x | {median:.3f}x | {within} of {total} |"
+        assert line in text, f"benchmarks/README.md lacks: {line}"

@@ -174,8 +174,8 @@ def measure_point(name: str, batch: int, context: int, *, schedule: str = "row",
     for setting, timing in timings.items():
         ms = statistics.median(timing["step_ms_runs"])
         row = {**point, "setting": setting, "step_ms": ms, **timing,
-               "tokens_per_s": batch / (ms * 1e-3), "ratio_to_lower_bound": ms / point[
-                   "lower_bound_ms"]}
+               "tokens_per_s": batch / (ms * 1e-3),
+               "ratio_to_lower_bound": ms / point["lower_bound_ms"]}
         if setting == HF_SETTING:
             rows.append({**row, "l": None, **{f"predicted_{m}_ms": None for m in MODELS_OF_TIME},
                          "link_busy_ms": None, "compute_busy_ms": None, "overlap": None})

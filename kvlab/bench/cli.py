@@ -170,18 +170,22 @@ BENCHMARKS = {
 }
 
 
-def parser() -> tuple[Parser, dict[str, Parser]]:
-    """The whole command line, and the parser of each benchmark (for its error messages)."""
+def parser() -> Parser:
+    """The whole command line."""
     top = Parser(prog=PROG)
     commands = top.add_subparsers(dest="command", required=True, parser_class=Parser)
     bench = commands.add_parser("bench", help="run a benchmark headless and print its report")
     names = bench.add_subparsers(dest="name", required=True, parser_class=Parser)
-    subs = {}
     for name, (_, add_options, what) in BENCHMARKS.items():
-        sub = subs[name] = names.add_parser(name, help=what, description=f"Benchmark: {what}.")
+        sub = names.add_parser(name, help=what, description=f"Benchmark: {what}.")
         sub.add_argument("--json", metavar="PATH", help="also write the full result as JSON")
         add_options(sub)
-    return top, subs
+    return top
+
+
+def refuse(name: str, message: str):
+    """End `python -m kvlab bench <name>` with one line and exit status 2."""
+    Parser(prog=f"{PROG} bench {name}").error(message)
 
 
 def check_writable(option: str, path: str) -> None:
@@ -198,15 +202,14 @@ def check_writable(option: str, path: str) -> None:
 def parse(argv: list[str]) -> argparse.Namespace:
     """The options of `python -m kvlab <argv>`, checked as `main` checks them (SystemExit 2 on a
     bad value), with `command` set to the whole command line."""
-    top, subs = parser()
-    args = top.parse_args(argv)
+    args = parser().parse_args(argv)
     for option in ("json", "checkpoint"):
         path = getattr(args, option, None)
         if path is not None:
             try:
                 check_writable(f"--{option}", path)
             except ValueError as err:
-                subs[args.name].error(str(err))
+                refuse(args.name, str(err))
     args.command = f"{PROG} " + " ".join(argv)
     return args
 
@@ -218,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         module.check(args)
     except ValueError as err:
-        parser()[1][args.name].error(str(err))
+        refuse(args.name, str(err))
     result = module.run(args)
     result["command"] = args.command
     print(module.report(result))

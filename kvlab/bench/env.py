@@ -87,9 +87,9 @@ def versions() -> dict:
     return found
 
 
-def gpu_state(index: int = 0) -> dict:
-    """The driver version, SM and memory clocks (now and their maximum, MHz) and temperature of
-    GPU `index`, read with nvidia-smi: {} where it cannot be read."""
+def _nvidia_smi(index: int) -> dict:
+    """NVIDIA_SMI_FIELDS of GPU `index` as nvidia-smi reads them ({} where it cannot), numbers
+    as floats."""
     try:
         out = subprocess.run(
             ["nvidia-smi", f"--id={index}", "--format=csv,noheader,nounits",
@@ -97,25 +97,30 @@ def gpu_state(index: int = 0) -> dict:
             capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
         return {}
-    if out.returncode != 0:
-        return {}
     values = [v.strip() for v in out.stdout.strip().split(",")]
-    if len(values) != len(NVIDIA_SMI_FIELDS):
+    if out.returncode != 0 or len(values) != len(NVIDIA_SMI_FIELDS):
         return {}
-    state = dict(zip(NVIDIA_SMI_FIELDS.values(), values, strict=True))
-    for key, value in state.items():
-        if key != "driver_version":
-            state[key] = float(value) if re.fullmatch(r"[0-9.]+", value) else None
+    found = dict(zip(NVIDIA_SMI_FIELDS.values(), values, strict=True))
+    return {key: value if key == "driver_version" else
+            float(value) if re.fullmatch(r"[0-9.]+", value) else None
+            for key, value in found.items()}
+
+
+def gpu_state(index: int = 0) -> dict:
+    """The SM and memory clocks (now and their maximum, MHz) and the temperature of GPU `index`:
+    {} where nvidia-smi cannot read them."""
+    state = _nvidia_smi(index)
+    state.pop("driver_version", None)
     return state
 
 
 def gpu_info(index: int = 0) -> dict:
     """The GPU a benchmark runs on: its name, SM count, the CUDA version torch was built with,
-    and `gpu_state` (driver, clocks) now, as "clocks_start"; "clocks_end" is added at the end."""
+    the driver, and `gpu_state` now, as "clocks_start" ("clocks_end" is added at the end)."""
     import torch
 
     props = torch.cuda.get_device_properties(index)
-    state = gpu_state(index)
+    state = _nvidia_smi(index)
     return {"gpu": props.name, "num_sms": props.multi_processor_count,
             "torch_cuda": torch.version.cuda, "driver": state.pop("driver_version", None),
             "clocks_start": state}

@@ -1,5 +1,6 @@
 """Recorded results: loading, provenance label, nearest recorded point on a log2 scale."""
 
+import json
 import re
 
 import pytest
@@ -82,6 +83,18 @@ def test_load_result_refuses_a_link_out_of_the_results_folder(tmp_path, monkeypa
     monkeypatch.setattr(kvlab.results, "results_dir", lambda: tmp_path / "results")
     with pytest.raises(ValueError, match="machine='h200', name='secret': .* resolves outside"):
         load_result("h200", "secret")
+
+
+def test_merged_results_are_labelled_with_every_date(tmp_path, monkeypatch):
+    (tmp_path / "h200").mkdir()
+    for name, date in (("a", "2026-11-29T15:00:00+00:00"), ("b", "2026-12-01T05:00:00+00:00"),
+                       ("c", "2026-11-29T16:00:00+00:00")):
+        result = {**make_result([(1, 1024)]), "gpu": "NVIDIA H200", "date": date}
+        (tmp_path / "h200" / f"{name}.json").write_text(json.dumps(result))
+    monkeypatch.setattr(kvlab.results, "results_dir", lambda: tmp_path)
+    assert label(load_results("h200", ["b", "a", "c"])) == (
+        "recorded on NVIDIA H200, 2026-11-29 and 2026-12-01")
+    assert label(load_results("h200", ["a", "c"])) == "recorded on NVIDIA H200, 2026-11-29"
 
 
 def test_load_results_needs_a_name():

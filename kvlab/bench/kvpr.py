@@ -12,10 +12,11 @@ placement of the weights (--weights: resident on the GPU, or offloaded with the 
   `cache_implementation="offloaded"` builds) on the same model sharing the same layer tensors,
   after an HF prefill of the context (row schedule, resident weights only).
 Timing (`time_in_turn`): CUDA events around each step, then a synchronize, every step from the
-same cached length (HF's cache is cropped back after each of its steps). First every setting
-warms up until two successive steps agree within 5% (at most MAX_WARMUP_STEPS; a row says whether
-it got there: `steady`); then rounds in which every setting, HF's cache among them, takes one step
-in turn (so slow drift of the machine hits them alike): at least --steps rounds, more (up to
+same cached length (HF's cache gets back the K, V tensors it held before each of its steps).
+First every setting warms up until two successive steps agree within 5% (at most
+MAX_WARMUP_STEPS; a row says whether it got there: `steady`); then rounds in which every setting,
+HF's cache among them, takes one step in turn (so slow drift of the machine hits them alike): at
+least --steps rounds, more (up to
 MAX_STEPS) while a setting has been timed for less than --min-seconds. Every step is recorded
 (`warmup_ms`, `step_ms_runs`); the median is reported.
 The profile also measures T_L, the time of one layer's own work timed back to back (`layer_ms`),

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from kvlab.bench.env import gpu_info, gpu_state, run_info
-from kvlab.cache import PagedKVCache
+from kvlab.cache import filled_cache
 from kvlab.config import MODELS
 from kvlab.kernels import FAMILIES, gqa, tune, vllm_v1
 from kvlab.kernels.decode import DecodePlan
@@ -70,26 +70,6 @@ def sibling_context(context: int, block_size: int) -> int | None:
     if sibling < 1 or tune.pow2_ceil(sibling) != tune.pow2_ceil(context):
         return None
     return sibling
-
-
-def filled_cache(model, batch: int, context: int, block_size: int, layout: str, dtype,
-                 sibling: int | None = None):
-    """A cache holding `batch` sequences of `context` random tokens, scattered over the pool:
-    (cache, seq_ids, sibling_ids). With `sibling`, each sequence has token ids and a sibling
-    sequence of its first `sibling` tokens shares its blocks (no new memory)."""
-    num_blocks = batch * -(-context // block_size)
-    cache = PagedKVCache(num_blocks, block_size, model.num_kv_heads, model.head_dim, dtype=dtype,
-                         device="cuda", layout=layout, seed=0)
-    cache.k_cache.normal_()
-    cache.v_cache.normal_()
-    # NOTE: the data is random either way, so sequences are placed without writing K/V again.
-    seq_ids, sibling_ids = [], []
-    for i in range(batch):
-        ids = range(i * context, (i + 1) * context) if sibling else None
-        seq_ids.append(cache.manager.add_sequence(context, ids).seq_id)
-        if sibling:
-            sibling_ids.append(cache.manager.add_sequence(sibling, ids[:sibling]).seq_id)
-    return cache, seq_ids, sibling_ids
 
 
 @contextlib.contextmanager
@@ -159,8 +139,9 @@ def loop_variants(model, batch: int, context: int, block_size: int, args, dtype)
         if family not in args.kernels or block_size not in BLOCK_SIZES[family]:
             continue
         sibling = sibling_context(context, block_size) if "auto" in args.kernels else None
-        cache, seq_ids, sibling_ids = filled_cache(model, batch, context, block_size,
-                                                   LAYOUTS[family], dtype, sibling)
+        cache, seq_ids, sibling_ids = filled_cache(
+            batch, context, block_size, model.num_kv_heads, model.head_dim,
+            layout=LAYOUTS[family], dtype=dtype, sibling=sibling)
         plans = {(family, p.label()): ({"kernel": family, "prefetch": p.label()},
                                        DecodePlan(cache, seq_ids, model.num_qo_heads, family,
                                                   prefetch=p)) for p in variants}

@@ -8,14 +8,15 @@ needs torch, so it loads on first use.
 from kvlab.cache.block_manager import Allocation, BlockManager
 from kvlab.cache.block_pool import BlockPool, OutOfBlocksError
 
-_TORCH_NAMES = ("LAYOUTS", "PagedKVCache", "cache_shapes")
+_TORCH_NAMES = {"LAYOUTS": "paged_cache", "PagedKVCache": "paged_cache",
+                "cache_shapes": "paged_cache", "filled_cache": "filled"}
 
 __all__ = ["Allocation", "BlockManager", "BlockPool", "OutOfBlocksError", *_TORCH_NAMES]
 
 
 def __getattr__(name: str):
     if name in _TORCH_NAMES:
-        from kvlab.cache import paged_cache
+        import importlib
 
-        return getattr(paged_cache, name)
+        return getattr(importlib.import_module(f"kvlab.cache.{_TORCH_NAMES[name]}"), name)
     raise AttributeError(f"module 'kvlab.cache' has no attribute {name!r}")

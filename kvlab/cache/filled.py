@@ -1,0 +1,28 @@
+"""A paged cache filled with random K/V, as the benchmarks and the profiler read it."""
+
+from kvlab.cache.paged_cache import PagedKVCache
+
+
+def filled_cache(num_seqs: int, context: int, block_size: int, num_kv_heads: int, head_dim: int,
+                 *, layout: str, dtype, device="cuda", sibling: int | None = None):
+    """A cache holding `num_seqs` sequences of `context` tokens of random K/V (normal), their
+    blocks scattered over the pool: (cache, seq_ids, sibling_ids). With `sibling`, each sequence
+    has token ids and a sibling sequence of its first `sibling` tokens (whole blocks, fewer than
+    `context`) shares its blocks (no new memory; sibling_ids is empty otherwise)."""
+    if sibling is not None and (isinstance(sibling, bool) or not isinstance(sibling, int)
+                                or not 0 < sibling < context or sibling % block_size):
+        raise ValueError(f"sibling={sibling!r}: must be a multiple of block_size={block_size} "
+                         f"in [1, context={context})")
+    num_blocks = num_seqs * -(-context // block_size)
+    cache = PagedKVCache(num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype,
+                         device=device, layout=layout, seed=0)
+    cache.k_cache.normal_()
+    cache.v_cache.normal_()
+    # NOTE: the data is random either way, so sequences are placed without writing K/V again.
+    seq_ids, sibling_ids = [], []
+    for i in range(num_seqs):
+        ids = range(i * context, (i + 1) * context) if sibling else None
+        seq_ids.append(cache.manager.add_sequence(context, ids).seq_id)
+        if sibling:
+            sibling_ids.append(cache.manager.add_sequence(sibling, ids[:sibling]).seq_id)
+    return cache, seq_ids, sibling_ids

@@ -1,0 +1,25 @@
+"""filled_cache: random K/V, every sequence whole, siblings sharing their prefix blocks (CPU)."""
+
+import pytest
+import torch
+
+from kvlab.cache import filled_cache
+
+
+def test_sequences_and_siblings_share_blocks():
+    cache, seq_ids, sibling_ids = filled_cache(3, 40, 8, 2, 64, layout="hnd",
+                                               dtype=torch.float32, device="cpu", sibling=24)
+    assert len(seq_ids) == len(sibling_ids) == 3
+    tables = cache.manager
+    for seq_id, sibling_id in zip(seq_ids, sibling_ids, strict=True):
+        table, sibling_table = tables.block_table(seq_id), tables.block_table(sibling_id)
+        assert len(table) == 5 and sibling_table == table[:3]
+    assert cache.manager.num_free_blocks == 0  # siblings took no new block
+    assert cache.k_cache.std() > 0.5 and cache.v_cache.std() > 0.5
+
+
+@pytest.mark.parametrize("sibling", [20, 40, 48, 0, True])
+def test_sibling_must_be_whole_blocks_short_of_the_context(sibling):
+    with pytest.raises(ValueError, match=f"sibling={sibling!r}: must be a multiple of block_size"):
+        filled_cache(1, 40, 8, 1, 64, layout="hnd", dtype=torch.float32, device="cpu",
+                     sibling=sibling)

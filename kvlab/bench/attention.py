@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from kvlab.bench.env import gpu_info, gpu_state, run_info
 from kvlab.cache import filled_cache
 from kvlab.config import MODELS
-from kvlab.kernels import FAMILIES, gqa, tune, vllm_v1
+from kvlab.kernels import FAMILIES, gqa, green, tune, vllm_v1
 from kvlab.kernels.decode import DecodePlan
 from kvlab.kernels.prefetch import PrefetchConfig
 from kvlab.timing import METHOD, Timer, copy_roofline_gbps
@@ -55,12 +55,28 @@ def prefetch_variants(modes, distances, evict_last: bool = False) -> list[Prefet
 
 
 def check(args) -> None:
-    """Raise ValueError unless this machine can run the benchmark (a CUDA GPU and CuPy)."""
+    """Raise ValueError unless this machine can run the benchmark (a CUDA GPU and CuPy, and no
+    more SMs asked for than it has)."""
     from kvlab.device import backend
 
     if backend() != "cuda":
         raise ValueError("python -m kvlab bench attention needs a CUDA GPU usable through torch "
                          "and CuPy (kvlab.backend() is 'sim' here)")
+    total = green.device_sms()
+    for n in args.sms or ():
+        if n > total:
+            raise ValueError(f"--sms {n}: this GPU has {total} SMs")
+
+
+def sm_counts(requested, total: int, reason: str | None) -> tuple[list, str | None]:
+    """The SM counts to time at (None: the whole GPU, no green context) and, where green contexts
+    are unavailable (`reason`) but fewer SMs were asked for, the note that the run fell back to
+    the whole GPU."""
+    counts = list(dict.fromkeys(None if n == total else n for n in requested or [total]))
+    if reason is not None and counts != [None]:
+        return [None], (f"--sms {' '.join(map(str, requested))}: green contexts are not "
+                        f"available ({reason}); timed on the whole GPU ({total} SMs) only")
+    return counts, None
 
 
 def sibling_context(context: int, block_size: int) -> int | None:
@@ -175,6 +191,12 @@ def run(args) -> dict:
               "command": args.command}
     result["roofline_copy_gbps"] = round(copy_roofline_gbps(timer), 1)
     result["clocks_after_roofline"] = gpu_state()
+    counts, note = sm_counts(args.sms, green.device_sms(), green.unavailable_reason())
+    if note is not None:
+        print(f"NOTE: {note}", file=sys.stderr)
+        result["sms_note"] = note
+    # the copy roofline on each SM count that is not the whole GPU's: what those SMs can read
+    result["roofline_copy_gbps_by_sms"] = {}
     result.update(rows=[], skipped=[])
     rows, skipped = result["rows"], result["skipped"]
     points = list(itertools.product(args.models, args.batches, args.contexts))
@@ -189,16 +211,21 @@ def run(args) -> dict:
                                       f"{MAX_KV_BYTES / 2**30:.0f} GiB)"})
             continue
         print(f"[{i + 1}/{len(points)}] {name} batch={batch} context={context}", file=sys.stderr)
-        for block_size in args.block_sizes:
-            found = loop_variants(model, batch, context, block_size, args, dtype)
-            times = timer.times_ms({key: fn for key, (_, fn) in found.items()})
+        for block_size, sms in itertools.product(args.block_sizes, counts):
+            with green.sm_limit(sms) as held:
+                if sms is not None and str(held) not in result["roofline_copy_gbps_by_sms"]:
+                    result["roofline_copy_gbps_by_sms"][str(held)] = round(
+                        copy_roofline_gbps(timer), 1)
+                found = loop_variants(model, batch, context, block_size, args, dtype)
+                times = timer.times_ms({key: fn for key, (_, fn) in found.items()})
             for key, (fields, _) in found.items():
                 ms = statistics.median(times[key])
                 gbps = kv_bytes / (ms * 1e-3) / 1e9
                 rows.append({"model": name, "num_qo_heads": model.num_qo_heads,
                              "num_kv_heads": model.num_kv_heads, "batch": batch,
                              "context": context, "block_size": None if key == "sdpa" else
-                             block_size, "loop": loop, **fields, "kv_bytes": kv_bytes, "ms": ms,
+                             block_size, "sms": held, "loop": loop, **fields,
+                             "kv_bytes": kv_bytes, "ms": ms,
                              "ms_runs": [round(t, 5) for t in times[key]],
                              "gbps": round(gbps, 1),
                              "pct_roofline": round(100 * gbps / result["roofline_copy_gbps"], 1)})

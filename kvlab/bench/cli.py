@@ -112,6 +112,9 @@ def _add_attention(parser: argparse.ArgumentParser) -> None:
                              "KVLAB_AUTOTUNE=0")
     parser.add_argument("--runs", type=positive_int, default=25,
                         help="timed runs per variant (median)")
+    parser.add_argument("--sms", nargs="+", type=positive_int, metavar="N",
+                        help="one loop per SM count at each point, on a CUDA green context of N "
+                             "SMs (default: the whole GPU)")
     parser.add_argument("--checkpoint", metavar="PATH",
                         help="rewrite the result so far as JSON after every point")
 

@@ -9,8 +9,8 @@ import math
 
 import torch
 
-from kvlab.checks import check_num_heads
-from kvlab.kernels import FAMILIES, KERNELS, gqa, select, tune, vllm_v1
+from kvlab.checks import check_num_heads, is_int
+from kvlab.kernels import FAMILIES, KERNELS, gqa, green, select, tune, vllm_v1
 from kvlab.kernels.prefetch import PrefetchConfig
 
 LAUNCHERS = dict(zip(FAMILIES, (vllm_v1.VllmV1, gqa.Gqa), strict=True))
@@ -79,13 +79,16 @@ class DecodePlan:
             for the nearest shape (kvlab.kernels.select).
         prefetch: a PrefetchConfig; None means no prefetch (or, with "auto", the fastest).
         scale: softmax scale, default 1 / sqrt(head_dim).
+        num_sms: the SMs the launches will have, for the split policies; None: those of the
+            enclosing `kvlab.kernels.green.sm_limit` block, else the whole GPU's.
     The plan captures the sequences' block tables and lengths now: make a new plan after the
     cache changes (once per decode step), and reuse it for every layer of that step.
     Raises ValueError, before any launch, for anything the kernels cannot run.
     """
 
     def __init__(self, cache, seq_ids, num_qo_heads: int, kernel: str = "auto",
-                 prefetch: PrefetchConfig | None = None, scale: float | None = None):
+                 prefetch: PrefetchConfig | None = None, scale: float | None = None,
+                 num_sms: int | None = None):
         _check_cache(cache)
         check_num_heads(num_qo_heads, cache.num_kv_heads)
         chosen = auto_kernel(cache) if kernel == "auto" else kernel
@@ -100,7 +103,11 @@ class DecodePlan:
         self.max_seq_len = max(cache.manager.seq_len(s) for s in seq_ids)
         self.cache, self.kernel, self.num_qo_heads = cache, chosen, num_qo_heads
         self.scale = 1.0 / math.sqrt(cache.head_dim) if scale is None else float(scale)
-        self._num_sms = torch.cuda.get_device_properties(cache.device).multi_processor_count
+        total = green.device_sms(cache.device)
+        if num_sms is not None and (not is_int(num_sms) or not 1 <= num_sms <= total):
+            raise ValueError(f"num_sms={num_sms!r}: must be an integer in [1, {total}] (this "
+                             "GPU's SMs) or None")
+        self.num_sms = green.current_sms(cache.device) if num_sms is None else int(num_sms)
         if prefetch is None:
             prefetch = self._auto_prefetch() if kernel == "auto" else PrefetchConfig()
         self.prefetch = prefetch
@@ -108,7 +115,7 @@ class DecodePlan:
 
     def _launcher(self, prefetch: PrefetchConfig):
         return LAUNCHERS[self.kernel](self.cache, self.num_qo_heads, self.num_seqs,
-                                     self.max_seq_len, prefetch, self._num_sms)
+                                     self.max_seq_len, prefetch, self.num_sms)
 
     def _auto_prefetch(self) -> PrefetchConfig:
         cache = self.cache
@@ -128,7 +135,8 @@ class DecodePlan:
             return lambda: launcher(out, q, cache.k_cache, cache.v_cache, self.block_tables,
                                     self.seq_lens, self.scale)
 
-        key = tune.bucket(cache, self.kernel, self.num_qo_heads, self.num_seqs, self.max_seq_len)
+        key = tune.bucket(cache, self.kernel, self.num_qo_heads, self.num_seqs, self.max_seq_len,
+                          self.num_sms)
         return tune.fastest(key, cache.device, make_run, recorded)
 
     @property
@@ -158,7 +166,8 @@ class DecodePlan:
 
 
 def decode_attention(q: torch.Tensor, cache, seq_ids, kernel: str = "auto",
-                     prefetch: PrefetchConfig | None = None, scale: float | None = None):
+                     prefetch: PrefetchConfig | None = None, scale: float | None = None,
+                 num_sms: int | None = None):
     """One decode step of attention with a CUDA kernel: `DecodePlan(...).run(q)`.
 
     q: [B, num_qo_heads, head_dim], the cache's dtype, on its device. Returns the same shape and

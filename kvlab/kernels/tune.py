@@ -4,8 +4,9 @@ The recorded H200 benchmark (`kvlab.kernels.select`) knows only the shapes and t
 recorded on, and the settings differ by a few percent near the bandwidth limit. So on the first
 plan of a shape bucket, `DecodePlan` times each candidate on its own cache and block tables (L2
 flushed before every run, candidates in turn, NUM_RUNS runs each) and every later plan in that
-bucket reuses the choice. A bucket is one GPU model, kernel family, dtype, head_dim, block size
-and head counts, with the batch and the longest sequence rounded up to powers of two.
+bucket reuses the choice. A bucket is one GPU model and SM count (`kvlab.kernels.green`), kernel
+family, dtype, head_dim, block size and head counts, with the batch and the longest sequence
+rounded up to powers of two.
 
 A decode call can last 10-20 us, and a few runs of it pick noise. So a prefetch setting is chosen
 only when it wins by more than the run-to-run spread: its upper quartile below the lower quartile
@@ -55,10 +56,11 @@ def pow2_ceil(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def bucket(cache, kernel: str, num_qo_heads: int, num_seqs: int, max_seq_len: int) -> tuple:
-    return (torch.cuda.get_device_name(cache.device), kernel, cache.dtype, cache.head_dim,
-            cache.block_size, num_qo_heads, cache.num_kv_heads, pow2_ceil(num_seqs),
-            pow2_ceil(max_seq_len))
+def bucket(cache, kernel: str, num_qo_heads: int, num_seqs: int, max_seq_len: int,
+           num_sms: int) -> tuple:
+    return (torch.cuda.get_device_name(cache.device), num_sms, kernel, cache.dtype,
+            cache.head_dim, cache.block_size, num_qo_heads, cache.num_kv_heads,
+            pow2_ceil(num_seqs), pow2_ceil(max_seq_len))
 
 
 def choose(times: dict[PrefetchConfig, list[float]]) -> PrefetchConfig:

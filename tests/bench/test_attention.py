@@ -53,6 +53,38 @@ def test_ratios_compare_rows_of_one_loop_only():
     assert ratios[1]["gqa_over_sdpa"] == pytest.approx(2.0)
 
 
+@pytest.mark.parametrize(
+    ("requested", "reason", "counts", "fell_back"),
+    [
+        (None, None, [None], False),  # the whole GPU, no green context
+        ([132, 78, 32, 78], None, [None, 78, 32], False),  # the GPU's own count: no context
+        ([78, 32], "torch 2.3 has no torch.cuda.green_contexts", [None], True),
+        ([132], "torch 2.3 has no torch.cuda.green_contexts", [None], False),
+    ],
+)
+def test_sm_counts_fall_back_to_the_whole_gpu_and_say_so(requested, reason, counts, fell_back):
+    found, note = attention.sm_counts(requested, 132, reason)
+    assert found == counts
+    assert (note is not None) == fell_back
+    if fell_back:
+        assert f"--sms 78 32: green contexts are not available ({reason})" in note
+        assert "whole GPU (132 SMs)" in note
+
+
+@pytest.mark.gpu
+def test_fewer_sms_are_timed_in_their_own_loops(tmp_path):
+    out = tmp_path / "attention.json"
+    main(["bench", "attention", "--json", str(out), "--models", "llama2-7b", "--batches", "16",
+          "--contexts", "4096", "--prefetch", "none", "--runs", "3", "--kernels", "gqa",
+          "--sms", "132", "32"])
+    result = json.loads(out.read_text())
+    by_sms = {r["sms"]: r for r in result["rows"]}
+    assert set(by_sms) == {132, *map(int, result["roofline_copy_gbps_by_sms"])}
+    held = min(by_sms)
+    assert 32 <= held < 132 and by_sms[held]["loop"] != by_sms[132]["loop"]
+    assert by_sms[held]["ms"] > 1.2 * by_sms[132]["ms"]  # 16 x 4k MHA is bandwidth-bound
+
+
 @pytest.mark.gpu
 def test_tiny_attention_benchmark_times_every_variant_in_one_loop(tmp_path, capsys):
     out = tmp_path / "attention.json"

@@ -31,7 +31,8 @@ def test_bench_cache_prints_and_writes_json(tmp_path):
 def test_help_lists_the_benchmarks_own_options(name):
     out = kvlab("bench", name, "--help")
     assert out.returncode == 0
-    own = {"attention": ["--block-sizes", "--prefetch", "--distances", "--kernels", "--runs"],
+    own = {"attention": ["--block-sizes", "--prefetch", "--distances", "--kernels", "--runs",
+                         "--sms"],
            "kvpr": ["--schedules", "--gpu-batches", "--hf", "--resume", "--host-budget-gib"]}
     for option in [*own[name], "--models", "--batches", "--json"]:
         assert option in out.stdout
@@ -51,6 +52,7 @@ def test_help_lists_the_benchmarks_own_options(name):
         (["bench", "attention", "--runs", "0"], "argument --runs: '0': must be an integer >= 1"),
         (["bench", "attention", "--block-sizes", "48"], "'48': must be a power of two in [1, 256]"),
         (["bench", "attention", "--distances", "17"], "'17': must be an integer in [1, 16]"),
+        (["bench", "attention", "--sms", "0"], "argument --sms: '0': must be an integer >= 1"),
         (["bench", "cache", "--json", "/no/such/folder/cache.json"],
          "--json /no/such/folder/cache.json: the folder /no/such/folder does not exist"),
     ],

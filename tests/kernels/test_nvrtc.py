@@ -55,3 +55,8 @@ def compile_log(source: str, names: list[str]) -> tuple[bool, str]:
 def test_family_compiles_under_nvrtc(family):
     ok, log = compile_log((source_dir() / family.SOURCE).read_text(), family.default_instances())
     assert ok, log[-4000:]
+
+
+def test_sm_ids_compiles_under_nvrtc():
+    ok, log = compile_log((source_dir() / "sm_ids.cu").read_text(), ["record_sm_ids"])
+    assert ok, log[-4000:]

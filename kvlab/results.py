@@ -33,8 +33,10 @@ ATTENTION = ("h200", ("attention", "attention_block_sizes"))
 # kvpr_chunks4) stay out of the dashboard: they repeat points of the grid under other settings.
 KVPR = ("h200", ("kvpr_opt", "kvpr_llama", "kvpr_schedules"))
 # A row's identity; "family" and "auto_mode" are set on kernel="auto" rows only (the family auto
-# ran; tuned at the point, reused from another shape of its bucket, or the recorded choice).
-ROW_KEY = ("model", "batch", "context", "kernel", "family", "auto_mode", "block_size", "prefetch")
+# ran; tuned at the point, reused from another shape of its bucket, or the recorded choice);
+# "sms" on rows timed with `--sms` only (the SMs of the green context; absent: the whole GPU).
+ROW_KEY = ("model", "batch", "context", "kernel", "family", "auto_mode", "block_size", "sms",
+           "prefetch")
 PACKAGED_DIR = Path(__file__).resolve().parent / "results_data"
 CHECKOUT_DIR = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 PATH_COMPONENT = re.compile(r"[A-Za-z0-9_.-]+")

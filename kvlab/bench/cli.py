@@ -163,6 +163,12 @@ def _add_kvpr(parser: argparse.ArgumentParser) -> None:
                              "points it lacks")
 
 
+def _add_counters(parser: argparse.ArgumentParser) -> None:
+    from kvlab.bench.counters import add_options  # its options sit beside the paper's data
+
+    add_options(parser)
+
+
 # name -> (module, how to add its options, what it measures)
 BENCHMARKS = {
     "cache": ("kvlab.bench.cache", _add_cache, "the block pool on one CPU core"),
@@ -170,6 +176,9 @@ BENCHMARKS = {
                   "decode-attention kernels, prefetch settings and SDPA (GPU)"),
     "kvpr": ("kvlab.bench.kvpr", _add_kvpr,
              "KVPR decode steps against full transfer, full recompute and HF (GPU)"),
+    "l2sim": ("kvlab.bench.l2sim", _add_cache, "the L2 model's speed on one CPU core"),
+    "counters": ("kvlab.bench.counters", _add_counters,
+                 "ncu counters beside the L2-prefetch paper's Table 5.2 (GPU, Nsight Compute)"),
 }
 
 

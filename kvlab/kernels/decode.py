@@ -11,6 +11,7 @@ import torch
 
 from kvlab.checks import check_num_heads, is_int
 from kvlab.kernels import FAMILIES, KERNELS, gqa, green, select, tune, vllm_v1
+from kvlab.kernels.geometry import GQA_MAX_GROUP
 from kvlab.kernels.prefetch import PrefetchConfig
 
 LAUNCHERS = dict(zip(FAMILIES, (vllm_v1.VllmV1, gqa.Gqa), strict=True))
@@ -30,10 +31,10 @@ def check_kernel(kernel: str, cache, num_qo_heads: int) -> None:
             f"block_size={cache.block_size}: kernel={kernel!r} supports {family.block_sizes}"
         )
     group = num_qo_heads // cache.num_kv_heads
-    if kernel == "gqa" and group > gqa.MAX_GROUP:
+    if kernel == "gqa" and group > GQA_MAX_GROUP:
         raise ValueError(
             f"num_qo_heads / num_kv_heads = {group}: kernel='gqa' supports groups 1 to "
-            f"{gqa.MAX_GROUP}"
+            f"{GQA_MAX_GROUP}"
         )
 
 

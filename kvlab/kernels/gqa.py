@@ -11,19 +11,16 @@ import numpy as np
 import torch
 
 from kvlab.checks import HEAD_DIMS
+from kvlab.kernels.geometry import GQA_BLOCK_SIZES as BLOCK_SIZES
+from kvlab.kernels.geometry import ctas_per_sm, partition_size
+from kvlab.kernels.geometry import gqa_smem_bytes as smem_bytes
 from kvlab.kernels.launch import NULL, launch, ptr, reserve_shared_memory
 from kvlab.kernels.prefetch import PrefetchConfig
 from kvlab.kernels.vllm_v1 import CUDA_TYPES
 
 SOURCE = "paged_decode_gqa.cu"
 LAYOUT = "hnd"
-BLOCK_SIZES = (8, 16, 32, 64, 128, 256)
-MAX_GROUP = 8
 NUM_THREADS = 128
-PARTITION_QUANTUM = 256  # partition sizes are multiples of this many tokens
-PARTITION_OVERHEAD_TOKENS = 128  # a CTA's fixed cost (prologue, pipeline fill, merge), in tokens
-SM_SHARED_BYTES = 228 * 1024  # shared memory per SM on Hopper (H100, H200)
-CTA_RESERVED_SHARED_BYTES = 1024  # what the driver reserves per resident CTA
 
 
 def name_expressions(dtype, head_dim: int, block_size: int, group: int,
@@ -48,37 +45,6 @@ def default_instances() -> list[str]:
     ]
     configs += [(torch.float16, 128, bs, 4, PrefetchConfig()) for bs in BLOCK_SIZES]
     return list(dict.fromkeys(n for config in configs for n in name_expressions(*config)))
-
-
-def smem_bytes(head_dim: int) -> int:
-    """Dynamic shared memory of gqa_decode: 3 cp.async stages x 4 warps x (16 K + 16 V rows), each
-    row padded by 16 bytes against bank conflicts."""
-    return 384 * (2 * head_dim + 16)
-
-
-def ctas_per_sm(head_dim: int) -> int:
-    """How many gqa_decode CTAs fit on one SM: shared memory is the limit."""
-    return SM_SHARED_BYTES // (smem_bytes(head_dim) + CTA_RESERVED_SHARED_BYTES)
-
-
-def partition_size(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_slots: int) -> int:
-    """Tokens per partition (a multiple of PARTITION_QUANTUM) when `num_slots` CTAs run at once.
-
-    Minimises the makespan model `waves x (partition tokens + PARTITION_OVERHEAD_TOKENS)`, where
-    waves = ceil(CTAs / num_slots); ties go to fewer partitions (less merge work).
-    NOTE: observed on the H200 when this was written (not a recorded result): llama3-8b at batch
-    16 x 32k ran 93.5% of the roofline with 2 partitions (256 CTAs in 264 slots: one wave), 92.1%
-    with 9 and 87.3% with 3 (two waves).
-    """
-    num_ctas = num_seqs * num_kv_heads
-
-    def makespan(size: int) -> tuple[int, int]:
-        waves = -(-num_ctas * -(-max_seq_len // size) // num_slots)
-        return waves * (size + PARTITION_OVERHEAD_TOKENS), -size
-
-    q = PARTITION_QUANTUM
-    sizes = {-(-max_seq_len // n // q) * q for n in range(1, -(-max_seq_len // q) + 1)}
-    return min(sizes, key=makespan)
 
 
 class Gqa:

@@ -10,16 +10,15 @@ import numpy as np
 import torch
 
 from kvlab.checks import HEAD_DIMS
+from kvlab.kernels.geometry import PARTITION_SIZE, VLLM_NUM_WARPS, use_partitions
+from kvlab.kernels.geometry import VLLM_BLOCK_SIZES as BLOCK_SIZES
+from kvlab.kernels.geometry import vllm_smem_bytes as smem_bytes
 from kvlab.kernels.launch import NULL, launch, ptr, reserve_shared_memory
 from kvlab.kernels.prefetch import PrefetchConfig
 
 SOURCE = "paged_decode_vllm.cu"
 LAYOUT = "vllm"
-BLOCK_SIZES = (8, 16, 32)
-NUM_THREADS = 128
-NUM_WARPS = NUM_THREADS // 32
-PARTITION_SIZE = 512
-MAX_V1_SEQ_LEN = 8192
+NUM_THREADS = 32 * VLLM_NUM_WARPS
 CUDA_TYPES = {torch.float16: "__half", torch.bfloat16: "__nv_bfloat16"}
 
 
@@ -46,20 +45,6 @@ def default_instances() -> list[str]:
     ]
     configs += [(torch.float16, 128, bs, 0, PrefetchConfig()) for bs in BLOCK_SIZES]
     return list(dict.fromkeys(n for config in configs for n in name_expressions(*config)))
-
-
-def smem_bytes(head_dim: int, block_size: int, partition_size: int, max_seq_len: int) -> int:
-    """Dynamic shared memory of vllm_decode: fp32 logits for the tokens one CTA covers, or the
-    cross-warp output reduction, whichever is larger."""
-    num_tokens = partition_size or -(-max_seq_len // block_size) * block_size
-    return max(num_tokens * 4, (NUM_WARPS // 2) * head_dim * 4)
-
-
-def use_partitions(num_seqs: int, num_qo_heads: int, max_seq_len: int, num_sms: int) -> bool:
-    num_partitions = -(-max_seq_len // PARTITION_SIZE)
-    if max_seq_len > MAX_V1_SEQ_LEN:
-        return True
-    return num_partitions > 1 and num_seqs * num_qo_heads < 4 * num_sms
 
 
 class VllmV1:

@@ -1,0 +1,70 @@
+"""The decode kernels' geometry and split policies, in plain Python (no torch, no CuPy): what the
+launchers (`vllm_v1`, `gqa`) plan with, and what the L2 model (`kvlab.sim`) and the profiler's
+specs need on machines without a GPU. The CUDA sources state the same numbers in their headers.
+"""
+
+# vllm_v1 (kernels/paged_decode_vllm.cu)
+VLLM_BLOCK_SIZES = (8, 16, 32)
+VLLM_NUM_WARPS = 4  # 128 threads per CTA
+PARTITION_SIZE = 512  # tokens per CTA of v2
+MAX_V1_SEQ_LEN = 8192  # like vLLM: v1 only up to this many tokens
+
+# gqa (kernels/paged_decode_gqa.cu)
+GQA_BLOCK_SIZES = (8, 16, 32, 64, 128, 256)
+GQA_MAX_GROUP = 8  # query heads per KV head: the n-width of one mma
+GQA_NUM_WARPS = 4
+GQA_WARP_TOKENS = 16  # rows of a tile owned by one warp
+GQA_TILE_TOKENS = GQA_NUM_WARPS * GQA_WARP_TOKENS  # 64 tokens per main-loop iteration
+PARTITION_QUANTUM = 256  # gqa partition sizes are multiples of this many tokens
+PARTITION_OVERHEAD_TOKENS = 128  # a CTA's fixed cost (prologue, pipeline fill, merge), in tokens
+SM_SHARED_BYTES = 228 * 1024  # shared memory per SM on Hopper (H100, H200)
+CTA_RESERVED_SHARED_BYTES = 1024  # what the driver reserves per resident CTA
+
+
+def use_partitions(num_seqs: int, num_qo_heads: int, max_seq_len: int, num_sms: int) -> bool:
+    """Whether vllm_v1 runs v2 (PARTITION_SIZE-token CTAs and a reduce): past MAX_V1_SEQ_LEN, or
+    when one CTA per (query head, sequence) leaves the GPU short of work."""
+    num_partitions = -(-max_seq_len // PARTITION_SIZE)
+    if max_seq_len > MAX_V1_SEQ_LEN:
+        return True
+    return num_partitions > 1 and num_seqs * num_qo_heads < 4 * num_sms
+
+
+def vllm_smem_bytes(head_dim: int, block_size: int, partition_size: int,
+                    max_seq_len: int) -> int:
+    """Dynamic shared memory of vllm_decode: fp32 logits for the tokens one CTA covers, or the
+    cross-warp output reduction, whichever is larger."""
+    num_tokens = partition_size or -(-max_seq_len // block_size) * block_size
+    return max(num_tokens * 4, (VLLM_NUM_WARPS // 2) * head_dim * 4)
+
+
+def gqa_smem_bytes(head_dim: int) -> int:
+    """Dynamic shared memory of gqa_decode: 3 cp.async stages x 4 warps x (16 K + 16 V rows), each
+    row padded by 16 bytes against bank conflicts."""
+    return 384 * (2 * head_dim + 16)
+
+
+def ctas_per_sm(head_dim: int) -> int:
+    """How many gqa_decode CTAs fit on one SM: shared memory is the limit."""
+    return SM_SHARED_BYTES // (gqa_smem_bytes(head_dim) + CTA_RESERVED_SHARED_BYTES)
+
+
+def partition_size(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_slots: int) -> int:
+    """gqa's tokens per partition (a multiple of PARTITION_QUANTUM) when `num_slots` CTAs run at
+    once.
+
+    Minimises the makespan model `waves x (partition tokens + PARTITION_OVERHEAD_TOKENS)`, where
+    waves = ceil(CTAs / num_slots); ties go to fewer partitions (less merge work).
+    NOTE: observed on the H200 when this was written (not a recorded result): llama3-8b at batch
+    16 x 32k ran 93.5% of the roofline with 2 partitions (256 CTAs in 264 slots: one wave), 92.1%
+    with 9 and 87.3% with 3 (two waves).
+    """
+    num_ctas = num_seqs * num_kv_heads
+
+    def makespan(size: int) -> tuple[int, int]:
+        waves = -(-num_ctas * -(-max_seq_len // size) // num_slots)
+        return waves * (size + PARTITION_OVERHEAD_TOKENS), -size
+
+    q = PARTITION_QUANTUM
+    sizes = {-(-max_seq_len // n // q) * q for n in range(1, -(-max_seq_len // q) + 1)}
+    return min(sizes, key=makespan)

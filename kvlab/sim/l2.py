@@ -1,0 +1,208 @@
+"""L2Cache: a trace-driven model of one GPU's L2 (sector-filled, set-associative, LRU).
+
+The geometry is the H200's; how lines map to sets and which line leaves are assumptions
+(NVIDIA does not publish them), stated once here as named constants:
+
+- One unified cache. NOTE: the H100/H200 L2 is two partitions, and an SM's reads from the far
+  partition may be duplicated in the near one; the model ignores this, so it is an upper bound
+  on the capacity that a kernel sees.
+- NUM_WAYS = 16 ways, LRU within a set: the associativity and the policy are assumptions.
+- SET_INDEXES: "hash" (the default) spreads lines over the sets like the GPU's undisclosed
+  address hash: a Fibonacci hash of the line address (its upper 32 bits of line * 2^64/phi),
+  mapped onto the sets by a multiply-shift; "modulo" (line % num_sets) is for traces by hand.
+- A demand read fills only the sectors it missed (NVIDIA's L2 fills 32-byte sectors).
+  NOTE: the gqa kernel's `cp.async ... .L2::128B` hint would fill whole lines on a miss; it reads
+  whole lines anyway, so only its DRAM bytes for partial rows could differ.
+- A bulk prefetch (`cp.async.bulk.prefetch.L2`) fills the sectors its byte range covers; a line
+  prefetch (`prefetch.global.L2`) fills the whole 128-byte line of its address. A prefetch fills
+  at once: there is no time in the model, so a prefetch issued just before its demand read
+  turns that read into a hit (a time model decides how much of the latency it hides).
+- Prefetched lines enter at the MRU end like demand lines (no evict-first/evict-last classes).
+"""
+
+from dataclasses import dataclass, fields
+
+import numba
+import numpy as np
+
+from kvlab.checks import check_positive_int
+
+L2_BYTES = 62_914_560  # H200, measured (/work/shared/H200.md): 60 MiB
+LINE_BYTES = 128
+SECTOR_BYTES = 32
+SECTORS_PER_LINE = LINE_BYTES // SECTOR_BYTES
+NUM_WAYS = 16  # ASSUMPTION (see the module docstring)
+NUM_SETS = L2_BYTES // (LINE_BYTES * NUM_WAYS)  # 30,720
+SET_INDEXES = ("hash", "modulo")
+
+# Request kinds: what one (address, bytes) request of a trace does.
+DEMAND = 0  # a load: sector misses are read from DRAM
+PREFETCH = 1  # a bulk L2 prefetch: fills the sectors its range covers
+PREFETCH_LINES = 2  # per-line L2 prefetches: fill the whole lines its range touches
+KINDS = (DEMAND, PREFETCH, PREFETCH_LINES)
+
+_FULL_MASK = (1 << SECTORS_PER_LINE) - 1
+_FIBONACCI = np.uint64(0x9E3779B97F4A7C15)  # 2^64 / golden ratio
+_SHIFT = np.uint64(32)
+
+
+@dataclass(frozen=True)
+class L2Result:
+    """What a trace did to the L2, in 32-byte sectors. Results of consecutive traces add (`+`).
+
+    demand_hits, demand_misses: sectors of loads found in L2 / read from DRAM.
+    prefetch_hits: prefetched sectors already in L2 (no DRAM read).
+    prefetch_misses: prefetched sectors read from DRAM into L2.
+    prefetch_used: prefetched sectors that a later load hit (each counted once).
+    prefetch_evicted_unused: prefetched sectors evicted before any load used them.
+    """
+
+    demand_hits: int = 0
+    demand_misses: int = 0
+    prefetch_hits: int = 0
+    prefetch_misses: int = 0
+    prefetch_used: int = 0
+    prefetch_evicted_unused: int = 0
+
+    def __add__(self, other: "L2Result") -> "L2Result":
+        return L2Result(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+
+    @property
+    def demand_sectors(self) -> int:
+        return self.demand_hits + self.demand_misses
+
+    @property
+    def prefetch_sectors(self) -> int:
+        return self.prefetch_hits + self.prefetch_misses
+
+    @property
+    def hit_rate(self) -> float:
+        """Hits over the sectors of loads (prefetches excluded); 0.0 for an empty trace."""
+        return self.demand_hits / self.demand_sectors if self.demand_sectors else 0.0
+
+    @property
+    def dram_bytes(self) -> int:
+        """Bytes read from DRAM: every missed sector, demand or prefetch (no writes in decode)."""
+        return (self.demand_misses + self.prefetch_misses) * SECTOR_BYTES
+
+
+class L2Cache:
+    """An L2 cache model that keeps its contents between `access` calls (it starts empty).
+
+    num_sets, num_ways: geometry; the default is the H200's 60 MiB as 30,720 sets x 16 ways of
+    128-byte lines. set_index: "hash" or "modulo" (see the module docstring).
+    Raises ValueError for a bad argument.
+    """
+
+    def __init__(self, num_sets: int = NUM_SETS, num_ways: int = NUM_WAYS,
+                 set_index: str = "hash"):
+        check_positive_int("num_sets", num_sets)
+        check_positive_int("num_ways", num_ways)
+        if num_sets >= 1 << 32:
+            raise ValueError(f"num_sets={num_sets}: must be < 2**32")
+        if set_index not in SET_INDEXES:
+            raise ValueError(f"set_index={set_index!r}: must be one of {SET_INDEXES}")
+        self.num_sets, self.num_ways, self.set_index = int(num_sets), int(num_ways), set_index
+        # [num_sets * num_ways, 2]: line address (-1 empty) and last use of each way, so that a
+        # set's lookups read one contiguous stretch; [num_sets * num_ways] sector bitmasks: valid,
+        # and filled by a prefetch but not read yet.
+        self._ways = np.zeros((self.num_sets * self.num_ways, 2), dtype=np.int64)
+        self._ways[:, 0] = -1
+        self._valid = np.zeros(self.num_sets * self.num_ways, dtype=np.uint8)
+        self._prefetched = np.zeros(self.num_sets * self.num_ways, dtype=np.uint8)
+        self._clock = np.zeros(1, dtype=np.int64)
+
+    @property
+    def size_bytes(self) -> int:
+        return self.num_sets * self.num_ways * LINE_BYTES
+
+    def access(self, addrs, nbytes, kinds) -> L2Result:
+        """Replays requests in order and returns what they did.
+
+        addrs: [n] integer byte addresses >= 0; nbytes: [n] integer sizes >= 1 (or one int for
+        all); kinds: [n] values of KINDS (or one for all). Request i touches the sectors that
+        overlap [addrs[i], addrs[i] + nbytes[i]). Raises ValueError before touching the cache.
+        """
+        addrs = _check_array("addrs", addrs, 0)
+        nbytes = _check_array("nbytes", nbytes, 1, like=addrs)
+        kinds = _check_array("kinds", kinds, 0, like=addrs)
+        if kinds.size and kinds.max() > max(KINDS):
+            raise ValueError(f"kinds={kinds.max()}: must be one of {KINDS}")
+        if addrs.size and (addrs + nbytes).max() >= 1 << 62:
+            raise ValueError(f"addrs + nbytes={(addrs + nbytes).max()}: must be < 2**62")
+        counts = np.zeros(len(fields(L2Result)), dtype=np.int64)
+        _replay(addrs, nbytes, kinds.astype(np.uint8), self._ways, self._valid,
+                self._prefetched, self.num_ways, self.num_sets, self.set_index == "hash",
+                self._clock, counts)
+        return L2Result(*(int(c) for c in counts))
+
+
+def _check_array(name: str, value, minimum: int, like=None) -> np.ndarray:
+    """`value` as a contiguous int64 array, all >= minimum: 1-D, or (given `like`) one value or
+    an array of like's shape, broadcast to it."""
+    array = np.asarray(value)
+    if like is None:
+        allowed, shape_ok = "a 1-D integer array", array.ndim == 1
+    else:
+        allowed = f"an integer or an integer array of shape {like.shape}"
+        shape_ok = array.shape in ((), like.shape)
+    if not np.issubdtype(array.dtype, np.integer) or not shape_ok:
+        raise ValueError(f"{name}: dtype={array.dtype}, shape={array.shape}: must be {allowed}")
+    if array.size and array.min() < minimum:
+        raise ValueError(f"{name}={array.min()}: must be >= {minimum}")
+    return np.ascontiguousarray(np.broadcast_to(array, array.shape if like is None else
+                                                like.shape), dtype=np.int64)
+
+
+@numba.njit(cache=True)
+def _num_sectors(mask):
+    return (mask & 1) + ((mask >> 1) & 1) + ((mask >> 2) & 1) + ((mask >> 3) & 1)
+
+
+@numba.njit(cache=True)
+def _replay(addrs, nbytes, kinds, ways, valid, prefetched, num_ways, num_sets, hashed,
+            clock, counts):
+    """The core loop: one tag lookup per (request, line); counts as in L2Result's fields."""
+    now = clock[0]
+    for i in range(addrs.size):
+        start, end, kind = addrs[i], addrs[i] + nbytes[i], kinds[i]
+        for line in range(start // LINE_BYTES, (end - 1) // LINE_BYTES + 1):
+            line_start = line * LINE_BYTES
+            first = (max(start, line_start) - line_start) // SECTOR_BYTES
+            last = (min(end, line_start + LINE_BYTES) - 1 - line_start) // SECTOR_BYTES
+            mask = ((2 << last) - 1) ^ ((1 << first) - 1)
+            if kind == PREFETCH_LINES:
+                mask = _FULL_MASK
+            if hashed:
+                h = (np.uint64(line) * _FIBONACCI) >> _SHIFT
+                base = np.int64((h * np.uint64(num_sets)) >> _SHIFT) * num_ways
+            else:
+                base = (line % num_sets) * num_ways
+            way, lru = -1, base
+            for j in range(base, base + num_ways):
+                if ways[j, 0] == line:
+                    way = j
+                    break
+                if ways[j, 1] < ways[lru, 1]:
+                    lru = j
+            if way < 0:  # the line is not in L2: its set's LRU line leaves
+                counts[5] += _num_sectors(prefetched[lru])
+                ways[lru, 0] = line
+                valid[lru] = 0
+                prefetched[lru] = 0
+                way = lru
+            held = np.int64(valid[way])
+            hits, misses = _num_sectors(mask & held), _num_sectors(mask & (_FULL_MASK ^ held))
+            if kind == DEMAND:
+                counts[0] += hits
+                counts[1] += misses
+                counts[4] += _num_sectors(mask & np.int64(prefetched[way]))
+                prefetched[way] &= _FULL_MASK ^ mask
+            else:
+                counts[2] += hits
+                counts[3] += misses
+                prefetched[way] |= mask & (_FULL_MASK ^ held)
+            valid[way] = held | mask
+            now += 1
+            ways[way, 1] = now
+    clock[0] = now

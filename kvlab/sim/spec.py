@@ -1,0 +1,156 @@
+"""What the L2 model replays: one decode step's shape, launch plan and block placement
+(TraceSpec), and the order in which the GPU's CTA slots run the CTAs' loop iterations.
+
+Scheduling (an assumption): num_sms * ctas_per_sm slots take CTAs in launch order; resident CTAs
+take turns in slot order, one loop iteration (NUM_WARPS blocks of K or of V; one 64-token tile)
+per turn, and a finished CTA's slot takes the next CTA at once. All slots run in lockstep.
+"""
+
+from dataclasses import dataclass, field
+
+import numba
+import numpy as np
+
+from kvlab.checks import check_head_dim, check_int, check_num_heads
+from kvlab.kernels import FAMILIES
+from kvlab.kernels.geometry import (
+    GQA_BLOCK_SIZES,
+    GQA_MAX_GROUP,
+    GQA_TILE_TOKENS,
+    VLLM_BLOCK_SIZES,
+    VLLM_NUM_WARPS,
+)
+from kvlab.kernels.prefetch import PrefetchConfig
+
+BLOCK_SIZES = {"vllm_v1": VLLM_BLOCK_SIZES, "gqa": GQA_BLOCK_SIZES}
+PLACEMENTS = ("random", "contiguous")
+DTYPE_BYTES = (1, 2, 4)  # the kernels are 16-bit; other sizes are a what-if of the same loops
+
+
+@dataclass(frozen=True, kw_only=True)
+class TraceSpec:
+    """One decode step of one layer: the shape, the kernel's launch plan and the block placement.
+
+    family: "vllm_v1" or "gqa". context: tokens of every sequence. dtype_bytes: 1, 2 or 4.
+    partition_size: tokens per CTA, 0 for whole sequences; the kernels' planners pick it
+        (vllm_v1: 0 or 512, see kvlab.kernels.vllm_v1.use_partitions; gqa: gqa.partition_size).
+    num_sms, ctas_per_sm: the CTA slots (gqa: kvlab.kernels.gqa.ctas_per_sm(head_dim)).
+    placement: "random" (physical blocks a permutation drawn with `seed`) or "contiguous"
+        (sequence s owns blocks [s * blocks_per_seq, (s + 1) * blocks_per_seq)).
+    Raises ValueError for a bad field, naming it.
+    """
+
+    family: str
+    num_seqs: int
+    context: int
+    num_qo_heads: int
+    num_kv_heads: int
+    partition_size: int
+    ctas_per_sm: int
+    head_dim: int = 128
+    block_size: int = 16
+    dtype_bytes: int = 2
+    prefetch: PrefetchConfig = field(default_factory=PrefetchConfig)
+    num_sms: int = 132  # H200 (/work/shared/H200.md)
+    placement: str = "random"
+    seed: int = 0
+
+    def __post_init__(self):
+        _check_choice("family", self.family, FAMILIES)
+        for name in ("num_seqs", "context", "block_size", "ctas_per_sm", "num_sms"):
+            check_int(name, getattr(self, name), 1)
+        check_int("partition_size", self.partition_size, 0)
+        check_int("seed", self.seed, 0)
+        check_num_heads(self.num_qo_heads, self.num_kv_heads)
+        check_head_dim(self.head_dim)
+        _check_choice("block_size", self.block_size, BLOCK_SIZES[self.family], self.family)
+        _check_choice("dtype_bytes", self.dtype_bytes, DTYPE_BYTES)
+        _check_choice("placement", self.placement, PLACEMENTS)
+        if self.family == "gqa" and self.num_qo_heads > GQA_MAX_GROUP * self.num_kv_heads:
+            raise ValueError(f"num_qo_heads={self.num_qo_heads}: must be at most "
+                             f"{GQA_MAX_GROUP} x num_kv_heads={self.num_kv_heads} for gqa")
+        quantum = self.block_size if self.family == "vllm_v1" else GQA_TILE_TOKENS
+        if self.partition_size % quantum:
+            raise ValueError(f"partition_size={self.partition_size}: must be 0 or a multiple "
+                             f"of {quantum} for {self.family}")
+        if not isinstance(self.prefetch, PrefetchConfig) or self.prefetch.evict_last:
+            raise ValueError(f"prefetch={self.prefetch!r}: must be a PrefetchConfig without "
+                             f"evict_last (not modelled)")
+        for name in ("num_seqs", "context", "num_qo_heads", "num_kv_heads", "partition_size",
+                     "ctas_per_sm", "head_dim", "block_size", "num_sms", "seed"):
+            object.__setattr__(self, name, int(getattr(self, name)))  # numpy ints become ints
+
+    @property
+    def blocks_per_seq(self) -> int:
+        return -(-self.context // self.block_size)
+
+    @property
+    def num_partitions(self) -> int:
+        return -(-self.context // self.partition_size) if self.partition_size else 1
+
+    @property
+    def cta_tokens(self) -> int:
+        """Tokens one CTA covers (the last partition may have fewer)."""
+        return self.partition_size if self.num_partitions > 1 else self.context
+
+    @property
+    def tile_bytes(self) -> int:
+        """Bytes of one (block, KV head) tile of K (or of V)."""
+        return self.block_size * self.head_dim * self.dtype_bytes
+
+    @property
+    def v_base(self) -> int:
+        """Byte address of v_cache; k_cache starts at 0 (a pool of exactly the blocks used)."""
+        return self.num_seqs * self.blocks_per_seq * self.num_kv_heads * self.tile_bytes
+
+
+def _check_choice(name: str, value, allowed: tuple, family: str = "") -> None:
+    if value not in allowed:
+        where = f" for {family}" if family else ""
+        raise ValueError(f"{name}={value!r}: must be one of {allowed}{where}")
+
+
+def block_tables(spec: TraceSpec) -> np.ndarray:
+    """[num_seqs, blocks_per_seq] int64 physical block ids, as `spec.placement` says."""
+    ids = np.arange(spec.num_seqs * spec.blocks_per_seq, dtype=np.int64)
+    if spec.placement == "random":
+        ids = np.random.default_rng(spec.seed).permutation(ids)
+    return ids.reshape(spec.num_seqs, spec.blocks_per_seq)
+
+
+def iterations_per_cta(spec: TraceSpec) -> np.ndarray:
+    """[num_ctas] int64 loop iterations of each CTA, in launch order (0: returns at once)."""
+    start = np.arange(spec.num_partitions) * spec.cta_tokens
+    tokens = np.minimum(start + spec.cta_tokens, spec.context) - start
+    if spec.family == "vllm_v1":  # partitions: grid z, slowest; a K loop and a V loop
+        iterations = 2 * -(-tokens // (VLLM_NUM_WARPS * spec.block_size))
+        return np.repeat(iterations, spec.num_seqs * spec.num_qo_heads)
+    return np.tile(-(-tokens // GQA_TILE_TOKENS), spec.num_seqs * spec.num_kv_heads)
+
+
+@numba.njit(cache=True)
+def schedule(steps, num_slots):
+    """(cta_ids, iterations), each [steps.sum()] int64: the CTA iterations in the order the slots
+    take turns (see the module docstring). steps: [num_ctas] iterations per CTA, launch order."""
+    cta_ids = np.empty(steps.sum(), dtype=np.int64)
+    iterations = np.empty(steps.sum(), dtype=np.int64)
+    slot_cta = np.full(num_slots, -1, dtype=np.int64)
+    slot_iteration = np.zeros(num_slots, dtype=np.int64)
+    next_cta, n = 0, 0
+    while True:
+        for s in range(num_slots):
+            if slot_cta[s] >= 0 and slot_iteration[s] == steps[slot_cta[s]]:
+                slot_cta[s] = -1  # finished
+            if slot_cta[s] < 0:
+                while next_cta < steps.size and steps[next_cta] == 0:
+                    next_cta += 1
+                if next_cta < steps.size:
+                    slot_cta[s], slot_iteration[s] = next_cta, 0
+                    next_cta += 1
+        if slot_cta.max() < 0:
+            return cta_ids, iterations
+        for s in range(num_slots):
+            if slot_cta[s] >= 0:
+                cta_ids[n], iterations[n] = slot_cta[s], slot_iteration[s]
+                slot_iteration[s] += 1
+                n += 1

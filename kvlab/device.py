@@ -1,20 +1,41 @@
 """Which backend the lab runs on: "cuda" (every number measured on this GPU) or "sim" (recorded
 measurements plus calibrated models, for machines without a GPU).
 
-`KVLAB_BACKEND=cuda|sim` overrides the detection. Detection imports torch (and CuPy where it is
-installed) on first call only, so `import kvlab` stays cheap.
+`KVLAB_BACKEND=cuda|sim` overrides the detection. Detection asks the CUDA driver first (a
+millisecond through ctypes): without a driver or a device the answer is "sim" without importing
+torch (some 1-2 s). Only where the driver sees a GPU are torch (and CuPy where it is installed)
+imported, on first call, to check they can use it. `import kvlab` stays cheap either way.
 """
 
+import ctypes
+import ctypes.util
 import functools
 import importlib.util
 import os
+import sys
 
 BACKENDS = ("cuda", "sim")
+
+
+def _driver_device_count() -> int:
+    """CUDA devices the driver reports (cuInit + cuDeviceGetCount), 0 without a driver."""
+    name = "nvcuda.dll" if sys.platform == "win32" else (
+        ctypes.util.find_library("cuda") or "libcuda.so.1")
+    try:
+        driver = ctypes.CDLL(name)
+    except OSError:
+        return 0
+    count = ctypes.c_int(0)
+    if driver.cuInit(0) != 0 or driver.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return 0
+    return count.value
 
 
 @functools.cache
 def _gpu_name() -> str | None:
     """Name of the first CUDA device usable through torch (and CuPy, if installed), else None."""
+    if _driver_device_count() < 1:
+        return None
     import torch
 
     if not torch.cuda.is_available():

@@ -36,3 +36,28 @@ def test_cuda_override_without_a_gpu_is_an_error(monkeypatch):
 def test_detects_the_gpu(monkeypatch):
     monkeypatch.delenv("KVLAB_BACKEND", raising=False)
     assert kvlab.backend() == "cuda"
+
+
+def test_without_a_driver_the_answer_needs_no_torch():
+    """On a machine whose CUDA driver sees no GPU (this CPU test's machines), detection says
+    "sim" without importing torch; where the driver reports one, torch confirms it."""
+    import subprocess
+    import sys
+
+    code = ("import sys, kvlab, kvlab.device as d; b = kvlab.backend(); "
+            "print(b, d._driver_device_count(), 'torch' in sys.modules)")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "KVLAB_BACKEND"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    backend, devices, torch_loaded = out.stdout.split()
+    if int(devices) == 0:
+        assert (backend, torch_loaded) == ("sim", "False")
+    else:
+        assert torch_loaded == "True"
+
+
+def test_no_driver_library_is_no_gpu(monkeypatch):
+    def missing(name):
+        raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setattr(device_module.ctypes, "CDLL", missing)
+    assert device_module._driver_device_count() == 0

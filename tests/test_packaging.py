@@ -20,9 +20,17 @@ def requirement_name(spec: str) -> str:
     return re.split(r"[<>=!~\[ ]", spec, maxsplit=1)[0].lower()
 
 
-def conda_dependencies() -> set[str]:
-    lines = (ROOT / "environment.yml").read_text().splitlines()
-    return {requirement_name(line.strip()[2:]) for line in lines if line.startswith("  - ")}
+def conda_dependencies() -> dict[str, str]:
+    """name -> its line, for each dependency of environment.yml."""
+    text = (ROOT / "environment.yml").read_text()
+    lines = text[text.index("dependencies:"):].splitlines()
+    return {requirement_name(line.strip()[2:]): line.strip()[2:] for line in lines
+            if line.startswith("  - ")}
+
+
+def lower_bound(spec: str) -> str | None:
+    found = re.search(r">=\s*([0-9][0-9.]*)", spec)
+    return found and found.group(1)
 
 
 def test_binder_environment_is_the_root_environment():
@@ -37,11 +45,17 @@ def test_binder_scripts():
     assert "pip install" in (ROOT / "binder" / "postBuild").read_text()
 
 
-def test_conda_environment_has_every_dependency():
+def test_conda_environment_names_exactly_the_dependencies_with_their_bounds():
+    """environment.yml (and so Binder) is the pyproject's runtime and dev dependencies, no more,
+    no fewer, at the same lower bounds; plus python and pip. (What conda-forge resolves is left
+    to conda: no solver runs here.)"""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     wanted = project["dependencies"] + project["optional-dependencies"]["dev"]
-    names = {CONDA_NAMES.get(requirement_name(s), requirement_name(s)) for s in wanted}
-    assert names <= conda_dependencies()
+    specs = {CONDA_NAMES.get(requirement_name(s), requirement_name(s)): s for s in wanted}
+    conda = conda_dependencies()
+    assert set(conda) == set(specs) | {"python", "pip"}
+    for name, spec in specs.items():
+        assert lower_bound(conda[name]) == lower_bound(spec), (conda[name], spec)
 
 
 def test_ci_runs_the_readme_test_command():

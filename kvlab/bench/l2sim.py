@@ -71,12 +71,11 @@ def run(args) -> dict:
 
 def report(result: dict) -> str:
     verdict = "meets" if result["meets_target"] else "MISSES"
+    cache, whole = (result[k] / 1e6 for k in ("cache_sectors_per_s", "simulate_sectors_per_s"))
     return "\n".join([
         f"L2 model on one core (core {result['core']}, {result['cpu']}), median of "
         f"{result['num_repeats']} repeats, CPU time:",
-        f"  L2Cache.access (random tiles, misses)  {result['cache_sectors_per_s'] / 1e6:>7.1f} M "
-        "sector accesses/s",
-        f"  simulate (Llama-2-7B decode step)      {result['simulate_sectors_per_s'] / 1e6:>7.1f} M "
-        "sector accesses/s",
+        f"  L2Cache.access (random tiles, misses)  {cache:>7.1f} M sector accesses/s",
+        f"  simulate (Llama-2-7B decode step)      {whole:>7.1f} M sector accesses/s",
         f"  {verdict} the {result['target_sectors_per_s'] / 1e6:.0f} M/s target",
     ])

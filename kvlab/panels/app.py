@@ -1,4 +1,5 @@
-"""The dashboard shell: a header naming the backend, then one `ipywidgets.Tab` page per tab.
+"""The dashboard shell: a header naming the backend, one `ipywidgets.Tab` page per tab, and an
+"Export this tab" button (each chart's data as CSV, and a self-contained HTML report).
 
 A tab is any object with `key`, `title`, `controls`, `figures` and `widget` (see `DashboardTab`);
 adding one ("Decode kernels", "KVPR", ...) means appending it in `dashboard()`.
@@ -7,24 +8,29 @@ adding one ("Decode kernels", "KVPR", ...) means appending it in `dashboard()`.
 from __future__ import annotations
 
 import html
+import time
+from pathlib import Path
 from typing import Protocol
 
 import ipywidgets as widgets
-import plotly.graph_objects as go
 
 from kvlab.device import backend, device_label
 from kvlab.panels.decode_kernels import DecodeKernelsTab
 from kvlab.panels.kvpr import KVPRTab
 from kvlab.panels.paged_cache import PagedCacheTab
+from kvlab.panels.widgets import FigurePane
+from kvlab.viz.export import figure_csv, html_report
 
-__all__ = ["Dashboard", "DashboardTab", "dashboard", "header_html"]
+__all__ = ["Dashboard", "DashboardTab", "dashboard", "export_tab", "header_html"]
+
+EXPORT_FOLDER = "kvlab-export"
 
 
 class DashboardTab(Protocol):
     key: str  # e.g. "paged_cache": the key of `Dashboard.controls` / `Dashboard.figures`
     title: str  # the tab's label
     controls: dict[str, widgets.Widget]
-    figures: dict[str, go.FigureWidget]
+    figures: dict[str, FigurePane]
     widget: widgets.Widget
 
 
@@ -36,11 +42,27 @@ def header_html(backend_name: str, label: str) -> str:
     )
 
 
+def export_tab(tab: DashboardTab, folder: Path, header: str) -> list[Path]:
+    """Write what `tab` shows into `folder`: one CSV per chart (the data behind it) and one
+    self-contained HTML report (the controls' values and every chart). Returns the paths."""
+    folder.mkdir(parents=True, exist_ok=True)
+    figures = {name: pane.figure for name, pane in tab.figures.items()}
+    paths = []
+    for name, fig in figures.items():
+        paths.append(folder / f"{tab.key}-{name}.csv")
+        paths[-1].write_text(figure_csv(fig))
+    paths.append(folder / f"{tab.key}.html")
+    settings = {name: control.value for name, control in tab.controls.items()
+                if hasattr(control, "value")}
+    paths[-1].write_text(html_report(f"kvlab: {tab.title}", header, settings, figures))
+    return paths
+
+
 class Dashboard:
     """Header + tabs. Displays itself in Jupyter through `.widget`.
 
     controls: `{tab.key: {name: widget}}`, e.g. `dash.controls["paged_cache"]["block_size"]`.
-    figures: `{tab.key: {name: go.FigureWidget}}`, e.g. `dash.figures["paged_cache"]["memory"]`.
+    figures: `{tab.key: {name: FigurePane}}`, e.g. `dash.figures["paged_cache"]["memory"]`.
     """
 
     def __init__(self, tabs: list[DashboardTab]):
@@ -52,15 +74,34 @@ class Dashboard:
         self.tab_widget = widgets.Tab(
             children=[tab.widget for tab in self.tabs], titles=[tab.title for tab in self.tabs]
         )
-        self.widget = widgets.VBox([self.header, self.tab_widget])
+        self.export_button = widgets.Button(
+            description="Export this tab", icon="download",
+            tooltip="CSV of each chart's data and a self-contained HTML report, in "
+                    f"{EXPORT_FOLDER}/ beside the notebook")
+        self.export_links = widgets.HTML()
+        self.export_button.on_click(self.export)
+        self.widget = widgets.VBox([self.header, self.tab_widget,
+                                    widgets.HBox([self.export_button, self.export_links])])
 
     @property
     def controls(self) -> dict[str, dict[str, widgets.Widget]]:
         return {tab.key: tab.controls for tab in self.tabs}
 
     @property
-    def figures(self) -> dict[str, dict[str, go.FigureWidget]]:
+    def figures(self) -> dict[str, dict[str, FigurePane]]:
         return {tab.key: tab.figures for tab in self.tabs}
+
+    def export(self, button=None, folder: Path | None = None) -> list[Path]:
+        """Export the selected tab (`export_tab`) into `folder` (default: EXPORT_FOLDER/<time>
+        under the working directory) and show links to the files."""
+        tab = self.tabs[self.tab_widget.selected_index or 0]
+        if folder is None:
+            folder = Path(EXPORT_FOLDER) / time.strftime("%Y%m%d-%H%M%S")
+        paths = export_tab(tab, folder, f"{backend()}: {device_label()}")
+        links = ", ".join(f"<a href='{html.escape(str(p))}' target='_blank'>"
+                          f"{html.escape(p.name)}</a>" for p in paths)
+        self.export_links.value = f"{html.escape(tab.title)} exported: {links}"
+        return paths
 
     def _repr_mimebundle_(self, **kwargs):
         return self.widget._repr_mimebundle_(**kwargs)

@@ -2,7 +2,9 @@
 prefetch, against the copy roofline; and the speedup prefetch gives across batch and context.
 
 Wiring only. Without a GPU (backend "sim") the figures show the recorded H200 results
-(`kvlab.results`) at the recorded point nearest the controls. On a GPU a Run button measures the
+(`kvlab.results`) at the recorded point nearest the controls, and the block sizes offered are the
+recorded ones; where the point shown differs from the one asked for, the figures say so. A model
+with nothing recorded shows what to run to record it. On a GPU a Run button measures the
 chosen point with `kvlab.bench.attention` (`measure_point`); torch and CuPy load only then.
 """
 
@@ -17,9 +19,10 @@ from kvlab.config import MODELS
 from kvlab.device import backend, device_label
 from kvlab.kernels import FAMILIES
 from kvlab.kernels.prefetch import MAX_DISTANCE, MODES, PrefetchConfig
-from kvlab.panels.widgets import figure_widget, labeled, show_figure
+from kvlab.panels.widgets import control_grid, figure_widget, labeled, show_figure
 from kvlab.results import ATTENTION, label, load_results, nearest_rows, recorded_models
 from kvlab.viz.kernels import bandwidth_figure, prefetch_speedup_figure, variant
+from kvlab.viz.layout import note_figure
 
 RECORDED = ATTENTION  # (machine, result names) of the recorded results shown without a GPU
 BLOCK_SIZES = (8, 16, 32, 64, 128, 256)  # gqa's; vllm_v1 supports 8, 16, 32
@@ -64,7 +67,7 @@ class DecodeKernelsTab:
     """Decode-attention GB/s per kernel and prefetch setting, and prefetch speedups.
 
     controls: model, block_size, batch, context, kernel, prefetch, distance, gqa_ratio (read-only,
-        the model's num_qo_heads:num_kv_heads). figures: bandwidth, speedup (`go.FigureWidget`s).
+        the model's num_qo_heads:num_kv_heads). figures: bandwidth, speedup (`FigurePane`s).
     On the "cuda" backend, `run_button` measures the chosen point (`progress` follows it);
     on "sim" both are None and the recorded result `RECORDED` is shown.
     """
@@ -84,14 +87,16 @@ class DecodeKernelsTab:
     ):
         self.backend = backend()
         self.recorded = load_results(*RECORDED)
+        block_sizes = BLOCK_SIZES if self.backend == "cuda" else sorted(
+            {r["block_size"] for r in self.recorded["rows"]} - {None})
         # (model, batch, context, block_size, distance) -> result of measure_point
         self.measured: dict[tuple, dict] = {}
         self.controls = {
             "model": labeled(
-                widgets.Dropdown, "model", options=recorded_models(self.recorded), value=model
+                widgets.Dropdown, "model", options=list(MODELS), value=model
             ),
             "block_size": labeled(
-                widgets.Dropdown, "block_size (tokens)", options=BLOCK_SIZES, value=block_size
+                widgets.Dropdown, "block_size (tokens)", options=block_sizes, value=block_size
             ),
             "batch": labeled(widgets.BoundedIntText, "batch", min=1, max=1024, value=batch),
             "context": labeled(
@@ -127,13 +132,10 @@ class DecodeKernelsTab:
     def _layout(self) -> widgets.Widget:
         c = self.controls
         run = [self.run_button, self.progress] if self.run_button is not None else []
-        controls = widgets.HBox(
-            [
-                widgets.VBox([c["model"], c["gqa_ratio"], c["batch"], c["context"]]),
-                widgets.VBox([c["kernel"], c["block_size"], c["prefetch"], c["distance"], *run]),
-            ]
-        )
-        return widgets.VBox([controls, self.status, *self.figures.values()])
+        order = ("model", "kernel", "gqa_ratio", "block_size", "batch", "prefetch", "context",
+                 "distance")
+        return widgets.VBox([control_grid([c[name] for name in order]), widgets.HBox(run),
+                             self.status, *self.figures.values()])
 
     def _key(self) -> tuple:
         v = {name: control.value for name, control in self.controls.items()}
@@ -160,6 +162,9 @@ class DecodeKernelsTab:
             }
         )
         measured = self.measured.get(self._key())
+        if measured is None and v["model"] not in recorded_models(self.recorded):
+            self._show_not_recorded(v)
+            return
         if measured is not None:
             rows, result, provenance = measured["rows"], measured, device_label()
             block_size, notes = v["block_size"], []
@@ -171,7 +176,7 @@ class DecodeKernelsTab:
             notes = []
             if block_size != v["block_size"]:
                 notes.append(
-                    f"block_size={v['block_size']} not recorded (recorded: {recorded_sizes})"
+                    f"block_size={v['block_size']} not recorded here (recorded: {recorded_sizes})"
                 )
             if selected not in {variant(r) for r in rows}:
                 notes.append(f"{selected} not recorded")
@@ -180,12 +185,11 @@ class DecodeKernelsTab:
             if self.backend == "cuda":
                 notes.append("press Run to measure this point on this GPU")
         rows = [r for r in rows if r["block_size"] in (block_size, None)]
-        if not rows:
-            self.status.value = (
-                f"<span style='color:#d62728'>no rows for {html.escape(str(self._key()))}</span>"
-            )
-            return
         point = rows[0]
+        shown = (point["batch"], point["context"], block_size)
+        differs = ("" if shown == (v["batch"], v["context"], v["block_size"]) else
+                   f"asked for batch={v['batch']} context={v['context']} "
+                   f"block_size={v['block_size']}: nearest recorded shown")
         self.status.value = (
             f"Showing {html.escape(point['model'])} batch={point['batch']} "
             f"context={point['context']} block_size={block_size} ({html.escape(provenance)}; "
@@ -194,24 +198,31 @@ class DecodeKernelsTab:
         )
         show_figure(
             self.figures["bandwidth"],
-            bandwidth_figure(
-                rows,
-                result["roofline_copy_gbps"],
-                provenance,
-                selected,
-                FIGURE_HEIGHTS["bandwidth"],
-            ),
+            bandwidth_figure(rows, result["roofline_copy_gbps"], provenance, selected,
+                             FIGURE_HEIGHTS["bandwidth"], note=differs),
         )
         try:
             speedup = prefetch_speedup_figure(
-                result["rows"],
-                v["kernel"],
-                v["model"],
-                provenance,
-                block_size,
+                result["rows"], v["kernel"], v["model"], provenance, block_size,
                 FIGURE_HEIGHTS["speedup"],
+                note="" if block_size == v["block_size"] else
+                f"block_size={v['block_size']} not recorded: {block_size} shown",
             )
         except ValueError as error:
-            self.status.value += f"<br><span style='color:#d62728'>{html.escape(str(error))}</span>"
-            return
+            speedup = note_figure(f"L2 prefetch speedup over none: {v['kernel']}", provenance,
+                                  html.escape(str(error)).replace("; ", ";<br>"),
+                                  FIGURE_HEIGHTS["speedup"])
         show_figure(self.figures["speedup"], speedup)
+
+    def _show_not_recorded(self, v: dict) -> None:
+        """Figures and status for a model with no recorded rows: the command that records it."""
+        command = (f"python -m kvlab bench attention --models {v['model']} "
+                   f"--batches {v['batch']} --contexts {v['context']}")
+        where = "press Run to measure it here" if self.backend == "cuda" else "run on a GPU"
+        note = f"{v['model']}: not recorded;<br>{where}:<br>{command}"
+        self.status.value = html.escape(f"{v['model']}: not recorded; {where}: {command}")
+        provenance = f"not {label(self.recorded)}"
+        for name, title in (("bandwidth", "Decode attention: GB/s of K+V read"),
+                            ("speedup", f"L2 prefetch speedup over none: {v['kernel']}")):
+            show_figure(self.figures[name],
+                        note_figure(title, provenance, note, FIGURE_HEIGHTS[name]))

@@ -25,13 +25,13 @@ import contextlib
 import html
 
 import ipywidgets as widgets
-import plotly.graph_objects as go
 
 from kvlab.config import MODELS
 from kvlab.device import backend, device_label
 from kvlab.offload.scheduler import SCHEDULES, WEIGHTS, LinkAndCompute, best_split, unit_shape
-from kvlab.panels.widgets import figure_widget, labeled, show_figure
+from kvlab.panels.widgets import control_grid, figure_widget, labeled, show_figure
 from kvlab.results import KVPR, label, load_results
+from kvlab.viz.layout import note_figure
 from kvlab.viz.offload import (
     describe_point,
     nearest_timeline,
@@ -50,6 +50,7 @@ __all__ = ["KVPRTab", "recorded_options"]
 FIGURE_HEIGHTS = {"split": 420, "timeline": 360, "speedup": 400}
 MAX_CONTEXT = 32768
 MEASURE_STEPS = 5  # timed decode steps per setting when measuring here
+TOGGLE_STYLE = {"button_width": "84px"}  # two buttons beside the description in a grid cell
 COLUMN_GPU_BATCHES = 4  # GPU batches of a column (sharing one weight load): recorded, GPU default
 
 
@@ -65,7 +66,7 @@ class KVPRTab:
     """controls: model, batch, context, rates ("recorded" / "what-if"), pcie_gbps,
     recompute_tflops, l, chunks; schedule and weights where there is a choice (both recorded, or
     a GPU to measure on); on a GPU also gpu_batches (of the column schedule) and hf (measure HF's
-    offloaded cache too). figures: split, timeline, speedup (`go.FigureWidget`s). On the "cuda"
+    offloaded cache too). figures: split, timeline, speedup (`FigurePane`s). On the "cuda"
     backend `measure_button` measures the chosen point (`progress` follows it); on "sim" both
     are None."""
 
@@ -88,7 +89,7 @@ class KVPRTab:
             "context": labeled(widgets.BoundedIntText, "context s' (tokens)", min=1,
                                max=MAX_CONTEXT, value=context),
             "rates": labeled(widgets.ToggleButtons, "rates", options=["recorded", "what-if"],
-                             value="recorded"),
+                             value="recorded", style=TOGGLE_STYLE),
             "pcie_gbps": labeled(widgets.FloatSlider, "PCIe H2D (GB/s)", min=1.0, max=128.0,
                                  step=0.1, value=55.0, continuous_update=False),
             "recompute_tflops": labeled(widgets.FloatSlider, "recompute (TFLOP/s)", min=1.0,
@@ -102,7 +103,7 @@ class KVPRTab:
         for name, options in (("schedule", schedules), ("weights", weights)):
             if len(options) > 1:
                 self.controls[name] = labeled(widgets.ToggleButtons, name, options=options,
-                                              value=options[0])
+                                              value=options[0], style=TOGGLE_STYLE)
         if gpu:
             self.controls["gpu_batches"] = labeled(
                 widgets.BoundedIntText, "GPU batches (column)", min=1, max=1024,
@@ -126,13 +127,10 @@ class KVPRTab:
         choices = [c[name] for name in ("schedule", "gpu_batches", "weights") if name in c]
         measure = ([c["hf"], self.measure_button, self.progress]
                    if self.measure_button is not None else [])
-        return widgets.VBox([
-            widgets.HBox([widgets.VBox([c["model"], c["batch"], c["context"], c["chunks"],
-                                        *choices]),
-                          widgets.VBox([c["rates"], c["pcie_gbps"], c["recompute_tflops"],
-                                        c["l"], *measure])]),
-            self.status, *self.figures.values(),
-        ])
+        grid = [c["model"], c["rates"], c["batch"], c["pcie_gbps"], c["context"],
+                c["recompute_tflops"], c["chunks"], c["l"], *choices]
+        return widgets.VBox([control_grid(grid), widgets.HBox(measure), self.status,
+                             *self.figures.values()])
 
     def _values(self) -> dict:
         v = {**self.defaults, **{name: c.value for name, c in self.controls.items()}}
@@ -201,9 +199,12 @@ class KVPRTab:
             c["l"].max = v["context"]
             if "gpu_batches" in c:
                 c["gpu_batches"].disabled = v["schedule"] == "row"
+        if v["context"] > model.max_position:
+            notes.append(f"context {v['context']} is past the maximum of {v['model']} "
+                         f"({model.max_position} tokens): modelled anyway")
         if use_recorded:  # with the layer's own time and the host's, as recorded
-            rates = recorded_rates(rate_row, f"rates {provenance} with {rate_row['model']} "
-                                             f"{rate_row['batch']} x {rate_row['context']}")
+            rates = recorded_rates(rate_row, f"rates {provenance}, at {rate_row['batch']} x "
+                                             f"{rate_row['context']}")
         else:
             rates = LinkAndCompute(c["pcie_gbps"].value * 1e9,
                                    c["recompute_tflops"].value * 1e12, "what-if rates")
@@ -221,22 +222,27 @@ class KVPRTab:
                                          notes)
         show_figure(self.figures["split"], split_figure(
             shape, rates, c["l"].value, v["chunks"], FIGURE_HEIGHTS["split"],
-            measured=points if same_point else None,
-            provenance=f"{schedule_label(v)}; {provenance}", gpu_batches=gpu_batches))
+            measured=points if same_point else None, provenance=provenance,
+            gpu_batches=gpu_batches, note=next((n for n in notes if "maximum" in n), "")))
+        command = (f"python -m kvlab bench kvpr --models {v['model']} --batches {v['batch']} "
+                   f"--contexts {v['context']}")
+        where = ("press Measure to measure it here" if self.backend == "cuda" else
+                 "run on a GPU")
         if timeline and timeline.get("spans"):
             gantt = timeline_figure(timeline["spans"], provenance, FIGURE_HEIGHTS["timeline"],
                                     point=describe_point(timeline))
         else:
-            gantt = go.Figure(layout=dict(
-                height=FIGURE_HEIGHTS["timeline"],
-                title=f"{v['model']}, {v['schedule']} schedule: no decode-step timeline "
-                      f"{'measured' if measured else 'recorded'} ({provenance})"))
+            gantt = note_figure(
+                "One decode step", provenance if rows else f"not {provenance}",
+                f"{v['model']}, {v['schedule']} schedule: no decode-step timeline "
+                f"{'measured' if measured else 'recorded'};<br>{where}:<br>{command} "
+                f"--schedules {v['schedule']}", FIGURE_HEIGHTS["timeline"])
         show_figure(self.figures["timeline"], gantt)
         show_figure(self.figures["speedup"], (
             speedup_figure(rows, provenance, FIGURE_HEIGHTS["speedup"]) if rows else
-            go.Figure(layout=dict(height=FIGURE_HEIGHTS["speedup"],
-                                  title=f"{v['model']}: no recorded KVPR steps"))
-        ))
+            note_figure(f"{v['model']}: KVPR vs the baselines", f"not {provenance}",
+                        f"{v['model']}: no recorded KVPR steps;<br>{where}:<br>{command}",
+                        FIGURE_HEIGHTS["speedup"])))
 
     @staticmethod
     def _status(v, shape, gpu_batches, rates, rows, timeline, provenance, notes) -> str:

@@ -17,7 +17,7 @@ from kvlab.cache.accounting import (
     replay_block_tables,
 )
 from kvlab.config import MODELS
-from kvlab.panels.widgets import figure_widget, labeled, show_figure
+from kvlab.panels.widgets import control_grid, figure_widget, labeled, show_figure
 from kvlab.viz.cache import GIB, block_table_figure, fragmentation_figure, memory_figure
 from kvlab.workload import DISTRIBUTIONS, make_workload
 
@@ -84,7 +84,7 @@ class PagedCacheTab:
     """Paged vs contiguous KV memory for a synthetic workload at its final lengths.
 
     controls: model, block_size, num_requests, distribution, shared_fraction, prefix_len,
-        budget_gib. figures: memory, fragmentation, block_table (`go.FigureWidget`s).
+        budget_gib. figures: memory, fragmentation, block_table (`FigurePane`s).
     The block-table figure replays the first `num_table_requests` requests through BlockManager.
     """
 
@@ -119,14 +119,10 @@ class PagedCacheTab:
 
     def _layout(self) -> widgets.Widget:
         c = self.controls
-        controls = widgets.HBox(
-            [
-                widgets.VBox([c["model"], c["block_size"], c["budget_gib"]]),
-                widgets.VBox([c["num_requests"], c["distribution"]]),
-                widgets.VBox([c["shared_fraction"], c["prefix_len"]]),
-            ]
-        )
-        return widgets.VBox([controls, self.status, *self.figures.values()])
+        order = ("model", "distribution", "num_requests", "block_size", "budget_gib",
+                 "shared_fraction", "prefix_len")
+        return widgets.VBox([control_grid([c[name] for name in order]), self.status,
+                             *self.figures.values()])
 
     def _on_model(self, change) -> None:
         self.controls["prefix_len"].max = MODELS[change["new"]].max_position // 2

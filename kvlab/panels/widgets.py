@@ -1,43 +1,76 @@
-"""Widget helpers every dashboard tab uses: a labelled control, and Plotly figures shown as live
-`FigureWidget`s that update in place."""
+"""Widget helpers every dashboard tab uses: a labelled control, a grid of controls that wraps to
+the tab's width, and charts (`FigurePane`) that the front end's Plotly renderer draws, sized by
+their container, replaced whole on every change."""
 
 from __future__ import annotations
 
+import json
+
 import ipywidgets as widgets
 import plotly.graph_objects as go
+import plotly.io as pio
 
-__all__ = ["figure_widget", "labeled", "show_figure"]
+__all__ = ["CONTROL_MIN_WIDTH", "FigurePane", "control_grid", "figure_widget", "labeled",
+           "show_figure"]
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+
+DESCRIPTION_WIDTH = "150px"
+# A control's narrowest cell: the description, a slider track and its readout, all readable.
+CONTROL_MIN_WIDTH = "340px"
 
 
-def figure_widget(height: int) -> go.FigureWidget:
-    """An empty `go.FigureWidget` of a fixed height, to be filled by `show_figure`."""
-    return go.FigureWidget(layout=dict(height=height))
+class FigurePane(widgets.Output):
+    """A chart in the dashboard: an ipywidgets Output showing one Plotly figure through the
+    front end's Plotly renderer (the `application/vnd.plotly.v1+json` output that JupyterLab,
+    Notebook and VS Code draw), replaced whole by `show_figure`.
+
+    Unlike a `go.FigureWidget`, the figure lives in the widget's synced state (`outputs`), so a
+    page reload draws it again; the renderer sizes it to its container and redraws it on resize;
+    and it needs no FigureWidget machinery (seconds of imports). `figure` is the go.Figure shown.
+    (`layout` is the widget's own ipywidgets Layout, as on every widget.)"""
+
+    def __init__(self, height: int):
+        super().__init__(layout=widgets.Layout(width="100%", min_height=f"{height}px"))
+        self.figure = go.Figure(layout=dict(height=height, autosize=True))
 
 
-def labeled(cls, description: str, **kwargs) -> widgets.Widget:
-    """A control of type `cls` with the description column and width every tab uses."""
+def figure_widget(height: int) -> FigurePane:
+    """An empty chart of a fixed height and no width (the front end sizes it to its container),
+    to be filled by `show_figure`."""
+    return FigurePane(height)
+
+
+def labeled(cls, description: str, style: dict | None = None, **kwargs) -> widgets.Widget:
+    """A control of type `cls` with the description column every tab uses, as wide as its cell
+    in `control_grid`; `style` adds to the description width (e.g. a ToggleButtons' button
+    width)."""
     return cls(
         description=description,
-        style={"description_width": "150px"},
-        layout={"width": "420px"},
+        style={"description_width": DESCRIPTION_WIDTH, **(style or {})},
+        layout={"width": "auto", "min_width": CONTROL_MIN_WIDTH},
         **kwargs,
     )
 
 
-def show_figure(widget: go.FigureWidget, fig: go.Figure) -> None:
-    """Make `widget` show `fig`: traces and layout replaced in one `batch_update`.
+def control_grid(controls: list[widgets.Widget]) -> widgets.GridBox:
+    """`controls` in as many columns of at least `CONTROL_MIN_WIDTH` as the tab's width holds,
+    in reading order (row by row); one column on a narrow screen."""
+    return widgets.GridBox(
+        controls,
+        layout=widgets.Layout(
+            width="100%",
+            grid_template_columns=f"repeat(auto-fill, minmax({CONTROL_MIN_WIDTH}, 1fr))",
+            grid_gap="2px 16px",
+        ),
+    )
 
-    Traces are updated in place when `fig` has the same trace types as the widget (the front end
-    then redraws without rebuilding), else replaced.
-    """
-    same_traces = [t.type for t in widget.data] == [t.type for t in fig.data]
-    with widget.batch_update():
-        if same_traces:
-            for old, new in zip(widget.data, fig.data, strict=True):
-                props = new.to_plotly_json()
-                props.pop("type")
-                old.update(props, overwrite=True)
-        else:
-            widget.data = ()
-            widget.add_traces(fig.data)
-        widget.layout = fig.layout
+
+def show_figure(pane: FigurePane, fig: go.Figure) -> None:
+    """Make `pane` show `fig`, replacing what it showed: one update of its output, sent to the
+    front end at once (nothing of the previous figure stays, and there is no blank frame)."""
+    spec = json.loads(pio.to_json(fig, validate=False, engine="json"))
+    spec["config"] = {"responsive": True, "displaylogo": False}
+    title = fig.layout.title.text or "figure"
+    pane.outputs = ({"output_type": "display_data", "metadata": {},
+                     "data": {PLOTLY_MIME: spec, "text/plain": f"<Plotly figure: {title}>"}},)
+    pane.figure = fig

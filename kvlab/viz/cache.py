@@ -10,6 +10,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from kvlab.cache.accounting import FragmentationSweep, MemoryReport
+from kvlab.viz.layout import style
 
 __all__ = ["block_table_figure", "fragmentation_figure", "memory_figure"]
 
@@ -19,30 +20,17 @@ PAGED_COLOR, CONTIGUOUS_COLOR, SHARED_COLOR = "#1f77b4", "#d62728", "#d62728"
 PAGED_LIGHT, CONTIGUOUS_LIGHT = "#aec7e8", "#ff9896"  # memory holding tokens
 
 
-def _add_provenance(fig: go.Figure) -> go.Figure:
-    fig.add_annotation(
-        text=PROVENANCE,
-        xref="paper",
-        yref="paper",
-        x=1.0,
-        y=1.0,
-        xanchor="right",
-        yanchor="bottom",
-        showarrow=False,
-        font=dict(size=10, color="gray"),
-    )
-    return fig
-
-
 def _fits(num_fit: int | None, num_requests: int) -> str:
-    return f"{num_fit} / {num_requests} requests fit" if num_fit is not None else ""
+    return f"{num_fit} / {num_requests}" if num_fit is not None else ""
 
 
 def memory_figure(report: MemoryReport, height: int = 380) -> go.Figure:
     """Grouped bars, GiB: memory reserved vs memory holding tokens, paged vs contiguous.
 
-    The category labels give each scheme's internal fragmentation; with a budget, a dashed line
-    marks it and the title and hover text say how many requests (in order) fit in it.
+    One trace per scheme (blue paged, red contiguous) and kind (dark: reserved, light: holding
+    tokens), so the legend names every colour. The category labels give each scheme's internal
+    fragmentation; with a budget, a dashed line marks it and the subtitle and hover text say how
+    many requests (in order) fit in it.
     """
     paged, contiguous = report.paged, report.contiguous
     x = [
@@ -51,23 +39,26 @@ def memory_figure(report: MemoryReport, height: int = 380) -> go.Figure:
         f"<br>fragmentation {contiguous.fragmentation_pct:.1f}%",
     ]
     fits = [_fits(u.num_requests_fit, report.num_requests) for u in (paged, contiguous)]
-    reserved = go.Bar(
-        name="reserved",
-        x=x,
-        y=[paged.reserved_bytes / GIB, contiguous.reserved_bytes / GIB],
-        customdata=fits,
-        marker_color=[PAGED_COLOR, CONTIGUOUS_COLOR],
-        hovertemplate="%{x}<br>reserved %{y:.3f} GiB<br>%{customdata}<extra></extra>",
-    )
-    holding = go.Bar(
-        name="holding tokens",
-        x=x,
-        y=[paged.token_bytes / GIB, contiguous.token_bytes / GIB],
-        marker_color=[PAGED_LIGHT, CONTIGUOUS_LIGHT],
-        hovertemplate="%{x}<br>holding tokens %{y:.3f} GiB<extra></extra>",
-    )
-    title = f"KV memory of {report.num_requests} requests at full length: paged vs contiguous"
-    fig = go.Figure([reserved, holding])
+    traces = []
+    # one trace per scheme and kind, so the legend names every colour; offsetgroup keeps the
+    # reserved bars left of the holding-tokens bars in both categories
+    for name, usage, category, fit, colors in (
+        ("paged", paged, x[0], fits[0], (PAGED_COLOR, PAGED_LIGHT)),
+        ("contiguous", contiguous, x[1], fits[1], (CONTIGUOUS_COLOR, CONTIGUOUS_LIGHT)),
+    ):
+        traces.append(go.Bar(
+            name=f"{name} reserved", x=[category], y=[usage.reserved_bytes / GIB],
+            customdata=[fit], marker_color=colors[0], offsetgroup="reserved",
+            hovertemplate="%{x}<br>reserved %{y:.3f} GiB<br>%{customdata} requests fit"
+            "<extra></extra>",
+        ))
+        traces.append(go.Bar(
+            name=f"{name} holding tokens", x=[category], y=[usage.token_bytes / GIB],
+            marker_color=colors[1], offsetgroup="holding",
+            hovertemplate="%{x}<br>holding tokens %{y:.3f} GiB<extra></extra>",
+        ))
+    fig = go.Figure(traces)
+    budget = ""
     if report.budget_bytes is not None:
         budget_gib = report.budget_bytes / GIB
         fig.add_hline(
@@ -76,18 +67,18 @@ def memory_figure(report: MemoryReport, height: int = 380) -> go.Figure:
             annotation_text=f"budget {budget_gib:.1f} GiB",
             annotation_position="top right",
         )
-        title += (
-            f"<br><sub>budget {budget_gib:.1f} GiB: paged {fits[0]}, contiguous {fits[1]}</sub>"
-        )
-    fig.update_layout(
-        title=title,
-        barmode="group",
+        budget = (f"budget {budget_gib:.1f} GiB; fit: paged {fits[0]}, "
+                  f"contiguous {fits[1]} requests")
+    fig.update_layout(barmode="group", yaxis_title="GiB")
+    return style(
+        fig,
+        "KV memory: paged vs contiguous",
+        PROVENANCE,
+        f"{report.num_requests} requests at full length",
+        budget,
         height=height,
-        yaxis_title="GiB",
-        legend=dict(orientation="h", y=-0.15),
-        margin=dict(t=90),
+        legend_y=-0.25,
     )
-    return _add_provenance(fig)
 
 
 def fragmentation_figure(
@@ -141,11 +132,6 @@ def fragmentation_figure(
     ]
     fig = go.Figure(traces)
     fig.update_layout(
-        title=f"Internal fragmentation vs block size (at {block_size}: {frag[k]:.2f}%, "
-        f"contiguous: {contiguous_frag:.1f}%)",
-        height=height,
-        margin=dict(t=90),
-        legend=dict(orientation="h", y=-0.2),
         xaxis=dict(
             title="block_size (tokens, log2 scale)", type="log", tickvals=sizes, ticktext=sizes
         ),
@@ -159,7 +145,14 @@ def fragmentation_figure(
             tickmode="auto",
         ),
     )
-    return _add_provenance(fig)
+    return style(
+        fig,
+        "Internal fragmentation vs block size",
+        PROVENANCE,
+        f"at block_size={block_size}: {frag[k]:.2f}%; contiguous: {contiguous_frag:.1f}%",
+        height=height,
+        legend_y=-0.3,
+    )
 
 
 def _grid(block_tables: list[list[int]], seq_lens: list[int], block_size: int, num_cols: int):
@@ -179,12 +172,6 @@ def _grid(block_tables: list[list[int]], seq_lens: list[int], block_size: int, n
     ref_cnts = np.zeros((num_rows, num_cols))
     ref_cnts[valid] = counts[np.searchsorted(ids, block_ids[valid])]
     return block_ids, tokens, ref_cnts
-
-
-def _with_gaps(values: np.ndarray) -> list:
-    """`values` as nested lists with None where they are NaN: Plotly draws None as a gap, and a
-    FigureWidget cannot send NaN to the browser (it is not JSON)."""
-    return np.where(np.isnan(values), None, values).tolist()
 
 
 def block_table_figure(
@@ -219,11 +206,14 @@ def block_table_figure(
         "request %{y}<br>logical block %{x}<br>physical block %{customdata[0]}"
         f"<br>tokens %{{customdata[1]}} / {block_size}<br>ref_cnt %{{customdata[2]}}<extra></extra>"
     )
-    customdata = _with_gaps(np.stack([block_ids, tokens, ref_cnts], axis=-1))  # [rows, cols, 3]
+    # NOTE: numpy arrays, which Plotly sends as typed arrays (base64): a gap is a NaN there, and
+    # no NaN literal reaches the JSON; nested lists would also cost Plotly's validation ~40x more.
+    customdata = np.stack([np.nan_to_num(block_ids, nan=-1), tokens, ref_cnts],
+                          axis=-1).astype(np.int64)  # [rows, cols, 3]; gaps are never hovered
     shared = ref_cnts > 1
     private_blocks = go.Heatmap(
         name="private block",
-        z=_with_gaps(np.where(shared, np.nan, block_ids)),
+        z=np.where(shared, np.nan, block_ids),
         customdata=customdata,
         hoverongaps=False,
         colorscale="Viridis",
@@ -232,7 +222,7 @@ def block_table_figure(
     )
     shared_blocks = go.Heatmap(
         name="shared block (ref_cnt > 1)",
-        z=_with_gaps(np.where(shared, block_ids, np.nan)),
+        z=np.where(shared, block_ids, np.nan),
         customdata=customdata,
         hoverongaps=False,
         colorscale=[[0.0, SHARED_COLOR], [1.0, SHARED_COLOR]],
@@ -245,13 +235,15 @@ def block_table_figure(
         "" if num_cols == max(map(len, block_tables), default=0) else f", first {num_cols} blocks"
     )
     fig.update_layout(
-        title=f"Block tables of the first {len(block_tables)} requests "
-        f"(block_size={block_size}{num_shown}): color = physical block id, red = shared",
-        height=height or int(np.clip(140 + 16 * len(block_tables), 320, 900)),
         xaxis_title="logical block index",
         yaxis=dict(title="request", autorange="reversed"),
-        legend=dict(orientation="h", y=-0.15),
-        margin=dict(t=90),
         plot_bgcolor="white",
     )
-    return _add_provenance(fig)
+    return style(
+        fig,
+        f"Block tables of the first {len(block_tables)} requests",
+        PROVENANCE,
+        f"block_size={block_size}{num_shown}; color = physical block id, red = shared",
+        height=height or int(np.clip(140 + 16 * len(block_tables), 320, 900)),
+        legend_y=-0.12,
+    )

@@ -11,11 +11,18 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from kvlab.results import speedups
+from kvlab.viz.layout import style
 
-__all__ = ["PAPER_REFERENCE", "bandwidth_figure", "prefetch_speedup_figure", "variant"]
+__all__ = ["AUTO_MODES", "PAPER_REFERENCE", "bandwidth_figure", "prefetch_speedup_figure",
+           "variant"]
 
-PAPER_REFERENCE = "paper: 1.84-2.15x for vLLM + L2 prefetch on H20 (arXiv 2504.06319)"
+PAPER_REFERENCE = "paper: 1.84-2.15x, vLLM + L2 prefetch on H20 (arXiv 2504.06319)"
 KERNEL_COLORS = {"vllm_v1": "#1f77b4", "gqa": "#2ca02c", "auto": "#17becf", "sdpa": "#7f7f7f"}
+KERNEL_NAMES = {"vllm_v1": "vllm_v1", "gqa": "gqa", "auto": "auto: kvlab's choice",
+                "sdpa": "sdpa (PyTorch, dense K, V)"}
+# How a kernel="auto" row chose its family and prefetch setting (`auto_mode`)
+AUTO_MODES = {"tuned": "tuned at this point", "reused": "reused from another shape of its bucket",
+              "recorded": "the recorded choice"}
 PREFETCH_COLORS = ("#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#d62728")
 
 
@@ -49,6 +56,7 @@ def bandwidth_figure(
     provenance: str,
     selected: str | None = None,
     height: int = 420,
+    note: str = "",
 ) -> go.Figure:
     """Bars, GB/s of K+V read, one per variant (kernel + prefetch) at one benchmark point.
 
@@ -57,6 +65,8 @@ def bandwidth_figure(
     roofline_gbps: the copy roofline measured in the same run; a dashed line marks it and each bar's
         text and hover give its % of it.
     selected: a `variant(row)` to outline (the one chosen in the dashboard), or None.
+    note: a subtitle line, e.g. how the point shown differs from the one asked for.
+    The legend names each kernel's colour and the roofline; hover says how an auto row chose.
     Raises ValueError if `rows` is empty or spans several points or block sizes.
     """
     if not rows:
@@ -64,37 +74,50 @@ def bandwidth_figure(
     model, batch, context, block_size = _one_point(rows)
     names = [variant(r) for r in rows]
     pct = [100 * r["gbps"] / roofline_gbps for r in rows]
+    how = [f"<br>auto: {AUTO_MODES.get(r.get('auto_mode'), 'chosen by kvlab')}"
+           if r["kernel"] == "auto" else "" for r in rows]
     bars = go.Bar(
         name="GB/s",
         x=names,
         y=[r["gbps"] for r in rows],
         text=[f"{p:.0f}%" for p in pct],
         textposition="outside",
-        customdata=[[r["ms"], p] for r, p in zip(rows, pct, strict=True)],
+        cliponaxis=False,
+        showlegend=False,
+        customdata=[[r["ms"], p, h] for r, p, h in zip(rows, pct, how, strict=True)],
         marker=dict(
             color=[KERNEL_COLORS.get(r["kernel"], "gray") for r in rows],
             line=dict(color="black", width=[3 if n == selected else 0 for n in names]),
         ),
         hovertemplate="%{x}<br>%{y:.0f} GB/s = %{customdata[1]:.1f}% of roofline"
-        "<br>%{customdata[0]:.4f} ms<extra></extra>",
+        "<br>%{customdata[0]:.4f} ms%{customdata[2]}<extra></extra>",
     )
-    fig = go.Figure([bars])
-    fig.add_hline(
-        y=roofline_gbps,
-        line=dict(color="black", dash="dash", width=1),
-        annotation_text=f"copy roofline {roofline_gbps:.0f} GB/s",
-        annotation_position="top left",
-    )
-    bs = f", block_size={block_size}" if block_size is not None else ""
+    # legend entries only (no data): the colour of each kernel, the roofline's line
+    kernels = [k for k in KERNEL_COLORS if any(r["kernel"] == k for r in rows)]
+    keys = [go.Bar(name=KERNEL_NAMES[k], x=[None], y=[None], marker_color=KERNEL_COLORS[k])
+            for k in kernels]
+    roofline = go.Scatter(name=f"copy roofline {roofline_gbps:.0f} GB/s", x=[None], y=[None],
+                          mode="lines", line=dict(color="black", dash="dash", width=1))
+    fig = go.Figure([bars, *keys, roofline])
+    fig.add_hline(y=roofline_gbps, line=dict(color="black", dash="dash", width=1))
+    bs = f" block_size={block_size}" if block_size is not None else ""
+    auto = ("auto = tuned here, reused from its bucket, or recorded (hover)"
+            if "auto" in kernels else "")
     fig.update_layout(
-        title=f"Decode attention, {model} batch={batch} context={context}{bs}: GB/s of K+V read"
-        f"<br><sub>{provenance}; bar text = % of the copy roofline</sub>",
-        height=height,
-        yaxis=dict(title="GB/s (K+V bytes read once / time)", range=[0, 1.15 * roofline_gbps]),
-        showlegend=False,
-        margin=dict(t=90),
+        barmode="overlay",
+        xaxis=dict(categoryorder="array", categoryarray=names),
+        yaxis=dict(title="GB/s of K+V read", range=[0, 1.15 * roofline_gbps]),
     )
-    return fig
+    return style(
+        fig,
+        "Decode attention: GB/s of K+V read",
+        provenance,
+        f"{model} batch={batch} context={context}{bs}; bar text = % of copy roofline",
+        note,
+        auto,
+        height=height,
+        legend_y=-0.45,
+    )
 
 
 def prefetch_speedup_figure(
@@ -104,11 +127,13 @@ def prefetch_speedup_figure(
     provenance: str,
     block_size: int = 16,
     height: int = 420,
+    note: str = "",
 ) -> go.Figure:
     """Grouped bars: speedup of each prefetch setting over none (ms_none / ms_prefetch) for one
     kernel, model and block size, at every recorded (batch, context) point.
 
-    A dashed line marks 1.0 (no change); the subtitle gives the paper's H20 figure as reference.
+    A dashed line marks 1.0 (no change); the subtitle gives the paper's H20 figure as reference
+    and `note` (a line, e.g. how the block size shown differs from the one asked for).
     Raises ValueError if no row matches `kernel`, `model` and `block_size`.
     """
     rows = [
@@ -124,7 +149,7 @@ def prefetch_speedup_figure(
         )
     pairs = [(r, s) for r, s in speedups(rows) if r["prefetch"] != "none"]  # within one run
     points = sorted({(r["batch"], r["context"]) for r, _ in pairs})
-    x = [f"B={b}<br>ctx={c}" for b, c in points]
+    x = [f"{b} x {c}" for b, c in points]
     settings = list(dict.fromkeys(r["prefetch"] for r, _ in pairs))
     traces = []
     for setting, color in zip(settings, PREFETCH_COLORS * len(settings), strict=False):
@@ -138,23 +163,25 @@ def prefetch_speedup_figure(
                 marker_color=color,
                 text=[f"{s:.2f}x" if s is not None else "" for s in speedup],
                 textposition="outside",
+                cliponaxis=False,
                 hovertemplate=f"{setting}<br>%{{x}}<br>%{{y:.3f}}x over none<extra></extra>",
             )
         )
     fig = go.Figure(traces)
-    fig.add_hline(
-        y=1.0,
-        line=dict(color="black", dash="dash", width=1),
-        annotation_text="1.0 = no prefetch",
-        annotation_position="bottom right",
-    )
+    fig.add_hline(y=1.0, line=dict(color="black", dash="dash", width=1))
     fig.update_layout(
-        title=f"L2 prefetch speedup over none: {kernel}, {model}, block_size={block_size}"
-        f"<br><sub>{provenance}; reference: {PAPER_REFERENCE}</sub>",
         barmode="group",
-        height=height,
-        yaxis=dict(title="speedup (ms_none / ms_prefetch)", rangemode="tozero"),
-        legend=dict(orientation="h", y=-0.2, title="prefetch"),
-        margin=dict(t=90),
+        xaxis=dict(title="batch x context (tokens)", automargin=True),
+        yaxis=dict(title="ms_none / ms_prefetch", rangemode="tozero"),
+        legend_title="prefetch",
     )
-    return fig
+    return style(
+        fig,
+        f"L2 prefetch speedup over none: {kernel}",
+        provenance,
+        f"{model}, block_size={block_size}; dashed line: 1.0 = no change",
+        PAPER_REFERENCE,
+        note,
+        height=height,
+        legend_y=-0.35,
+    )

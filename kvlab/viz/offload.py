@@ -27,6 +27,7 @@ from kvlab.offload.scheduler import (
     layer_times,
 )
 from kvlab.results import nearest_point
+from kvlab.viz.layout import style
 
 __all__ = [
     "BASELINES", "OP_COLORS", "ROW_DEFAULTS", "baseline_speedups", "describe_point",
@@ -39,6 +40,7 @@ LANE_ORDER = ("H2D", "compute", "D2H")
 OP_COLORS = {"X": "#ff7f0e", "KV": "#1f77b4", "recompute": "#2ca02c", "layer": "#9467bd",
              "new token": "#7f7f7f", "W_KV": "#d62728", "W_rest": "#e377c2"}
 MODEL_DASH = {"paper": "dot", "chunked": "dash", "pipelined": "solid"}
+MODEL_COLORS = {"paper": "#636efa", "chunked": "#00cc96", "pipelined": "#ff7f0e"}
 GROUP_COLORS = ("#2ca02c", "#1f77b4", "#ff7f0e", "#9467bd", "#8c564b", "#17becf")
 # What a row recorded before these keys existed ran with.
 ROW_DEFAULTS = {"schedule": "row", "gpu_batches": 1, "weights": "resident"}
@@ -165,34 +167,38 @@ def timeline_figure(spans: list[dict], provenance: str, height: int = 320,
         ))
     end_ms = max(s["end_us"] for s in spans) / 1e3
     fig.update_layout(
-        barmode="overlay", height=height,
-        title=f"{point + ': ' if point else ''}one decode step, {end_ms:.2f} ms ({provenance})",
+        barmode="overlay",
         xaxis_title="time from the step's start (us)",
         yaxis=dict(categoryorder="array", categoryarray=lanes[::-1]),
         legend_title="operation",
     )
-    return fig
+    return style(fig, f"One decode step: {end_ms:.2f} ms", provenance, point, height=height,
+                 legend_y=-0.3)
 
 
 def split_figure(shape: LayerShape, rates: LinkAndCompute, selected_l: int | None = None,
                  num_chunks: int = 8, height: int = 380, measured: list[dict] | None = None,
-                 provenance: str = "", gpu_batches: int = 1) -> go.Figure:
+                 provenance: str = "", gpu_batches: int = 1, note: str = "") -> go.Figure:
     """Predicted decode-step time against the split l under each model of time, each model's
     optimum marked, and `selected_l` as a vertical line. `shape` is one unit's work
     (`kvlab.offload.scheduler.unit_shape`); a step is num_layers x `gpu_batches` units.
-    `measured`: benchmark rows (`l`, `step_ms`, `setting`) of this shape, drawn as points labelled
-    with `provenance`; rows without a split (HF's offloaded cache) are left out."""
+    `measured`: benchmark rows (`l`, `step_ms`, `setting`) of this shape, drawn as points named
+    by their schedule, with `provenance` on a subtitle line; rows without a split (HF's offloaded
+    cache) are left out. `note`: a subtitle line (e.g. a context past the model's maximum)."""
     units = shape.model.num_layers * gpu_batches
     ls = np.arange(shape.context + 1)
     fig = go.Figure()
     for model_of_time in MODELS_OF_TIME:
         ms = 1e3 * units * layer_times(shape, rates, model_of_time, num_chunks)
         best = best_split(shape, rates, model_of_time, num_chunks)
+        color = MODEL_COLORS[model_of_time]
         fig.add_trace(go.Scatter(x=ls, y=ms, mode="lines", name=f"{model_of_time} model",
-                                 line=dict(dash=MODEL_DASH[model_of_time])))
+                                 legendgroup=model_of_time,
+                                 line=dict(dash=MODEL_DASH[model_of_time], color=color)))
         fig.add_trace(go.Scatter(
-            x=[best.l], y=[1e3 * units * best.seconds], mode="markers", showlegend=False,
-            marker=dict(size=10, symbol="diamond"),
+            x=[best.l], y=[1e3 * units * best.seconds], mode="markers",
+            name=f"{model_of_time} optimum", legendgroup=model_of_time,
+            marker=dict(size=10, symbol="diamond", color=color),
             hovertemplate=f"{model_of_time} optimum: l=%{{x}}, %{{y:.2f}} ms, "
                           f"{best.speedup:.2f}x full transfer<extra></extra>",
         ))
@@ -200,23 +206,26 @@ def split_figure(shape: LayerShape, rates: LinkAndCompute, selected_l: int | Non
     if measured:
         fig.add_trace(go.Scatter(
             x=[r["l"] for r in measured], y=[r["step_ms"] for r in measured], mode="markers",
-            name=f"measured ({provenance})", marker=dict(size=9, color="black", symbol="x"),
+            name=f"measured ({schedule_label(measured[0])})",
+            marker=dict(size=9, color="black", symbol="x"),
             text=[r["setting"] for r in measured],
             hovertemplate="%{text}: l=%{x}, %{y:.2f} ms<extra></extra>",
         ))
     if selected_l is not None:
         fig.add_vline(x=selected_l, line=dict(color="black", width=1))
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name=f"chosen l={selected_l}",
+                                 line=dict(color="black", width=1)))  # its legend entry
     batch = f"batch {shape.batch * gpu_batches}" + (
         f" in {gpu_batches} GPU batches" if gpu_batches > 1 else "")
     weights = ", weights offloaded" if any(shape.weight_bytes) else ""
-    fig.update_layout(
-        height=height, xaxis_title="l: tokens whose K, V are recomputed",
-        yaxis_title="predicted decode step (ms)",
-        title=(f"{shape.model.name}, {batch} x {shape.context} tokens{weights}: modelled with "
-               f"{rates.h2d_bytes_per_s / 1e9:.1f} GB/s and "
-               f"{rates.recompute_flops_per_s / 1e12:.0f} TFLOP/s ({rates.source})"),
-    )
-    return fig
+    fig.update_layout(xaxis_title="l: tokens whose K, V are recomputed",
+                      yaxis=dict(title="decode step (ms)", rangemode="tozero"))
+    return style(
+        fig, f"{shape.model.name}: predicted step vs split l", (
+            f"modelled with {rates.h2d_bytes_per_s / 1e9:.1f} GB/s and "
+            f"{rates.recompute_flops_per_s / 1e12:.0f} TFLOP/s<br>({rates.source})"),
+        f"{batch} x {shape.context} tokens{weights}", note,
+        f"x = measured, {provenance}" if measured else "", height=height, legend_y=-0.3)
 
 
 def baseline_speedups(rows: list[dict]) -> list[dict]:
@@ -259,16 +268,17 @@ def speedup_figure(rows: list[dict], provenance: str, height: int = 380) -> go.F
     settings = [s for s in SETTINGS if any(r["setting"] == s for r in rows)]
     settings += list(dict.fromkeys(r["setting"] for r in rows if r["setting"] not in settings))
     pairs = baseline_speedups(rows)
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.6, 0.4], horizontal_spacing=0.1,
-                        subplot_titles=("decode step per setting (ms)",
-                                        "speedup of the fastest KVPR setting"))
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.6, 0.4], horizontal_spacing=0.12,
+                        subplot_titles=("step per setting (ms)", "fastest KVPR: speedup"))
+    fig.update_annotations(font_size=13)  # the subplot titles
     for group, color in zip(groups, itertools.cycle(GROUP_COLORS)):
         mine = [r for r in rows if schedule_label(r) == group]
         bars = {"name": group, "legendgroup": group, "marker_color": color,
-                "textposition": "outside", "hoverinfo": "text"}
+                "textposition": "outside", "hoverinfo": "text", "cliponaxis": False,
+                "constraintext": "none", "textfont_size": 10, "textangle": -90}
         fig.add_trace(go.Bar(
             **bars, x=[r["setting"] for r in mine], y=[r["step_ms"] for r in mine],
-            text=[f"{r['step_ms']:.1f}" for r in mine],
+            text=[f"{r['step_ms']:.0f}" for r in mine],
             hovertext=[f"{describe_point(r)}: {r['step_ms']:.2f} ms, "
                        f"{r['tokens_per_s']:.0f} tokens/s" for r in mine],
         ), row=1, col=1)
@@ -285,7 +295,7 @@ def speedup_figure(rows: list[dict], provenance: str, height: int = 380) -> go.F
     fig.update_yaxes(title_text="decode step (ms)", row=1, col=1)
     fig.update_yaxes(title_text="speedup (x)", row=1, col=2)
     against = ", ".join(dict.fromkeys(p["baseline"] for p in pairs)) or "no baseline recorded"
-    fig.update_layout(height=height, barmode="group", legend_title="schedule",
-                      title=f"{model}, batch {batch} x {context}: fastest KVPR vs {against} "
-                            f"({provenance})")
-    return fig
+    fig.update_layout(barmode="group", legend_title="schedule")
+    fig.update_xaxes(automargin=True)
+    return style(fig, f"{model}, batch {batch} x {context}", provenance,
+                 f"fastest KVPR setting vs {against}", height=height, legend_y=-0.4)

@@ -39,9 +39,9 @@ def test_sim_shows_recorded_rows_and_no_run_button(tab):
     assert tab.run_button is None and tab.progress is None
     assert not any(isinstance(w, widgets.Button) for w in descendants(tab.widget))
     rows = expected_rows("llama3-8b", 16, 8192)
-    assert list(tab.figures["bandwidth"].data[0].y) == [r["gbps"] for r in rows]
-    assert "recorded on NVIDIA H200" in tab.figures["bandwidth"].layout.title.text
-    assert "recorded on NVIDIA H200" in tab.figures["speedup"].layout.title.text
+    assert list(tab.figures["bandwidth"].figure.data[0].y) == [r["gbps"] for r in rows]
+    assert "recorded on NVIDIA H200" in tab.figures["bandwidth"].figure.layout.title.text
+    assert "recorded on NVIDIA H200" in tab.figures["speedup"].figure.layout.title.text
     assert "recorded on" in tab.status.value
     assert tab.controls["gqa_ratio"].value.startswith("32:8") and tab.controls["gqa_ratio"].disabled
 
@@ -52,35 +52,62 @@ def test_controls_move_to_the_nearest_recorded_point(tab):
     c["batch"].value = 100
     c["context"].value = 6000  # log2-nearest recorded: 8192, not 4096
     rows = expected_rows("qwen2.5-7b", 128, 8192)
-    bars = tab.figures["bandwidth"].data[0]
+    bars = tab.figures["bandwidth"].figure.data[0]
     assert list(bars.y) == [r["gbps"] for r in rows]
     assert list(bars.x) == [variant(r) for r in rows]
     assert "batch=128 context=8192" in tab.status.value
     assert "requested batch=100 context=6000" in tab.status.value
     assert c["gqa_ratio"].value.startswith("28:4")
-    speedup_title = tab.figures["speedup"].layout.title.text
-    assert "vllm_v1, qwen2.5-7b" in speedup_title
+    speedup_title = tab.figures["speedup"].figure.layout.title.text
+    assert "over none: vllm_v1<br><sub>qwen2.5-7b," in speedup_title
 
 
-def test_unrecorded_block_size_and_prefetch_are_reported(tab):
+def test_sim_offers_only_recorded_block_sizes_and_reports_unrecorded_prefetch(tab):
     c = tab.controls
-    c["block_size"].value = 64
+    assert list(c["block_size"].options) == [16, 32, 128]
+    c["block_size"].value = 32
     c["distance"].value = 3
-    assert "block_size=64 not recorded (recorded: [16, 32, 128])" in tab.status.value
     assert "vllm_v1 / line K+V d=3 not recorded" in tab.status.value
     assert "not available without a GPU" in tab.status.value
-    # nearest recorded on a log2 scale: 32 and 128 tie, the smaller wins
     rows = expected_rows("llama3-8b", 16, 8192, block_size=32)
-    assert list(tab.figures["bandwidth"].data[0].y) == [r["gbps"] for r in rows]
+    assert list(tab.figures["bandwidth"].figure.data[0].y) == [r["gbps"] for r in rows]
+    assert "block_size=32" in tab.figures["bandwidth"].figure.layout.title.text
+    assert "nearest recorded shown" not in tab.figures["bandwidth"].figure.layout.title.text
+
+
+def test_a_point_not_recorded_is_named_in_the_subtitle(tab):
+    tab.controls["batch"].value = 100
+    title = tab.figures["bandwidth"].figure.layout.title.text
+    assert "asked for batch=100 context=8192 block_size=16: nearest recorded shown" in title
+    assert "batch=128 context=8192" in title
+
+
+def test_vllm_v1_at_a_block_size_it_lacks_shows_a_note_not_a_stale_chart(tab):
+    tab.controls["block_size"].value = 128  # recorded for gqa only: vllm_v1 supports 8-32
+    speedup = tab.figures["speedup"].figure
+    assert speedup.data == () and "no rows" in speedup.layout.annotations[0].text
+
+
+def test_unrecorded_model_shows_the_command_that_records_it(tab):
+    tab.controls["model"].value = "tiny-llama"
+    for pane in tab.figures.values():
+        figure = pane.figure
+        assert figure.data == ()
+        (note,) = figure.layout.annotations
+        assert "tiny-llama: not recorded" in note.text
+        assert "python -m kvlab bench attention --models tiny-llama" in note.text
+        assert "not recorded on NVIDIA H200" in figure.layout.title.text
+    tab.controls["model"].value = "llama3-8b"  # back to recorded: the notes are gone
+    assert tab.figures["bandwidth"].figure.layout.annotations == ()
 
 
 def test_kernel_choice_selects_speedup_and_outline(tab):
     tab.controls["kernel"].value = "gqa"
     tab.controls["prefetch"].value = "bulk"
-    bars = tab.figures["bandwidth"].data[0]
+    bars = tab.figures["bandwidth"].figure.data[0]
     outlined = [x for x, w in zip(bars.x, bars.marker.line.width, strict=True) if w > 0]
     assert outlined == ["gqa / bulk K+V d=1"]
-    assert "gqa, llama3-8b" in tab.figures["speedup"].layout.title.text
+    assert "over none: gqa<br><sub>llama3-8b," in tab.figures["speedup"].figure.layout.title.text
     assert "not recorded" not in tab.status.value
 
 
@@ -109,12 +136,12 @@ def test_run_button_wiring_with_a_fake_measurement(monkeypatch):
     monkeypatch.setattr(module, "measure_point", fake_measure)
     tab = module.DecodeKernelsTab(batch=64, context=1024)
     assert "press Run" in tab.status.value
-    assert "recorded on" in tab.figures["bandwidth"].layout.title.text
+    assert "recorded on" in tab.figures["bandwidth"].figure.layout.title.text
     tab.run_button.click()
     assert calls == [("llama3-8b", 64, 1024, 16, 1)] and tab.progress.value == 1
     rows = expected_rows("llama3-8b", 64, 1024)
-    assert list(tab.figures["bandwidth"].data[0].y) == [r["gbps"] + 1 for r in rows]
-    assert "measured on FAKE GPU" in tab.figures["bandwidth"].layout.title.text
+    assert list(tab.figures["bandwidth"].figure.data[0].y) == [r["gbps"] + 1 for r in rows]
+    assert "measured on FAKE GPU" in tab.figures["bandwidth"].figure.layout.title.text
     assert "measured on FAKE GPU" in tab.status.value
 
 
@@ -124,7 +151,7 @@ def test_run_button_measures_the_point_on_this_gpu(monkeypatch):
     tab = DecodeKernelsTab(model="llama3-8b", batch=2, context=1024, distance=2)
     tab.run_button.click()
     assert tab.progress.value == tab.progress.max == 1
-    assert "measured on" in tab.figures["bandwidth"].layout.title.text
-    bars = tab.figures["bandwidth"].data[0]
+    assert "measured on" in tab.figures["bandwidth"].figure.layout.title.text
+    bars = tab.figures["bandwidth"].figure.data[0]
     assert {"sdpa", "gqa / none", "vllm_v1 / bulk K+V d=2"} <= set(bars.x)
     assert all(gbps > 0 for gbps in bars.y)

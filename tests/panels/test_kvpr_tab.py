@@ -93,7 +93,7 @@ def test_recorded_point_shows_its_rates_and_measured_steps(tab):
     rows = recorded_rows("opt-6.7b", 16, 1024)
     c = tab.controls
     assert c["pcie_gbps"].disabled and c["pcie_gbps"].value == round(rows[0]["h2d_gbps"], 1)
-    split = tab.figures["split"]
+    split = tab.figures["split"].figure
     measured = [t for t in split.data if (t.name or "").startswith("measured")]
     kvpr_rows = [r for r in rows if r["l"] is not None  # HF's row has no split
                  and (r["schedule"], r["gpu_batches"], r["weights"]) == ("row", 1, "resident")]
@@ -101,8 +101,8 @@ def test_recorded_point_shows_its_rates_and_measured_steps(tab):
     assert "recorded on NVIDIA H200" in split.layout.title.text
     # one pair of bar traces per schedule group: row x1 (and HF) first, then kvpr_schedules' four
     groups = {(r["schedule"], r["gpu_batches"], r["weights"]) for r in rows}
-    assert len(groups) == 5 and len(tab.figures["speedup"].data) == 2 * len(groups)
-    steps, speedups = tab.figures["speedup"].data[:2]
+    assert len(groups) == 5 and len(tab.figures["speedup"].figure.data) == 2 * len(groups)
+    steps, speedups = tab.figures["speedup"].figure.data[:2]
     row = [r for r in rows if (r["schedule"], r["gpu_batches"], r["weights"]) == (
         "row", 1, "resident")]
     assert steps.name == "row, weights resident"
@@ -110,7 +110,7 @@ def test_recorded_point_shows_its_rates_and_measured_steps(tab):
     full = next(r["step_ms"] for r in row if r["setting"] == "full-transfer")
     best = min(r["step_ms"] for r in row if r["setting"].startswith("kvpr-"))
     assert speedups.x[0] == "full-transfer" and speedups.text[0] == f"{full / best:.2f}x"
-    assert "recorded on NVIDIA H200" in tab.figures["speedup"].layout.title.text
+    assert "recorded on NVIDIA H200" in tab.figures["speedup"].figure.layout.title.text
     assert "Steps shown: opt-6.7b batch 16 x 1024 (recorded on NVIDIA H200" in tab.status.value
 
 
@@ -120,19 +120,20 @@ def test_recorded_schedules_are_offered_and_the_recorded_timeline_shown(tab):
     assert c["weights"].options == ("resident", "offloaded")
     assert tab.measure_button is None and tab.progress is None
     assert not any(isinstance(w, widgets.Button) for w in descendants(tab.widget))
-    timeline = tab.figures["timeline"]
+    timeline = tab.figures["timeline"].figure
     title = timeline.layout.title.text
-    assert title.startswith("opt-6.7b, batch 16 x 1024, row, weights resident, kvpr-pipelined")
+    assert "<sub>opt-6.7b, batch 16 x 1024, row, weights resident, kvpr-pipelined" in title
     assert "recorded on NVIDIA H200" in title and len(timeline.data) >= 4
     c["model"].value = "llama2-7b"
     c["schedule"].value, c["weights"].value = "column", "offloaded"
-    title = tab.figures["timeline"].layout.title.text
+    title = tab.figures["timeline"].figure.layout.title.text
     assert "column x4, weights offloaded" in title
-    names = {t.name for t in tab.figures["timeline"].data}
+    names = {t.name for t in tab.figures["timeline"].figure.data}
     assert {"W_KV", "W_rest"} <= names
     c["model"].value = "opt-13b"  # no column run recorded for it
-    assert tab.figures["timeline"].data == ()
-    assert "no decode-step timeline recorded" in tab.figures["timeline"].layout.title.text
+    assert tab.figures["timeline"].figure.data == ()
+    (note,) = tab.figures["timeline"].figure.layout.annotations
+    assert "no decode-step timeline recorded" in note.text
     assert "Timeline: none of opt-13b with the column schedule" in tab.status.value
 
 
@@ -144,17 +145,17 @@ def test_what_if_rates_move_the_curves(tab):
     shape = LayerShape(MODELS["opt-6.7b"], 16, 1024)
     rates = LinkAndCompute(25e9, 300e12, "what-if")
     best = best_split(shape, rates, "pipelined", 4)
-    optimum = [t for t in tab.figures["split"].data if t.mode == "markers"][2]
+    optimum = [t for t in tab.figures["split"].figure.data if t.mode == "markers"][2]
     assert list(optimum.x) == [best.l]
-    assert "what-if rates" in tab.figures["split"].layout.title.text
+    assert "what-if rates" in tab.figures["split"].figure.layout.title.text
     assert f"l={best.l}" in tab.status.value
 
 
 def test_unrecorded_model_falls_back_to_what_if_and_says_so(tab):
     tab.controls["model"].value = "qwen2.5-7b"
     assert "nothing recorded" in tab.status.value
-    assert tab.figures["speedup"].data == ()
-    assert "no recorded KVPR steps" in tab.figures["speedup"].layout.title.text
+    assert tab.figures["speedup"].figure.data == ()
+    assert "no recorded KVPR steps" in tab.figures["speedup"].figure.layout.annotations[0].text
 
 
 def test_gqa_model_recomputes_nothing_and_context_bounds_l(tab):
@@ -164,7 +165,7 @@ def test_gqa_model_recomputes_nothing_and_context_bounds_l(tab):
     c["context"].value = 4096
     assert c["l"].max == 4096
     assert "Steps shown: llama3-8b batch 16 x 4096" in tab.status.value
-    points = [r for r in tab.figures["split"].data if (r.name or "").startswith("measured")]
+    points = [r for r in tab.figures["split"].figure.data if (r.name or "").startswith("measured")]
     kvpr = [r for r in recorded_rows("llama3-8b", 16, 4096) if r["setting"].startswith("kvpr-")]
     assert kvpr and all(r["l"] == 0 for r in kvpr) and 0 in list(points[0].x)
     c["batch"].value = 48  # not recorded: the nearest recorded point is shown, and said
@@ -177,20 +178,21 @@ def test_schedule_and_weights_pick_the_timeline_and_the_measured_points(new_tab)
     assert c["schedule"].options == ("row", "column")
     assert c["weights"].options == ("resident", "offloaded")
     assert c["pcie_gbps"].value == 50.0  # from a KVPR row, not HF's (no rates)
-    gantt = new_tab.figures["timeline"]
+    gantt = new_tab.figures["timeline"].figure
     assert [t.name for t in gantt.data] == ["KV", "layer"] and list(gantt.data[0].base) == [1.0]
     title = gantt.layout.title.text
-    assert title.startswith("opt-6.7b, batch 16 x 1024, row, weights resident, kvpr-pipelined")
+    assert "<sub>opt-6.7b, batch 16 x 1024, row, weights resident, kvpr-pipelined" in title
     assert PROVENANCE in title
     c["schedule"].value = "column"
-    assert list(new_tab.figures["timeline"].data[0].base) == [2.0]
-    assert "GPU batch" in new_tab.figures["timeline"].data[0].hovertemplate
-    measured = [t for t in new_tab.figures["split"].data if (t.name or "").startswith("measured")]
+    assert list(new_tab.figures["timeline"].figure.data[0].base) == [2.0]
+    assert "GPU batch" in new_tab.figures["timeline"].figure.data[0].hovertemplate
+    measured = [t for t in new_tab.figures["split"].figure.data
+                if (t.name or "").startswith("measured")]
     assert list(measured[0].y) == [50.0, 120.0]
     assert "column x4, weights resident" in measured[0].name
-    assert "in 4 GPU batches" in new_tab.figures["split"].layout.title.text
+    assert "in 4 GPU batches" in new_tab.figures["split"].figure.layout.title.text
     c["weights"].value = "offloaded"
-    gantt = new_tab.figures["timeline"]
+    gantt = new_tab.figures["timeline"].figure
     assert [t.name for t in gantt.data] == ["W_KV", "KV", "layer"]
     assert list(gantt.data[1].base) == [3.0]
     assert "Timeline: opt-6.7b, batch 16 x 1024, column x4, weights offloaded" in (
@@ -198,7 +200,7 @@ def test_schedule_and_weights_pick_the_timeline_and_the_measured_points(new_tab)
     assert "(column x4, weights offloaded)" in new_tab.status.value  # the modelled optimum's
     c["batch"].value = 6
     assert "batch 6 does not split into 4 GPU batches: modelled as one" in new_tab.status.value
-    assert "in 4 GPU batches" not in new_tab.figures["split"].layout.title.text
+    assert "in 4 GPU batches" not in new_tab.figures["split"].figure.layout.title.text
 
 
 def test_recorded_layer_and_host_times_enter_the_pipelined_curve(monkeypatch):
@@ -213,7 +215,7 @@ def test_recorded_layer_and_host_times_enter_the_pipelined_curve(monkeypatch):
     layers = MODELS["opt-6.7b"].num_layers
 
     def optimum_ms():
-        (pipelined,) = [t for t in tab.figures["split"].data if t.name == "pipelined model"]
+        (pipelined,) = [t for t in tab.figures["split"].figure.data if t.name == "pipelined model"]
         return min(pipelined.y)
 
     # l = 0 is link-bound (5.4 ms a layer); any l > 0 costs the host 3 + 1 ms (one chunk)
@@ -225,10 +227,10 @@ def test_recorded_layer_and_host_times_enter_the_pipelined_curve(monkeypatch):
 
 
 def test_speedup_figure_compares_every_group_with_its_baselines(new_tab):
-    speedups = [t for t in new_tab.figures["speedup"].data if t.xaxis == "x2"]
+    speedups = [t for t in new_tab.figures["speedup"].figure.data if t.xaxis == "x2"]
     assert [list(t.text) for t in speedups] == [["2.00x", "3.00x"], ["2.40x", "4.80x"],
                                                  ["2.50x"]]
-    assert PROVENANCE in new_tab.figures["speedup"].layout.title.text
+    assert PROVENANCE in new_tab.figures["speedup"].figure.layout.title.text
 
 
 def test_the_tab_builds_without_importing_torch():
@@ -260,7 +262,7 @@ def test_measure_button_shows_the_measured_point(monkeypatch):
     tab = KVPRTab(context=2048)
     assert tab.controls["schedule"].options == ("row", "column")  # a GPU can run both
     assert "press Measure" in tab.status.value
-    assert "recorded on NVIDIA H200" in tab.figures["speedup"].layout.title.text
+    assert "recorded on NVIDIA H200" in tab.figures["speedup"].figure.layout.title.text
     assert tab.controls["gpu_batches"].disabled  # row-by-row: one GPU batch
     tab.controls["schedule"].value = "column"
     assert not tab.controls["gpu_batches"].disabled
@@ -270,18 +272,19 @@ def test_measure_button_shows_the_measured_point(monkeypatch):
                       module.MEASURE_STEPS, 1, True)]
     assert (tab.progress.value, tab.progress.max) == (2, 2)
     assert not tab.measure_button.disabled and "press Measure" not in tab.status.value
-    gantt = tab.figures["timeline"]
+    gantt = tab.figures["timeline"].figure
     assert list(gantt.data[0].base) == [7.0]
     assert "measured on FAKE GPU" in gantt.layout.title.text
-    steps = [t for t in tab.figures["speedup"].data if t.xaxis == "x"]
+    steps = [t for t in tab.figures["speedup"].figure.data if t.xaxis == "x"]
     assert list(steps[0].y) == [25.0, 60.0]
-    assert "measured on FAKE GPU" in tab.figures["speedup"].layout.title.text
-    measured = [t for t in tab.figures["split"].data if (t.name or "").startswith("measured")]
+    assert "measured on FAKE GPU" in tab.figures["speedup"].figure.layout.title.text
+    measured = [t for t in tab.figures["split"].figure.data
+                if (t.name or "").startswith("measured")]
     assert list(measured[0].y) == [25.0, 60.0]  # at the requested shape: drawn
     tab.controls["chunks"].value = 8  # measured with 1 chunk: back to the recorded point
-    assert "recorded on NVIDIA H200" in tab.figures["speedup"].layout.title.text
+    assert "recorded on NVIDIA H200" in tab.figures["speedup"].figure.layout.title.text
     tab.controls["chunks"].value = 1
-    assert "measured on FAKE GPU" in tab.figures["speedup"].layout.title.text
+    assert "measured on FAKE GPU" in tab.figures["speedup"].figure.layout.title.text
 
 
 def test_a_failed_measurement_is_shown_in_the_status(monkeypatch):
@@ -307,6 +310,6 @@ def test_measure_button_measures_on_this_gpu(monkeypatch):
     (measured,) = tab.measured.values()
     assert {r["setting"] for r in measured["rows"]} >= {"kvpr-pipelined", "full-transfer"}
     label = f"measured on {torch.cuda.get_device_name()}"
-    assert label in tab.figures["speedup"].layout.title.text
-    assert label in tab.figures["timeline"].layout.title.text
+    assert label in tab.figures["speedup"].figure.layout.title.text
+    assert label in tab.figures["timeline"].figure.layout.title.text
     assert tab.progress.value == tab.progress.max > 0

@@ -36,11 +36,13 @@ def expected_report(controls):
 
 
 def assert_memory_figure_shows(fig, report):
-    reserved, holding = fig.data
-    assert reserved.y == pytest.approx(
+    paged_reserved, paged_holding, contiguous_reserved, contiguous_holding = fig.data
+    reserved = [*paged_reserved.y, *contiguous_reserved.y]
+    holding = [*paged_holding.y, *contiguous_holding.y]
+    assert reserved == pytest.approx(
         [report.paged.reserved_bytes / GIB, report.contiguous.reserved_bytes / GIB]
     )
-    assert holding.y == pytest.approx(
+    assert holding == pytest.approx(
         [report.paged.token_bytes / GIB, report.contiguous.token_bytes / GIB]
     )
 
@@ -51,7 +53,7 @@ def test_dashboard_layout_and_header(dash):
     assert list(dash.controls) == list(dash.figures) == ["paged_cache", "decode_kernels", "kvpr"]
     assert dash.tab_widget.titles == ("Paged cache", "Decode kernels", "KVPR")
     assert set(dash.figures["paged_cache"]) == {"memory", "fragmentation", "block_table"}
-    assert all(f.layout.height for f in dash.figures["paged_cache"].values())
+    assert all(f.figure.layout.height for f in dash.figures["paged_cache"].values())
     sliders = [c for c in dash.controls["paged_cache"].values() if hasattr(c, "continuous_update")]
     assert sliders and not any(c.continuous_update for c in sliders)
     assert "application/vnd.jupyter.widget-view+json" in dash._repr_mimebundle_()
@@ -60,40 +62,41 @@ def test_dashboard_layout_and_header(dash):
 def test_initial_figures_match_direct_computation(dash):
     controls, figures = dash.controls["paged_cache"], dash.figures["paged_cache"]
     _, _, report = expected_report(controls)
-    assert_memory_figure_shows(figures["memory"], report)
+    assert_memory_figure_shows(figures["memory"].figure, report)
 
 
 def test_block_size_change_updates_every_figure(dash):
     controls, figures = dash.controls["paged_cache"], dash.figures["paged_cache"]
-    before = figures["memory"].data[0].y
+    before = figures["memory"].figure.data[0].y
     controls["block_size"].value = 128
     workload, bytes_per_token, report = expected_report(controls)
     assert report.block_size == 128
-    assert_memory_figure_shows(figures["memory"], report)
-    assert figures["memory"].data[0].y[0] > before[0]  # bigger blocks reserve more
-    current = figures["fragmentation"].data[3]
+    assert_memory_figure_shows(figures["memory"].figure, report)
+    assert figures["memory"].figure.data[0].y[0] > before[0]  # bigger blocks reserve more
+    current = figures["fragmentation"].figure.data[3]
     sweep = fragmentation_sweep(workload, bytes_per_token)
     assert list(current.x) == [128]
     assert current.y[0] == pytest.approx(sweep.fragmentation_pct[sweep.block_sizes == 128][0])
     block_tables, _ = replay_block_tables(workload, 128, max_requests=24)
-    assert np.array(figures["block_table"].data[0].z, dtype=float).shape == (
+    assert np.array(figures["block_table"].figure.data[0].z, dtype=float).shape == (
         24, max(map(len, block_tables)))
 
 
 def test_shared_fraction_makes_shared_blocks_appear(dash):
     controls, figures = dash.controls["paged_cache"], dash.figures["paged_cache"]
-    shared = np.array(figures["block_table"].data[1].z, dtype=float)
+    shared = np.array(figures["block_table"].figure.data[1].z, dtype=float)
     assert np.isnan(shared).all()  # no shared prefix: no shared block
-    paged_before = figures["memory"].data[0].y[0]
+    paged_before = figures["memory"].figure.data[0].y[0]
     controls["shared_fraction"].value = 0.5
     _, _, report = expected_report(controls)
-    assert_memory_figure_shows(figures["memory"], report)
+    assert_memory_figure_shows(figures["memory"].figure, report)
     assert report.num_shared_blocks > 0
-    assert not np.isnan(np.array(figures["block_table"].data[1].z, dtype=float)).all()
+    assert not np.isnan(np.array(figures["block_table"].figure.data[1].z, dtype=float)).all()
     # A 1000-token prefix is added to half the requests, yet paged stores each prefix once.
-    contiguous_copies = figures["memory"].data[1].y[1]
-    assert figures["memory"].data[1].y[0] < contiguous_copies
-    assert paged_before < figures["memory"].data[0].y[0]
+    memory = figures["memory"].figure
+    paged_holding, contiguous_holding = memory.data[1], memory.data[3]
+    assert paged_holding.y[0] < contiguous_holding.y[0]
+    assert paged_before < figures["memory"].figure.data[0].y[0]
 
 
 def test_num_requests_and_budget_change_the_fit(dash):
@@ -102,11 +105,11 @@ def test_num_requests_and_budget_change_the_fit(dash):
     controls["budget_gib"].value = 10.0
     _, _, report = expected_report(controls)
     assert report.num_requests == 900
-    assert_memory_figure_shows(figures["memory"], report)
-    title = figures["memory"].layout.title.text
-    assert f"paged {report.paged.num_requests_fit} / 900 requests fit" in title
-    assert f"contiguous {report.contiguous.num_requests_fit} / 900 requests fit" in title
-    assert np.isclose(figures["memory"].layout.shapes[0].y0, 10.0)
+    assert_memory_figure_shows(figures["memory"].figure, report)
+    title = figures["memory"].figure.layout.title.text
+    assert f"paged {report.paged.num_requests_fit} / 900" in title
+    assert f"contiguous {report.contiguous.num_requests_fit} / 900 requests" in title
+    assert np.isclose(figures["memory"].figure.layout.shapes[0].y0, 10.0)
 
 
 def test_model_change_rescales_bytes_and_prefix_range(dash):
@@ -118,7 +121,7 @@ def test_model_change_rescales_bytes_and_prefix_range(dash):
     controls["distribution"].value = "uniform"
     _, _, report = expected_report(controls)
     assert report.max_seq_len == MODELS["tiny-llama"].max_position
-    assert_memory_figure_shows(figures["memory"], report)
+    assert_memory_figure_shows(figures["memory"].figure, report)
 
 
 def test_kvlab_dashboard_is_callable_after_the_panels_are_imported(monkeypatch):

@@ -3,8 +3,8 @@
 import json
 
 import numpy as np
+import plotly.io as pio
 import pytest
-from factories import non_finite_paths
 
 from kvlab.cache.accounting import fragmentation_sweep, memory_report, replay_block_tables
 from kvlab.viz.cache import GIB, block_table_figure, fragmentation_figure, memory_figure
@@ -26,19 +26,21 @@ def assert_provenance(fig):
 def test_memory_figure_draws_the_report():
     report = memory_report(chat_workload(), BYTES_PER_TOKEN, 16, budget_bytes=4 * GIB)
     fig = memory_figure(report)
-    reserved, holding = fig.data
-    assert reserved.y == pytest.approx(
-        [report.paged.reserved_bytes / GIB, report.contiguous.reserved_bytes / GIB]
-    )
-    assert holding.y == pytest.approx(
-        [report.paged.token_bytes / GIB, report.contiguous.token_bytes / GIB]
-    )
-    assert f"fragmentation {report.paged.fragmentation_pct:.1f}%" in reserved.x[0]
-    assert f"fragmentation {report.contiguous.fragmentation_pct:.1f}%" in reserved.x[1]
+    paged_reserved, paged_holding, contiguous_reserved, contiguous_holding = fig.data
+    assert [t.name for t in fig.data] == ["paged reserved", "paged holding tokens",
+                                          "contiguous reserved", "contiguous holding tokens"]
+    assert paged_reserved.y == pytest.approx([report.paged.reserved_bytes / GIB])
+    assert contiguous_reserved.y == pytest.approx([report.contiguous.reserved_bytes / GIB])
+    assert paged_holding.y == pytest.approx([report.paged.token_bytes / GIB])
+    assert contiguous_holding.y == pytest.approx([report.contiguous.token_bytes / GIB])
+    assert contiguous_reserved.marker.color == "#d62728"  # the red bars are in the legend
+    assert all(t.showlegend is not False for t in fig.data)
+    assert f"fragmentation {report.paged.fragmentation_pct:.1f}%" in paged_reserved.x[0]
+    assert f"fragmentation {report.contiguous.fragmentation_pct:.1f}%" in contiguous_holding.x[0]
     assert [s.y0 for s in fig.layout.shapes] == [4.0]
     title = fig.layout.title.text
-    assert f"paged {report.paged.num_requests_fit} / 120 requests fit" in title
-    assert f"contiguous {report.contiguous.num_requests_fit} / 120 requests fit" in title
+    assert f"paged {report.paged.num_requests_fit} / 120" in title
+    assert f"contiguous {report.contiguous.num_requests_fit} / 120 requests" in title
     assert_provenance(fig)
 
 
@@ -84,8 +86,9 @@ def test_block_table_figure_draws_tables_tokens_and_shared_blocks():
     # Blocks 0 and 1, held by requests 0 and 1, are exactly the cells of the shared trace.
     assert np.argwhere(~np.isnan(grid(shared.z))).tolist() == [[0, 0], [0, 1], [1, 0], [1, 1]]
     assert np.isnan(grid(private.z)[:2, :2]).all()
-    # gaps are None, not NaN: a FigureWidget sends its data to the browser as JSON
-    assert non_finite_paths(fig.to_plotly_json()) == []
+    # gaps are NaN in numpy arrays, which Plotly sends as typed arrays: no NaN literal in its JSON
+    text = pio.to_json(fig, validate=True, engine="json")
+    assert "NaN" not in text and '"bdata"' in text
     assert "ref_cnt" in private.hovertemplate and "physical block" in private.hovertemplate
     assert_provenance(fig)
 

@@ -26,7 +26,11 @@ def test_bandwidth_figure_draws_recorded_rows():
     rows = nearest_rows(result, "llama3-8b", 64, 8192)
     roofline = result["roofline_copy_gbps"]
     fig = bandwidth_figure(rows, roofline, label(result), selected="gqa / line K+V d=1")
-    (bars,) = fig.data
+    bars, *keys, roofline_key = fig.data
+    assert [k.name for k in keys] == ["vllm_v1", "gqa", "auto: kvlab's choice",
+                                      "sdpa (PyTorch, dense K, V)"]
+    assert roofline_key.name == f"copy roofline {roofline:.0f} GB/s" and not bars.showlegend
+    assert "auto = tuned here, reused from its bucket, or recorded" in fig.layout.title.text
     assert list(bars.y) == [r["gbps"] for r in rows]
     assert list(bars.x) == [variant(r) for r in rows]
     assert len(set(bars.x)) == len(rows)  # one bar each, "auto (vllm_v1)" and "auto (gqa)" too
@@ -58,7 +62,7 @@ def test_prefetch_speedup_is_ms_none_over_ms_prefetch():
     fig = prefetch_speedup_figure(rows, "gqa", "llama3-8b", PROVENANCE)
     line, bulk = fig.data
     assert (line.name, bulk.name) == ("line K+V d=1", "bulk K+V d=1")
-    assert list(line.x) == ["B=16<br>ctx=1024", "B=64<br>ctx=1024"]
+    assert list(line.x) == ["16 x 1024", "64 x 1024"]
     assert list(line.y) == pytest.approx([2.0, 1.5])
     assert bulk.y[0] == pytest.approx(0.5) and bulk.y[1] is None  # not measured at B=64
     assert [s.y0 for s in fig.layout.shapes] == [1.0]

@@ -120,8 +120,8 @@ def test_timeline_hover_names_the_gpu_batch_and_weights_have_their_colours():
     assert [d[4] for d in bars["layer"].customdata] == [0, 1]
     assert list(fig.layout.yaxis.categoryarray) == ["compute", "H2D"]
     title = fig.layout.title.text
-    assert title.startswith("opt-6.7b, batch 16 x 1024, column x2, weights offloaded, "
-                            "kvpr-pipelined at l=1024: one decode step, 0.04 ms")
+    assert title.startswith("One decode step: 0.04 ms<br><sub>opt-6.7b, batch 16 x 1024, "
+                            "column x2, weights offloaded, kvpr-pipelined at l=1024</sub>")
     assert PROVENANCE in title
 
 
@@ -133,8 +133,10 @@ def test_timeline_without_spans_is_refused():
 def test_split_figure_draws_each_model_and_its_optimum():
     shape = LayerShape(MODELS["opt-6.7b"], batch=16, context=1024)
     fig = split_figure(shape, RATES, selected_l=300)
-    curves = [t for t in fig.data if t.mode == "lines"]
-    optima = [t for t in fig.data if t.mode == "markers"]
+    curves = [t for t in fig.data if t.name.endswith(" model")]
+    optima = [t for t in fig.data if t.name.endswith(" optimum")]
+    assert [t.name for t in fig.data][-1] == "chosen l=300"  # the vertical line's legend entry
+    assert all(o.marker.color == c.line.color for o, c in zip(optima, curves, strict=True))
     assert [t.name for t in curves] == ["paper model", "chunked model", "pipelined model"]
     for model, marker in zip(("paper", "chunked", "pipelined"), optima, strict=True):
         best = best_split(shape, RATES, model)
@@ -157,7 +159,8 @@ def test_split_figure_draws_rows_of_one_schedule_and_never_hf():
     unit = unit_shape(MODELS["opt-6.7b"], 16, 1024, "column", 4, "offloaded")
     fig = split_figure(unit, RATES, measured=points, provenance=PROVENANCE, gpu_batches=4)
     (measured,) = [t for t in fig.data if (t.name or "").startswith("measured")]
-    assert list(measured.y) == [60.0, 150.0] and PROVENANCE in measured.name
+    assert list(measured.y) == [60.0, 150.0] and measured.name == "measured (column x4, weights "\
+        "offloaded)" and f"x = measured, {PROVENANCE}" in fig.layout.title.text
     assert "batch 16 in 4 GPU batches x 1024 tokens, weights offloaded" in fig.layout.title.text
     # a step is 32 layers x 4 GPU batches, each unit with a quarter of the weight load
     pipelined = next(t for t in fig.data if t.name == "pipelined model")

@@ -1,0 +1,114 @@
+"""How fast the dashboard is to meet: `python benchmarks/dashboard.py [--json PATH]`.
+
+Three numbers, against the targets of the dashboard's issue:
+- `kvlab.dashboard()` in plain Python, a fresh process each time (imports included): <= 2 s;
+- first chart in a fresh kernel: from running `import kvlab; kvlab.dashboard()` in a new
+  notebook in JupyterLab (Chromium) to the first chart drawn with its data: <= 8 s;
+- a slider change to its chart redrawn in the page (the paged-cache block size, one step right
+  or left), median: <= 300 ms.
+Needs JupyterLab, Debian's Chromium and Playwright's Python package (as the browser tests do;
+`tests/browser_lab.py` drives them). Prints min / median / max of each and writes JSON.
+"""
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from browser_lab import CHROMIUM, NOTEBOOK, TOKEN, jupyterlab  # noqa: E402
+
+TARGETS_S = {"dashboard_python_s": 2.0, "first_chart_s": 8.0, "redraw_s": 0.3}
+FIRST_CHART = """() => Array.from(document.querySelectorAll('.js-plotly-plot'))
+    .some(el => el.data && el.data.length && el._fullLayout)"""
+MEMORY_DATA = """() => { const el = document.querySelector('.widget-tab .js-plotly-plot');
+    return el && el._fullLayout ? JSON.stringify(el.data.map(t => t.y)) : null; }"""
+
+
+def dashboard_in_python(runs: int) -> list[float]:
+    code = ("import time; t = time.perf_counter(); import kvlab; kvlab.dashboard(); "
+            "print(time.perf_counter() - t)")
+    env = {"KVLAB_BACKEND": "sim", "PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    return [float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                 env=env, check=True).stdout) for _ in range(runs)]
+
+
+def notebook(folder: Path, name: str) -> None:
+    cell = {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
+            "source": "import kvlab\nkvlab.dashboard()"}
+    (folder / name).write_text(json.dumps({
+        "cells": [cell], "metadata": {"kernelspec": {"name": "python3", "language": "python",
+                                                     "display_name": "Python 3"}},
+        "nbformat": 4, "nbformat_minor": 5}))
+
+
+def in_the_browser(runs: int, redraws: int) -> tuple[list[float], list[float]]:
+    from playwright.sync_api import sync_playwright
+
+    folder = Path(tempfile.mkdtemp(prefix="kvlab-dashboard-bench-"))
+    first, redraw = [], []
+    with jupyterlab(folder) as url, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        for run in range(runs):  # a new notebook, so a fresh kernel, each run
+            notebook(folder, f"dashboard{run}.ipynb")
+            page = browser.new_page(viewport={"width": 1280, "height": 1600})
+            page.goto(f"{url}/lab/tree/dashboard{run}.ipynb?token={TOKEN}")
+            page.wait_for_function(f"() => {NOTEBOOK} && {NOTEBOOK}.sessionContext && "
+                                   f"{NOTEBOOK}.sessionContext.session && {NOTEBOOK}"
+                                   ".sessionContext.session.kernel.status === 'idle'",
+                                   timeout=120_000)
+            start = time.perf_counter()
+            page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            page.wait_for_function(FIRST_CHART, timeout=120_000, polling="raf")
+            first.append(time.perf_counter() - start)
+            if run == 0:
+                handle = page.locator(".widget-slider:has-text('block_size') .noUi-handle").first
+                handle.focus()
+                for i in range(redraws):
+                    before = page.evaluate(MEMORY_DATA)
+                    start = time.perf_counter()
+                    page.keyboard.press("ArrowRight" if i % 2 == 0 else "ArrowLeft")
+                    page.wait_for_function(f"before => ({MEMORY_DATA})() !== before", arg=before,
+                                           timeout=30_000, polling="raf")
+                    redraw.append(time.perf_counter() - start)
+            page.close()
+        browser.close()
+    return first, redraw
+
+
+def summary(values: list[float]) -> dict:
+    return {"min": min(values), "median": statistics.median(values), "max": max(values),
+            "runs": values}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--redraws", type=int, default=20)
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT))
+    from kvlab.bench.env import run_info
+
+    python = dashboard_in_python(args.runs)
+    first, redraw = in_the_browser(max(args.runs // 2, 1), args.redraws)
+    result = {"benchmark": "dashboard", **run_info(), "chromium": CHROMIUM,
+              "dashboard_python_s": summary(python), "first_chart_s": summary(first),
+              "redraw_s": summary(redraw), "targets_s": TARGETS_S}
+    for key, target in TARGETS_S.items():
+        s = result[key]
+        verdict = "meets" if s["median"] <= target else "MISSES"
+        print(f"{key:20} min {s['min']:.3f}  median {s['median']:.3f}  max {s['max']:.3f} s "
+              f"({len(s['runs'])} runs; {verdict} the {target:g} s target)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,155 @@
+"""Driving JupyterLab in Chromium for the browser tests: a server started in a temporary folder
+and always stopped by the PID it started, and the in-page questions the tests ask.
+
+Chromium is Debian's (`apt-get install chromium`, at CHROMIUM); Playwright's Python package drives
+it and downloads no browser. The server exposes the app in the page (`window.jupyterapp`), so
+the tests run cells through JupyterLab's own commands.
+"""
+
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = os.environ.get("KVLAB_CHROMIUM", "/usr/bin/chromium")
+ARTIFACTS = Path(os.environ.get("KVLAB_ARTIFACTS", ROOT / "build" / "browser"))
+TOKEN = "kvlab-browser-test"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """In the server's process: get SIGTERM when the process that started it dies, however it
+    dies (Linux prctl PR_SET_PDEATHSIG), so that no server outlives a killed test run."""
+    libc = ctypes.CDLL(None)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+@contextlib.contextmanager
+def jupyterlab(folder: Path, timeout_s: float = 60):
+    """A JupyterLab server on 127.0.0.1 serving `folder` (the simulated backend; this checkout's
+    kvlab first on the kernel's path): yields its base URL. Stopped, with everything it started,
+    by its process group when the block ends, and by the kernel (SIGTERM) if this process dies
+    first."""
+    port = free_port()
+    env = {**os.environ, "KVLAB_BACKEND": "sim",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    log = open(folder / "jupyterlab.log", "w")  # noqa: SIM115 (closed below)
+    server = subprocess.Popen(  # noqa: PLW1509 (preexec_fn: the server dies with this process)
+        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+         "--allow-root", f"--ServerApp.token={TOKEN}", f"--ServerApp.root_dir={folder}",
+         f"--LabApp.workspaces_dir={folder / 'workspaces'}", "--LabApp.news_url=",
+         f"--LabApp.user_settings_dir={_settings(folder)}",
+         "--LabApp.expose_app_in_browser=True"],
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        preexec_fn=_die_with_parent)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/api/status?token={TOKEN}", timeout=2)
+                break
+            except OSError as err:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"JupyterLab did not start in {timeout_s} s: "
+                                       f"{(folder / 'jupyterlab.log').read_text()[-2000:]}"
+                                       ) from err
+                time.sleep(0.5)
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+        log.close()
+
+
+SETTINGS = {  # user settings of the test's JupyterLab
+    # every cell kept in the page (no windowing): the tests see every output, on screen or not
+    "notebook-extension/tracker": '{"windowingMode": "none"}',
+    # no "Would you like to get notified about official Jupyter news?" over the outputs
+    "apputils-extension/notification": '{"fetchNews": "false", "checkForUpdates": false}',
+}
+
+
+def _settings(folder: Path) -> Path:
+    for name, text in SETTINGS.items():
+        path = folder / "settings" / "@jupyterlab" / f"{name}.jupyterlab-settings"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return folder / "settings"
+
+
+def copy_notebook(folder: Path, name: str = "walkthrough.ipynb") -> Path:
+    return Path(shutil.copy(ROOT / "notebooks" / name, folder / name))
+
+
+# In-page JavaScript, on the notebook panel JupyterLab shows (window.jupyterapp).
+NOTEBOOK = "(window.jupyterapp && window.jupyterapp.shell.currentWidget)"
+CELLS_DONE = f"""() => {{
+    const panel = {NOTEBOOK};
+    if (!panel || !panel.sessionContext || !panel.sessionContext.session) return false;
+    const kernel = panel.sessionContext.session.kernel;
+    const cells = panel.content.widgets.filter(c => c.model.type === 'code');
+    return kernel.status === 'idle' && cells.every(c => c.model.executionCount !== null);
+}}"""
+CELL_PROBLEMS = f"""() => {{
+    const problems = [];
+    {NOTEBOOK}.content.widgets.forEach((cell, i) => {{
+        if (cell.model.type !== 'code') return;
+        for (const out of cell.model.outputs.toJSON()) {{
+            if (out.output_type === 'error')
+                problems.push(`cell ${{i}}: ${{out.ename}}: ${{out.evalue}}`);
+            if (out.output_type === 'stream' && out.name === 'stderr') {{
+                const text = [].concat(out.text).join('').slice(0, 300);
+                problems.push(`cell ${{i}} stderr: ${{text}}`);
+            }}
+        }}
+    }});
+    return problems;
+}}"""
+PLOTS = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(el => ({
+    traces: (el.data || []).length,
+    points: (el.data || []).reduce((n, t) => n + ['x', 'y', 'z', 'values'].reduce(
+        (m, k) => m + (t[k] && t[k].length ? t[k].length : 0), 0), 0),
+    visible: el.offsetParent !== null,
+    in_dashboard: el.closest('.widget-tab') !== null,
+    json: JSON.stringify((el.data || []).map(t => [t.x, t.y, t.z])).slice(0, 20000),
+}))"""
+
+
+def run_all(page, timeout_s: float = 300) -> None:
+    """Run every cell of the notebook on the page, and wait until each has run."""
+    page.wait_for_function(f"() => {NOTEBOOK} && {NOTEBOOK}.sessionContext && "
+                           f"{NOTEBOOK}.sessionContext.isReady",
+                           timeout=timeout_s * 1000)
+    page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+    page.wait_for_function(CELLS_DONE, timeout=timeout_s * 1000, polling=500)
+
+
+def wait_for_plots(page, timeout_s: float = 60) -> list[dict]:
+    """The Plotly figures on the page once every one has traces (or the last answer at the
+    deadline)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        plots = page.evaluate(PLOTS)
+        if (plots and all(p["traces"] for p in plots)) or time.monotonic() > deadline:
+            return plots
+        time.sleep(0.5)

@@ -125,14 +125,17 @@ CELL_PROBLEMS = f"""() => {{
     }});
     return problems;
 }}"""
-PLOTS = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(el => ({
+# A trace's array is plain, or a typed array as Plotly sends numpy data ({dtype, bdata, shape},
+# decoded into _inputArray in the page).
+PLOTS = """() => { const size = v => !v ? 0 : (v._inputArray || v).length || 0;
+  return Array.from(document.querySelectorAll('.js-plotly-plot')).map(el => ({
     traces: (el.data || []).length,
     points: (el.data || []).reduce((n, t) => n + ['x', 'y', 'z', 'values'].reduce(
-        (m, k) => m + (t[k] && t[k].length ? t[k].length : 0), 0), 0),
+        (m, k) => m + size(t[k]), 0), 0),
     visible: el.offsetParent !== null,
     in_dashboard: el.closest('.widget-tab') !== null,
     json: JSON.stringify((el.data || []).map(t => [t.x, t.y, t.z])).slice(0, 20000),
-}))"""
+  })); }"""
 
 
 def run_all(page, timeout_s: float = 300) -> None:

@@ -19,10 +19,13 @@ import sys
 from kvlab.checks import MAX_BLOCK_SIZE, check_block_size
 from kvlab.config import MODELS
 from kvlab.kernels import FAMILIES
-from kvlab.kernels.prefetch import MAX_DISTANCE, MODES
+from kvlab.kernels.prefetch import MAX_DISTANCE, MODES, PrefetchConfig
 from kvlab.offload.scheduler import MODELS_OF_TIME, SCHEDULES, WEIGHTS
+from kvlab.profile import paper
+from kvlab.profile.ncu import DEFAULT_TIMEOUT_S
 
 PROG = "python -m kvlab"
+PAPER_PREFETCH = "bulk K+V d=1"  # the paper's Algorithm 1: the next tile, one warp stride ahead
 # What `bench kvpr` times at each point: KVPR's split under each model of time, and the two ends.
 KVPR_SETTINGS = (*(f"kvpr-{m}" for m in MODELS_OF_TIME), "full-transfer", "full-recompute")
 
@@ -163,10 +166,37 @@ def _add_kvpr(parser: argparse.ArgumentParser) -> None:
                              "points it lacks")
 
 
-def _add_counters(parser: argparse.ArgumentParser) -> None:
-    from kvlab.bench.counters import add_options  # its options sit beside the paper's data
+def prefetch_label(text: str) -> str:
+    """A PrefetchConfig label of a prefetch setting (not "none"), e.g. 'bulk K+V d=1'."""
+    try:
+        enabled = PrefetchConfig.from_label(text).enabled
+    except ValueError:
+        enabled = None
+    if not enabled:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a prefetch setting's label like "
+                                         f"'{PAPER_PREFETCH}' ('none' is always profiled)")
+    return text
 
-    add_options(parser)
+
+def _add_counters(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--models", nargs="+", default=list(paper.MODELS), choices=list(MODELS),
+                        metavar="MODEL", help=f"one or more of {', '.join(MODELS)} (default: "
+                                              "the paper's four)")
+    parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
+    parser.add_argument("--prefetch", nargs="+", type=prefetch_label, default=[PAPER_PREFETCH],
+                        metavar="LABEL", help="prefetch settings profiled beside 'none' "
+                                              f"(default: the paper's, '{PAPER_PREFETCH}')")
+    parser.add_argument("--points", nargs="+", type=batch_x_context,
+                        default=[(16, 4096), (64, 4096)], metavar="BATCHxCONTEXT",
+                        help="the paper states none for its Table 5.2")
+    parser.add_argument("--block-size", type=block_size, default=16,
+                        help="tokens per cache block (the paper's: 16)")
+    parser.add_argument("--sms", nargs="+", type=positive_int, metavar="N",
+                        help="profile on a CUDA green context of N SMs, for each N (78: the "
+                             "H20's count; default: the whole GPU)")
+    parser.add_argument("--timeout", type=positive_float, default=DEFAULT_TIMEOUT_S,
+                        help="seconds per profiled launch (an ncu run of N launches gets N times "
+                             "this, its profiled process included); killed past it")
 
 
 # name -> (module, how to add its options, what it measures)

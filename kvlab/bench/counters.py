@@ -18,58 +18,16 @@ ends the run.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import shutil
 import sys
 from dataclasses import asdict, replace
 
 from kvlab.bench.env import gpu_info, gpu_state, run_info
-from kvlab.config import MODELS
-from kvlab.kernels import FAMILIES
-from kvlab.kernels.prefetch import PrefetchConfig
 from kvlab.profile import CountersError, KernelSpec, measure_many, ncu, paper
 
-PAPER_PREFETCH = "bulk K+V d=1"  # Algorithm 1: the next block's tile, one warp stride ahead
 FATAL = ("not_found", "refused")  # CountersError reasons that no other launch would escape
 POINT = ("model", "kernel", "batch", "context", "block_size", "num_sms")
-
-
-def prefetch_label(text: str) -> str:
-    """An argparse type: a PrefetchConfig label of a prefetch setting (not "none")."""
-    try:
-        enabled = PrefetchConfig.from_label(text).enabled
-    except ValueError:
-        enabled = None
-    if not enabled:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be a prefetch setting's label like "
-                                         f"'{PAPER_PREFETCH}' ('none' is always profiled)")
-    return text
-
-
-def add_options(parser: argparse.ArgumentParser) -> None:
-    """Declare the options of `python -m kvlab bench counters` on `parser`."""
-    from kvlab.bench.cli import batch_x_context, block_size, positive_float, positive_int
-
-    parser.add_argument("--models", nargs="+", default=list(paper.MODELS), choices=list(MODELS),
-                        metavar="MODEL", help=f"one or more of {', '.join(MODELS)} (default: "
-                                              "the paper's four)")
-    parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
-    parser.add_argument("--prefetch", nargs="+", type=prefetch_label, default=[PAPER_PREFETCH],
-                        metavar="LABEL", help="prefetch settings profiled beside 'none' "
-                                              f"(default: the paper's, '{PAPER_PREFETCH}')")
-    parser.add_argument("--points", nargs="+", type=batch_x_context, default=[(16, 4096),
-                                                                                (64, 4096)],
-                        metavar="BATCHxCONTEXT",
-                        help="the paper states none for its Table 5.2")
-    parser.add_argument("--block-size", type=block_size, default=16,
-                        help="tokens per cache block (the paper's: 16)")
-    parser.add_argument("--sms", nargs="+", type=positive_int, metavar="N",
-                        help="profile on a CUDA green context of N SMs, for each N (78: the "
-                             "H20's count; default: the whole GPU)")
-    parser.add_argument("--timeout", type=positive_float, default=ncu.DEFAULT_TIMEOUT_S,
-                        help="seconds per profiled launch (an ncu run of N launches gets N times "
-                             "this, its profiled process included); killed past it")
 
 
 def settings(args) -> list[tuple[str, list[KernelSpec]]]:

@@ -27,7 +27,8 @@ $(BIN)/python:
 # torch first: the CPU wheel, so that no multi-GB CUDA build is downloaded.
 $(VENV)/.deps: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+	$(BIN)/python -m pip install -q --no-deps "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"  # its dependencies, from PyPI
 	$(BIN)/python -m pip install -q ".[$(EXTRAS)]"
 	touch $@
 

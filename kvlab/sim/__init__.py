@@ -1,9 +1,10 @@
 """kvlab.sim: what the L2 counters would say, predicted on the CPU (no GPU needed).
 
 `simulate(spec)` replays one decode step's address stream (kvlab.sim.trace) through a model of
-the H200's L2 (kvlab.sim.l2) and returns an L2Result: sector hits and misses of loads and of
-prefetches, the hit rate and the DRAM bytes. Numba compiles the loops on first use (seconds; cached
-on disk), not at import.
+the H200's L2 (kvlab.sim.l2) and returns an L2Result: sector hits, pending hits (fills still in
+flight) and misses of loads and of prefetches, the hit rate and the DRAM bytes. Time is counted
+in rounds of the schedule (kvlab.sim.spec); L2Cache(fill_latency_rounds=...) sets how long a fill
+takes. Numba compiles the loops on first use (seconds; cached on disk), not at import.
 """
 
 from kvlab.sim.l2 import L2Cache, L2Result
@@ -15,10 +16,11 @@ __all__ = ["L2Cache", "L2Result", "TraceSpec", "simulate"]
 
 def simulate(spec: TraceSpec, cache: L2Cache | None = None) -> L2Result:
     """Replays one decode step of `spec` through `cache` (default: an empty H200 L2, as after
-    the benchmarks' flush) and returns what it did. A given cache keeps its contents, so
-    consecutive calls model consecutive layers or steps sharing the L2."""
+    the benchmarks' flush, with the default fill latency) and returns what it did. A given cache
+    keeps its contents, so consecutive calls model consecutive layers or steps sharing the L2;
+    each starts at `cache.time`, once the fills of the one before have landed."""
     cache = L2Cache() if cache is None else cache
-    result = L2Result()
-    for addrs, nbytes, kinds in iter_requests(spec):
-        result += cache.access(addrs, nbytes, kinds)
+    result, start = L2Result(), cache.time
+    for addrs, nbytes, kinds, rounds in iter_requests(spec):
+        result += cache.access(addrs, nbytes, kinds, start + rounds)
     return result

@@ -14,13 +14,20 @@ The geometry is the H200's; how lines map to sets and which line leaves are assu
   NOTE: the gqa kernel's `cp.async ... .L2::128B` hint would fill whole lines on a miss; it reads
   whole lines anyway, so only its DRAM bytes for partial rows could differ.
 - A bulk prefetch (`cp.async.bulk.prefetch.L2`) fills the sectors its byte range covers; a line
-  prefetch (`prefetch.global.L2`) fills the whole 128-byte line of its address. A prefetch fills
-  at once: there is no time in the model, so a prefetch issued just before its demand read
-  turns that read into a hit (a time model decides how much of the latency it hides).
+  prefetch (`prefetch.global.L2`) fills the whole 128-byte line of its address.
+- Time: every request comes with a time in rounds (kvlab.sim.spec: one turn of every CTA slot,
+  about one loop iteration of the kernel). A miss, demand or prefetch, starts a fill that is ready
+  `fill_latency_rounds` later (0: at once). A request before then finds the sector "pending": it
+  reads no DRAM (merged with the fill in flight) but is no hit. NOTE: this is how ncu's
+  lts__t_sector_hit_rate is read here (pending = miss), an assumption to check on the GPU.
+  A prefetch of a pending sector does nothing. A pending sector may be evicted: its fill is
+  dropped and a later request misses again.
 - Prefetched lines enter at the MRU end like demand lines (no evict-first/evict-last classes).
 """
 
+import math
 from dataclasses import dataclass, fields
+from numbers import Real
 
 import numba
 import numpy as np
@@ -34,6 +41,10 @@ SECTORS_PER_LINE = LINE_BYTES // SECTOR_BYTES
 NUM_WAYS = 16  # ASSUMPTION (see the module docstring)
 NUM_SETS = L2_BYTES // (LINE_BYTES * NUM_WAYS)  # 30,720
 SET_INDEXES = ("hash", "modulo")
+# ASSUMPTION, to calibrate against ncu: a DRAM-bound CTA issues one loop iteration's loads and
+# waits for them, so (Little's law) a loaded fill takes under a round; requests come at whole
+# rounds (kvlab.sim.spec), so every value in (0, 1] acts alike: 0.5 is not on an edge.
+FILL_LATENCY_ROUNDS = 0.5
 
 # Request kinds: what one (address, bytes) request of a trace does.
 DEMAND = 0  # a load: sector misses are read from DRAM
@@ -50,18 +61,22 @@ _SHIFT = np.uint64(32)
 class L2Result:
     """What a trace did to the L2, in 32-byte sectors. Results of consecutive traces add (`+`).
 
-    demand_hits, demand_misses: sectors of loads found in L2 / read from DRAM.
-    prefetch_hits: prefetched sectors already in L2 (no DRAM read).
+    demand_hits, demand_pending, demand_misses: sectors of loads found in L2 and ready / found
+    with their fill still in flight (no DRAM read, no hit) / read from DRAM (a new fill).
+    prefetch_hits: prefetched sectors already in L2, ready or in flight (no DRAM read).
     prefetch_misses: prefetched sectors read from DRAM into L2.
-    prefetch_used: prefetched sectors that a later load hit (each counted once).
+    prefetch_used: prefetched sectors that a later load read (each counted once);
+    prefetch_late: those of them whose fill the load found still in flight.
     prefetch_evicted_unused: prefetched sectors evicted before any load used them.
     """
 
     demand_hits: int = 0
+    demand_pending: int = 0
     demand_misses: int = 0
     prefetch_hits: int = 0
     prefetch_misses: int = 0
     prefetch_used: int = 0
+    prefetch_late: int = 0
     prefetch_evicted_unused: int = 0
 
     def __add__(self, other: "L2Result") -> "L2Result":
@@ -69,7 +84,7 @@ class L2Result:
 
     @property
     def demand_sectors(self) -> int:
-        return self.demand_hits + self.demand_misses
+        return self.demand_hits + self.demand_pending + self.demand_misses
 
     @property
     def prefetch_sectors(self) -> int:
@@ -77,12 +92,13 @@ class L2Result:
 
     @property
     def hit_rate(self) -> float:
-        """Hits over the sectors of loads (prefetches excluded); 0.0 for an empty trace."""
+        """Ready hits over the sectors of loads (prefetches excluded; pending loads are not hits,
+        as ncu's lts__t_sector_hit_rate is read here: an assumption); 0.0 for an empty trace."""
         return self.demand_hits / self.demand_sectors if self.demand_sectors else 0.0
 
     @property
     def dram_bytes(self) -> int:
-        """Bytes read from DRAM: every missed sector, demand or prefetch (no writes in decode)."""
+        """Bytes read from DRAM: every new fill, demand or prefetch (no writes in decode)."""
         return (self.demand_misses + self.prefetch_misses) * SECTOR_BYTES
 
 
@@ -91,37 +107,54 @@ class L2Cache:
 
     num_sets, num_ways: geometry; the default is the H200's 60 MiB as 30,720 sets x 16 ways of
     128-byte lines. set_index: "hash" or "modulo" (see the module docstring).
-    Raises ValueError for a bad argument.
+    fill_latency_rounds: rounds (float >= 0) from a miss to its fill being ready; 0 makes every
+    fill instant. Raises ValueError for a bad argument.
     """
 
     def __init__(self, num_sets: int = NUM_SETS, num_ways: int = NUM_WAYS,
-                 set_index: str = "hash"):
+                 set_index: str = "hash", fill_latency_rounds: float = FILL_LATENCY_ROUNDS):
         check_positive_int("num_sets", num_sets)
         check_positive_int("num_ways", num_ways)
         if num_sets >= 1 << 32:
             raise ValueError(f"num_sets={num_sets}: must be < 2**32")
         if set_index not in SET_INDEXES:
             raise ValueError(f"set_index={set_index!r}: must be one of {SET_INDEXES}")
+        if (isinstance(fill_latency_rounds, bool) or not isinstance(fill_latency_rounds, Real)
+                or not 0 <= fill_latency_rounds < math.inf):
+            raise ValueError(f"fill_latency_rounds={fill_latency_rounds!r}: must be a finite "
+                             f"number >= 0")
         self.num_sets, self.num_ways, self.set_index = int(num_sets), int(num_ways), set_index
+        self.fill_latency_rounds = float(fill_latency_rounds)
         # [num_sets * num_ways, 2]: line address (-1 empty) and last use of each way, so that a
         # set's lookups read one contiguous stretch; [num_sets * num_ways] sector bitmasks: valid,
-        # and filled by a prefetch but not read yet.
+        # and filled by a prefetch but not read yet; [num_sets * num_ways, SECTORS_PER_LINE] float64
+        # time (rounds) at which each valid sector's fill is ready.
         self._ways = np.zeros((self.num_sets * self.num_ways, 2), dtype=np.int64)
         self._ways[:, 0] = -1
         self._valid = np.zeros(self.num_sets * self.num_ways, dtype=np.uint8)
         self._prefetched = np.zeros(self.num_sets * self.num_ways, dtype=np.uint8)
+        self._ready = np.zeros((self.num_sets * self.num_ways, SECTORS_PER_LINE))
         self._clock = np.zeros(1, dtype=np.int64)
+        self._latest = -math.inf  # the time of the latest request (rounds)
 
     @property
     def size_bytes(self) -> int:
         return self.num_sets * self.num_ways * LINE_BYTES
 
-    def access(self, addrs, nbytes, kinds) -> L2Result:
+    @property
+    def time(self) -> float:
+        """Rounds: when every fill started so far is ready (the latest request's time plus the
+        fill latency; 0.0 before any). A next kernel's trace starts here."""
+        return max(0.0, self._latest + self.fill_latency_rounds)
+
+    def access(self, addrs, nbytes, kinds, times=None) -> L2Result:
         """Replays requests in order and returns what they did.
 
         addrs: [n] integer byte addresses >= 0; nbytes: [n] integer sizes >= 1 (or one int for
-        all); kinds: [n] values of KINDS (or one for all). Request i touches the sectors that
-        overlap [addrs[i], addrs[i] + nbytes[i]). Raises ValueError before touching the cache.
+        all); kinds: [n] values of KINDS (or one for all); times: [n] finite times in rounds,
+        nondecreasing and not before an earlier call's (or one for all; default: `self.time`, once
+        every earlier fill is ready). Request i touches the sectors that overlap
+        [addrs[i], addrs[i] + nbytes[i]). Raises ValueError before touching the cache.
         """
         addrs = _check_array("addrs", addrs, 0)
         nbytes = _check_array("nbytes", nbytes, 1, like=addrs)
@@ -130,11 +163,29 @@ class L2Cache:
             raise ValueError(f"kinds={kinds.max()}: must be one of {KINDS}")
         if addrs.size and (addrs + nbytes).max() >= 1 << 62:
             raise ValueError(f"addrs + nbytes={(addrs + nbytes).max()}: must be < 2**62")
+        times = self._check_times(self.time if times is None else times, addrs)
         counts = np.zeros(len(fields(L2Result)), dtype=np.int64)
-        _replay(addrs, nbytes, kinds.astype(np.uint8), self._ways, self._valid,
-                self._prefetched, self.num_ways, self.num_sets, self.set_index == "hash",
-                self._clock, counts)
+        _replay(addrs, nbytes, kinds.astype(np.uint8), times, self.fill_latency_rounds,
+                self._ways, self._valid, self._prefetched, self._ready, self.num_ways,
+                self.num_sets, self.set_index == "hash", self._clock, counts)
+        if times.size:
+            self._latest = float(times[-1])
         return L2Result(*(int(c) for c in counts))
+
+    def _check_times(self, value, addrs) -> np.ndarray:
+        """`value` as a contiguous float64 array of addrs' shape (one value is broadcast)."""
+        times = np.asarray(value)
+        if times.dtype.kind not in "iuf" or times.shape not in ((), addrs.shape):
+            raise ValueError(f"times: dtype={times.dtype}, shape={times.shape}: must be a number "
+                             f"or a real array of shape {addrs.shape}")
+        times = np.ascontiguousarray(np.broadcast_to(times, addrs.shape), dtype=np.float64)
+        earlier = np.concatenate(([self._latest], times[:-1]))
+        bad = np.flatnonzero(~(np.isfinite(times) & (times >= earlier)))
+        if bad.size:
+            i = bad[0]
+            raise ValueError(f"times[{i}]={times[i]}: must be finite and >= {earlier[i]} (the "
+                             f"time before it: times never go back)")
+        return times
 
 
 def _check_array(name: str, value, minimum: int, like=None) -> np.ndarray:
@@ -160,12 +211,12 @@ def _num_sectors(mask):
 
 
 @numba.njit(cache=True)
-def _replay(addrs, nbytes, kinds, ways, valid, prefetched, num_ways, num_sets, hashed,
-            clock, counts):
+def _replay(addrs, nbytes, kinds, times, latency, ways, valid, prefetched, ready, num_ways,
+            num_sets, hashed, clock, counts):
     """The core loop: one tag lookup per (request, line); counts as in L2Result's fields."""
     now = clock[0]
     for i in range(addrs.size):
-        start, end, kind = addrs[i], addrs[i] + nbytes[i], kinds[i]
+        start, end, kind, t = addrs[i], addrs[i] + nbytes[i], kinds[i], times[i]
         for line in range(start // LINE_BYTES, (end - 1) // LINE_BYTES + 1):
             line_start = line * LINE_BYTES
             first = (max(start, line_start) - line_start) // SECTOR_BYTES
@@ -185,23 +236,33 @@ def _replay(addrs, nbytes, kinds, ways, valid, prefetched, num_ways, num_sets, h
                     break
                 if ways[j, 1] < ways[lru, 1]:
                     lru = j
-            if way < 0:  # the line is not in L2: its set's LRU line leaves
-                counts[5] += _num_sectors(prefetched[lru])
+            if way < 0:  # the line is not in L2: its set's LRU line leaves (fills in flight too)
+                counts[7] += _num_sectors(prefetched[lru])
                 ways[lru, 0] = line
                 valid[lru] = 0
                 prefetched[lru] = 0
                 way = lru
             held = np.int64(valid[way])
-            hits, misses = _num_sectors(mask & held), _num_sectors(mask & (_FULL_MASK ^ held))
+            fresh, ready_mask = mask & (_FULL_MASK ^ held), 0  # fresh: sectors that start a fill
+            for k in range(SECTORS_PER_LINE):
+                if (mask & held) >> k & 1 and ready[way, k] <= t:
+                    ready_mask |= 1 << k
+                elif fresh >> k & 1:
+                    ready[way, k] = t + latency
+            hits, misses = _num_sectors(ready_mask), _num_sectors(fresh)
+            pending = _num_sectors(mask & held) - hits
             if kind == DEMAND:
+                used = mask & np.int64(prefetched[way])
                 counts[0] += hits
-                counts[1] += misses
-                counts[4] += _num_sectors(mask & np.int64(prefetched[way]))
+                counts[1] += pending
+                counts[2] += misses
+                counts[5] += _num_sectors(used)
+                counts[6] += _num_sectors(used & (_FULL_MASK ^ ready_mask))
                 prefetched[way] &= _FULL_MASK ^ mask
             else:
-                counts[2] += hits
-                counts[3] += misses
-                prefetched[way] |= mask & (_FULL_MASK ^ held)
+                counts[3] += hits + pending
+                counts[4] += misses
+                prefetched[way] |= fresh
             valid[way] = held | mask
             now += 1
             ways[way, 1] = now

@@ -4,6 +4,8 @@
 Scheduling (an assumption): num_sms * ctas_per_sm slots take CTAs in launch order; resident CTAs
 take turns in slot order, one loop iteration (NUM_WARPS blocks of K or of V; one 64-token tile)
 per turn, and a finished CTA's slot takes the next CTA at once. All slots run in lockstep.
+Time (an assumption): a round is one turn of every active slot, about one loop iteration's time;
+rounds count from 0, and the requests of one round happen at the same time (its number).
 """
 
 from dataclasses import dataclass, field
@@ -130,13 +132,19 @@ def iterations_per_cta(spec: TraceSpec) -> np.ndarray:
 
 @numba.njit(cache=True)
 def schedule(steps, num_slots):
-    """(cta_ids, iterations), each [steps.sum()] int64: the CTA iterations in the order the slots
-    take turns (see the module docstring). steps: [num_ctas] iterations per CTA, launch order."""
+    """(cta_ids, iterations, round_starts): the CTA iterations in the order the slots take turns
+    (see the module docstring), cta_ids and iterations each [steps.sum()] int64, and where each
+    round begins in them, [num_rounds + 1] int64 (the last: steps.sum()).
+    steps: [num_ctas] iterations per CTA, launch order."""
     cta_ids = np.empty(steps.sum(), dtype=np.int64)
     iterations = np.empty(steps.sum(), dtype=np.int64)
+    # NOTE: while CTAs wait, a round is a turn of every slot (at most steps.sum() // num_slots
+    # such rounds); after that come at most max(steps) rounds
+    longest = steps.max() if steps.size else 0
+    round_starts = np.empty(steps.sum() // num_slots + longest + 2, dtype=np.int64)
     slot_cta = np.full(num_slots, -1, dtype=np.int64)
     slot_iteration = np.zeros(num_slots, dtype=np.int64)
-    next_cta, n = 0, 0
+    next_cta, n, num_rounds = 0, 0, 0
     while True:
         for s in range(num_slots):
             if slot_cta[s] >= 0 and slot_iteration[s] == steps[slot_cta[s]]:
@@ -147,8 +155,10 @@ def schedule(steps, num_slots):
                 if next_cta < steps.size:
                     slot_cta[s], slot_iteration[s] = next_cta, 0
                     next_cta += 1
+        round_starts[num_rounds] = n
         if slot_cta.max() < 0:
-            return cta_ids, iterations
+            return cta_ids, iterations, round_starts[:num_rounds + 1].copy()
+        num_rounds += 1
         for s in range(num_slots):
             if slot_cta[s] >= 0:
                 cta_ids[n], iterations[n] = slot_cta[s], slot_iteration[s]

@@ -1,7 +1,8 @@
 """The address streams of the decode kernel families, in the order the L2 sees them.
 
-A trace is a sequence of requests (byte address, bytes, kind of kvlab.sim.l2.KINDS): one per
-contiguous K or V range a warp loads, and one per range it prefetches.
+A trace is a sequence of requests (byte address, bytes, kind of kvlab.sim.l2.KINDS, round): one
+per contiguous K or V range a warp loads, and one per range it prefetches, each at the round of its
+CTA iteration (kvlab.sim.spec).
 
 - vllm_v1 (kernels/paged_decode_vllm.cu): one CTA per (query head, sequence, partition), launch
   order head fastest. Warp w loads the whole (block, KV head) tile of blocks w, w + 4, ... of the
@@ -15,7 +16,8 @@ The CTAs' iterations come in the order of kvlab.sim.spec.schedule.
 Within an iteration the order is warp 0's requests, warp 1's, ...; the K and V copies of a gqa
 tile, interleaved per instruction in the kernel, come K range then V range (no reuse between them).
 
-Memory: the schedule holds two int64 per CTA iteration; requests come in chunks.
+Memory: the schedule holds two int64 per CTA iteration (and one per round); requests come in
+chunks.
 """
 
 import numba
@@ -32,49 +34,52 @@ _MAX_REQUESTS = {"vllm_v1": 2 * NUM_WARPS, "gqa": 8 * NUM_WARPS}
 
 
 def iter_requests(spec: TraceSpec, chunk_iterations: int = 1 << 16):
-    """Yields (addrs, nbytes, kinds) chunks of the trace, each [n] int64 / int64 / uint8, for
-    chunk_iterations CTA iterations at a time (bounded memory for any shape)."""
+    """Yields (addrs, nbytes, kinds, rounds) chunks of the trace, each [n] int64 / int64 / uint8 /
+    int64, for chunk_iterations CTA iterations at a time (bounded memory for any shape)."""
     check_int("chunk_iterations", chunk_iterations, 1)
     tables = block_tables(spec)
-    cta_ids, iterations = schedule(iterations_per_cta(spec), spec.num_sms * spec.ctas_per_sm)
+    cta_ids, iterations, round_starts = schedule(iterations_per_cta(spec),
+                                                 spec.num_sms * spec.ctas_per_sm)
     pf = spec.prefetch
     pf_kind = PREFETCH_LINES if pf.mode == "line" else PREFETCH
     pf_k, pf_v = pf.enabled and pf.k, pf.enabled and pf.v
     for first in range(0, cta_ids.size, chunk_iterations):
-        chunk = slice(first, first + chunk_iterations)
-        n = len(cta_ids[chunk]) * _MAX_REQUESTS[spec.family]
-        out = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.uint8)
+        chunk = slice(first, min(first + chunk_iterations, cta_ids.size))
+        rounds = np.searchsorted(round_starts, np.arange(chunk.start, chunk.stop), "right") - 1
+        n = (chunk.stop - chunk.start) * _MAX_REQUESTS[spec.family]
+        out = (np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.uint8),
+               np.empty(n, np.int64))
         if spec.family == "vllm_v1":
             n = _vllm_requests(
-                cta_ids[chunk], iterations[chunk], tables, spec.context, spec.num_qo_heads,
-                spec.num_qo_heads // spec.num_kv_heads, spec.num_kv_heads, spec.block_size,
-                -(-spec.cta_tokens // spec.block_size), spec.tile_bytes, spec.v_base,
-                pf_kind, pf_k, pf_v, pf.distance * NUM_WARPS, out)
+                cta_ids[chunk], iterations[chunk], rounds, tables, spec.context,
+                spec.num_qo_heads, spec.num_qo_heads // spec.num_kv_heads, spec.num_kv_heads,
+                spec.block_size, -(-spec.cta_tokens // spec.block_size), spec.tile_bytes,
+                spec.v_base, pf_kind, pf_k, pf_v, pf.distance * NUM_WARPS, out)
         else:
             n = _gqa_requests(
-                cta_ids[chunk], iterations[chunk], tables, spec.context, spec.num_kv_heads,
+                cta_ids[chunk], iterations[chunk], rounds, tables, spec.context, spec.num_kv_heads,
                 spec.num_partitions, spec.cta_tokens, spec.block_size,
                 spec.head_dim * spec.dtype_bytes, spec.v_base, pf_kind, pf_k, pf_v,
                 pf.distance, out)
         yield tuple(a[:n] for a in out)
 
 
-def requests(spec: TraceSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The whole trace as one (addrs, nbytes, kinds) triple: for small shapes and tests."""
+def requests(spec: TraceSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The whole trace as one (addrs, nbytes, kinds, rounds) tuple: for small shapes and tests."""
     return tuple(np.concatenate(parts) for parts in zip(*iter_requests(spec), strict=True))
 
 
 @numba.njit(cache=True)
-def _put(out, n, addr, size, kind):
-    """Writes request n into the (addrs, nbytes, kinds) arrays `out`; returns n + 1."""
-    out[0][n], out[1][n], out[2][n] = addr, size, kind
+def _put(out, n, addr, size, kind, at_round):
+    """Writes request n into the (addrs, nbytes, kinds, rounds) arrays `out`; returns n + 1."""
+    out[0][n], out[1][n], out[2][n], out[3][n] = addr, size, kind, at_round
     return n + 1
 
 
 @numba.njit(cache=True)
-def _vllm_requests(cta_ids, iterations, tables, seq_len, num_qo_heads, group, num_kv_heads,
-                   block_size, part_blocks, tile_bytes, v_base, pf_kind, pf_k, pf_v, pf_ahead,
-                   out):
+def _vllm_requests(cta_ids, iterations, rounds, tables, seq_len, num_qo_heads, group,
+                   num_kv_heads, block_size, part_blocks, tile_bytes, v_base, pf_kind, pf_k, pf_v,
+                   pf_ahead, out):
     n, num_seqs = 0, tables.shape[0]
     end_all = (seq_len + block_size - 1) // block_size
     for i in range(cta_ids.size):
@@ -87,15 +92,15 @@ def _vllm_requests(cta_ids, iterations, tables, seq_len, num_qo_heads, group, nu
         first = start + (iterations[i] % iters) * NUM_WARPS
         for block in range(first, min(first + NUM_WARPS, end)):  # warp w: block first + w
             tile = (tables[seq, block] * num_kv_heads + head // group) * tile_bytes
-            n = _put(out, n, base + tile, tile_bytes, DEMAND)
+            n = _put(out, n, base + tile, tile_bytes, DEMAND, rounds[i])
             if prefetch and block + pf_ahead < end:
                 tile = (tables[seq, block + pf_ahead] * num_kv_heads + head // group) * tile_bytes
-                n = _put(out, n, base + tile, tile_bytes, pf_kind)
+                n = _put(out, n, base + tile, tile_bytes, pf_kind, rounds[i])
     return n
 
 
 @numba.njit(cache=True)
-def _gqa_requests(cta_ids, iterations, tables, seq_len, num_kv_heads, num_partitions,
+def _gqa_requests(cta_ids, iterations, rounds, tables, seq_len, num_kv_heads, num_partitions,
                   cta_tokens, block_size, row_bytes, v_base, pf_kind, pf_k, pf_v,
                   pf_distance, out):
     n, run = 0, min(block_size, GQA_TILE_TOKENS)  # run: tokens of one prefetch call
@@ -113,8 +118,9 @@ def _gqa_requests(cta_ids, iterations, tables, seq_len, num_kv_heads, num_partit
                 run_end = min((row // block_size + 1) * block_size, stop)
                 offset = _row_offset(tables[seq, row // block_size], num_kv_heads, kv_head,
                                      block_size, row, row_bytes)
-                n = _put(out, n, offset, (run_end - row) * row_bytes, DEMAND)
-                n = _put(out, n, v_base + offset, (run_end - row) * row_bytes, DEMAND)
+                size = (run_end - row) * row_bytes
+                n = _put(out, n, offset, size, DEMAND, rounds[i])
+                n = _put(out, n, v_base + offset, size, DEMAND, rounds[i])
                 row = run_end
             if not (pf_k or pf_v) or tile + pf_distance >= num_tiles:
                 continue
@@ -128,9 +134,9 @@ def _gqa_requests(cta_ids, iterations, tables, seq_len, num_kv_heads, num_partit
                 offset = _row_offset(tables[seq, run0 // block_size], num_kv_heads, kv_head,
                                      block_size, run0, row_bytes)
                 if pf_k:
-                    n = _put(out, n, offset, size, pf_kind)
+                    n = _put(out, n, offset, size, pf_kind, rounds[i])
                 if pf_v:
-                    n = _put(out, n, v_base + offset, size, pf_kind)
+                    n = _put(out, n, v_base + offset, size, pf_kind, rounds[i])
     return n
 
 

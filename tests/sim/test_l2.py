@@ -20,8 +20,9 @@ from kvlab.sim.l2 import (
 
 
 def make_cache(num_sets=4, num_ways=2) -> L2Cache:
-    """A tiny cache whose sets are line % num_sets, so traces can be followed by hand."""
-    return L2Cache(num_sets, num_ways, set_index="modulo")
+    """A tiny cache whose sets are line % num_sets, so traces can be followed by hand; its fills
+    are instant (fills that take time: test_fill_latency.py)."""
+    return L2Cache(num_sets, num_ways, set_index="modulo", fill_latency_rounds=0)
 
 
 def read(cache, *lines, kind=DEMAND, sector=None) -> L2Result:

@@ -25,7 +25,7 @@ def make_spec(**fields) -> TraceSpec:
 def byte_counts(spec: TraceSpec, kind=DEMAND) -> np.ndarray:
     """[2, num_seqs, blocks_per_seq, num_kv_heads, block_size, head_dim * dtype_bytes]: how often
     each byte of K (0) and V (1) is in a request of `kind`, by logical block."""
-    addrs, nbytes, kinds = requests(spec)
+    addrs, nbytes, kinds, _ = requests(spec)
     counts = np.zeros(2 * spec.v_base, dtype=np.int64)
     for addr, size in zip(addrs[kinds == kind], nbytes[kinds == kind], strict=True):
         counts[addr:addr + size] += 1
@@ -45,12 +45,39 @@ def valid_rows(spec: TraceSpec) -> np.ndarray:
 
 
 def test_schedule_round_robin_over_slots():
-    cta_ids, iterations = schedule(np.array([2, 1, 0, 3]), 2)
-    # turn 0: CTAs 0, 1; turn 1: CTA 0, then CTA 3 in CTA 1's slot (CTA 2 returns at once) ...
+    cta_ids, iterations, round_starts = schedule(np.array([2, 1, 0, 3]), 2)
+    # round 0: CTAs 0, 1; round 1: CTA 0, then CTA 3 in CTA 1's slot (CTA 2 returns at once);
+    # rounds 2 and 3: CTA 3 alone
     assert list(zip(cta_ids, iterations, strict=True)) == [
         (0, 0), (1, 0), (0, 1), (3, 0), (3, 1), (3, 2)]
-    cta_ids, iterations = schedule(np.array([2, 1, 3]), 1)
+    assert list(round_starts) == [0, 2, 4, 5, 6]
+    cta_ids, iterations, round_starts = schedule(np.array([2, 1, 3]), 1)
     assert list(cta_ids) == [0, 0, 1, 2, 2, 2] and list(iterations) == [0, 1, 0, 0, 1, 2]
+    assert list(round_starts) == list(range(7))  # one slot: one turn per round
+
+
+@pytest.mark.parametrize("num_slots", [1, 3, 8])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_schedule_rounds_are_lockstep_turns(num_slots, seed):
+    steps = np.random.default_rng(seed).integers(0, 6, 40)
+    steps[seed] = 30  # one long CTA among short ones
+    cta_ids, iterations, round_starts = schedule(steps, num_slots)
+    assert round_starts[0] == 0 and round_starts[-1] == steps.sum()
+    assert (np.diff(round_starts) >= 1).all() and (np.diff(round_starts) <= num_slots).all()
+    rounds = np.repeat(np.arange(len(round_starts) - 1), np.diff(round_starts))
+    for cta in np.flatnonzero(steps):  # a CTA's iterations in consecutive rounds, one per round
+        mine = cta_ids == cta
+        assert (iterations[mine] == np.arange(steps[cta])).all()
+        assert (np.diff(rounds[mine]) == 1).all()
+
+
+def test_requests_come_at_the_round_of_their_cta_iteration():
+    spec = make_spec(context=320, prefetch=PrefetchConfig("bulk"))  # 8 CTAs of 2 x 5 iterations
+    rounds = requests(spec)[3]
+    # 4 slots: CTAs 0-3 in rounds 0-9, CTAs 4-7 in rounds 10-19; each iteration 4 loads and 4
+    # prefetches, but none in the last iteration of the K loop and of the V loop
+    assert (np.diff(rounds) >= 0).all()
+    assert (np.bincount(rounds) == 4 * np.tile([8, 8, 8, 8, 4], 4)).all()
 
 
 @pytest.mark.parametrize("context", [1, 17, 97])
@@ -59,7 +86,7 @@ def test_schedule_round_robin_over_slots():
 def test_vllm_reads_every_tile_once_per_query_head(context, heads, block_size, partition_size):
     spec = make_spec(context=context, num_qo_heads=heads[0], num_kv_heads=heads[1],
                      block_size=block_size, partition_size=partition_size)
-    addrs, nbytes, _ = requests(spec)
+    addrs, nbytes, _, _ = requests(spec)
     assert (nbytes == spec.tile_bytes).all() and (addrs % spec.tile_bytes == 0).all()
     assert (spec.tile_bytes // SECTOR_BYTES) * len(addrs) == (
         2 * spec.num_seqs * spec.blocks_per_seq * spec.num_qo_heads * spec.tile_bytes
@@ -83,7 +110,7 @@ def test_gqa_reads_every_token_once_per_kv_head(context, block_size, partition_s
 def test_vllm_prefetches_the_tile_distance_strides_ahead(distance, block_size):
     spec = make_spec(context=300, block_size=block_size, num_sms=1, ctas_per_sm=1,
                      prefetch=PrefetchConfig("bulk", distance=distance))
-    addrs, nbytes, kinds = requests(spec)
+    addrs, nbytes, kinds, _ = requests(spec)
     # logical (cache, seq, block, kv head) of each request; one slot: CTAs one after another
     cache, offset = np.divmod(addrs, spec.v_base)
     physical, kv_head = np.divmod(offset // spec.tile_bytes, spec.num_kv_heads)
@@ -110,7 +137,7 @@ def test_gqa_prefetches_each_token_of_the_tiles_ahead_once(mode, kind, block_siz
     tile = np.arange(spec.blocks_per_seq * block_size) % 256 // GQA_TILE_TOKENS
     ahead = (tile >= distance).reshape(-1, 1, block_size, 1) & valid_rows(spec)
     assert ahead.any() and (byte_counts(spec, kind) == ahead).all()
-    addrs, _, kinds = requests(spec)  # one request per run of min(block_size, 64) tokens
+    addrs, _, kinds, _ = requests(spec)  # one request per run of min(block_size, 64) tokens
     assert (addrs[kinds == kind] % (min(block_size, GQA_TILE_TOKENS) * 256) == 0).all()
 
 
@@ -133,7 +160,7 @@ def test_placement():
 
 def test_gqa_siblings_share_the_l2_in_vllm_and_not_in_gqa():
     spec = make_spec(num_qo_heads=8, num_kv_heads=2)  # group 4, K and V 400 KiB: fits
-    vllm = simulate(spec)
+    vllm = simulate(spec, L2Cache(fill_latency_rounds=0))  # instant fills
     assert vllm.hit_rate == 3 / 4  # the first query head of a group misses, 3 siblings hit
     gqa = simulate(dataclasses.replace(spec, family="gqa"))
     assert gqa.hit_rate == 0.0

@@ -98,7 +98,9 @@ def main() -> None:
 
     python = dashboard_in_python(args.runs)
     first, redraw = in_the_browser(max(args.runs // 2, 1), args.redraws)
-    result = {"benchmark": "dashboard", **run_info(), "chromium": CHROMIUM,
+    result = {"benchmark": "dashboard", **run_info(),
+              "command": " ".join(["python benchmarks/dashboard.py", *sys.argv[1:]]),
+              "chromium": CHROMIUM,
               "dashboard_python_s": summary(python), "first_chart_s": summary(first),
               "redraw_s": summary(redraw), "targets_s": TARGETS_S}
     for key, target in TARGETS_S.items():

@@ -97,11 +97,25 @@ def auto_summary(result: dict) -> dict[str, tuple[float, float, int, int]]:
             for mode, r in found.items()}
 
 
+def dashboard_table(result: dict) -> list[str]:
+    """The dashboard's start-up and redraw times (results/cpu/dashboard.json) against targets."""
+    names = {"dashboard_python_s": "`kvlab.dashboard()` in a fresh Python process",
+             "first_chart_s": "first chart in a fresh kernel (JupyterLab, Chromium)",
+             "redraw_s": "slider change to chart redrawn in the page"}
+    lines = ["| what | min | median | max | runs | target (median) |", "|---|---|---|---|---|---|"]
+    for key, name in names.items():
+        s = result[key]
+        lines.append(f"| {name} | {s['min']:.3f} s | {s['median']:.3f} s | {s['max']:.3f} s | "
+                     f"{len(s['runs'])} | {result['targets_s'][key]:g} s |")
+    return lines
+
+
 def main() -> None:
     attention = load_result("h200", "attention")
     print("\n".join(decode_table(attention)), end="\n\n")
     kvpr = {name: load_result("h200", name) for name in ("kvpr_opt", "kvpr_llama")}
     print("\n".join(kvpr_table(kvpr)), end="\n\n")
+    print("\n".join(dashboard_table(load_result("cpu", "dashboard"))), end="\n\n")
     for mode, (worst, median, within, total) in auto_summary(attention).items():
         print(f"auto ({mode}): worst {worst:.3f}x, median {median:.3f}x, within 3% at {within} "
               f"of {total}")

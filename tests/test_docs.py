@@ -24,6 +24,7 @@ def tables():
         ("README.md", lambda t: t.decode_table(load_result("h200", "attention"))),
         ("benchmarks/README.md", lambda t: t.kvpr_table(
             {name: load_result("h200", name) for name in ("kvpr_opt", "kvpr_llama")})),
+        ("benchmarks/README.md", lambda t: t.dashboard_table(load_result("cpu", "dashboard"))),
     ],
 )
 def test_readme_tables_are_the_recorded_data(readme, make):

@@ -292,8 +292,11 @@ def speedup_figure(rows: list[dict], provenance: str, height: int = 380) -> go.F
     fig.add_hline(y=1, line=dict(color="gray", width=1, dash="dot"), row=1, col=2)
     fig.update_xaxes(categoryorder="array", categoryarray=settings, row=1, col=1)
     fig.update_xaxes(categoryorder="array", categoryarray=list(BASELINES), row=1, col=2)
-    fig.update_yaxes(title_text="decode step (ms)", row=1, col=1)
-    fig.update_yaxes(title_text="speedup (x)", row=1, col=2)
+    # headroom above the tallest bar for its vertical label, below the subplot title
+    top = [max((r["step_ms"] for r in rows), default=1), max(
+        (p["speedup"] for p in pairs), default=1)]
+    fig.update_yaxes(title_text="decode step (ms)", range=[0, 1.3 * top[0]], row=1, col=1)
+    fig.update_yaxes(title_text="speedup (x)", range=[0, 1.3 * max(top[1], 1)], row=1, col=2)
     against = ", ".join(dict.fromkeys(p["baseline"] for p in pairs)) or "no baseline recorded"
     fig.update_layout(barmode="group", legend_title="schedule")
     fig.update_xaxes(automargin=True)

@@ -130,6 +130,8 @@ CELL_PROBLEMS = f"""() => {{
 PLOTS = """() => { const size = v => !v ? 0 : (v._inputArray || v).length || 0;
   return Array.from(document.querySelectorAll('.js-plotly-plot')).map(el => ({
     traces: (el.data || []).length,
+    // a chart with nothing to draw shows a note instead (kvlab.viz.layout.note_figure)
+    note: !(el.data || []).length && ((el.layout || {}).annotations || []).length > 0,
     points: (el.data || []).reduce((n, t) => n + ['x', 'y', 'z', 'values'].reduce(
         (m, k) => m + size(t[k]), 0), 0),
     visible: el.offsetParent !== null,
@@ -148,11 +150,12 @@ def run_all(page, timeout_s: float = 300) -> None:
 
 
 def wait_for_plots(page, timeout_s: float = 60) -> list[dict]:
-    """The Plotly figures on the page once every one has traces (or the last answer at the
-    deadline)."""
+    """The Plotly figures on the page once every one has traces or a note (or the last answer at
+    the deadline)."""
     deadline = time.monotonic() + timeout_s
     while True:
         plots = page.evaluate(PLOTS)
-        if (plots and all(p["traces"] for p in plots)) or time.monotonic() > deadline:
+        if (plots and all(p["traces"] or p["note"] for p in plots)) or (
+                time.monotonic() > deadline):
             return plots
         time.sleep(0.5)

@@ -17,6 +17,7 @@ import ipywidgets as widgets
 from kvlab.device import backend, device_label
 from kvlab.panels.decode_kernels import DecodeKernelsTab
 from kvlab.panels.kvpr import KVPRTab
+from kvlab.panels.l2 import L2Tab
 from kvlab.panels.paged_cache import PagedCacheTab
 from kvlab.panels.widgets import FigurePane
 from kvlab.viz.export import figure_csv, html_report
@@ -109,4 +110,4 @@ class Dashboard:
 
 def dashboard() -> Dashboard:
     """The kvlab dashboard with all its tabs, built afresh (so it reflects `KVLAB_BACKEND` now)."""
-    return Dashboard([PagedCacheTab(), DecodeKernelsTab(), KVPRTab()])
+    return Dashboard([PagedCacheTab(), DecodeKernelsTab(), KVPRTab(), L2Tab()])

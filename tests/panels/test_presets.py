@@ -10,7 +10,8 @@ import kvlab
 from kvlab.config import MODELS
 
 PROVENANCE = ("recorded on ", "computed exactly from block accounting", "modelled with ",
-              "measured on ")
+              "measured on ", "the paper's figures: ", "modelled by kvlab.sim",
+              "not recorded on the H200")
 
 
 def strict_json(figure) -> dict:

@@ -1,0 +1,89 @@
+"""Figures of why L2 prefetch pays or not: the paper's H20 counters beside the H200's (Table 5.2),
+and the L2 model's answer for one shape (`kvlab.sim`).
+
+Plain functions to `plotly.graph_objects.Figure`; the caller passes the provenance of each
+source, and every figure says which numbers are recorded, which are the paper's and which are
+modelled.
+"""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from kvlab.profile import paper
+from kvlab.viz.layout import LEGEND_BELOW, style
+
+__all__ = ["PERCENT_COUNTERS", "CYCLE_COUNTERS", "modelled_l2_figure", "table_5_2_figure"]
+
+PERCENT_COUNTERS = ("l2_hit_pct", "sm_throughput_pct", "memory_throughput_pct")
+CYCLE_COUNTERS = ("long_scoreboard_cycles", "cpi")
+SHORT = {"l2_hit_pct": "L2 hit rate", "sm_throughput_pct": "SM throughput",
+         "memory_throughput_pct": "memory throughput", "long_scoreboard_cycles": "long scoreboard",
+         "cpi": "CPI"}
+BARS = (("H20 (paper), no prefetch", "#aec7e8"), ("H20 (paper), prefetch", "#1f77b4"),
+        ("H200, no prefetch", "#ffbb78"), ("H200, prefetch", "#ff7f0e"))
+
+
+def table_5_2_figure(model: str, entries: list[dict], provenance: str,
+                     height: int = 420) -> go.Figure:
+    """Grouped bars for `model`: each counter of the paper's Table 5.2 without and with prefetch,
+    the paper's H20 figures (`kvlab.profile.paper`) and ours; percentages on the left, cycles per
+    instruction on the right. `entries`: rows of a recorded `bench counters` result's "table"
+    for one kernel and point (empty: the H200's bars are absent, and the subtitle says so)."""
+    ours = {e["column"]: e for e in entries if e["model"] == model}
+    theirs = {c: paper.TABLE_5_2[c].get(model) for c in (*PERCENT_COUNTERS, *CYCLE_COUNTERS)}
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.6, 0.4], horizontal_spacing=0.12,
+                        subplot_titles=("% of peak", "cycles per instruction"))
+    fig.update_annotations(font_size=13)
+    for i, (name, color) in enumerate(BARS):
+        for col, counters in ((1, PERCENT_COUNTERS), (2, CYCLE_COUNTERS)):
+            if i < 2:
+                values = [theirs[c][i] if theirs[c] else None for c in counters]
+            else:
+                key = "ours_baseline" if i == 2 else "ours_prefetch"
+                values = [ours[c][key] if c in ours else None for c in counters]
+            fig.add_trace(go.Bar(name=name, legendgroup=name, showlegend=col == 1,
+                                 marker_color=color, x=[SHORT[c] for c in counters], y=values,
+                                 hovertemplate=f"{name}<br>%{{x}}: %{{y:.2f}}<extra></extra>"),
+                          row=1, col=col)
+    fig.update_layout(barmode="group")
+    speedup = paper.SPEEDUP.get(model)
+    lines = [f"{paper.GPU}: {speedup:.2f}x kernel speedup with prefetch" if speedup else
+             f"the paper has no {model}"]
+    if ours:
+        e = next(iter(ours.values()))
+        lines.append(f"H200: {e['kernel']}, batch {e['batch']} x {e['context']}, "
+                     f"{e['num_sms_used']} SMs, {e['prefetch']}")
+        hits = [e for e in entries if e["model"] == model and e["column"] == "speedup"]
+        if hits:
+            lines[-1] += f": {hits[0]['ours_prefetch']:.2f}x by ncu's durations"
+    else:
+        lines.append(f"H200: not recorded for {model}; run on a GPU: python -m kvlab bench "
+                     f"counters --models {model}")
+    return style(fig, f"The paper's counters, {model}", provenance, *lines, height=height)
+
+
+def modelled_l2_figure(results: dict[str, object], shape: str, provenance: str,
+                       height: int = 360) -> go.Figure:
+    """Bars per prefetch setting (`results`: label -> kvlab.sim.L2Result): the modelled L2 hit
+    rate of the loads, and beside it the share of loads that found their fill in flight; the
+    hover gives the DRAM bytes. `shape` describes the launch modelled."""
+    names = list(results)
+    hits = [100 * r.hit_rate for r in results.values()]
+    pending = [100 * r.demand_pending / r.demand_sectors if r.demand_sectors else 0.0
+               for r in results.values()]
+    dram = [r.dram_bytes / 2**20 for r in results.values()]
+    fig = go.Figure([
+        go.Bar(name="hits (ready in L2)", x=names, y=hits, marker_color="#2ca02c",
+               text=[f"{h:.1f}%" for h in hits], textposition="outside", cliponaxis=False,
+               customdata=dram, hovertemplate="%{x}: %{y:.1f}% hits<br>DRAM %{customdata:.0f} "
+               "MiB<extra></extra>"),
+        go.Bar(name="found in flight (no hit)", x=names, y=pending, marker_color="#c7c7c7",
+               text=[f"{p:.1f}%" for p in pending], textposition="outside", cliponaxis=False,
+               hovertemplate="%{x}: %{y:.1f}% of loads found their fill in flight"
+               "<extra></extra>"),
+    ])
+    fig.update_layout(barmode="group", yaxis=dict(title="% of loads' sectors", range=[0, 115]),
+                      legend=LEGEND_BELOW)
+    return style(fig, "L2, modelled", provenance, shape, height=height)

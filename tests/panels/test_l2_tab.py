@@ -1,0 +1,61 @@
+"""The "L2 and counters" tab, driven without a browser: the paper's counters beside a note where
+the H200's are not recorded, the regime map's note, and the L2 model on request (CPU)."""
+
+import pytest
+
+from kvlab.panels.l2 import MAX_MODELLED_SECTORS, L2Tab, trace_spec
+from kvlab.profile import paper
+
+
+@pytest.fixture
+def tab(monkeypatch):
+    monkeypatch.setenv("KVLAB_BACKEND", "sim")
+    return L2Tab(batch=2, context=1024)
+
+
+def test_the_papers_counters_are_drawn_and_the_h200s_named_where_missing(tab):
+    fig = tab.figures["counters"].figure
+    h20 = [t for t in fig.data if t.name == "H20 (paper), no prefetch"]
+    assert list(h20[0].y)[0] == paper.TABLE_5_2["l2_hit_pct"]["llama2-7b"][0]
+    title = fig.layout.title.text
+    if tab.counters is None:
+        assert "H200: not recorded for llama2-7b" in title
+        assert "python -m kvlab bench counters --models llama2-7b" in title
+    assert "arXiv 2504.06319" in title
+
+
+def test_a_model_the_paper_lacks_says_so(tab):
+    tab.controls["model"].value = "opt-6.7b"
+    assert "the paper has no opt-6.7b" in tab.figures["counters"].figure.layout.title.text
+
+
+def test_the_l2_model_runs_on_request_and_a_change_clears_it(tab):
+    assert "press Model the L2" in tab.figures["modelled"].figure.layout.annotations[0].text
+    tab.model()
+    fig = tab.figures["modelled"].figure
+    hits = next(t for t in fig.data if t.name.startswith("hits"))
+    assert list(hits.x) == ["none", "bulk K+V d=1"]
+    assert hits.y[0] == 0.0  # MHA without prefetch: nothing is read twice
+    assert "modelled by kvlab.sim" in fig.layout.title.text
+    tab.controls["sms"].value = 32
+    assert "press Model the L2" in tab.figures["modelled"].figure.layout.annotations[0].text
+
+
+def test_a_launch_too_big_to_model_live_is_a_note(tab):
+    tab.controls["batch"].value = 1024
+    tab.controls["context"].value = 131072
+    tab.model()
+    (note,) = tab.figures["modelled"].figure.layout.annotations
+    assert "too many to model live here" in note.text
+    assert MAX_MODELLED_SECTORS < 1024 * 131072 * 32 * 128 * 4 // 32
+
+
+def test_the_modelled_launch_is_planned_as_the_kernels_plan_it():
+    from kvlab.kernels.prefetch import PrefetchConfig
+
+    few = trace_spec("llama3-8b", "gqa", 1, 32768, 32, PrefetchConfig())
+    many = trace_spec("llama3-8b", "gqa", 64, 32768, 132, PrefetchConfig())
+    assert few.partition_size and few.num_sms == 32  # one sequence: split to fill the SMs
+    assert trace_spec("llama2-7b", "vllm_v1", 1, 4096, 132, PrefetchConfig()).partition_size == 512
+    assert trace_spec("llama2-7b", "vllm_v1", 64, 4096, 132, PrefetchConfig()).partition_size == 0
+    assert many.ctas_per_sm == few.ctas_per_sm == 2

@@ -10,6 +10,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from kvlab.results import speedups
+from kvlab.viz.layout import style
 
 __all__ = ["regime_cells", "regime_figure"]
 
@@ -61,9 +62,8 @@ def regime_figure(rows: list[dict], kernel: str, provenance: str, block_size: in
         zmin=1 - spread, zmax=1 + spread, colorscale="RdBu_r",
         colorbar=dict(title="speedup"),
         hovertemplate="%{y}, %{x}<br>%{z:.3f}x over no prefetch<extra></extra>"))
-    fig.update_layout(
-        title=f"Where L2 prefetch pays: {kernel}, block_size={block_size}, best setting over "
-              f"none<br><sub>{provenance}; same-loop ratios</sub>",
-        height=height, xaxis=dict(title="model (GQA group), batch x context"),
-        yaxis=dict(title="SMs"), margin=dict(t=90))
-    return fig
+    fig.update_layout(xaxis=dict(title="model (GQA group), batch x context"),
+                      yaxis=dict(title="SMs"))
+    return style(fig, f"Where L2 prefetch pays: {kernel}", provenance,
+                 f"block_size={block_size}; best setting over none, same-loop ratios",
+                 height=height)

@@ -139,11 +139,12 @@ class L2Tab:
     def _modelled(self, v: dict):
         from kvlab.sim import simulate
         from kvlab.sim.l2 import FILL_LATENCY_ROUNDS
+        from kvlab.sim.spec import JITTER_ROUNDS
 
         m = MODELS[v["model"]]
         provenance = (f"modelled by kvlab.sim on the CPU (H200 L2; fill latency "
-                      f"{FILL_LATENCY_ROUNDS:g} rounds, an assumption not yet checked "
-                      "against ncu)")
+                      f"{FILL_LATENCY_ROUNDS:g} and CTA phase jitter {JITTER_ROUNDS:g} rounds: "
+                      "assumptions not yet checked against ncu)")
         shape = (f"{v['model']} ({m.num_qo_heads}:{m.num_kv_heads}), {v['kernel']}, "
                  f"batch {v['batch']} x {v['context']}, {v['sms']} SMs")
         group = m.num_qo_heads // m.num_kv_heads

@@ -3,7 +3,8 @@
 `simulate(spec)` replays one decode step's address stream (kvlab.sim.trace) through a model of
 the H200's L2 (kvlab.sim.l2) and returns an L2Result: sector hits, pending hits (fills still in
 flight) and misses of loads and of prefetches, the hit rate and the DRAM bytes. Time is counted
-in rounds of the schedule (kvlab.sim.spec); L2Cache(fill_latency_rounds=...) sets how long a fill
+in rounds of the schedule (kvlab.sim.spec), each CTA shifted by its phase
+(TraceSpec.jitter_rounds); L2Cache(fill_latency_rounds=...) sets how long a fill
 takes. Numba compiles the loops on first use (seconds; cached on disk), not at import.
 """
 
@@ -21,6 +22,6 @@ def simulate(spec: TraceSpec, cache: L2Cache | None = None) -> L2Result:
     each starts at `cache.time`, once the fills of the one before have landed."""
     cache = L2Cache() if cache is None else cache
     result, start = L2Result(), cache.time
-    for addrs, nbytes, kinds, rounds in iter_requests(spec):
-        result += cache.access(addrs, nbytes, kinds, start + rounds)
+    for addrs, nbytes, kinds, times in iter_requests(spec):
+        result += cache.access(addrs, nbytes, kinds, start + times)
     return result

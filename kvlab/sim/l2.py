@@ -42,8 +42,9 @@ NUM_WAYS = 16  # ASSUMPTION (see the module docstring)
 NUM_SETS = L2_BYTES // (LINE_BYTES * NUM_WAYS)  # 30,720
 SET_INDEXES = ("hash", "modulo")
 # ASSUMPTION, to calibrate against ncu: a DRAM-bound CTA issues one loop iteration's loads and
-# waits for them, so (Little's law) a loaded fill takes under a round; requests come at whole
-# rounds (kvlab.sim.spec), so every value in (0, 1] acts alike: 0.5 is not on an edge.
+# waits for them, so (Little's law) a loaded fill takes under a round. In lockstep
+# (TraceSpec.jitter_rounds = 0) requests come at whole rounds and every value in (0, 1] acts
+# alike; with the CTAs' phases spread, siblings' hits fall as the latency grows.
 FILL_LATENCY_ROUNDS = 0.5
 
 # Request kinds: what one (address, bytes) request of a trace does.

@@ -3,12 +3,19 @@
 
 Scheduling (an assumption): num_sms * ctas_per_sm slots take CTAs in launch order; resident CTAs
 take turns in slot order, one loop iteration (NUM_WARPS blocks of K or of V; one 64-token tile)
-per turn, and a finished CTA's slot takes the next CTA at once. All slots run in lockstep.
+per turn, and a finished CTA's slot takes the next CTA at once. All slots take their turns in
+lockstep rounds (each CTA shifted by its phase, below).
 Time (an assumption): a round is one turn of every active slot, about one loop iteration's time;
-rounds count from 0, and the requests of one round happen at the same time (its number).
+rounds count from 0. Phase (an assumption, JITTER_ROUNDS): CTAs on different SMs are not in
+lockstep, so CTA c's iteration of round r happens at r + phase[c], phase[c] drawn once per CTA,
+uniform in [0, jitter_rounds), with `seed`; jitter_rounds = 0 puts every request of a round at its
+number (lockstep). jitter_rounds <= 1 keeps a CTA's round r before its round r + 1 and a slot's
+CTA before the next one it takes.
 """
 
+import math
 from dataclasses import dataclass, field
+from numbers import Real
 
 import numba
 import numpy as np
@@ -27,6 +34,12 @@ from kvlab.kernels.prefetch import PrefetchConfig
 BLOCK_SIZES = {"vllm_v1": VLLM_BLOCK_SIZES, "gqa": GQA_BLOCK_SIZES}
 PLACEMENTS = ("random", "contiguous")
 DTYPE_BYTES = (1, 2, 4)  # the kernels are 16-bit; other sizes are a what-if of the same loops
+# ASSUMPTION, to calibrate against ncu: nothing keeps CTAs on different SMs in step (launch
+# stagger, DRAM queueing), so a CTA's phase within a loop iteration is taken as unknown: uniform
+# over a whole round. 0 is the lockstep model.
+JITTER_ROUNDS = 1.0
+_PHASE_STREAM = 1  # the phases' random stream, apart from the placement's (stream 0)
+_PHASE_BITS = 20  # phases are multiples of 2^-20 rounds (see cta_phases)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,6 +52,8 @@ class TraceSpec:
     num_sms, ctas_per_sm: the CTA slots (gqa: kvlab.kernels.gqa.ctas_per_sm(head_dim)).
     placement: "random" (physical blocks a permutation drawn with `seed`) or "contiguous"
         (sequence s owns blocks [s * blocks_per_seq, (s + 1) * blocks_per_seq)).
+    jitter_rounds: a number in [0, 1], the spread of the CTAs' phases in rounds (see the module
+        docstring); 0: all slots in lockstep.
     Raises ValueError for a bad field, naming it.
     """
 
@@ -56,6 +71,7 @@ class TraceSpec:
     num_sms: int = 132  # H200 (/work/shared/H200.md)
     placement: str = "random"
     seed: int = 0
+    jitter_rounds: float = JITTER_ROUNDS
 
     def __post_init__(self):
         _check_choice("family", self.family, FAMILIES)
@@ -68,6 +84,10 @@ class TraceSpec:
         _check_choice("block_size", self.block_size, BLOCK_SIZES[self.family], self.family)
         _check_choice("dtype_bytes", self.dtype_bytes, DTYPE_BYTES)
         _check_choice("placement", self.placement, PLACEMENTS)
+        if (isinstance(self.jitter_rounds, bool) or not isinstance(self.jitter_rounds, Real)
+                or not 0 <= self.jitter_rounds <= 1 or math.isnan(self.jitter_rounds)):
+            raise ValueError(f"jitter_rounds={self.jitter_rounds!r}: must be a number in [0, 1] "
+                             f"(a CTA's phase stays within one round)")
         if self.family == "gqa" and self.num_qo_heads > GQA_MAX_GROUP * self.num_kv_heads:
             raise ValueError(f"num_qo_heads={self.num_qo_heads}: must be at most "
                              f"{GQA_MAX_GROUP} x num_kv_heads={self.num_kv_heads} for gqa")
@@ -81,6 +101,7 @@ class TraceSpec:
         for name in ("num_seqs", "context", "num_qo_heads", "num_kv_heads", "partition_size",
                      "ctas_per_sm", "head_dim", "block_size", "num_sms", "seed"):
             object.__setattr__(self, name, int(getattr(self, name)))  # numpy ints become ints
+        object.__setattr__(self, "jitter_rounds", float(self.jitter_rounds))
 
     @property
     def blocks_per_seq(self) -> int:
@@ -128,6 +149,33 @@ def iterations_per_cta(spec: TraceSpec) -> np.ndarray:
         iterations = 2 * -(-tokens // (VLLM_NUM_WARPS * spec.block_size))
         return np.repeat(iterations, spec.num_seqs * spec.num_qo_heads)
     return np.tile(-(-tokens // GQA_TILE_TOKENS), spec.num_seqs * spec.num_kv_heads)
+
+
+def cta_phases(spec: TraceSpec) -> np.ndarray:
+    """[num_ctas] float64 phase (rounds) of each CTA, launch order: uniform in
+    [0, spec.jitter_rounds), drawn with spec.seed (all 0.0 for jitter_rounds = 0)."""
+    num_ctas = iterations_per_cta(spec).size
+    rng = np.random.default_rng([spec.seed, _PHASE_STREAM])
+    # NOTE: multiples of 2^-_PHASE_BITS, so that round + phase (+ a dyadic fill latency) is exact:
+    # a CTA's prefetch issued `latency` rounds before its load lands exactly at the load's time
+    steps = np.floor(rng.random(num_ctas) * spec.jitter_rounds * 2.0**_PHASE_BITS)
+    return np.ldexp(steps, -_PHASE_BITS)
+
+
+def timed_schedule(spec: TraceSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(cta_ids, iterations, times), each [num_iterations]: the CTA iterations of `schedule`,
+    each at round + phase of its CTA (cta_phases), in time order (ties in schedule order);
+    int64, int64, float64."""
+    cta_ids, iterations, round_starts = schedule(iterations_per_cta(spec),
+                                                 spec.num_sms * spec.ctas_per_sm)
+    rounds = np.repeat(np.arange(round_starts.size - 1, dtype=np.float64), np.diff(round_starts))
+    if spec.jitter_rounds == 0:
+        return cta_ids, iterations, rounds
+    times = rounds + cta_phases(spec)[cta_ids]
+    # NOTE: phases < 1 round keep every round's iterations before the next round's, so this
+    # only reorders iterations within their round
+    order = np.argsort(times, kind="stable")
+    return cta_ids[order], iterations[order], times[order]
 
 
 @numba.njit(cache=True)

@@ -1,8 +1,8 @@
 """The address streams of the decode kernel families, in the order the L2 sees them.
 
-A trace is a sequence of requests (byte address, bytes, kind of kvlab.sim.l2.KINDS, round): one
-per contiguous K or V range a warp loads, and one per range it prefetches, each at the round of its
-CTA iteration (kvlab.sim.spec).
+A trace is a sequence of requests (byte address, bytes, kind of kvlab.sim.l2.KINDS, time): one
+per contiguous K or V range a warp loads, and one per range it prefetches, each at the time of its
+CTA iteration (kvlab.sim.spec: its round plus its CTA's phase), in time order.
 
 - vllm_v1 (kernels/paged_decode_vllm.cu): one CTA per (query head, sequence, partition), launch
   order head fastest. Warp w loads the whole (block, KV head) tile of blocks w, w + 4, ... of the
@@ -12,12 +12,11 @@ CTA iteration (kvlab.sim.spec).
   partition fastest. Per 64-token tile, warp w loads K and V of rows [16w, 16w + 16) (not past the
   sequence), then prefetches its runs of the tile `distance` tiles ahead.
 
-The CTAs' iterations come in the order of kvlab.sim.spec.schedule.
+The CTAs' iterations come in the order of kvlab.sim.spec.timed_schedule.
 Within an iteration the order is warp 0's requests, warp 1's, ...; the K and V copies of a gqa
 tile, interleaved per instruction in the kernel, come K range then V range (no reuse between them).
 
-Memory: the schedule holds two int64 per CTA iteration (and one per round); requests come in
-chunks.
+Memory: the schedule holds two int64 and one float64 per CTA iteration; requests come in chunks.
 """
 
 import numba
@@ -27,57 +26,56 @@ from kvlab.checks import check_int
 from kvlab.kernels.geometry import GQA_TILE_TOKENS, GQA_WARP_TOKENS
 from kvlab.kernels.geometry import VLLM_NUM_WARPS as NUM_WARPS
 from kvlab.sim.l2 import DEMAND, PREFETCH, PREFETCH_LINES
-from kvlab.sim.spec import TraceSpec, block_tables, iterations_per_cta, schedule
+from kvlab.sim.spec import TraceSpec, block_tables, timed_schedule
 
 # Most requests per CTA iteration: per warp, vllm a load + a prefetch; gqa K + V of 2 blocks, x 2.
 _MAX_REQUESTS = {"vllm_v1": 2 * NUM_WARPS, "gqa": 8 * NUM_WARPS}
 
 
 def iter_requests(spec: TraceSpec, chunk_iterations: int = 1 << 16):
-    """Yields (addrs, nbytes, kinds, rounds) chunks of the trace, each [n] int64 / int64 / uint8 /
-    int64, for chunk_iterations CTA iterations at a time (bounded memory for any shape)."""
+    """Yields (addrs, nbytes, kinds, times) chunks of the trace, each [n] int64 / int64 / uint8 /
+    float64 (rounds, nondecreasing), for chunk_iterations CTA iterations at a time (bounded
+    memory for any shape)."""
     check_int("chunk_iterations", chunk_iterations, 1)
     tables = block_tables(spec)
-    cta_ids, iterations, round_starts = schedule(iterations_per_cta(spec),
-                                                 spec.num_sms * spec.ctas_per_sm)
+    cta_ids, iterations, times = timed_schedule(spec)
     pf = spec.prefetch
     pf_kind = PREFETCH_LINES if pf.mode == "line" else PREFETCH
     pf_k, pf_v = pf.enabled and pf.k, pf.enabled and pf.v
     for first in range(0, cta_ids.size, chunk_iterations):
         chunk = slice(first, min(first + chunk_iterations, cta_ids.size))
-        rounds = np.searchsorted(round_starts, np.arange(chunk.start, chunk.stop), "right") - 1
         n = (chunk.stop - chunk.start) * _MAX_REQUESTS[spec.family]
         out = (np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.uint8),
-               np.empty(n, np.int64))
+               np.empty(n, np.float64))
         if spec.family == "vllm_v1":
             n = _vllm_requests(
-                cta_ids[chunk], iterations[chunk], rounds, tables, spec.context,
+                cta_ids[chunk], iterations[chunk], times[chunk], tables, spec.context,
                 spec.num_qo_heads, spec.num_qo_heads // spec.num_kv_heads, spec.num_kv_heads,
                 spec.block_size, -(-spec.cta_tokens // spec.block_size), spec.tile_bytes,
                 spec.v_base, pf_kind, pf_k, pf_v, pf.distance * NUM_WARPS, out)
         else:
             n = _gqa_requests(
-                cta_ids[chunk], iterations[chunk], rounds, tables, spec.context, spec.num_kv_heads,
-                spec.num_partitions, spec.cta_tokens, spec.block_size,
+                cta_ids[chunk], iterations[chunk], times[chunk], tables, spec.context,
+                spec.num_kv_heads, spec.num_partitions, spec.cta_tokens, spec.block_size,
                 spec.head_dim * spec.dtype_bytes, spec.v_base, pf_kind, pf_k, pf_v,
                 pf.distance, out)
         yield tuple(a[:n] for a in out)
 
 
 def requests(spec: TraceSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The whole trace as one (addrs, nbytes, kinds, rounds) tuple: for small shapes and tests."""
+    """The whole trace as one (addrs, nbytes, kinds, times) tuple: for small shapes and tests."""
     return tuple(np.concatenate(parts) for parts in zip(*iter_requests(spec), strict=True))
 
 
 @numba.njit(cache=True)
-def _put(out, n, addr, size, kind, at_round):
-    """Writes request n into the (addrs, nbytes, kinds, rounds) arrays `out`; returns n + 1."""
-    out[0][n], out[1][n], out[2][n], out[3][n] = addr, size, kind, at_round
+def _put(out, n, addr, size, kind, time):
+    """Writes request n into the (addrs, nbytes, kinds, times) arrays `out`; returns n + 1."""
+    out[0][n], out[1][n], out[2][n], out[3][n] = addr, size, kind, time
     return n + 1
 
 
 @numba.njit(cache=True)
-def _vllm_requests(cta_ids, iterations, rounds, tables, seq_len, num_qo_heads, group,
+def _vllm_requests(cta_ids, iterations, times, tables, seq_len, num_qo_heads, group,
                    num_kv_heads, block_size, part_blocks, tile_bytes, v_base, pf_kind, pf_k, pf_v,
                    pf_ahead, out):
     n, num_seqs = 0, tables.shape[0]
@@ -92,15 +90,15 @@ def _vllm_requests(cta_ids, iterations, rounds, tables, seq_len, num_qo_heads, g
         first = start + (iterations[i] % iters) * NUM_WARPS
         for block in range(first, min(first + NUM_WARPS, end)):  # warp w: block first + w
             tile = (tables[seq, block] * num_kv_heads + head // group) * tile_bytes
-            n = _put(out, n, base + tile, tile_bytes, DEMAND, rounds[i])
+            n = _put(out, n, base + tile, tile_bytes, DEMAND, times[i])
             if prefetch and block + pf_ahead < end:
                 tile = (tables[seq, block + pf_ahead] * num_kv_heads + head // group) * tile_bytes
-                n = _put(out, n, base + tile, tile_bytes, pf_kind, rounds[i])
+                n = _put(out, n, base + tile, tile_bytes, pf_kind, times[i])
     return n
 
 
 @numba.njit(cache=True)
-def _gqa_requests(cta_ids, iterations, rounds, tables, seq_len, num_kv_heads, num_partitions,
+def _gqa_requests(cta_ids, iterations, times, tables, seq_len, num_kv_heads, num_partitions,
                   cta_tokens, block_size, row_bytes, v_base, pf_kind, pf_k, pf_v,
                   pf_distance, out):
     n, run = 0, min(block_size, GQA_TILE_TOKENS)  # run: tokens of one prefetch call
@@ -119,8 +117,8 @@ def _gqa_requests(cta_ids, iterations, rounds, tables, seq_len, num_kv_heads, nu
                 offset = _row_offset(tables[seq, row // block_size], num_kv_heads, kv_head,
                                      block_size, row, row_bytes)
                 size = (run_end - row) * row_bytes
-                n = _put(out, n, offset, size, DEMAND, rounds[i])
-                n = _put(out, n, v_base + offset, size, DEMAND, rounds[i])
+                n = _put(out, n, offset, size, DEMAND, times[i])
+                n = _put(out, n, v_base + offset, size, DEMAND, times[i])
                 row = run_end
             if not (pf_k or pf_v) or tile + pf_distance >= num_tiles:
                 continue
@@ -134,9 +132,9 @@ def _gqa_requests(cta_ids, iterations, rounds, tables, seq_len, num_kv_heads, nu
                 offset = _row_offset(tables[seq, run0 // block_size], num_kv_heads, kv_head,
                                      block_size, run0, row_bytes)
                 if pf_k:
-                    n = _put(out, n, offset, size, pf_kind, rounds[i])
+                    n = _put(out, n, offset, size, pf_kind, times[i])
                 if pf_v:
-                    n = _put(out, n, v_base + offset, size, pf_kind, rounds[i])
+                    n = _put(out, n, v_base + offset, size, pf_kind, times[i])
     return n
 
 

@@ -1,4 +1,4 @@
-"""Fills that take time: pending sectors, late prefetches, lockstep siblings (CPU)."""
+"""Fills that take time: pending sectors, late prefetches, siblings in and out of lockstep (CPU)."""
 
 import re
 from collections import Counter, OrderedDict
@@ -10,6 +10,8 @@ from kvlab.kernels.geometry import VLLM_NUM_WARPS as NUM_WARPS
 from kvlab.kernels.prefetch import PrefetchConfig
 from kvlab.sim import L2Cache, TraceSpec, simulate
 from kvlab.sim.l2 import DEMAND, LINE_BYTES, PREFETCH, PREFETCH_LINES, SECTOR_BYTES, L2Result
+from kvlab.sim.spec import cta_phases
+from kvlab.sim.trace import requests
 
 
 def make_cache(fill_latency_rounds=0.0) -> L2Cache:
@@ -143,12 +145,59 @@ def make_spec(**fields) -> TraceSpec:
 
 @pytest.mark.parametrize("latency", [0.0, 0.5, 1.0, 4.0])
 def test_gqa_siblings_in_lockstep_read_pending_fills(latency):
-    spec = make_spec()  # each group's 4 query heads: CTAs in one round, one tile in each turn
+    spec = make_spec(jitter_rounds=0)  # a group's 4 query heads: CTAs in one round, a tile a turn
     result = simulate(spec, L2Cache(fill_latency_rounds=latency))
     assert result.dram_bytes == 2 * spec.v_base  # the first sibling's fill serves them all
     siblings = result.demand_sectors * 3 // 4
     expected = (siblings, 0) if latency == 0 else (0, siblings)
     assert (result.demand_hits, result.demand_pending) == expected
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_two_siblings_apart_by_more_than_the_latency_hit(seed):
+    spec = make_spec(num_seqs=1, context=256, num_qo_heads=2, num_kv_heads=1, num_sms=1,
+                     jitter_rounds=1.0, seed=seed)  # 2 CTAs, 2 slots: the same tiles, one round
+    gap = abs(np.diff(cta_phases(spec))[0])
+    assert 0 < gap < 1
+    for latency, later in [(gap / 2, "hits"), (gap, "hits"), ((gap + 1) / 2, "pending")]:
+        result = simulate(spec, L2Cache(fill_latency_rounds=latency))
+        half = result.demand_sectors // 2  # the earlier CTA misses every sector
+        assert result.demand_misses == half
+        expected = (half, 0) if later == "hits" else (0, half)
+        assert (result.demand_hits, result.demand_pending) == expected
+
+
+def sibling_hit_rate(spec: TraceSpec, latency: float) -> float:
+    """By hand, for vllm_v1 CTAs that all start in round 0 and read the same number of sectors:
+    in each group of siblings (head fastest) the earliest phase misses and a sibling hits iff it
+    comes at least `latency` after it."""
+    group = spec.num_qo_heads // spec.num_kv_heads
+    phases = cta_phases(spec).reshape(-1, group)
+    later = phases - phases.min(axis=1, keepdims=True) >= latency
+    later[np.arange(len(phases)), phases.argmin(axis=1)] = False
+    return later.mean()
+
+
+def test_with_phases_the_sibling_hit_rate_falls_steadily_with_the_latency():
+    spec = make_spec(num_sms=8, jitter_rounds=1.0)  # all 16 CTAs in round 0, 4 groups of 4
+    latencies = [0.0, 0.125, 0.25, 0.5, 0.75, 1.0]
+    rates = [simulate(spec, L2Cache(fill_latency_rounds=latency)).hit_rate
+             for latency in latencies]
+    assert rates == [sibling_hit_rate(spec, latency) for latency in latencies]
+    assert rates[0] == 3 / 4 and rates[-1] == 0.0
+    assert all(a >= b for a, b in zip(rates, rates[1:], strict=False))
+    assert len(set(rates)) == len(rates)  # no jump from 3/4 to 0: every step in between
+
+
+@pytest.mark.parametrize("jitter_rounds", [0.0, 0.6, 1.0])
+@pytest.mark.parametrize("family", ["vllm_v1", "gqa"])
+def test_a_trace_with_phases_matches_the_reference(jitter_rounds, family):
+    spec = make_spec(family=family, context=200, prefetch=PrefetchConfig("bulk"),
+                     jitter_rounds=jitter_rounds, num_qo_heads=4)
+    trace = requests(spec)
+    result = simulate(spec, L2Cache(64, 4, fill_latency_rounds=0.3))
+    assert result == reference(*trace, 64, 4, "hash", 0.3)
+    assert (result.demand_pending > 0) == (family == "vllm_v1")  # gqa: no sibling reuse
 
 
 @pytest.mark.parametrize(("distance", "latency", "late"), [(1, 0.5, False), (1, 1.0, False),

@@ -11,7 +11,13 @@ from kvlab.kernels.geometry import VLLM_NUM_WARPS as NUM_WARPS
 from kvlab.kernels.prefetch import PrefetchConfig
 from kvlab.sim import L2Cache, TraceSpec, simulate
 from kvlab.sim.l2 import DEMAND, PREFETCH, PREFETCH_LINES, SECTOR_BYTES
-from kvlab.sim.spec import block_tables, schedule
+from kvlab.sim.spec import (
+    block_tables,
+    cta_phases,
+    iterations_per_cta,
+    schedule,
+    timed_schedule,
+)
 from kvlab.sim.trace import requests
 
 
@@ -71,13 +77,47 @@ def test_schedule_rounds_are_lockstep_turns(num_slots, seed):
         assert (np.diff(rounds[mine]) == 1).all()
 
 
-def test_requests_come_at_the_round_of_their_cta_iteration():
-    spec = make_spec(context=320, prefetch=PrefetchConfig("bulk"))  # 8 CTAs of 2 x 5 iterations
-    rounds = requests(spec)[3]
+@pytest.mark.parametrize("jitter_rounds", [0.0, 0.5, 1.0])
+def test_requests_come_at_the_round_of_their_cta_iteration(jitter_rounds):
+    spec = make_spec(context=320, prefetch=PrefetchConfig("bulk"), jitter_rounds=jitter_rounds)
+    times = requests(spec)[3]  # 8 CTAs of 2 x 5 iterations
     # 4 slots: CTAs 0-3 in rounds 0-9, CTAs 4-7 in rounds 10-19; each iteration 4 loads and 4
     # prefetches, but none in the last iteration of the K loop and of the V loop
-    assert (np.diff(rounds) >= 0).all()
-    assert (np.bincount(rounds) == 4 * np.tile([8, 8, 8, 8, 4], 4)).all()
+    assert (np.diff(times) >= 0).all()
+    assert (np.bincount(np.floor(times).astype(np.int64)) == 4 * np.tile([8, 8, 8, 8, 4], 4)).all()
+    assert ((times % 1 == 0) if jitter_rounds == 0 else (times % 1 < jitter_rounds)).all()
+
+
+def test_with_no_jitter_the_schedule_is_lockstep_rounds():
+    spec = make_spec(context=320, num_seqs=3, jitter_rounds=0)  # 12 CTAs on 4 slots
+    cta_ids, iterations, round_starts = schedule(iterations_per_cta(spec), 4)
+    timed = timed_schedule(spec)
+    assert (timed[0] == cta_ids).all() and (timed[1] == iterations).all()
+    assert (timed[2] == np.repeat(np.arange(round_starts.size - 1), np.diff(round_starts))).all()
+    assert (cta_phases(spec) == 0).all()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_phases_reorder_iterations_only_within_their_round(seed):
+    spec = make_spec(context=320, num_seqs=3, jitter_rounds=1.0, seed=seed)
+    phases = cta_phases(spec)
+    assert ((0 <= phases) & (phases < 1)).all() and len(set(phases)) == phases.size
+    cta_ids, iterations, times = timed_schedule(spec)
+    lockstep = timed_schedule(dataclasses.replace(spec, jitter_rounds=0))
+    assert (np.floor(times) == lockstep[2]).all() and (times == lockstep[2] + phases[cta_ids]).all()
+    assert (np.diff(times) >= 0).all()
+    for cta in range(phases.size):  # a CTA's iterations in order, one round apart
+        assert (iterations[cta_ids == cta] == np.arange((cta_ids == cta).sum())).all()
+        assert (np.diff(times[cta_ids == cta]) == 1).all()
+
+
+def test_phases_are_deterministic_for_a_seed_and_apart_from_the_placement():
+    spec = make_spec(context=320, placement="contiguous", jitter_rounds=0.75)
+    assert all((a == b).all() for a, b in zip(requests(spec), requests(spec), strict=True))
+    other = requests(dataclasses.replace(spec, seed=1))
+    assert (np.sort(other[0]) == np.sort(requests(spec)[0])).all()  # the same blocks
+    assert (other[0] != requests(spec)[0]).any() and (other[3] != requests(spec)[3]).any()
+    assert (cta_phases(dataclasses.replace(spec, placement="random")) == cta_phases(spec)).all()
 
 
 @pytest.mark.parametrize("context", [1, 17, 97])
@@ -201,6 +241,8 @@ def test_prefetch_too_far_ahead_for_a_small_l2_is_evicted_unused():
     ({"prefetch": "bulk"}, "prefetch='bulk': must be a PrefetchConfig"),
     ({"placement": "striped"}, "placement='striped': must be one of ('random', 'contiguous')"),
     ({"dtype_bytes": 3}, "dtype_bytes=3: must be one of (1, 2, 4)"),
+    *(({"jitter_rounds": value}, f"jitter_rounds={value!r}: must be a number in [0, 1]")
+      for value in (-0.1, 1.5, float("nan"), True, "0.5")),
 ])
 def test_bad_spec(fields, message):
     with pytest.raises(ValueError, match=re.escape(message)):

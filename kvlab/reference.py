@@ -10,10 +10,12 @@ import numbers
 import torch
 
 from kvlab.cache import PagedKVCache
+from kvlab.cache.fp8 import dequantize
 
 
 def unpack_blocks(cache: PagedKVCache, block_ids: torch.Tensor):
-    """K and V of the given blocks as [num_kv_heads, len(block_ids) * block_size, head_dim]."""
+    """K and V of the given blocks as [num_kv_heads, len(block_ids) * block_size, head_dim], in
+    the cache's dtype (for an fp8 cache: as stored, not yet multiplied by the scales)."""
     num_kv_heads, head_dim = cache.num_kv_heads, cache.head_dim
     k = cache.k_cache[block_ids.long()]
     v = cache.v_cache[block_ids.long()]
@@ -26,7 +28,8 @@ def unpack_blocks(cache: PagedKVCache, block_ids: torch.Tensor):
 
 
 def decode_attention(q: torch.Tensor, cache: PagedKVCache, seq_ids, scale: float | None = None):
-    """One decode step of attention for each sequence, from the paged cache, in fp32.
+    """One decode step of attention for each sequence, from the paged cache, in fp32. An fp8
+    cache's K and V are dequantised first (times k_scale, v_scale per KV head).
 
     Args:
         q: [B, num_qo_heads, head_dim], floating point, on the cache's device. Query head h reads
@@ -56,8 +59,11 @@ def decode_attention(q: torch.Tensor, cache: PagedKVCache, seq_ids, scale: float
     for b, seq_len in enumerate(seq_lens):
         num_blocks = -(-seq_len // cache.block_size)
         k, v = unpack_blocks(cache, tables[b, :num_blocks])
-        k = k[:, :seq_len].float().repeat_interleave(group, dim=0)  # [num_qo_heads, seq_len, D]
-        v = v[:, :seq_len].float().repeat_interleave(group, dim=0)
+        k, v = k[:, :seq_len].float(), v[:, :seq_len].float()  # [num_kv_heads, seq_len, D]
+        if cache.k_scale is not None:
+            k, v = dequantize(k, cache.k_scale, 0), dequantize(v, cache.v_scale, 0)
+        k = k.repeat_interleave(group, dim=0)  # [num_qo_heads, seq_len, D]
+        v = v.repeat_interleave(group, dim=0)
         scores = torch.einsum("hd,hnd->hn", q[b].float(), k) * scale
         out[b] = torch.einsum("hn,hnd->hd", scores.softmax(dim=-1), v)
     return out

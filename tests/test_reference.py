@@ -36,6 +36,21 @@ def test_equals_sdpa_on_gathered_kv(layout, dtype, group):
     torch.testing.assert_close(got, sdpa_on_gathered(q, cache, seq_ids), atol=2e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("layout", ["hnd", "vllm"])
+@pytest.mark.parametrize("group", [1, 4])
+def test_fp8_cache_is_dequantised_per_kv_head(layout, group):
+    cache = make_cache(num_blocks=32, block_size=16, head_dim=64, dtype=torch.float8_e4m3fn,
+                       layout=layout)
+    head_sizes = torch.tensor([3.0, 0.01])[:, None]  # KV heads 0 and 1: far apart scales
+    seq_ids = [cache.add_sequence(*(t.half() * head_sizes for t in torch.randn(2, n, 2, 64)))
+               for n in (1, 17, 97)]
+    assert cache.k_scale[0] > 100 * cache.k_scale[1]
+    q = torch.randn(3, 2 * group, 64)
+    got = decode_attention(q, cache, seq_ids)
+    assert got.dtype == torch.float32 and got.shape == q.shape
+    torch.testing.assert_close(got, sdpa_on_gathered(q, cache, seq_ids), atol=2e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("head_dim", [64, 80, 96, 112, 128, 256])
 @pytest.mark.parametrize("block_size", [1, 8, 256])
 def test_every_head_dim_and_block_size(head_dim, block_size):

@@ -4,6 +4,8 @@ Layouts (per block; `x = 16 // itemsize`, so one x-vector is 16 bytes):
     "hnd":  k_cache, v_cache  [num_blocks, num_kv_heads, block_size, head_dim]
     "vllm": k_cache           [num_blocks, num_kv_heads, head_dim // x, block_size, x]
             v_cache           [num_blocks, num_kv_heads, head_dim, block_size]
+(x = 8 for fp16/bf16, 4 for fp32, 16 for fp8.) An fp8 cache also keeps k_scale, v_scale: float32
+[num_kv_heads], one scale per KV head shared by all sequences (see kvlab.cache.fp8).
 """
 
 import math
@@ -11,11 +13,12 @@ import os
 
 import torch
 
+from kvlab.cache import fp8
 from kvlab.cache.block_manager import Allocation, BlockManager
 from kvlab.checks import check_block_size, check_head_dim, check_positive_int
 
 LAYOUTS = ("hnd", "vllm")
-DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+DTYPES = (torch.float16, torch.bfloat16, torch.float32, fp8.FP8_DTYPE)
 
 
 def cache_shapes(num_blocks, block_size, num_kv_heads, head_dim, dtype, layout):
@@ -39,13 +42,23 @@ class PagedKVCache:
     Args:
         num_blocks, block_size: pool size; block_size a power of two in [1, 256].
         num_kv_heads: KV heads; head_dim: one of 64, 80, 96, 112, 128, 256.
-        dtype: torch.float16, torch.bfloat16 or torch.float32. layout: "hnd" or "vllm".
+        dtype: torch.float16, torch.bfloat16, torch.float32 or torch.float8_e4m3fn (fp8, below).
+        layout: "hnd" or "vllm".
         device: a torch device; the K/V tensors must fit in its free memory.
         seed: if given, blocks are handed out in a random order (scattered block tables).
 
     Raises ValueError for a bad argument, or when the K/V tensors do not fit on `device` (checked
     before allocating anything). Every method that fails raises before changing anything: the
     cache stays as it was. Writes never record autograd history, even for K/V that require grad.
+
+    fp8 (dtype=torch.float8_e4m3fn): K/V are written from fp16, bf16 or fp32 (finite values) and
+    stored as e4m3 with one float32 scale per KV head, `k_scale` and `v_scale` [num_kv_heads] on
+    the cache's device. A head's scale is amax / 448 of the first write with a nonzero value for
+    that head (1.0 until then) and then stays fixed, for all sequences, through fork, copy-on-write
+    and free: the kernel dequantises with one multiply per head. Later values beyond 448 * scale
+    are clamped (never NaN or inf); `saturated` counts the elements clamped so far, K and V
+    together. `gather` returns float32, dequantised. For other dtypes k_scale, v_scale are None
+    and saturated stays 0.
     """
 
     def __init__(self, num_blocks, block_size, num_kv_heads, head_dim, dtype=torch.float16,
@@ -76,6 +89,10 @@ class PagedKVCache:
         self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
         self.dtype, self.layout = dtype, layout
         self.device = self.k_cache.device
+        self._scales = None
+        if dtype == fp8.FP8_DTYPE:
+            self._scales = (fp8.FP8Scales(num_kv_heads, self.device),
+                            fp8.FP8Scales(num_kv_heads, self.device))
 
     def __repr__(self):
         return (
@@ -94,13 +111,29 @@ class PagedKVCache:
         return self.manager.seq_ids
 
     @property
+    def k_scale(self) -> torch.Tensor | None:
+        """float32 [num_kv_heads] for an fp8 cache (stored K = K / k_scale), else None."""
+        return None if self._scales is None else self._scales[0].scale
+
+    @property
+    def v_scale(self) -> torch.Tensor | None:
+        """float32 [num_kv_heads] for an fp8 cache (stored V = V / v_scale), else None."""
+        return None if self._scales is None else self._scales[1].scale
+
+    @property
+    def saturated(self) -> int:
+        """Elements of K and V clamped to +-448 * scale so far (fp8 caches; else 0)."""
+        return 0 if self._scales is None else sum(s.saturated for s in self._scales)
+
+    @property
     def nbytes(self) -> int:
         return self.k_cache.nbytes + self.v_cache.nbytes
 
     def add_sequence(self, k, v, token_ids=None) -> int:
-        """Store a new sequence. k, v: [seq_len, num_kv_heads, head_dim] in the cache's dtype and
-        device, seq_len >= 1. token_ids (seq_len ints), if given, let full blocks be shared with
-        live sequences of equal prefix; their K/V is then taken to be equal and not rewritten.
+        """Store a new sequence. k, v: [seq_len, num_kv_heads, head_dim] in the cache's dtype (for
+        an fp8 cache: fp16, bf16 or fp32) and device, seq_len >= 1. token_ids (seq_len ints), if
+        given, let full blocks be shared with live sequences of equal prefix; their K/V is then
+        taken to be equal and not rewritten.
         Returns the new seq_id. Raises ValueError on bad input, OutOfBlocksError when full."""
         self._check_kv(k, v)
         if k.shape[0] == 0:
@@ -120,9 +153,14 @@ class PagedKVCache:
         self.manager.free(seq_id)
 
     def gather(self, seq_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Dense copies (k, v) of a sequence, each [seq_len, num_kv_heads, head_dim]."""
+        """Dense copies (k, v) of a sequence, each [seq_len, num_kv_heads, head_dim], in the
+        cache's dtype; float32 (dequantised) for an fp8 cache."""
         seq_len = self.manager.seq_len(seq_id)
-        return self._read(self.manager.slot_mapping(seq_id, 0, seq_len))
+        k, v = self._read(self.manager.slot_mapping(seq_id, 0, seq_len))
+        if self._scales is None:
+            return k, v
+        return (fp8.dequantize(k, self.k_scale, head_axis=1),
+                fp8.dequantize(v, self.v_scale, head_axis=1))
 
     def block_tables(self, seq_ids) -> torch.Tensor:
         """int32 [len(seq_ids), max_num_blocks] on the cache's device. Rows are padded with 0
@@ -147,7 +185,9 @@ class PagedKVCache:
                     f"{name}.shape={tuple(t.shape)}: must be [n, num_kv_heads={expected[0]}, "
                     f"head_dim={expected[1]}]"
                 )
-            if t.dtype != self.dtype:
+            if self._scales is not None:
+                fp8.check_source(name, t)
+            elif t.dtype != self.dtype:
                 raise ValueError(f"{name}.dtype={t.dtype}: must be the cache's {self.dtype}")
             if t.device != self.device:
                 raise ValueError(f"{name}.device={t.device}: must be the cache's {self.device}")
@@ -163,7 +203,10 @@ class PagedKVCache:
         first = alloc.write_start - (seq_len - k.shape[0])  # index into k of the first new token
         if alloc.write_start < seq_len:
             slots = self.manager.slot_mapping(alloc.seq_id, alloc.write_start, seq_len)
-            self._scatter(slots, k[first:], v[first:])
+            k, v = k[first:], v[first:]
+            if self._scales is not None:  # scales from the tokens written, not a shared prefix
+                k, v = self._scales[0].quantize(k), self._scales[1].quantize(v)
+            self._scatter(slots, k, v)
         return alloc.seq_id
 
     def _block_offset(self, slots: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

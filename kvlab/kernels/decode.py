@@ -46,6 +46,11 @@ def auto_kernel(cache) -> str:
 def _check_cache(cache) -> None:
     if cache.device.type != "cuda":
         raise ValueError(f"cache.device={cache.device}: the CUDA kernels need a CUDA device")
+    if cache.dtype == torch.float8_e4m3fn:
+        raise ValueError(
+            f"cache.dtype={cache.dtype}: the CUDA kernels read fp16 and bf16; fp8 support comes "
+            "with the gqa kernel's fp8 path (use kvlab.reference.decode_attention meanwhile)"
+        )
     if cache.dtype not in vllm_v1.CUDA_TYPES:
         raise ValueError(
             f"cache.dtype={cache.dtype}: the CUDA kernels support {tuple(vllm_v1.CUDA_TYPES)}"

@@ -18,9 +18,9 @@ __all__ = ["PERCENT_COUNTERS", "CYCLE_COUNTERS", "modelled_l2_figure", "table_5_
 
 PERCENT_COUNTERS = ("l2_hit_pct", "sm_throughput_pct", "memory_throughput_pct")
 CYCLE_COUNTERS = ("long_scoreboard_cycles", "cpi")
-SHORT = {"l2_hit_pct": "L2 hit rate", "sm_throughput_pct": "SM throughput",
-         "memory_throughput_pct": "memory throughput", "long_scoreboard_cycles": "long scoreboard",
-         "cpi": "CPI"}
+SHORT = {"l2_hit_pct": "L2 hit<br>rate", "sm_throughput_pct": "SM<br>throughput",
+         "memory_throughput_pct": "memory<br>throughput",
+         "long_scoreboard_cycles": "long<br>scoreboard", "cpi": "CPI"}
 BARS = (("H20 (paper), no prefetch", "#aec7e8"), ("H20 (paper), prefetch", "#1f77b4"),
         ("H200, no prefetch", "#ffbb78"), ("H200, prefetch", "#ff7f0e"))
 
@@ -48,6 +48,7 @@ def table_5_2_figure(model: str, entries: list[dict], provenance: str,
                                  hovertemplate=f"{name}<br>%{{x}}: %{{y:.2f}}<extra></extra>"),
                           row=1, col=col)
     fig.update_layout(barmode="group")
+    fig.update_xaxes(tickangle=0)
     speedup = paper.SPEEDUP.get(model)
     lines = [f"{paper.GPU}: {speedup:.2f}x kernel speedup with prefetch" if speedup else
              f"the paper has no {model}"]
@@ -59,8 +60,8 @@ def table_5_2_figure(model: str, entries: list[dict], provenance: str,
         if hits:
             lines[-1] += f": {hits[0]['ours_prefetch']:.2f}x by ncu's durations"
     else:
-        lines.append(f"H200: not recorded for {model}; run on a GPU: python -m kvlab bench "
-                     f"counters --models {model}")
+        lines += [f"H200: not recorded for {model}; run on a GPU:",
+                  f"python -m kvlab bench counters --models {model}"]
     return style(fig, f"The paper's counters, {model}", provenance, *lines, height=height)
 
 

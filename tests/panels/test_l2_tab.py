@@ -19,7 +19,7 @@ def test_the_papers_counters_are_drawn_and_the_h200s_named_where_missing(tab):
     assert list(h20[0].y)[0] == paper.TABLE_5_2["l2_hit_pct"]["llama2-7b"][0]
     title = fig.layout.title.text
     if tab.counters is None:
-        assert "H200: not recorded for llama2-7b" in title
+        assert "H200: not recorded for llama2-7b; run on a GPU:" in title
         assert "python -m kvlab bench counters --models llama2-7b" in title
     assert "arXiv 2504.06319" in title
 

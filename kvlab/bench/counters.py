@@ -64,13 +64,13 @@ def run(args) -> dict:
     that run gives no whole row (a non-fatal CountersError), each point in a run of its own, so
     that only the points that fail are skipped, with their reason."""
     groups = settings(args)
-    cmd = ncu.command(groups[0][1])
+    launches = [(name, spec) for name, specs in groups for spec in specs]
+    cmd = ncu.command([spec for _, spec in launches])
     result = {"benchmark": "counters", **run_info(), **gpu_info(), "command": args.command,
               "ncu": ncu.version(), "ncu_options": cmd[1:cmd.index(sys.executable)],
               "metrics": {column: metric for column, (metric, _) in ncu.METRICS.items()},
               "dtype": "float16", "timeout_s": args.timeout, "paper": paper.SOURCE,
               "rows": [], "skipped": []}
-    launches = [(name, spec) for name, specs in groups for spec in specs]
     print(f"{len(launches)} launches in one ncu run", file=sys.stderr)
     try:
         rows = measure_many([spec for _, spec in launches],

@@ -82,7 +82,7 @@ def sm_limit(num_sms: int | None, device=None):
     reason = unavailable_reason()
     if reason is not None:
         raise RuntimeError(f"num_sms={num_sms}: green contexts are not available ({reason})")
-    stream, held = _green_stream(num_sms, device.index)
+    _, stream, held = _green_context(num_sms, device.index)
     with torch.cuda.stream(stream):
         _limits.append(held)
         try:
@@ -92,9 +92,10 @@ def sm_limit(num_sms: int | None, device=None):
 
 
 @functools.cache
-def _green_stream(num_sms: int, device_index: int) -> tuple[torch.cuda.Stream, int]:
-    """A green context of `num_sms` SMs (made once per process; contexts are never freed):
-    its stream, and the SMs a launch on it reaches."""
+def _green_context(num_sms: int, device_index: int) -> tuple[object, torch.cuda.Stream, int]:
+    """A green context of `num_sms` SMs, made once per process and never freed: the context (the
+    cache holds it, since its streams die with it), its stream, and the SMs a launch on it
+    reaches."""
     from torch.cuda.green_contexts import GreenContext
 
     context = GreenContext.create(num_sms=num_sms, device_id=device_index)
@@ -102,7 +103,7 @@ def _green_stream(num_sms: int, device_index: int) -> tuple[torch.cuda.Stream, i
     with torch.cuda.stream(stream):
         held = sms_in_use(torch.device("cuda", device_index))
     stream.synchronize()
-    return stream, held
+    return context, stream, held
 
 
 def _device(device) -> torch.device:

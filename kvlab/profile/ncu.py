@@ -66,13 +66,14 @@ METRICS = {
 }
 # kind -> {unit in ncu's units row: factor to ours}. ncu's prefixes are decimal. A unit not here
 # is refused: it is one this parser has not been shown, not one to scale by 1.
-# NOTE: the per-instruction ratios carry no prefix; which word ncu prints for them ("", "cycle",
-# "warp", "inst") is to be confirmed on the H200's recorded output.
+# The units are those ncu 2025.3 printed on the H200 with --print-units base
+# (tests/profile/data/ncu_raw_h200.csv): "cycle" for CPI, "inst" for the long-scoreboard ratio,
+# "byte" and "ns"; the time and byte entries beside them are the same units, prefixed.
 UNITS = {
     "percent": {"%": 1.0},
-    "ratio": {"": 1.0, "cycle": 1.0, "warp": 1.0, "inst": 1.0},
+    "ratio": {"cycle": 1.0, "inst": 1.0},
     "bytes": {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12},
-    "time": {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6},
+    "time": {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6},
 }
 REASONS = ("not_found", "refused", "timeout", "failed", "no_kernel", "output")
 PERMISSION_HELP = (

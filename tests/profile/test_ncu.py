@@ -1,4 +1,3 @@
-# data/ncu_raw_handwritten.csv is hand-written in ncu's documented `--csv --page raw` format (no recorded ncu output yet); a recorded one from the H200 is to join it.  # noqa: E501
 """kvlab.profile.ncu: the command, the parse of ncu's raw CSV (refusal, missing metric, bad value,
 unknown unit), and the subprocess with a fake `ncu` (missing, refusing, failing, past its
 timeout, answering) on the CPU; one real profile on the GPU."""
@@ -19,7 +18,9 @@ import pytest
 from kvlab.profile import CountersError, KernelSpec, counters, measure, measure_many
 from kvlab.profile.ncu import METRICS, SMS_MARKER, command, parse
 
-SAMPLE = Path(__file__).parent / "data" / "ncu_raw_handwritten.csv"
+# ncu 2025.3's output on the H200 for two launches (vllm_v1 without prefetch, gqa with), recorded
+# by the command of kvlab.profile.ncu.command
+SAMPLE = Path(__file__).parent / "data" / "ncu_raw_h200.csv"
 REFUSAL = (
     "==PROF== Connected to process 4242 (/usr/bin/python3.12)\n"
     "==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU "
@@ -56,21 +57,24 @@ def with_field(text: str, metric: str, row: int, value: str | None) -> str:
     return "\n".join(lines[:start]) + "\n" + out.getvalue() + "\n".join(lines[start + 3:])
 
 
-def test_parse_the_sample_normalizes_units_and_separators():
-    (row,) = parse(sample())
-    assert row["kernel_name"].startswith("void kvlab::vllm_decode<__half, 128, 16,")
-    assert row["duration_us"] == pytest.approx(1227.136)  # "1,227,136" nsecond
-    assert row["dram_read_bytes"] == 4_302_811_392
-    assert row["l2_hit_pct"] == pytest.approx(0.71)
-    assert row["cpi"] == pytest.approx(31.52)
-    assert row["long_scoreboard_cycles"] == pytest.approx(24.87)
-    assert set(row) == {"kernel_name", *METRICS}
-    assert all(math.isfinite(row[c]) for c in METRICS)
+def test_parse_the_recorded_sample_normalizes_units_and_separators():
+    vllm, gqa = parse(sample(), expected=2)
+    assert vllm["kernel_name"].startswith("void vllm_decode<__half, 128, 16, 512,")
+    assert gqa["kernel_name"].startswith("void gqa_decode<__half, 128, 16, 4,")
+    assert vllm["duration_us"] == pytest.approx(23.936)  # "23,936" ns
+    assert vllm["dram_read_bytes"] == 67_169_792  # "67,169,792" byte
+    assert vllm["l2_hit_pct"] == pytest.approx(1.29)
+    assert vllm["cpi"] == pytest.approx(9.05)  # cycle
+    assert vllm["long_scoreboard_cycles"] == pytest.approx(5.44)  # inst
+    assert gqa["l2_hit_pct"] == pytest.approx(50.45)
+    for row in (vllm, gqa):
+        assert set(row) == {"kernel_name", *METRICS}
+        assert all(math.isfinite(row[c]) for c in METRICS)
 
 
 def test_parse_scales_a_prefixed_unit():
-    text = with_field(with_field(sample(), METRIC, 1, "msecond"), METRIC, 2, "1.5")
-    assert parse(text)[0]["duration_us"] == pytest.approx(1500.0)
+    text = with_field(with_field(sample(), METRIC, 1, "ms"), METRIC, 2, "1.5")
+    assert parse(text, expected=2)[0]["duration_us"] == pytest.approx(1500.0)
 
 
 def test_refusal_says_so_and_how_to_allow():
@@ -93,16 +97,18 @@ def test_refusal_says_so_and_how_to_allow():
          f"metric {METRIC}: value '27.595.520' is not a number"),
         (lambda s: with_field(s, METRIC, 1, "cycle"), "output",
          f"metric {METRIC}: unit 'cycle' unknown, expected one of"),
-        (lambda s: s + s.splitlines()[-1] + "\n", "output", "ncu profiled 2 launches"),
-        (lambda s: "\n".join(s.splitlines()[:-1]) + "\n==WARNING== No kernels were profiled.\n",
-         "no_kernel", "ncu profiled no kernel matching regex:vllm_decode"),
+        (lambda s: s + next(line for line in reversed(s.splitlines()) if line.startswith('"'))
+         + "\n", "output", "ncu profiled 3 launches matching regex:vllm_decode; expected 2"),
+        (lambda s: "\n".join(line for line in s.splitlines() if not line.startswith(('"0"', '"1"')))
+         + "\n==WARNING== No kernels were profiled.\n", "no_kernel",
+         "ncu profiled no kernel matching regex:vllm_decode"),
         (lambda s: "==WARNING== No kernels were profiled.\n", "no_kernel",
          "ncu profiled no kernel matching regex:vllm_decode"),
     ],
 )
 def test_no_partial_row(text, reason, message):
     with pytest.raises(CountersError) as err:
-        parse(text(sample()), "regex:vllm_decode")
+        parse(text(sample()), "regex:vllm_decode", expected=2)
     assert err.value.reason == reason
     assert message in str(err.value)
 
@@ -124,17 +130,16 @@ def test_command_profiles_one_launch_of_each_spec_in_one_process():
     assert "regex:vllm_decode" in command([make_spec()])
 
 
-def two_launches(text: str) -> str:
-    """The sample with its launch row twice, the second with ID 1 and a longer duration."""
-    lines = text.splitlines()
-    launch = next(i for i, line in enumerate(lines) if line.startswith('"0"'))
-    second = lines[launch].replace('"0"', '"1"', 1).replace('"1,227,136"', '"2,454,272"')
-    return "\n".join([*lines[:launch + 1], second, *lines[launch + 1:]]) + "\n"
+def first_launch_only(text: str) -> str:
+    """The sample without its second launch row (ID 1)."""
+    return "\n".join(line for line in text.splitlines() if not line.startswith('"1"')) + "\n"
 
 
 def test_parse_keeps_every_launch_in_order():
-    rows = parse(two_launches(sample()), expected=2)
-    assert [r["duration_us"] for r in rows] == pytest.approx([1227.136, 2454.272])
+    rows = parse(sample(), expected=2)
+    assert [r["duration_us"] for r in rows] == pytest.approx([23.936, 9.6])
+    (row,) = parse(first_launch_only(sample()))
+    assert row["duration_us"] == pytest.approx(23.936)
 
 
 def fake_ncu(folder: Path, script: str) -> None:
@@ -192,29 +197,30 @@ def test_timeout_kills_the_whole_process_group(tmp_path):
 
 
 def test_answering_ncu_gives_one_whole_row(tmp_path):
-    fake_ncu(tmp_path, f"cat {SAMPLE}\necho '{SMS_MARKER}0 132' >&2\n")
+    (tmp_path / "one.csv").write_text(first_launch_only(sample()))
+    fake_ncu(tmp_path, f"cat {tmp_path / 'one.csv'}\necho '{SMS_MARKER}0 132' >&2\n")
     frame = counters(make_spec(), ncu=str(tmp_path / "ncu"))
     assert len(frame) == 1
     row = frame.iloc[0]
     assert (row["kernel"], row["batch"], row["num_sms"], row["num_sms_used"]) == (
         "vllm_v1", 64, None, 132)
-    assert row["duration_us"] == pytest.approx(1227.136)
+    assert row["duration_us"] == pytest.approx(23.936)
 
 
 def test_one_ncu_answers_for_many_specs_in_order(tmp_path):
-    (tmp_path / "two.csv").write_text(two_launches(sample()))
-    fake_ncu(tmp_path, f"cat {tmp_path / 'two.csv'}\n"
+    fake_ncu(tmp_path, f"cat {SAMPLE}\n"
                        f"echo '{SMS_MARKER}0 132' >&2\necho '{SMS_MARKER}1 80' >&2\n")
     specs = [make_spec(), make_spec(num_sms=78)]
     rows = measure_many(specs, ncu=str(tmp_path / "ncu"))
     assert [(r["num_sms"], r["num_sms_used"]) for r in rows] == [(None, 132), (78, 80)]
-    assert [r["duration_us"] for r in rows] == pytest.approx([1227.136, 2454.272])
+    assert [r["duration_us"] for r in rows] == pytest.approx([23.936, 9.6])
     with pytest.raises(CountersError, match="profiled 2 launches matching .*; expected 3"):
         measure_many([*specs, make_spec()], ncu=str(tmp_path / "ncu"))
 
 
 def test_answering_ncu_without_the_sms_line_is_refused(tmp_path):
-    fake_ncu(tmp_path, f"cat {SAMPLE}\n")
+    (tmp_path / "one.csv").write_text(first_launch_only(sample()))
+    fake_ncu(tmp_path, f"cat {tmp_path / 'one.csv'}\n")
     with pytest.raises(CountersError, match="did not write one line") as err:
         measure(make_spec(), ncu=str(tmp_path / "ncu"))
     assert err.value.reason == "failed"

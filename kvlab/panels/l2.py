@@ -20,7 +20,7 @@ import ipywidgets as widgets
 
 from kvlab.config import MODELS
 from kvlab.kernels import FAMILIES
-from kvlab.kernels.geometry import GQA_MAX_GROUP, ctas_per_sm, partition_size, use_partitions
+from kvlab.kernels.geometry import GQA_MAX_GROUP
 from kvlab.kernels.prefetch import PrefetchConfig
 from kvlab.panels.widgets import control_grid, figure_widget, labeled, show_figure
 from kvlab.results import label, load_result
@@ -28,33 +28,12 @@ from kvlab.viz.counters import modelled_l2_figure, table_5_2_figure
 from kvlab.viz.layout import note_figure
 from kvlab.viz.regime import regime_figure
 
-__all__ = ["L2Tab", "trace_spec"]
+__all__ = ["L2Tab"]
 
 FIGURE_HEIGHTS = {"counters": 420, "regime": 420, "modelled": 360}
 H200_SMS = 132
-# ASSUMPTION until ncu's achieved occupancy is recorded: vllm_v1 CTAs resident per SM.
-VLLM_CTAS_PER_SM = 8
 MAX_MODELLED_SECTORS = 48 * 2**20  # about a second of the model per setting on one core
 PAPER = "the paper's figures: arXiv 2504.06319, Table 5.2, NVIDIA H20"
-
-
-def trace_spec(model: str, kernel: str, batch: int, context: int, num_sms: int,
-               prefetch: PrefetchConfig):
-    """The kvlab.sim TraceSpec of one decode launch, planned as the kernels plan it on num_sms
-    SMs (vllm_v1's v1 / v2 choice, gqa's partition size)."""
-    from kvlab.sim import TraceSpec
-
-    m = MODELS[model]
-    if kernel == "vllm_v1":
-        part = 512 if use_partitions(batch, m.num_qo_heads, context, num_sms) else 0
-        slots = VLLM_CTAS_PER_SM
-    else:
-        slots = ctas_per_sm(m.head_dim)
-        part = partition_size(batch, m.num_kv_heads, context, num_sms * slots)
-        part = 0 if part >= context else part
-    return TraceSpec(family=kernel, num_seqs=batch, context=context, num_qo_heads=m.num_qo_heads,
-                     num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, partition_size=part,
-                     ctas_per_sm=slots, prefetch=prefetch, num_sms=num_sms)
 
 
 def _recorded(name: str) -> dict | None:
@@ -139,12 +118,13 @@ class L2Tab:
     def _modelled(self, v: dict):
         from kvlab.sim import simulate
         from kvlab.sim.l2 import FILL_LATENCY_ROUNDS
+        from kvlab.sim.plan import launch_spec
         from kvlab.sim.spec import JITTER_ROUNDS
 
         m = MODELS[v["model"]]
         provenance = (f"modelled by kvlab.sim on the CPU (H200 L2; fill latency "
-                      f"{FILL_LATENCY_ROUNDS:g} and CTA phase jitter {JITTER_ROUNDS:g} rounds: "
-                      "assumptions not yet checked against ncu)")
+                      f"{FILL_LATENCY_ROUNDS:g} and CTA phase jitter {JITTER_ROUNDS:g} rounds, "
+                      "assumptions; against ncu: benchmarks/README.md)")
         shape = (f"{v['model']} ({m.num_qo_heads}:{m.num_kv_heads}), {v['kernel']}, "
                  f"batch {v['batch']} x {v['context']}, {v['sms']} SMs")
         group = m.num_qo_heads // m.num_kv_heads
@@ -162,6 +142,6 @@ class L2Tab:
         settings = {"none": PrefetchConfig(),
                     f"bulk K+V d={v['distance']}": PrefetchConfig("bulk",
                                                                   distance=v["distance"])}
-        results = {name: simulate(trace_spec(v["model"], v["kernel"], v["batch"], v["context"],
-                                             v["sms"], p)) for name, p in settings.items()}
+        results = {name: simulate(launch_spec(v["model"], v["kernel"], v["batch"], v["context"],
+                                              v["sms"], p)) for name, p in settings.items()}
         return modelled_l2_figure(results, shape, provenance, FIGURE_HEIGHTS["modelled"])

@@ -3,7 +3,7 @@ the H200's are not recorded, the regime map's note, and the L2 model on request 
 
 import pytest
 
-from kvlab.panels.l2 import MAX_MODELLED_SECTORS, L2Tab, trace_spec
+from kvlab.panels.l2 import MAX_MODELLED_SECTORS, L2Tab
 from kvlab.profile import paper
 
 
@@ -48,14 +48,3 @@ def test_a_launch_too_big_to_model_live_is_a_note(tab):
     (note,) = tab.figures["modelled"].figure.layout.annotations
     assert "too many to model live here" in note.text
     assert MAX_MODELLED_SECTORS < 1024 * 131072 * 32 * 128 * 4 // 32
-
-
-def test_the_modelled_launch_is_planned_as_the_kernels_plan_it():
-    from kvlab.kernels.prefetch import PrefetchConfig
-
-    few = trace_spec("llama3-8b", "gqa", 1, 32768, 32, PrefetchConfig())
-    many = trace_spec("llama3-8b", "gqa", 64, 32768, 132, PrefetchConfig())
-    assert few.partition_size and few.num_sms == 32  # one sequence: split to fill the SMs
-    assert trace_spec("llama2-7b", "vllm_v1", 1, 4096, 132, PrefetchConfig()).partition_size == 512
-    assert trace_spec("llama2-7b", "vllm_v1", 64, 4096, 132, PrefetchConfig()).partition_size == 0
-    assert many.ctas_per_sm == few.ctas_per_sm == 2

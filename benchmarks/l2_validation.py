@@ -1,0 +1,182 @@
+"""The L2 model (kvlab.sim) against the H200's counters and times:
+`python benchmarks/l2_validation.py [--points 16x4096 1x32768] [--json PATH]`.
+
+For every launch of results/h200/counters_sms.json at the points given (four models, vllm_v1 and
+gqa, 132 / 80 / 32 SMs, without prefetch and with "bulk K+V d=1"), the model replays the launch
+as the kernels plan it (kvlab.sim.plan.launch_spec) and is set beside ncu's L2 hit rate and DRAM
+bytes, and beside the time `bench attention --sms` measured for the same launch
+(results/h200/attention_sms.json, same point, SMs and prefetch).
+
+Hit rate, three readings of the model (which one ncu's lts__t_sector_hit_rate is, the data
+decide): loads only, pending loads as misses (`hit_rate`); every lookup, loads and prefetches
+(`lookup_hit_rate`); the same with pending loads as hits (`lookup_hit_rate_pending_as_hits`).
+
+Time model, calibrated here on the no-prefetch launches of the whole GPU (132 SMs) and checked on
+the rest (other SM counts, and prefetch): a launch takes the longer of its DRAM bytes (the
+model's) over the copy roofline of its SM count (measured in the same benchmark run) and the bytes
+its loads ask of the L2 over an L2 bandwidth per SM, divided by an efficiency of its family, plus
+a fixed launch cost. The L2 bandwidth is fitted for both families, the efficiency and launch cost
+per family (least squares on log time, grid search). It has no term for what a prefetch costs
+the SM (instructions, issue slots): that it predicts no prefetch loss is one of its findings.
+
+Targets (the issue's): mean absolute hit-rate error <= 10 points; median relative time error
+<= 15%, with at least 80% of points within 25%. Writes the rows and the summary as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import statistics
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from kvlab.bench.env import run_info  # noqa: E402
+from kvlab.kernels.prefetch import PrefetchConfig  # noqa: E402
+from kvlab.results import load_result  # noqa: E402
+from kvlab.sim import L2Cache, simulate  # noqa: E402
+from kvlab.sim.l2 import SECTOR_BYTES  # noqa: E402
+from kvlab.sim.plan import launch_spec  # noqa: E402
+
+READINGS = ("hit_rate", "lookup_hit_rate", "lookup_hit_rate_pending_as_hits")
+TARGETS = {"hit_mae_points": 10.0, "time_median_rel": 0.15, "time_within_25pct": 0.80}
+
+
+def model_row(launch: dict) -> dict:
+    """The model's answer for one recorded launch (a counters_sms row)."""
+    spec = launch_spec(launch["model"], launch["kernel"], launch["batch"], launch["context"],
+                       launch["num_sms_used"], PrefetchConfig.from_label(launch["prefetch"]))
+    result = simulate(spec, L2Cache())
+    return {**{k: launch[k] for k in ("model", "kernel", "batch", "context", "prefetch")},
+            "sms": launch["num_sms_used"], "partition_size": spec.partition_size,
+            "ncu_hit_pct": launch["l2_hit_pct"], "ncu_dram_bytes": launch["dram_read_bytes"],
+            **{f"model_{r}_pct": 100 * getattr(result, r) for r in READINGS},
+            "model_dram_bytes": result.dram_bytes,
+            "model_load_bytes": result.demand_sectors * SECTOR_BYTES}
+
+
+def measured_ms(attention: dict) -> dict:
+    return {(r["model"], r["kernel"], r["batch"], r["context"], r["sms"], r["prefetch"]): r["ms"]
+            for r in attention["rows"]}
+
+
+def predict_ms(row: dict, roofline: dict, efficiency: float, l2_gbps_per_sm: float,
+               launch_us: float) -> float:
+    dram_s = row["model_dram_bytes"] / (roofline[row["sms"]] * 1e9)
+    l2_s = row["model_load_bytes"] / (l2_gbps_per_sm * row["sms"] * 1e9)
+    return 1e3 * max(dram_s, l2_s) / efficiency + launch_us * 1e-3
+
+
+def fit(rows: list[dict], roofline: dict) -> dict:
+    """The time model's parameters minimising the squared log error over `rows`: one L2
+    bandwidth per SM for both families (a property of the GPU), an efficiency and a launch cost
+    per family: {"l2_gbps_per_sm": ..., family: {"efficiency": ..., "launch_us": ...}}."""
+    def error(rows, *p):
+        return sum(math.log(predict_ms(r, roofline, *p) / r["ms"]) ** 2 for r in rows)
+
+    families = sorted({r["kernel"] for r in rows})
+    best = None
+    for l2 in (10.0 * 1.1 ** k for k in range(40)):
+        own = {}
+        for family in families:
+            mine = [r for r in rows if r["kernel"] == family]
+            own[family] = min(itertools.product([e / 100 for e in range(50, 121, 2)],
+                                                [float(u) for u in range(0, 21, 2)]),
+                              key=lambda p, mine=mine, l2=l2: error(mine, p[0], l2, p[1]))
+        total = sum(error([r for r in rows if r["kernel"] == f], own[f][0], l2, own[f][1])
+                    for f in families)
+        if best is None or total < best[0]:
+            best = (total, l2, own)
+    _, l2, own = best
+    return {"l2_gbps_per_sm": l2, **{f: {"efficiency": e, "launch_us": u}
+                                     for f, (e, u) in own.items()}}
+
+
+def summarise(rows: list[dict]) -> dict:
+    hits = {r: statistics.fmean(abs(row[f"model_{r}_pct"] - row["ncu_hit_pct"]) for row in rows)
+            for r in READINGS}
+    timed = [r for r in rows if r.get("predicted_ms") is not None and not r["fitted"]]
+    errors = [abs(r["predicted_ms"] / r["ms"] - 1) for r in timed]
+    groups = {}
+    for r in rows:
+        groups.setdefault(f"{r['kernel']}, {r['sms']} SMs, {r['prefetch']}", []).append(r)
+    by_group = {name: {
+        "hit_mae_points": statistics.fmean(abs(r["model_lookup_hit_rate_pct"] - r["ncu_hit_pct"])
+                                           for r in mine),
+        "time_median_rel": statistics.median(abs(r["predicted_ms"] / r["ms"] - 1) for r in mine)
+        if all(r.get("predicted_ms") for r in mine) else None} for name, mine in groups.items()}
+    return {"configs": len(rows), "hit_mae_points": hits, "by_group": by_group,
+            "time_checked": len(timed),
+            "time_median_rel": statistics.median(errors) if errors else None,
+            "time_within_25pct": sum(e <= 0.25 for e in errors) / len(errors) if errors else None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--points", nargs="+", default=["16x4096", "1x32768"],
+                        help="BATCHxCONTEXT points of counters_sms.json to check")
+    parser.add_argument("--json", metavar="PATH", help="write the rows and summary as JSON")
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args(argv)
+    counters, attention = load_result("h200", "counters_sms"), load_result("h200",
+                                                                           "attention_sms")
+    launches = [r for r in counters["rows"] if f"{r['batch']}x{r['context']}" in args.points]
+    if not launches:
+        parser.error(f"--points {' '.join(args.points)}: none recorded in counters_sms.json")
+    with ProcessPoolExecutor(args.workers) as pool:
+        rows = list(pool.map(model_row, launches))
+    times = measured_ms(attention)
+    roofline = {132: attention["roofline_copy_gbps"],
+                **{int(k): v for k, v in attention["roofline_copy_gbps_by_sms"].items()}}
+    for row in rows:
+        row["ms"] = times.get((row["model"], row["kernel"], row["batch"], row["context"],
+                               row["sms"], row["prefetch"]))
+        row["fitted"] = row["sms"] == 132 and row["prefetch"] == "none"
+    params = fit([r for r in rows if r["fitted"] and r["ms"] is not None], roofline)
+    for r in rows:
+        if r["ms"] is not None:
+            own = params[r["kernel"]]
+            r["predicted_ms"] = predict_ms(r, roofline, own["efficiency"],
+                                           params["l2_gbps_per_sm"], own["launch_us"])
+    result = {"benchmark": "l2_validation", **run_info(), "command": " ".join(
+        ["python benchmarks/l2_validation.py", *(argv if argv is not None else sys.argv[1:])]),
+        "counters": {k: counters[k] for k in ("date", "gpu", "git_revision")},
+        "attention": {k: attention[k] for k in ("date", "gpu", "git_revision")},
+        "cache": {"fill_latency_rounds": L2Cache().fill_latency_rounds},
+        "time_model": params, "targets": TARGETS, "summary": summarise(rows), "rows": rows}
+    print(report(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+def report(result: dict) -> str:
+    lines = [f"{'model':12} {'kernel':7} {'point':8} {'SMs':>3} {'prefetch':13} {'ncu':>6} "
+             + " ".join(f"{r[:14]:>14}" for r in READINGS) + f" {'ms':>8} {'model ms':>8}"]
+    for r in result["rows"]:
+        lines.append(
+            f"{r['model']:12} {r['kernel']:7} {r['batch']}x{r['context']:<5} {r['sms']:>3} "
+            f"{r['prefetch']:13} {r['ncu_hit_pct']:6.1f} "
+            + " ".join(f"{r[f'model_{k}_pct']:14.1f}" for k in READINGS)
+            + (f" {r['ms']:8.4f} {r['predicted_ms']:8.4f}" if r.get("predicted_ms") else ""))
+    s = result["summary"]
+    lines.append(f"{s['configs']} launches; hit-rate MAE (points): " + ", ".join(
+        f"{k} {v:.1f}" for k, v in s["hit_mae_points"].items()))
+    lines += [f"  {name}: hit MAE {g['hit_mae_points']:.1f} points (lookup reading), time "
+              f"median error {100 * g['time_median_rel']:.1f}%" for name, g in s["by_group"].items()
+              if g["time_median_rel"] is not None]
+    if s["time_median_rel"] is not None:
+        lines.append(f"time, {s['time_checked']} launches not fitted: median error "
+                     f"{100 * s['time_median_rel']:.1f}%, within 25%: "
+                     f"{100 * s['time_within_25pct']:.0f}%; fit {result['time_model']}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""The TraceSpec of one decode launch as kvlab's kernels plan it (`launch_spec`): vllm_v1's v1 / v2
+choice and gqa's partition size on the SMs given, and the CTAs an SM holds.
+
+VLLM_CTAS_PER_SM is measured: Nsight Compute on the H200 reports that registers limit
+vllm_decode<__half, 128, 16, ...> to 4 CTAs an SM (launch__occupancy_limit_registers = 4 at 119
+registers a thread and 128 threads; tests/profile/data/ncu_raw_h200.csv). gqa's follows from its
+shared memory (kvlab.kernels.geometry.ctas_per_sm), which ncu confirms (its
+launch__occupancy_limit_shared_mem = 2 for head_dim 128, as ctas_per_sm(128) says).
+"""
+
+from kvlab.config import MODELS
+from kvlab.kernels import FAMILIES
+from kvlab.kernels.geometry import ctas_per_sm, partition_size, use_partitions
+from kvlab.kernels.prefetch import PrefetchConfig
+from kvlab.sim.spec import TraceSpec
+
+VLLM_CTAS_PER_SM = 4
+
+
+def launch_spec(model: str, kernel: str, batch: int, context: int, num_sms: int,
+                prefetch: PrefetchConfig, **fields) -> TraceSpec:
+    """The TraceSpec of one decode launch of `kernel` for `model` (a kvlab.MODELS name) at batch
+    x context on num_sms SMs with `prefetch`, planned as the kernels plan it; `fields` set the
+    TraceSpec's other fields (placement, seed, jitter_rounds). Raises ValueError for an unknown
+    model or kernel and for what TraceSpec refuses."""
+    if model not in MODELS:
+        raise ValueError(f"model={model!r}: must be one of {', '.join(MODELS)}")
+    if kernel not in FAMILIES:
+        raise ValueError(f"kernel={kernel!r}: must be one of {', '.join(FAMILIES)}")
+    m = MODELS[model]
+    if kernel == "vllm_v1":
+        part = 512 if use_partitions(batch, m.num_qo_heads, context, num_sms) else 0
+        slots = VLLM_CTAS_PER_SM
+    else:
+        slots = ctas_per_sm(m.head_dim)
+        part = partition_size(batch, m.num_kv_heads, context, num_sms * slots)
+        part = 0 if part >= context else part
+    return TraceSpec(family=kernel, num_seqs=batch, context=context, num_qo_heads=m.num_qo_heads,
+                     num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, partition_size=part,
+                     ctas_per_sm=slots, prefetch=prefetch, num_sms=num_sms, **fields)

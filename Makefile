@@ -15,7 +15,7 @@ BIN := $(VENV)/bin
 # Jupyter refuses to run as root unless told; containers and CI machines often are root.
 ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root)
 LAB_ARGS ?=
-SOURCES := $(shell find kvlab kernels -type f -not -path '*/__pycache__/*' 2>/dev/null)
+SOURCES := $(shell find kvlab kernels benchmarks/results -type f -not -path '*/__pycache__/*' 2>/dev/null)
 
 .PHONY: lab test setup clean
 

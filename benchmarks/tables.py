@@ -110,12 +110,34 @@ def dashboard_table(result: dict) -> list[str]:
     return lines
 
 
+def l2_validation_table(result: dict) -> list[str]:
+    """The L2 model against ncu and the measured times (results/cpu/l2_validation.json): per
+    kernel family, SM count and prefetch setting, the mean absolute error of the modelled hit rate
+    (as ncu counts it) and the median relative error of the modelled time; then all together."""
+    lines = ["| kernel, SMs, prefetch | launches | hit rate: mean abs. error | "
+             "time: median error |", "|---|---|---|---|"]
+    counts = {}
+    for r in result["rows"]:
+        key = f"{r['kernel']}, {r['sms']} SMs, {r['prefetch']}"
+        counts[key] = counts.get(key, 0) + 1
+    for key, g in result["summary"]["by_group"].items():
+        fitted = " (fitted)" if ", 132 SMs, none" in key else ""
+        lines.append(f"| {key} | {counts[key]} | {g['hit_mae_points']:.1f} points | "
+                     f"{100 * g['time_median_rel']:.1f}%{fitted} |")
+    s = result["summary"]
+    lines.append(f"| all | {s['configs']} | {s['hit_mae_points']['lookup_hit_rate']:.1f} points | "
+                 f"{100 * s['time_median_rel']:.1f}% ({s['time_checked']} not fitted; "
+                 f"{100 * s['time_within_25pct']:.0f}% within 25%) |")
+    return lines
+
+
 def main() -> None:
     attention = load_result("h200", "attention")
     print("\n".join(decode_table(attention)), end="\n\n")
     kvpr = {name: load_result("h200", name) for name in ("kvpr_opt", "kvpr_llama")}
     print("\n".join(kvpr_table(kvpr)), end="\n\n")
     print("\n".join(dashboard_table(load_result("cpu", "dashboard"))), end="\n\n")
+    print("\n".join(l2_validation_table(load_result("cpu", "l2_validation"))), end="\n\n")
     for mode, (worst, median, within, total) in auto_summary(attention).items():
         print(f"auto ({mode}): worst {worst:.3f}x, median {median:.3f}x, within 3% at {within} "
               f"of {total}")

@@ -25,6 +25,8 @@ def tables():
         ("benchmarks/README.md", lambda t: t.kvpr_table(
             {name: load_result("h200", name) for name in ("kvpr_opt", "kvpr_llama")})),
         ("benchmarks/README.md", lambda t: t.dashboard_table(load_result("cpu", "dashboard"))),
+        ("benchmarks/README.md", lambda t: t.l2_validation_table(
+            load_result("cpu", "l2_validation"))),
     ],
 )
 def test_readme_tables_are_the_recorded_data(readme, make):

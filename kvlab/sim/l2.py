@@ -15,8 +15,8 @@ The geometry is the H200's; how lines map to sets and which line leaves are assu
   128-byte line. ASSUMPTION, fitted to the H200's counters: the L2 serves a request in 64-byte
   halves, so the half after the first one that misses finds the line's fill already on its way,
   and ncu counts it as a hit (`demand_promoted`; read from DRAM all the same). This is what
-  makes ncu report 48-50% for gqa without prefetch at every point recorded (its loads share
-  nothing), where vllm_v1's plain loads on multi-head attention get 0.5-1%.
+  makes ncu report 48.0-49.0% for gqa without prefetch at every point recorded (its loads
+  share nothing), where vllm_v1's plain loads on multi-head attention get 0.3-1.1%.
 - A bulk prefetch (`cp.async.bulk.prefetch.L2`) fills the sectors its byte range covers; a line
   prefetch (`prefetch.global.L2`) fills the whole 128-byte line of its address.
 - Time: every request comes with a time in rounds (kvlab.sim.spec: one turn of every CTA slot,

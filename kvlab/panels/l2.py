@@ -51,14 +51,16 @@ class L2Tab:
 
     def __init__(self, model: str = "llama2-7b", kernel: str = "vllm_v1", batch: int = 8,
                  context: int = 4096, num_sms: int = H200_SMS, distance: int = 1):
-        self.counters, self.regime = _recorded("counters"), _recorded("attention_sms")
+        # counters_sms covers counters' points and more SM counts; counters alone where absent
+        self.counters = _recorded("counters_sms") or _recorded("counters")
+        self.regime = _recorded("attention_sms")
         self.controls = {
             "model": labeled(widgets.Dropdown, "model", options=list(MODELS), value=model),
             "kernel": labeled(widgets.Dropdown, "kernel family", options=FAMILIES, value=kernel),
             "batch": labeled(widgets.BoundedIntText, "batch", min=1, max=1024, value=batch),
             "context": labeled(widgets.BoundedIntText, "context (tokens)", min=1,
                                max=131072, value=context),
-            "sms": labeled(widgets.IntSlider, "SMs (modelled)", min=8, max=H200_SMS,
+            "sms": labeled(widgets.IntSlider, "SMs", min=8, max=H200_SMS,
                            value=num_sms, continuous_update=False),
             "distance": labeled(widgets.Dropdown, "prefetch distance", options=(1, 2, 4),
                                 value=distance),
@@ -93,9 +95,9 @@ class L2Tab:
         entries = [] if self.counters is None else [
             e for e in self.counters["table"] if e["kernel"] == v["kernel"]]
         if entries:  # the recorded point nearest the controls
-            nearest = min(entries, key=lambda e: (abs(e["batch"] - v["batch"]),
-                                                  abs(e["context"] - v["context"]),
-                                                  -e["num_sms_used"]))
+            nearest = min(entries, key=lambda e: (abs(e["num_sms_used"] - v["sms"]),
+                                                  abs(e["batch"] - v["batch"]),
+                                                  abs(e["context"] - v["context"])))
             entries = [e for e in entries if all(e[k] == nearest[k] for k in (
                 "batch", "context", "num_sms_used", "prefetch"))]
         provenance = PAPER if self.counters is None else f"{PAPER}; H200 {label(self.counters)}"

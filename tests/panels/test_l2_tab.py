@@ -48,3 +48,20 @@ def test_a_launch_too_big_to_model_live_is_a_note(tab):
     (note,) = tab.figures["modelled"].figure.layout.annotations
     assert "too many to model live here" in note.text
     assert MAX_MODELLED_SECTORS < 1024 * 131072 * 32 * 128 * 4 // 32
+
+
+def test_the_recorded_counters_follow_the_sm_count_asked_for(tab):
+    from kvlab.results import load_result
+
+    recorded = load_result("h200", "counters_sms")
+    assert tab.counters["date"] == recorded["date"]
+    tab.controls["batch"].value, tab.controls["context"].value = 16, 4096
+    for sms, held in ((132, 132), (78, 80), (40, 32)):
+        tab.controls["sms"].value = sms
+        fig = tab.figures["counters"].figure
+        assert f"batch 16 x 4096, {held} SMs" in fig.layout.title.text
+        ours = next(t for t in fig.data if t.name == "H200, no prefetch")
+        want = next(e["ours_baseline"] for e in recorded["table"] if (
+            e["model"], e["kernel"], e["batch"], e["context"], e["num_sms_used"], e["column"]) == (
+            "llama2-7b", "vllm_v1", 16, 4096, held, "l2_hit_pct"))
+        assert list(ours.y)[0] == pytest.approx(want)

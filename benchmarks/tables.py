@@ -131,6 +131,131 @@ def l2_validation_table(result: dict) -> list[str]:
     return lines
 
 
+# The counters' point of the Table 5.2 reproduction, (batch, context): the paper states none.
+TABLE_5_2_POINT = (16, 4096)
+# The prefetch setting `bench counters` profiles beside none.
+COUNTERS_PREFETCH = "bulk K+V d=1"
+# Table 5.2's rows: kvlab's column -> (short name, digits of ours)
+TABLE_5_2_ROWS = {"l2_hit_pct": ("L2 hit rate, %", 1),
+                  "long_scoreboard_cycles": ("long-scoreboard stall, cycles/inst", 2),
+                  "cpi": ("CPI, cycles/inst", 2), "sm_throughput_pct": ("SM throughput, %", 1),
+                  "memory_throughput_pct": ("memory throughput, %", 1)}
+
+
+def _paper_models():
+    from kvlab.profile import paper
+
+    return sorted(paper.MODELS, key=lambda m: (MODELS[m].num_qo_heads // MODELS[m].num_kv_heads,
+                                               m))
+
+
+def table_5_2(result: dict, point=TABLE_5_2_POINT, num_sms: int | None = None) -> list[str]:
+    """The paper's Table 5.2 on the H200 (results/h200/counters.json, one ncu launch each, L2
+    flushed) at one point (default 16 x 4k: the paper states none): per kernel family and row,
+    per model (GQA group order) "ours without -> with bulk K+V d=1", the paper's H20 figures
+    without -> with, and ours / H20 without, with. The speedup row is ncu's baseline duration
+    over the prefetch one (one cold launch each), beside the paper's."""
+    from kvlab.profile import paper
+
+    batch, context = point
+    models = _paper_models()
+    entries = {(e["kernel"], e["model"], e["column"]): e for e in result["table"]
+               if (e["batch"], e["context"]) == (batch, context)
+               and e["prefetch"] == COUNTERS_PREFETCH
+               and (num_sms is None or e["num_sms_used"] == num_sms)}
+    lines = [f"| kernel | Table 5.2 row (batch {batch} x {_context(context)}) | "
+             + " | ".join(f"{m} ({_heads(m)})" for m in models) + " |",
+             "|---|---|" + "---|" * len(models)]
+    for kernel in ("vllm_v1", "gqa"):
+        for column, (name, digits) in TABLE_5_2_ROWS.items():
+            cells = []
+            for m in models:
+                e = entries[(kernel, m, column)]
+                h20 = paper.TABLE_5_2[column][m]
+                cells.append(f"{e['ours_baseline']:.{digits}f} → {e['ours_prefetch']:.{digits}f}"
+                             f"<br>H20 {h20[0]:.2f} → {h20[1]:.2f}<br>ratio "
+                             f"{e['ratio_baseline']:.2f}, {e['ratio_prefetch']:.2f}")
+            lines.append(f"| {kernel} | {name} | " + " | ".join(cells) + " |")
+        cells = [f"{entries[(kernel, m, 'speedup')]['ours_prefetch']:.2f}x<br>H20 "
+                 f"{paper.SPEEDUP[m]:.2f}x<br>ratio "
+                 f"{entries[(kernel, m, 'speedup')]['ratio_prefetch']:.2f}" for m in models]
+        lines.append(f"| {kernel} | kernel speedup (ncu durations) | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _counters_pairs(counters: dict) -> dict:
+    """(kernel, SMs held, model, batch, context) -> (row without prefetch, row with bulk d=1)."""
+    key = ("kernel", "num_sms_used", "model", "batch", "context")
+    base = {tuple(r[k] for k in key): r for r in counters["rows"] if r["prefetch"] == "none"}
+    return {tuple(r[k] for k in key): (base[tuple(r[k] for k in key)], r)
+            for r in counters["rows"] if r["prefetch"] == COUNTERS_PREFETCH}
+
+
+def regime_table(attention_sms: dict, counters_sms: dict) -> list[str]:
+    """The regime map as Markdown (results/h200/attention_sms.json, counters_sms.json): per
+    kernel family, SMs held and model (GQA group), the best prefetch setting's speedup over none
+    in the same loop at each batch x context (bulk K+V d=1 unless marked "line"), and where the
+    counters were recorded, ncu's L2 hit rate without -> with bulk K+V d=1; last, the range of
+    ncu's DRAM throughput without prefetch over the counters' points."""
+    from kvlab.viz.regime import regime_cells
+
+    pairs = _counters_pairs(counters_sms)
+    points = sorted({(r["batch"], r["context"]) for r in attention_sms["rows"]},
+                    key=lambda p: (p[0] * p[1], p[0]))
+    lines = ["| kernel | SMs | model (q:kv) | "
+             + " | ".join(f"{b} x {_context(c)}" for b, c in points) + " | DRAM %, no prefetch |",
+             "|---|---|---|" + "---|" * (len(points) + 1)]
+    for kernel in ("vllm_v1", "gqa"):
+        cells = {(c["sms"], c["model"], c["batch"], c["context"]): c
+                 for c in regime_cells(attention_sms["rows"], kernel)}
+        for sms in sorted({s for s, *_ in cells}, reverse=True):
+            for model in _paper_models():
+                row = []
+                for b, c in points:
+                    cell = cells[(sms, model, b, c)]
+                    text = f"{cell['speedup']:.2f}x"
+                    if not cell["prefetch"].startswith("bulk"):
+                        text += f" ({cell['prefetch'].split()[0]})"
+                    if (kernel, sms, model, b, c) in pairs:
+                        none, bulk = pairs[(kernel, sms, model, b, c)]
+                        text += f"<br>L2 {none['l2_hit_pct']:.0f} → {bulk['l2_hit_pct']:.0f}%"
+                    row.append(text)
+                dram = [none["dram_throughput_pct"] for (k, s, m, *_), (none, _) in pairs.items()
+                        if (k, s, m) == (kernel, sms, model)]
+                lines.append(f"| {kernel} | {sms} | {model} ({_heads(model)}) | "
+                             + " | ".join(row) + f" | {min(dram):.0f}-{max(dram):.0f} |")
+    return lines
+
+
+def regime_summary_table(attention_sms: dict, counters_sms: dict) -> list[str]:
+    """Per kernel family and SMs held: the best prefetch setting's speedup over none across the
+    recorded points (median, range, points above 1.02x), and the medians over the counters'
+    points of ncu's L2 hit rate, long-scoreboard stall and DRAM throughput, without -> with bulk
+    K+V d=1."""
+    from kvlab.viz.regime import regime_cells
+
+    pairs = _counters_pairs(counters_sms)
+    lines = ["| kernel | SMs | best prefetch / none: median (range) | above 1.02x | "
+             "L2 hit rate, % | long-scoreboard stall | DRAM throughput, % |",
+             "|---|---|---|---|---|---|---|"]
+    for kernel in ("vllm_v1", "gqa"):
+        cells = regime_cells(attention_sms["rows"], kernel)
+        for sms in sorted({c["sms"] for c in cells}, reverse=True):
+            speedups = [c["speedup"] for c in cells if c["sms"] == sms]
+            mine = [p for (k, s, *_), p in pairs.items() if (k, s) == (kernel, sms)]
+
+            def median(column, which, mine=mine):
+                return statistics.median(p[which][column] for p in mine)
+
+            counters = " | ".join(f"{median(col, 0):.{d}f} → {median(col, 1):.{d}f}" for col, d in (
+                ("l2_hit_pct", 1), ("long_scoreboard_cycles", 2), ("dram_throughput_pct", 0)))
+            lines.append(
+                f"| {kernel} | {sms} | {statistics.median(speedups):.2f}x ({min(speedups):.2f}-"
+                f"{max(speedups):.2f}x) | {sum(s > 1.02 for s in speedups)} of {len(speedups)} | "
+                f"{counters} |")
+    return lines
+
+
 def main() -> None:
     attention = load_result("h200", "attention")
     print("\n".join(decode_table(attention)), end="\n\n")
@@ -138,6 +263,10 @@ def main() -> None:
     print("\n".join(kvpr_table(kvpr)), end="\n\n")
     print("\n".join(dashboard_table(load_result("cpu", "dashboard"))), end="\n\n")
     print("\n".join(l2_validation_table(load_result("cpu", "l2_validation"))), end="\n\n")
+    print("\n".join(table_5_2(load_result("h200", "counters"))), end="\n\n")
+    sms = load_result("h200", "attention_sms"), load_result("h200", "counters_sms")
+    print("\n".join(regime_summary_table(*sms)), end="\n\n")
+    print("\n".join(regime_table(*sms)), end="\n\n")
     for mode, (worst, median, within, total) in auto_summary(attention).items():
         print(f"auto ({mode}): worst {worst:.3f}x, median {median:.3f}x, within 3% at {within} "
               f"of {total}")

@@ -28,8 +28,8 @@ __all__ = [
 # block 16 with SDPA and kernel="auto", and blocks 32 and 128. (The evict-last twins of every
 # prefetch setting, block 16, are the separate result "attention_evict_last".)
 ATTENTION = ("h200", ("attention", "attention_block_sizes"))
-# KVPR: the grid (kvpr_opt, kvpr_llama: row schedule, resident weights) and row vs column
-# schedules with resident and offloaded weights (kvpr_schedules). The ablations (kvpr_eager,
+# KVPR: the grid (kvpr_opt, kvpr_llama: row schedule, resident weights) and the column schedule
+# in 4 GPU batches with resident and offloaded weights (kvpr_schedules). The ablations (kvpr_eager,
 # kvpr_chunks4) stay out of the dashboard: they repeat points of the grid under other settings.
 KVPR = ("h200", ("kvpr_opt", "kvpr_llama", "kvpr_schedules"))
 # A row's identity; "family" and "auto_mode" are set on kernel="auto" rows only (the family auto

@@ -27,6 +27,11 @@ def tables():
         ("benchmarks/README.md", lambda t: t.dashboard_table(load_result("cpu", "dashboard"))),
         ("benchmarks/README.md", lambda t: t.l2_validation_table(
             load_result("cpu", "l2_validation"))),
+        ("benchmarks/README.md", lambda t: t.table_5_2(load_result("h200", "counters"))),
+        ("benchmarks/README.md", lambda t: t.regime_summary_table(
+            load_result("h200", "attention_sms"), load_result("h200", "counters_sms"))),
+        ("benchmarks/README.md", lambda t: t.regime_table(
+            load_result("h200", "attention_sms"), load_result("h200", "counters_sms"))),
     ],
 )
 def test_readme_tables_are_the_recorded_data(readme, make):

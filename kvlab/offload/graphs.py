@@ -2,8 +2,8 @@
 
 Where a layer moves little data, the KVPR runtime is bound by the host: eager PyTorch enqueues a
 Llama layer as some 30 kernels, each a host call whatever its size. On the H200's machine a unit
-(one layer of one GPU batch) cost the host 0.60-1.61 ms enqueued eagerly (`unit_host_ms` in
-benchmarks/results/h200/kvpr_eager.json) and 0.22-0.54 ms with these graphs (kvpr_opt.json,
+(one layer of one GPU batch) cost the host 0.57-1.42 ms enqueued eagerly (`unit_host_ms` in
+benchmarks/results/h200/kvpr_eager.json) and 0.22-0.59 ms with these graphs (kvpr_opt.json,
 kvpr_llama.json). This is the one place kvlab states that cost. A CUDA graph enqueues a captured
 sequence of kernels in one call. A decode layer's
 shapes are fixed except the attention's length, which grows by one every step, so a layer runs as

@@ -33,7 +33,8 @@ The pipelined model also knows the host: a unit cannot run faster than the host 
 calls), so t(l) = max(T_X + T_KV, T_R + T_L, H(l)). It binds where a unit moves little data (small
 units, as in a column of several GPU batches). It is also the least certain input: measured as
 the wall clock of a step at l = 0, it can count the host's waits on a busy GPU too
-(benchmarks/README.md gives a point where a larger l ran under the host's estimate).
+(benchmarks/README.md gives a host-bound point where settings at the same l = 0 took medians
+of 38.9-51.4 ms).
 
 With the weights offloaded too, a layer's weights cross the same link: W_K, W_V (and their
 biases) first, so that recomputation can start, then the rest. `LayerShape.weight_bytes` holds the

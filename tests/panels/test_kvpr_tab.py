@@ -16,6 +16,7 @@ from kvlab.offload.scheduler import LayerShape, LinkAndCompute, best_split
 from kvlab.panels import dashboard
 from kvlab.panels.kvpr import KVPRTab
 from kvlab.results import KVPR, load_results, nearest_point
+from kvlab.viz.offload import schedule_label, with_defaults
 
 PROVENANCE = "recorded on TEST GPU, 2026-12-01"
 
@@ -99,9 +100,9 @@ def test_recorded_point_shows_its_rates_and_measured_steps(tab):
                  and (r["schedule"], r["gpu_batches"], r["weights"]) == ("row", 1, "resident")]
     assert len(measured) == 1 and list(measured[0].y) == [r["step_ms"] for r in kvpr_rows]
     assert "recorded on NVIDIA H200" in split.layout.title.text
-    # one pair of bar traces per schedule group: row x1 (and HF) first, then kvpr_schedules' four
+    # one pair of bar traces per schedule group: here only the grid's (row x1, with HF)
     groups = {(r["schedule"], r["gpu_batches"], r["weights"]) for r in rows}
-    assert len(groups) == 5 and len(tab.figures["speedup"].figure.data) == 2 * len(groups)
+    assert groups == {("row", 1, "resident")} and len(tab.figures["speedup"].figure.data) == 2
     steps, speedups = tab.figures["speedup"].figure.data[:2]
     row = [r for r in rows if (r["schedule"], r["gpu_batches"], r["weights"]) == (
         "row", 1, "resident")]
@@ -112,6 +113,17 @@ def test_recorded_point_shows_its_rates_and_measured_steps(tab):
     assert speedups.x[0] == "full-transfer" and speedups.text[0] == f"{full / best:.2f}x"
     assert "recorded on NVIDIA H200" in tab.figures["speedup"].figure.layout.title.text
     assert "Steps shown: opt-6.7b batch 16 x 1024 (recorded on NVIDIA H200" in tab.status.value
+    # a point kvpr_schedules recorded too: the grid's group first, then its column groups
+    c["model"].value, c["context"].value = "llama2-7b", 512
+    rows = recorded_rows("llama2-7b", 16, 512)
+    groups = list(dict.fromkeys(schedule_label(with_defaults(r)) for r in rows))
+    assert groups[0] == "row, weights resident" and len(groups) >= 3
+    data = tab.figures["speedup"].figure.data
+    assert [t.name for t in data[::2]] == groups and len(data) == 2 * len(groups)
+    for steps, group in zip(data[::2], groups, strict=True):
+        assert list(steps.y) == [r["step_ms"] for r in rows
+                                 if schedule_label(with_defaults(r)) == group]
+    assert "Steps shown: llama2-7b batch 16 x 512 (recorded on NVIDIA H200" in tab.status.value
 
 
 def test_recorded_schedules_are_offered_and_the_recorded_timeline_shown(tab):
@@ -126,10 +138,22 @@ def test_recorded_schedules_are_offered_and_the_recorded_timeline_shown(tab):
     assert "recorded on NVIDIA H200" in title and len(timeline.data) >= 4
     c["model"].value = "llama2-7b"
     c["schedule"].value, c["weights"].value = "column", "offloaded"
+    timeline = tab.figures["timeline"].figure
+    column = [t for t in map(with_defaults, load_results(*KVPR)["timelines"])
+              if (t["model"], t["schedule"]) == ("llama2-7b", "column")]
+    if column:  # a recorded column step, its weights crossing the link where they were offloaded
+        assert "column x4, weights " in timeline.layout.title.text
+        if any(t["weights"] == "offloaded" for t in column):
+            assert "weights offloaded" in timeline.layout.title.text
+            assert {"W_KV", "W_rest"} <= {t.name for t in timeline.data}
+    else:  # kvpr_schedules recorded no timelines
+        assert timeline.data == ()
+        (note,) = timeline.layout.annotations
+        assert "llama2-7b, column schedule: no decode-step timeline recorded" in note.text
+    c["schedule"].value = "row"  # the grid's step, weights resident: the nearest recorded
     title = tab.figures["timeline"].figure.layout.title.text
-    assert "column x4, weights offloaded" in title
-    names = {t.name for t in tab.figures["timeline"].figure.data}
-    assert {"W_KV", "W_rest"} <= names
+    assert "<sub>llama2-7b, batch 16 x 1024, row, weights resident, kvpr-pipelined" in title
+    c["schedule"].value = "column"
     c["model"].value = "opt-13b"  # no column run recorded for it
     assert tab.figures["timeline"].figure.data == ()
     (note,) = tab.figures["timeline"].figure.layout.annotations

@@ -65,3 +65,19 @@ def test_the_recorded_counters_follow_the_sm_count_asked_for(tab):
             e["model"], e["kernel"], e["batch"], e["context"], e["num_sms_used"], e["column"]) == (
             "llama2-7b", "vllm_v1", 16, 4096, held, "l2_hit_pct"))
         assert list(ours.y)[0] == pytest.approx(want)
+
+
+@pytest.mark.parametrize("kernel", ["vllm_v1", "gqa"])
+def test_the_regime_map_draws_the_recorded_sm_scaling(monkeypatch, kernel):
+    from kvlab.results import load_result
+
+    monkeypatch.setenv("KVLAB_BACKEND", "sim")
+    recorded = load_result("h200", "attention_sms")
+    tab = L2Tab(kernel=kernel, batch=16, context=4096)
+    assert tab.regime["date"] == recorded["date"]
+    (heatmap,) = tab.figures["regime"].figure.data
+    assert list(heatmap.y) == ["32 SMs", "80 SMs", "132 SMs"]  # the SMs held, 78 asked -> 80
+    assert len(heatmap.x) == 24  # 4 models x batch 1/16/64 x context 4k/32k
+    assert all(v is not None for row in heatmap.z for v in row)
+    assert {t.split("<br>")[1] for row in heatmap.text for t in row} == {"bulk K+V d=1",
+                                                                         "line K+V d=1"}

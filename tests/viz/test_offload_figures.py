@@ -10,7 +10,7 @@ import pytest
 from kvlab.config import MODELS
 from kvlab.offload.scheduler import LayerShape, LinkAndCompute, best_split, layer_time, unit_shape
 from kvlab.offload.timeline import LANES, chrome_trace
-from kvlab.results import KVPR, label, load_results
+from kvlab.results import KVPR, label, load_result, load_results
 from kvlab.viz.offload import (
     LANE_ORDER,
     OP_COLORS,
@@ -225,11 +225,15 @@ def test_speedup_figure_shows_step_times_per_group_and_speedups_as_text():
 
 def test_speedup_figure_of_the_recorded_result():
     kvpr = load_results(*KVPR)
-    rows = [r for r in kvpr["rows"]
-            if (r["model"], r["batch"], r["context"]) == ("llama2-7b", 16, 1024)]
+    point = ("llama2-7b", 16, 512)  # in the grid, kvpr_schedules and kvpr_eager
+    rows = [r for r in [*kvpr["rows"], *load_result("h200", "kvpr_eager")["rows"]]
+            if (r["model"], r["batch"], r["context"]) == point]
     fig = speedup_figure(rows, label(kvpr))
     groups = list(dict.fromkeys(schedule_label(with_defaults(r)) for r in rows))
-    assert len(groups) >= 2 and len(fig.data) == 2 * len(groups)  # grid and schedules runs
+    # the grid's row schedule, the column schedule's groups, the grid's point run eagerly
+    assert groups[0] == "row, weights resident" and "row, weights resident, eager" in groups
+    assert any(g.startswith("column x4") for g in groups)
+    assert [t.name for t in fig.data[::2]] == groups and len(fig.data) == 2 * len(groups)
     steps, speedups = fig.data[0], fig.data[1]  # the grid's row schedule, weights resident
     grid = [r for r in rows if schedule_label(with_defaults(r)) == groups[0]]
     assert list(steps.y) == [r["step_ms"] for r in grid]

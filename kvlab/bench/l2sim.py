@@ -1,7 +1,8 @@
 """How fast the L2 model runs on one CPU core: `python -m kvlab bench l2sim`.
 
-Two rates, each the median of several repeats on one pinned core, CPU time (time.process_time:
-one core's work, less sensitive than wall time to other processes), JIT compilation kept out:
+Two rates, each the median of several repeats on one pinned core (every repeat is recorded), CPU
+time (time.process_time: one core's work, less sensitive than wall time to other processes, not
+insensitive: on a shared host, memory contention still shows), JIT compilation kept out:
 - the cache alone (`L2Cache.access`) on whole 4 KiB tiles at random addresses of a 1 GiB pool
   (nearly every sector misses: its slowest path);
 - the whole of `simulate` (trace generation included) on one Llama-2-7B decode step, 16
@@ -59,9 +60,11 @@ def run(args) -> dict:
     spec = (dataclasses.replace(LLAMA2_7B_16X4K, num_seqs=2) if args.quick
             else LLAMA2_7B_16X4K)
     core = pin_to_one_core()
-    cache = statistics.median(cache_rate(num_sectors, seed) for seed in range(num_repeats))
-    whole = statistics.median(simulate_rate(spec) for _ in range(num_repeats))
+    cache_runs = [round(cache_rate(num_sectors, seed)) for seed in range(num_repeats)]
+    whole_runs = [round(simulate_rate(spec)) for _ in range(num_repeats)]
+    cache, whole = statistics.median(cache_runs), statistics.median(whole_runs)
     return {"benchmark": "l2sim", **run_info(), "core": core, "num_repeats": num_repeats,
+            "cache_runs": cache_runs, "simulate_runs": whole_runs,
             "cache_sectors": num_sectors, "simulate_spec": dataclasses.asdict(spec) | {
                 "prefetch": spec.prefetch.label()},
             "cache_sectors_per_s": round(cache), "simulate_sectors_per_s": round(whole),
@@ -72,10 +75,14 @@ def run(args) -> dict:
 def report(result: dict) -> str:
     verdict = "meets" if result["meets_target"] else "MISSES"
     cache, whole = (result[k] / 1e6 for k in ("cache_sectors_per_s", "simulate_sectors_per_s"))
+    spread = {k: f"({min(result[k]) / 1e6:.1f}-{max(result[k]) / 1e6:.1f})"
+              for k in ("cache_runs", "simulate_runs")}
     return "\n".join([
-        f"L2 model on one core (core {result['core']}, {result['cpu']}), median of "
+        f"L2 model on one core (core {result['core']}, {result['cpu']}), median (range) of "
         f"{result['num_repeats']} repeats, CPU time:",
-        f"  L2Cache.access (random tiles, misses)  {cache:>7.1f} M sector accesses/s",
-        f"  simulate (Llama-2-7B decode step)      {whole:>7.1f} M sector accesses/s",
+        f"  L2Cache.access (random tiles, misses)  {cache:>7.1f} M sector accesses/s "
+        f"{spread['cache_runs']}",
+        f"  simulate (Llama-2-7B decode step)      {whole:>7.1f} M sector accesses/s "
+        f"{spread['simulate_runs']}",
         f"  {verdict} the {result['target_sectors_per_s'] / 1e6:.0f} M/s target",
     ])

@@ -13,5 +13,7 @@ def test_quick_run_reports_both_rates_against_the_target(tmp_path, capsys):
     rates = result["cache_sectors_per_s"], result["simulate_sectors_per_s"]
     assert all(rate > 0 for rate in rates)
     assert result["meets_target"] == (min(rates) >= TARGET_SECTORS_PER_S)
+    for runs, rate in zip(("cache_runs", "simulate_runs"), rates, strict=True):
+        assert len(result[runs]) == result["num_repeats"] and min(result[runs]) <= rate
     assert {"git_revision", "versions", "core"} <= set(result)
     assert "M sector accesses/s" in capsys.readouterr().out

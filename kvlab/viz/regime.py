@@ -49,19 +49,21 @@ def regime_figure(rows: list[dict], kernel: str, provenance: str, block_size: in
                       for c in cells})
     sms = sorted({c["sms"] for c in cells}, key=lambda n: (n is not None, n or 0))
     at = {(c["sms"], c["model"], c["batch"], c["context"]): c for c in cells}
-    z, text = [], []
+    z, text, best = [], [], []  # best: the best setting of each cell, for the hover
     for n in sms:
         found = [at.get((n, model, b, ctx)) for _, _, model, b, ctx in columns]
         z.append([c["speedup"] if c else None for c in found])
-        text.append([f"{c['speedup']:.2f}x<br>{c['prefetch']}" if c else "" for c in found])
+        text.append([f"{c['speedup']:.2f}" if c else "" for c in found])
+        best.append([c["prefetch"] if c else "" for c in found])
     x = [f"{model} ({group}:1)<br>{b} x {ctx}" for group, _, model, b, ctx in columns]
     y = ["whole GPU" if n is None else f"{n} SMs" for n in sms]
     spread = max(abs(v - 1) for row in z for v in row if v is not None) or 0.01
     fig = go.Figure(go.Heatmap(
-        z=z, x=x, y=y, text=text, texttemplate="%{text}", zmid=1.0,
+        z=z, x=x, y=y, text=text, texttemplate="%{text}", customdata=best, zmid=1.0,
         zmin=1 - spread, zmax=1 + spread, colorscale="RdBu_r",
         colorbar=dict(title="speedup"),
-        hovertemplate="%{y}, %{x}<br>%{z:.3f}x over no prefetch<extra></extra>"))
+        hovertemplate="%{y}, %{x}<br>%{z:.3f}x over no prefetch with %{customdata}"
+                      "<extra></extra>"))
     fig.update_layout(xaxis=dict(title="model (GQA group), batch x context"),
                       yaxis=dict(title="SMs"))
     return style(fig, f"Where L2 prefetch pays: {kernel}", provenance,

@@ -79,5 +79,4 @@ def test_the_regime_map_draws_the_recorded_sm_scaling(monkeypatch, kernel):
     assert list(heatmap.y) == ["32 SMs", "80 SMs", "132 SMs"]  # the SMs held, 78 asked -> 80
     assert len(heatmap.x) == 24  # 4 models x batch 1/16/64 x context 4k/32k
     assert all(v is not None for row in heatmap.z for v in row)
-    assert {t.split("<br>")[1] for row in heatmap.text for t in row} == {"bulk K+V d=1",
-                                                                         "line K+V d=1"}
+    assert {t for row in heatmap.customdata for t in row} == {"bulk K+V d=1", "line K+V d=1"}

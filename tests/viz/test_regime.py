@@ -38,6 +38,7 @@ def test_figure_has_one_row_per_sm_count_and_gaps_where_nothing_was_timed():
     assert list(heatmap.x) == ["llama2-7b (1:1)<br>8 x 4096", "llama3-8b (4:1)<br>8 x 4096"]
     assert heatmap.z[0][1] is None  # llama3-8b was not timed on 32 SMs
     assert heatmap.z[0][0] == pytest.approx(1.2)
+    assert (heatmap.text[0][0], heatmap.customdata[0][0]) == ("1.20", "bulk K+V d=1")
     assert "recorded on NVIDIA H200, 2026-12-02" in fig.layout.title.text
 
 

@@ -132,12 +132,13 @@ def main(argv: list[str] | None = None) -> int:
     with ProcessPoolExecutor(args.workers) as pool:
         rows = list(pool.map(model_row, launches))
     times = measured_ms(attention)
-    roofline = {132: attention["roofline_copy_gbps"],
+    whole = attention["num_sms"]  # the GPU's SMs: the whole-GPU roofline and the fitted launches
+    roofline = {whole: attention["roofline_copy_gbps"],
                 **{int(k): v for k, v in attention["roofline_copy_gbps_by_sms"].items()}}
     for row in rows:
         row["ms"] = times.get((row["model"], row["kernel"], row["batch"], row["context"],
                                row["sms"], row["prefetch"]))
-        row["fitted"] = row["sms"] == 132 and row["prefetch"] == "none"
+        row["fitted"] = row["sms"] == whole and row["prefetch"] == "none"
     params = fit([r for r in rows if r["fitted"] and r["ms"] is not None], roofline)
     for r in rows:
         if r["ms"] is not None:

@@ -60,6 +60,12 @@ KINDS = (DEMAND, PREFETCH, PREFETCH_LINES, DEMAND_LINE)
 _LOW_HALF = 0b0011  # the sectors of a line's first 64 bytes
 
 _FULL_MASK = (1 << SECTORS_PER_LINE) - 1
+# The replay's blocking (speed only; results do not depend on it): lookups per sorted chunk, and
+# the state of one group of sets kept within a core's L2 (bytes per way: tag and last use 16,
+# bitmasks 2, ready times 32).
+_CHUNK_LINES = 1 << 20
+_GROUP_STATE_BYTES = 1 << 17
+_WAY_STATE_BYTES = 50
 _FIBONACCI = np.uint64(0x9E3779B97F4A7C15)  # 2^64 / golden ratio
 _SHIFT = np.uint64(32)
 
@@ -157,16 +163,17 @@ class L2Cache:
                              f"number >= 0")
         self.num_sets, self.num_ways, self.set_index = int(num_sets), int(num_ways), set_index
         self.fill_latency_rounds = float(fill_latency_rounds)
-        # [num_sets * num_ways, 2]: line address (-1 empty) and last use of each way, so that a
-        # set's lookups read one contiguous stretch; [num_sets * num_ways] sector bitmasks: valid,
-        # and filled by a prefetch but not read yet; [num_sets * num_ways, SECTORS_PER_LINE] float64
+        # [num_sets * num_ways] per way, a set's ways side by side: line address (-1 empty), last
+        # use (a count of lookups), sector bitmasks: valid, and filled by a prefetch but not read
+        # yet; [num_sets * num_ways, SECTORS_PER_LINE] float64
         # time (rounds) at which each valid sector's fill is ready.
-        self._ways = np.zeros((self.num_sets * self.num_ways, 2), dtype=np.int64)
-        self._ways[:, 0] = -1
+        self._tags = np.full(self.num_sets * self.num_ways, -1, dtype=np.int64)
+        self._last_use = np.zeros(self.num_sets * self.num_ways, dtype=np.int64)
         self._valid = np.zeros(self.num_sets * self.num_ways, dtype=np.uint8)
         self._prefetched = np.zeros(self.num_sets * self.num_ways, dtype=np.uint8)
         self._ready = np.zeros((self.num_sets * self.num_ways, SECTORS_PER_LINE))
         self._clock = np.zeros(1, dtype=np.int64)
+        self._sets_per_group = max(1, _GROUP_STATE_BYTES // (_WAY_STATE_BYTES * self.num_ways))
         self._latest = -math.inf  # the time of the latest request (rounds)
 
     @property
@@ -198,8 +205,9 @@ class L2Cache:
         times = self._check_times(self.time if times is None else times, addrs)
         counts = np.zeros(len(fields(L2Result)), dtype=np.int64)
         _replay(addrs, nbytes, kinds.astype(np.uint8), times, self.fill_latency_rounds,
-                self._ways, self._valid, self._prefetched, self._ready, self.num_ways,
-                self.num_sets, self.set_index == "hash", self._clock, counts)
+                self._tags, self._last_use, self._valid, self._prefetched, self._ready,
+                self.num_ways, self.num_sets, self.set_index == "hash", self._sets_per_group,
+                self._clock, counts)
         if times.size:
             self._latest = float(times[-1])
         return L2Result(*(int(c) for c in counts))
@@ -243,50 +251,87 @@ def _num_sectors(mask):
 
 
 @numba.njit(cache=True)
-def _replay(addrs, nbytes, kinds, times, latency, ways, valid, prefetched, ready, num_ways,
-            num_sets, hashed, clock, counts):
-    """The core loop: one tag lookup per (request, line); counts as in L2Result's fields."""
-    now = clock[0]
-    for i in range(addrs.size):
-        start, end, kind, t = addrs[i], addrs[i] + nbytes[i], kinds[i], times[i]
-        for line in range(start // LINE_BYTES, (end - 1) // LINE_BYTES + 1):
-            line_start = line * LINE_BYTES
-            first = (max(start, line_start) - line_start) // SECTOR_BYTES
-            last = (min(end, line_start + LINE_BYTES) - 1 - line_start) // SECTOR_BYTES
-            mask = ((2 << last) - 1) ^ ((1 << first) - 1)
-            if kind == PREFETCH_LINES:
-                mask = _FULL_MASK
-            if hashed:
-                h = (np.uint64(line) * _FIBONACCI) >> _SHIFT
-                base = np.int64((h * np.uint64(num_sets)) >> _SHIFT) * num_ways
-            else:
-                base = (line % num_sets) * num_ways
-            way, lru = -1, base
+def _set_base(line, num_sets, num_ways, hashed):
+    """Index of the first way of `line`'s set."""
+    if hashed:
+        h = (np.uint64(line) * _FIBONACCI) >> _SHIFT
+        return np.int64((h * np.uint64(num_sets)) >> _SHIFT) * num_ways
+    return (line % num_sets) * num_ways
+
+
+@numba.njit(cache=True)
+def _replay(addrs, nbytes, kinds, times, latency, tags, last_use, valid, prefetched, ready,
+            num_ways, num_sets, hashed, sets_per_group, clock, counts):
+    """The core loop: one tag lookup per (request, line); counts as in L2Result's fields.
+
+    Sets share nothing, so only the order of each set's own lookups matters. Each chunk of
+    about _CHUNK_LINES lookups is sorted (stably, by a counting sort) into groups of
+    `sets_per_group` consecutive sets and replayed group by group: a group's state stays in the
+    CPU's cache instead of every lookup touching a random set of the whole 60 MiB model.
+    """
+    num_groups = -(-num_sets // sets_per_group)
+    group_stride = sets_per_group * num_ways
+    offsets = np.empty(num_groups + 1, np.int64)
+    first = 0
+    while first < addrs.size:
+        stop, total = first, 0  # requests [first, stop): at least one, about _CHUNK_LINES lines
+        while stop < addrs.size and (total == 0 or total < _CHUNK_LINES):
+            total += (addrs[stop] + nbytes[stop] - 1) // LINE_BYTES - addrs[stop] // LINE_BYTES + 1
+            stop += 1
+        offsets[:] = 0
+        for i in range(first, stop):
+            for line in range(addrs[i] // LINE_BYTES, (addrs[i] + nbytes[i] - 1) // LINE_BYTES + 1):
+                offsets[_set_base(line, num_sets, num_ways, hashed) // group_stride + 1] += 1
+        for g in range(num_groups):
+            offsets[g + 1] += offsets[g]
+        # each lookup as (line << 8 | kind << 4 | sector mask, time): the replay then reads two
+        # arrays in order instead of the requests at random
+        keys, key_times = np.empty(total, np.int64), np.empty(total, np.float64)
+        for i in range(first, stop):
+            start, end = addrs[i], addrs[i] + nbytes[i]
+            for line in range(start // LINE_BYTES, (end - 1) // LINE_BYTES + 1):
+                g = _set_base(line, num_sets, num_ways, hashed) // group_stride
+                keys[offsets[g]] = line << 8 | np.int64(kinds[i]) << 4 | _sector_mask(
+                    line, start, end, kinds[i])
+                key_times[offsets[g]] = times[i]
+                offsets[g] += 1
+        # NOTE: the lookup is written out here, not called: numba counts references to arrays
+        # passed to a function, two atomic operations per array and call, a third of the time
+        for k in range(total):
+            line, t = keys[k] >> 8, key_times[k]
+            mask, kind = keys[k] & _FULL_MASK, keys[k] >> 4 & 0xF
+            base = _set_base(line, num_sets, num_ways, hashed)
+            way = -1
             for j in range(base, base + num_ways):
-                if ways[j, 0] == line:
+                if tags[j] == line:
                     way = j
                     break
-                if ways[j, 1] < ways[lru, 1]:
-                    lru = j
             if way < 0:  # the line is not in L2: its set's LRU line leaves (fills in flight too)
-                counts[7] += _num_sectors(prefetched[lru])
-                ways[lru, 0] = line
-                valid[lru] = 0
-                prefetched[lru] = 0
-                way = lru
+                # NOTE: the oldest use first, then where it is: a branch per way on which is older
+                # mispredicts half the time, and this runs on every miss
+                oldest = last_use[base]
+                for j in range(base + 1, base + num_ways):
+                    oldest = min(oldest, last_use[j])
+                way = base
+                while last_use[way] != oldest:
+                    way += 1
+                counts[7] += _num_sectors(prefetched[way])
+                tags[way] = line
+                valid[way] = 0
+                prefetched[way] = 0
             held = np.int64(valid[way])
             fresh, ready_mask = mask & (_FULL_MASK ^ held), 0  # fresh: sectors that start a fill
             unasked = 0  # sectors a DEMAND_LINE miss fills beyond the request
             if kind == DEMAND_LINE and fresh:
                 unasked = _FULL_MASK ^ held ^ fresh
-                for k in range(SECTORS_PER_LINE):
-                    if unasked >> k & 1:
-                        ready[way, k] = t + latency
-            for k in range(SECTORS_PER_LINE):
-                if (mask & held) >> k & 1 and ready[way, k] <= t:
-                    ready_mask |= 1 << k
-                elif fresh >> k & 1:
-                    ready[way, k] = t + latency
+                for sector in range(SECTORS_PER_LINE):
+                    if unasked >> sector & 1:
+                        ready[way, sector] = t + latency
+            for sector in range(SECTORS_PER_LINE):
+                if (mask & held) >> sector & 1 and ready[way, sector] <= t:
+                    ready_mask |= 1 << sector
+                elif fresh >> sector & 1:
+                    ready[way, sector] = t + latency
             hits, misses = _num_sectors(ready_mask), _num_sectors(fresh)
             pending = _num_sectors(mask & held) - hits
             promoted = 0
@@ -308,6 +353,17 @@ def _replay(addrs, nbytes, kinds, times, latency, ways, valid, prefetched, ready
                 counts[4] += misses
                 prefetched[way] |= fresh
             valid[way] = held | mask | unasked
-            now += 1
-            ways[way, 1] = now
-    clock[0] = now
+            clock[0] += 1
+            last_use[way] = clock[0]
+        first = stop
+
+
+@numba.njit(cache=True)
+def _sector_mask(line, start, end, kind):
+    """The sectors of `line` that a request of `kind` for bytes [start, end) touches."""
+    if kind == PREFETCH_LINES:
+        return _FULL_MASK
+    line_start = line * LINE_BYTES
+    first = (max(start, line_start) - line_start) // SECTOR_BYTES
+    last = (min(end, line_start + LINE_BYTES) - 1 - line_start) // SECTOR_BYTES
+    return ((2 << last) - 1) ^ ((1 << first) - 1)

@@ -1,10 +1,13 @@
 """The "L2 and counters" tab, driven without a browser: the paper's counters beside a note where
-the H200's are not recorded, the regime map's note, and the L2 model on request (CPU)."""
+the H200's are not recorded, the regime map's note, the L2 model on request (CPU), and ncu on
+request (wired on the CPU with a stand-in for ncu; for real on the GPU)."""
+
+import types
 
 import pytest
 
 from kvlab.panels.l2 import MAX_MODELLED_SECTORS, L2Tab
-from kvlab.profile import paper
+from kvlab.profile import CountersError, paper
 
 
 @pytest.fixture
@@ -39,6 +42,96 @@ def test_the_l2_model_runs_on_request_and_a_change_clears_it(tab):
     assert "modelled by kvlab.sim" in fig.layout.title.text
     tab.controls["sms"].value = 32
     assert "press Model the L2" in tab.figures["modelled"].figure.layout.annotations[0].text
+
+
+def test_block_size_and_prefetch_mode_reach_the_model(tab):
+    tab.controls["block_size"].value = 32
+    tab.controls["prefetch"].value = "line"
+    tab.controls["distance"].value = 2
+    tab.model()
+    fig = tab.figures["modelled"].figure
+    hits = next(t for t in fig.data if t.name.startswith("hits"))
+    assert list(hits.x) == ["none", "line K+V d=2"]
+    assert "block 32" in fig.layout.title.text
+    tab.controls["block_size"].value = 64  # gqa's, not vllm_v1's
+    tab.model()
+    (note,) = tab.figures["modelled"].figure.layout.annotations
+    assert "vllm_v1 runs block sizes (8, 16, 32), not 64" in note.text
+
+
+def test_the_status_says_how_the_recorded_counters_differ_from_the_controls(tab):
+    assert tab.profile_button is None  # no GPU here
+    tab.controls["batch"].value, tab.controls["context"].value = 16, 4096
+    assert tab.status.value.startswith("counters: recorded at this launch; measuring needs")
+    tab.controls["block_size"].value = 32
+    assert "block 16" in tab.status.value and "block 32" in tab.status.value
+    assert "the nearest to" in tab.status.value
+
+
+def _gpu_tab(monkeypatch, measure) -> L2Tab:
+    """The tab as on a GPU with ncu, with `measure` standing in for measure_many."""
+    import torch
+
+    monkeypatch.setenv("KVLAB_BACKEND", "cuda")
+    monkeypatch.setattr("kvlab.panels.l2.shutil.which", lambda name: f"/opt/{name}")
+    monkeypatch.setattr("kvlab.panels.l2.backend", lambda: "cuda")
+    monkeypatch.setattr("kvlab.panels.l2.device_label", lambda: "measured on a test GPU")
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i: types.SimpleNamespace(multi_processor_count=132))
+    monkeypatch.setattr("kvlab.profile.measure_many", measure)
+    return L2Tab(batch=16, context=4096)
+
+
+def test_profile_with_ncu_shows_what_it_measured(monkeypatch):
+    from kvlab.results import load_result
+
+    recorded = {(r["model"], r["kernel"], r["batch"], r["context"], r["num_sms_used"],
+                 r["prefetch"]): r for r in load_result("h200", "counters_sms")["rows"]}
+    asked = []
+
+    def measure(specs, timeout_s):
+        asked.extend(specs)
+        return [{**{k: v for k, v in recorded[("llama2-7b", "vllm_v1", 16, 4096, 80,
+                                                spec.prefetch)].items() if k != "model"},
+                 "l2_hit_pct": 10.0 + i} for i, spec in enumerate(specs)]
+
+    tab = _gpu_tab(monkeypatch, measure)
+    tab.controls["sms"].value = 80
+    tab.profile()
+    assert [(s.prefetch, s.num_sms, s.block_size) for s in asked] == [
+        ("none", 80, 16), ("bulk K+V d=1", 80, 16)]
+    fig = tab.figures["counters"].figure
+    hit_rates = {t.name: list(t.y)[0] for t in fig.data[::-1] if t.name.startswith("H200")}
+    assert hit_rates == {"H200, no prefetch": 10.0, "H200, prefetch": 11.0}  # first subplot
+    assert "measured on a test GPU, ncu" in fig.layout.title.text
+    assert tab.status.value == "counters: measured now with ncu, measured on a test GPU"
+    tab.controls["sms"].value = 132  # a changed control drops what was measured
+    assert tab.status.value.startswith("counters: recorded")
+
+
+def test_profile_with_ncu_says_why_it_gave_nothing(monkeypatch):
+    def measure(specs, timeout_s):
+        raise CountersError("ncu ran past timeout_s=600; killed it", "timeout")
+
+    tab = _gpu_tab(monkeypatch, measure)
+    tab.profile()
+    assert tab.status.value == "ncu gave no counters: ncu ran past timeout_s=600; killed it"
+    assert "H200 recorded on NVIDIA H200" in tab.figures["counters"].figure.layout.title.text
+
+
+@pytest.mark.gpu
+def test_profile_with_ncu_on_this_gpu(monkeypatch):
+    import shutil
+
+    if shutil.which("ncu") is None:
+        pytest.skip("Nsight Compute (ncu) not on PATH")
+    monkeypatch.delenv("KVLAB_BACKEND", raising=False)
+    tab = L2Tab(batch=2, context=1024, kernel="gqa")
+    tab.profile()
+    assert tab.status.value.startswith("counters: measured now with ncu, measured on")
+    fig = tab.figures["counters"].figure
+    ours = [t for t in fig.data if t.name.startswith("H200")]
+    assert len(ours) == 4 and all(v is not None and v >= 0 for t in ours for v in t.y)
 
 
 def test_a_launch_too_big_to_model_live_is_a_note(tab):

@@ -11,13 +11,14 @@ Hit rate, three readings of the model (which one ncu's lts__t_sector_hit_rate is
 decide): loads only, pending loads as misses (`hit_rate`); every lookup, loads and prefetches
 (`lookup_hit_rate`); the same with pending loads as hits (`lookup_hit_rate_pending_as_hits`).
 
-Time model, calibrated here on the no-prefetch launches of the whole GPU (132 SMs) and checked on
-the rest (other SM counts, and prefetch): a launch takes the longer of its DRAM bytes (the
-model's) over the copy roofline of its SM count (measured in the same benchmark run) and the bytes
-its loads ask of the L2 over an L2 bandwidth per SM, divided by an efficiency of its family, plus
-a fixed launch cost. The L2 bandwidth is fitted for both families, the efficiency and launch cost
-per family (least squares on log time, grid search). It has no term for what a prefetch costs
-the SM (instructions, issue slots): that it predicts no prefetch loss is one of its findings.
+Time model (kvlab.sim.time_model), calibrated here on the no-prefetch launches of the whole GPU
+(132 SMs) and checked on the rest (other SM counts, and prefetch): a launch takes the longer of
+its DRAM bytes (the model's) over the copy roofline of its SM count (measured in the same
+benchmark run) and the bytes its loads ask of the L2 over an L2 bandwidth per SM, divided by an
+efficiency of its family, plus a fixed launch cost. The L2 bandwidth is fitted for both
+families, the efficiency and launch cost per family (least squares on log time, grid search).
+It has no term for what a prefetch costs the SM (instructions, issue slots): that it predicts
+no prefetch loss is one of its findings.
 
 Targets (the issue's): mean absolute hit-rate error <= 10 points; median relative time error
 <= 15%, with at least 80% of points within 25%. Writes the rows and the summary as JSON.
@@ -43,6 +44,7 @@ from kvlab.results import load_result  # noqa: E402
 from kvlab.sim import L2Cache, simulate  # noqa: E402
 from kvlab.sim.l2 import SECTOR_BYTES  # noqa: E402
 from kvlab.sim.plan import launch_spec  # noqa: E402
+from kvlab.sim.time_model import TimeModel  # noqa: E402
 
 READINGS = ("hit_rate", "lookup_hit_rate", "lookup_hit_rate_pending_as_hits")
 TARGETS = {"hit_mae_points": 10.0, "time_median_rel": 0.15, "time_within_25pct": 0.80}
@@ -68,9 +70,10 @@ def measured_ms(attention: dict) -> dict:
 
 def predict_ms(row: dict, roofline: dict, efficiency: float, l2_gbps_per_sm: float,
                launch_us: float) -> float:
-    dram_s = row["model_dram_bytes"] / (roofline[row["sms"]] * 1e9)
-    l2_s = row["model_load_bytes"] / (l2_gbps_per_sm * row["sms"] * 1e9)
-    return 1e3 * max(dram_s, l2_s) / efficiency + launch_us * 1e-3
+    """kvlab.sim.time_model's time for a model_row with these constants."""
+    model = TimeModel(l2_gbps_per_sm, {row["kernel"]: efficiency}, {row["kernel"]: launch_us})
+    return model.predict_ms(row["kernel"], row["model_dram_bytes"], row["model_load_bytes"],
+                            row["sms"], roofline[row["sms"]])
 
 
 def fit(rows: list[dict], roofline: dict) -> dict:

@@ -238,4 +238,23 @@ class L2Tab:
                                                    v["context"], v["sms"], p,
                                                    block_size=v["block_size"]))
                    for p in settings}
-        return modelled_l2_figure(results, shape, provenance, FIGURE_HEIGHTS["modelled"])
+        times, roofline = self._modelled_times(v, results)
+        return modelled_l2_figure(results, shape, provenance, FIGURE_HEIGHTS["modelled"],
+                                  times, roofline)
+
+    def _modelled_times(self, v: dict, results: dict) -> tuple[dict | None, float | None]:
+        """The time model's ms per setting and the copy roofline it used (interpolated between
+        the SM counts measured with the regime map), or (None, None) without those records."""
+        from kvlab.sim.time_model import TimeModel, copy_roofline_gbps
+
+        try:
+            model = TimeModel.recorded()
+        except ValueError:
+            return None, None
+        if self.regime is None:
+            return None, None
+        measured = {self.regime["num_sms"]: self.regime["roofline_copy_gbps"], **{
+            int(k): g for k, g in self.regime["roofline_copy_gbps_by_sms"].items()}}
+        roofline = copy_roofline_gbps(v["sms"], measured)
+        return {name: model.predict_result_ms(v["kernel"], r, v["sms"], roofline)
+                for name, r in results.items()}, roofline

@@ -66,19 +66,26 @@ def table_5_2_figure(model: str, entries: list[dict], provenance: str,
 
 
 def modelled_l2_figure(results: dict[str, object], shape: str, provenance: str,
-                       height: int = 360) -> go.Figure:
+                       height: int = 360, times_ms: dict[str, float] | None = None,
+                       roofline_gbps: float | None = None) -> go.Figure:
     """Bars per prefetch setting (`results`: label -> kvlab.sim.L2Result): the modelled L2 hit
     rate of the loads, the share of loads that found their fill in flight, and the hit rate as
     ncu counts it (every lookup, prefetches too: `L2Result.lookup_hit_rate`, the reading that
     matches the H200's counters); the hover gives the DRAM bytes. `shape` describes the launch
-    modelled."""
+    modelled. With `times_ms` (label -> the time model's ms) and `roofline_gbps` (the copy
+    roofline of the SMs), a second panel gives each setting's modelled time and its DRAM GB/s
+    as % of that roofline."""
     names = list(results)
     hits = [100 * r.hit_rate for r in results.values()]
     as_ncu = [100 * r.lookup_hit_rate for r in results.values()]
     pending = [100 * r.demand_pending / r.demand_sectors if r.demand_sectors else 0.0
                for r in results.values()]
     dram = [r.dram_bytes / 2**20 for r in results.values()]
-    fig = go.Figure([
+    timed = times_ms is not None and roofline_gbps is not None
+    fig = make_subplots(rows=1, cols=2 if timed else 1, column_widths=[0.65, 0.35] if timed
+                        else None, horizontal_spacing=0.12, subplot_titles=(
+                            "% of loads' sectors", "time, modelled") if timed else None)
+    for trace in (
         go.Bar(name="hits (ready in L2)", x=names, y=hits, marker_color="#2ca02c",
                text=[f"{h:.1f}%" for h in hits], textposition="outside", cliponaxis=False,
                customdata=dram, hovertemplate="%{x}: %{y:.1f}% hits<br>DRAM %{customdata:.0f} "
@@ -91,7 +98,22 @@ def modelled_l2_figure(results: dict[str, object], shape: str, provenance: str,
                marker_color="#1f77b4", text=[f"{h:.1f}%" for h in as_ncu],
                textposition="outside", cliponaxis=False,
                hovertemplate="%{x}: %{y:.1f}% of all L2 lookups hit<extra></extra>"),
-    ])
-    fig.update_layout(barmode="group", yaxis=dict(title="% of loads' sectors", range=[0, 115]),
-                      legend=LEGEND_BELOW)
-    return style(fig, "L2, modelled", provenance, shape, height=height)
+    ):
+        fig.add_trace(trace, row=1, col=1)
+    fig.update_yaxes(title_text="% of loads' sectors", range=[0, 115], row=1, col=1)
+    lines = [shape]
+    if timed:
+        us = [1e3 * times_ms[n] for n in names]
+        share = [100 * r.dram_bytes / (times_ms[n] * 1e-3) / (roofline_gbps * 1e9)
+                 for n, r in results.items()]
+        fig.add_trace(go.Bar(
+            name="time (time model)", x=names, y=us, marker_color="#9467bd",
+            text=[f"{u:.0f} us<br>DRAM {p:.0f}%" for u, p in zip(us, share, strict=True)],
+            textposition="outside", cliponaxis=False, customdata=share,
+            hovertemplate="%{x}: %{y:.1f} us modelled<br>DRAM at %{customdata:.0f}% of the "
+            f"copy roofline ({roofline_gbps:.0f} GB/s)<extra></extra>"), row=1, col=2)
+        fig.update_yaxes(title_text="us", range=[0, 1.3 * max(us)], row=1, col=2)
+        lines.append(f"time: kvlab.sim.time_model (no term for prefetch's own cost); copy "
+                     f"roofline {roofline_gbps:.0f} GB/s; CPI and stalls: ncu only")
+    fig.update_layout(barmode="group", legend=LEGEND_BELOW)
+    return style(fig, "L2, modelled", provenance, *lines, height=height)

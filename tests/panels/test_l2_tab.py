@@ -40,6 +40,9 @@ def test_the_l2_model_runs_on_request_and_a_change_clears_it(tab):
     assert list(hits.x) == ["none", "bulk K+V d=1"]
     assert hits.y[0] == 0.0  # MHA without prefetch: nothing is read twice
     assert "modelled by kvlab.sim" in fig.layout.title.text
+    (time,) = [t for t in fig.data if t.name == "time (time model)"]
+    assert list(time.x) == ["none", "bulk K+V d=1"] and all(y > 0 for y in time.y)
+    assert "CPI and stalls: ncu only" in fig.layout.title.text
     tab.controls["sms"].value = 32
     assert "press Model the L2" in tab.figures["modelled"].figure.layout.annotations[0].text
 

@@ -1,11 +1,14 @@
 """The L2 model (kvlab.sim) against the H200's counters and times:
 `python benchmarks/l2_validation.py [--points 16x4096 1x32768] [--json PATH]`.
 
-For every launch of results/h200/counters_sms.json at the points given (four models, vllm_v1 and
-gqa, 132 / 80 / 32 SMs, without prefetch and with "bulk K+V d=1"), the model replays the launch
+For every launch recorded by `bench counters` at the points given, the model replays the launch
 as the kernels plan it (kvlab.sim.plan.launch_spec) and is set beside ncu's L2 hit rate and DRAM
-bytes, and beside the time `bench attention --sms` measured for the same launch
-(results/h200/attention_sms.json, same point, SMs and prefetch).
+bytes, and, where `bench attention --sms` timed the same launch (results/h200/attention_sms.json:
+block 16, none / bulk / line at distance 1), beside that time. The launches (COUNTERS): four
+models, vllm_v1 and gqa, block 16, none and "bulk K+V d=1" on 132 / 80 / 32 SMs
+(counters_sms.json); "line K+V d=1", "bulk K+V d=2" and "bulk K+V d=4" on the whole GPU
+(counters_prefetch.json); block 32 (counters_block32.json). A launch recorded twice (each file
+profiles its own no-prefetch launches) is checked once, from the first file.
 
 Hit rate, three readings of the model (which one ncu's lts__t_sector_hit_rate is, the data
 decide): loads only, pending loads as misses (`hit_rate`); every lookup, loads and prefetches
@@ -47,15 +50,19 @@ from kvlab.sim.plan import launch_spec  # noqa: E402
 from kvlab.sim.time_model import TimeModel  # noqa: E402
 
 READINGS = ("hit_rate", "lookup_hit_rate", "lookup_hit_rate_pending_as_hits")
+COUNTERS = ("counters_sms", "counters_prefetch", "counters_block32")
+LAUNCH = ("model", "kernel", "batch", "context", "block_size", "num_sms_used", "prefetch")
 TARGETS = {"hit_mae_points": 10.0, "time_median_rel": 0.15, "time_within_25pct": 0.80}
 
 
 def model_row(launch: dict) -> dict:
     """The model's answer for one recorded launch (a counters_sms row)."""
     spec = launch_spec(launch["model"], launch["kernel"], launch["batch"], launch["context"],
-                       launch["num_sms_used"], PrefetchConfig.from_label(launch["prefetch"]))
+                       launch["num_sms_used"], PrefetchConfig.from_label(launch["prefetch"]),
+                       block_size=launch["block_size"])
     result = simulate(spec, L2Cache())
-    return {**{k: launch[k] for k in ("model", "kernel", "batch", "context", "prefetch")},
+    return {**{k: launch[k] for k in ("model", "kernel", "batch", "context", "block_size",
+                                      "prefetch")},
             "sms": launch["num_sms_used"], "partition_size": spec.partition_size,
             "ncu_hit_pct": launch["l2_hit_pct"], "ncu_dram_bytes": launch["dram_read_bytes"],
             **{f"model_{r}_pct": 100 * getattr(result, r) for r in READINGS},
@@ -64,8 +71,14 @@ def model_row(launch: dict) -> dict:
 
 
 def measured_ms(attention: dict) -> dict:
-    return {(r["model"], r["kernel"], r["batch"], r["context"], r["sms"], r["prefetch"]): r["ms"]
-            for r in attention["rows"]}
+    return {(r["model"], r["kernel"], r["batch"], r["context"], r["block_size"], r["sms"],
+             r["prefetch"]): r["ms"] for r in attention["rows"]}
+
+
+def group(row: dict) -> str:
+    """The summary's group of a model_row: kernel, SMs, prefetch (and a block size not 16)."""
+    block = "" if row["block_size"] == 16 else f", block {row['block_size']}"
+    return f"{row['kernel']}, {row['sms']} SMs, {row['prefetch']}{block}"
 
 
 def predict_ms(row: dict, roofline: dict, efficiency: float, l2_gbps_per_sm: float,
@@ -108,7 +121,7 @@ def summarise(rows: list[dict]) -> dict:
     errors = [abs(r["predicted_ms"] / r["ms"] - 1) for r in timed]
     groups = {}
     for r in rows:
-        groups.setdefault(f"{r['kernel']}, {r['sms']} SMs, {r['prefetch']}", []).append(r)
+        groups.setdefault(group(r), []).append(r)
     by_group = {name: {
         "hit_mae_points": statistics.fmean(abs(r["model_lookup_hit_rate_pct"] - r["ncu_hit_pct"])
                                            for r in mine),
@@ -123,15 +136,20 @@ def summarise(rows: list[dict]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--points", nargs="+", default=["16x4096", "1x32768"],
-                        help="BATCHxCONTEXT points of counters_sms.json to check")
+                        help="BATCHxCONTEXT points of the counters to check")
     parser.add_argument("--json", metavar="PATH", help="write the rows and summary as JSON")
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args(argv)
-    counters, attention = load_result("h200", "counters_sms"), load_result("h200",
-                                                                           "attention_sms")
-    launches = [r for r in counters["rows"] if f"{r['batch']}x{r['context']}" in args.points]
+    counters = {name: load_result("h200", name) for name in COUNTERS}
+    attention = load_result("h200", "attention_sms")
+    launches = {}
+    for result in counters.values():
+        for r in result["rows"]:
+            if f"{r['batch']}x{r['context']}" in args.points:
+                launches.setdefault(tuple(r[k] for k in LAUNCH), r)
+    launches = list(launches.values())
     if not launches:
-        parser.error(f"--points {' '.join(args.points)}: none recorded in counters_sms.json")
+        parser.error(f"--points {' '.join(args.points)}: none recorded in {COUNTERS}")
     with ProcessPoolExecutor(args.workers) as pool:
         rows = list(pool.map(model_row, launches))
     times = measured_ms(attention)
@@ -140,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                 **{int(k): v for k, v in attention["roofline_copy_gbps_by_sms"].items()}}
     for row in rows:
         row["ms"] = times.get((row["model"], row["kernel"], row["batch"], row["context"],
-                               row["sms"], row["prefetch"]))
+                               row["block_size"], row["sms"], row["prefetch"]))
         row["fitted"] = row["sms"] == whole and row["prefetch"] == "none"
     params = fit([r for r in rows if r["fitted"] and r["ms"] is not None], roofline)
     for r in rows:
@@ -150,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
                                            params["l2_gbps_per_sm"], own["launch_us"])
     result = {"benchmark": "l2_validation", **run_info(), "command": " ".join(
         ["python benchmarks/l2_validation.py", *(argv if argv is not None else sys.argv[1:])]),
-        "counters": {k: counters[k] for k in ("date", "gpu", "git_revision")},
+        "counters": {name: {k: c[k] for k in ("date", "gpu", "git_revision")}
+                     for name, c in counters.items()},
         "attention": {k: attention[k] for k in ("date", "gpu", "git_revision")},
         "cache": {"fill_latency_rounds": L2Cache().fill_latency_rounds},
         "time_model": params, "targets": TARGETS, "summary": summarise(rows), "rows": rows}

@@ -118,12 +118,16 @@ def l2_validation_table(result: dict) -> list[str]:
              "time: median error |", "|---|---|---|---|"]
     counts = {}
     for r in result["rows"]:
-        key = f"{r['kernel']}, {r['sms']} SMs, {r['prefetch']}"
+        block = "" if r["block_size"] == 16 else f", block {r['block_size']}"
+        key = f"{r['kernel']}, {r['sms']} SMs, {r['prefetch']}{block}"
         counts[key] = counts.get(key, 0) + 1
     for key, g in result["summary"]["by_group"].items():
-        fitted = " (fitted)" if ", 132 SMs, none" in key else ""
-        lines.append(f"| {key} | {counts[key]} | {g['hit_mae_points']:.1f} points | "
-                     f"{100 * g['time_median_rel']:.1f}%{fitted} |")
+        if g["time_median_rel"] is None:
+            time = "not timed"
+        else:
+            fitted = " (fitted)" if key.endswith(", 132 SMs, none") else ""
+            time = f"{100 * g['time_median_rel']:.1f}%{fitted}"
+        lines.append(f"| {key} | {counts[key]} | {g['hit_mae_points']:.1f} points | {time} |")
     s = result["summary"]
     lines.append(f"| all | {s['configs']} | {s['hit_mae_points']['lookup_hit_rate']:.1f} points | "
                  f"{100 * s['time_median_rel']:.1f}% ({s['time_checked']} not fitted; "

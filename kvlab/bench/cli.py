@@ -14,6 +14,7 @@ import argparse
 import importlib
 import json
 import os
+import shlex
 import sys
 
 from kvlab.checks import MAX_BLOCK_SIZE, check_block_size
@@ -252,7 +253,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
                 check_writable(f"--{option}", path)
             except ValueError as err:
                 refuse(args.name, str(err))
-    args.command = f"{PROG} " + " ".join(argv)
+    args.command = f"{PROG} " + shlex.join(argv)  # quoted: labels like 'bulk K+V d=1' have spaces
     return args
 
 

@@ -66,9 +66,31 @@ def test_the_status_says_how_the_recorded_counters_differ_from_the_controls(tab)
     assert tab.profile_button is None  # no GPU here
     tab.controls["batch"].value, tab.controls["context"].value = 16, 4096
     assert tab.status.value.startswith("counters: recorded at this launch; measuring needs")
-    tab.controls["block_size"].value = 32
-    assert "block 16" in tab.status.value and "block 32" in tab.status.value
-    assert "the nearest to" in tab.status.value
+    tab.controls["distance"].value = 8  # not profiled
+    assert "16 x 4096, block 16, 132 SMs, bulk K+V d=1, the nearest to" in tab.status.value
+    assert tab.status.value.endswith("bulk K+V d=8; measuring needs a CUDA GPU and Nsight "
+                                     "Compute (ncu)")
+
+
+def test_recorded_counters_of_other_prefetch_settings_and_block_sizes_are_shown(tab):
+    from kvlab.results import load_result
+
+    tab.controls["batch"].value, tab.controls["context"].value = 16, 4096
+    tab.controls["kernel"].value = "gqa"
+    for block, prefetch, distance, name in ((16, "bulk", 4, "counters_prefetch"),
+                                            (16, "line", 1, "counters_prefetch"),
+                                            (32, "bulk", 1, "counters_block32")):
+        tab.controls["block_size"].value = block
+        tab.controls["prefetch"].value, tab.controls["distance"].value = prefetch, distance
+        label = f"{prefetch} K+V d={distance}"
+        assert tab.status.value.startswith("counters: recorded at this launch")
+        want = next(e["ours_prefetch"] for e in load_result("h200", name)["table"] if (
+            e["model"], e["kernel"], e["batch"], e["block_size"], e["prefetch"], e["column"])
+            == ("llama2-7b", "gqa", 16, block, label, "l2_hit_pct"))
+        fig = tab.figures["counters"].figure
+        ours = next(t for t in fig.data if t.name == "H200, prefetch")
+        assert list(ours.y)[0] == pytest.approx(want)
+        assert label in fig.layout.title.text
 
 
 def _gpu_tab(monkeypatch, measure) -> L2Tab:

@@ -4,8 +4,9 @@
 // that read that KV head, so every K/V byte is read from HBM once (a per-query-head kernel reads it
 // GROUP times).
 //
-//   gqa_decode<T, HEAD_DIM, BLOCK_SIZE, GROUP, PF_MODE, PF_K, PF_V, PF_DIST, PF_EVICT_LAST>
-//     T           __half or __nv_bfloat16 (q, caches, out); softmax and accumulation in fp32.
+//   gqa_decode<T, KV, HEAD_DIM, BLOCK_SIZE, GROUP, PF_MODE, PF_K, PF_V, PF_DIST, PF_EVICT_LAST>
+//     T           __half or __nv_bfloat16 (q, out, and the math); softmax and accumulation in fp32.
+//     KV          the caches' element: T, or kvlab::fp8_e4m3 (with T = __half; see "fp8" below).
 //     HEAD_DIM    64, 80, 96, 112, 128, 256.
 //     BLOCK_SIZE  tokens per cache block, a power of two in [8, 256].
 //     GROUP       num_qo_heads / num_kv_heads, 1..8.
@@ -17,11 +18,16 @@
 //
 // Launch contract (the Python wrapper's side):
 //   gqa_decode: grid (max_num_partitions, num_kv_heads, num_seqs), block 128 threads (4 warps),
-//     dynamic shared memory = STAGES * NUM_WARPS * 2 * WARP_TOKENS * (HEAD_DIM * 2 + 16) bytes
-//                           = 384 * (2 * HEAD_DIM + 16) bytes  (both dtypes are 2 bytes):
-//       head_dim 64: 55,296   80: 67,584   96: 79,872   112: 92,160   128: 104,448   256: 202,752.
+//     dynamic shared memory = Smem<HEAD_DIM, sizeof(KV)>::BYTES
+//                           = STAGES * NUM_WARPS * 2 * WARP_TOKENS * ROW_BYTES:
+//       fp16/bf16 (3 stages, rows of 2 * HEAD_DIM + 16 bytes): head_dim 64: 55,296  80: 67,584
+//         96: 79,872  112: 92,160  128: 104,448  256: 202,752;
+//       fp8 (5 stages, rows of HEAD_DIM + 16 or + 32 bytes): 64: 51,200  80: 71,680  96: 71,680
+//         112: 92,160  128: 92,160  256: 174,080.
 //     All are above 48 KB: the wrapper must set cudaFuncAttributeMaxDynamicSharedMemorySize
 //     (CuPy: kernel.max_dynamic_shared_size_bytes = bytes) before the first launch.
+//     k_scale, v_scale: float [num_kv_heads] for an fp8 cache (value = stored * scale), else
+//     null.
 //     partition_size: a multiple of 256 (64 suffices). When max_num_partitions == 1 the one
 //     partition is the whole sequence whatever partition_size says, and the CTA writes `out`;
 //     otherwise it writes partial_out (fp32, normalised by its own sum) and partial_lse (natural
@@ -46,6 +52,18 @@
 //   - Shared-memory rows are padded by 16 bytes (stride 2 * HEAD_DIM + 16) so every ldmatrix phase
 //     (8 rows x 16 bytes) hits 32 distinct banks for all listed head dims.
 //   - At the end the 4 warps' (m, l, O) are merged through shared memory (aliasing the stages).
+//
+// fp8 (KV = fp8_e4m3, e4m3 with one float scale per KV head): the same pipeline on rows of half
+// the bytes, with 5 stages instead of 3 (4 tiles in flight: as many bytes as fp16's 2). Values
+// are widened to fp16 in registers (cvt.rn.f16x2.e4m3x2, exact: every e4m3 value is an fp16
+// value) and the mma runs in fp16; the K scale folds into the softmax scale and the V scale
+// multiplies the output once. The ldmatrix tiles are read as b16 pairs of fp8 values, so a lane
+// holds other dims than the fp16 path's: for K, 4 consecutive dims 4(lane%4)..+3 of a token,
+// whose two halves serve as the fragment's k and k + 8 (Q's fragment takes the same dims, so the
+// dot product is unchanged); for V (ldmatrix .trans), dims 2(lane/4) and 2(lane/4) + 1 of two
+// tokens, which become output rows lane/4 and lane/4 + 8 (the dims are mapped back when the
+// warps merge). One ldmatrix.x4 covers 32 dims; for head_dim 80 and 112 the last one reads 16
+// bytes of the row's padding, never used.
 //
 // Prefetch (arXiv 2504.06319, Algorithm 1, adapted): when a warp issues the cp.async of tile L it
 // also prefetches into L2 its part of tile L + PF_DIST (if that tile exists in the partition), i.e.
@@ -75,26 +93,38 @@
 #include "prefetch.cuh"
 
 namespace kvlab {
+
+// An fp8 element (e4m3, bit pattern only: the kernel widens pairs with cvt.rn.f16x2.e4m3x2).
+struct fp8_e4m3 {
+  unsigned char bits;
+};
+
 namespace gqa {
 
 constexpr int NUM_WARPS = 4;
 constexpr int NUM_THREADS = NUM_WARPS * 32;
 constexpr int WARP_TOKENS = 16;                        // rows of a tile owned by one warp
 constexpr int TILE_TOKENS = NUM_WARPS * WARP_TOKENS;   // 64 tokens per main-loop iteration
-constexpr int STAGES = 3;
 constexpr int MAX_GROUP = 8;                           // the n-width of one mma
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.6931471805599453f;
 
-// Shared-memory geometry. One warp's K (or V) rows of one stage: [WARP_TOKENS][ROW] elements, where
-// ROW = HEAD_DIM + 8 (a 16-byte pad). Whole buffer: [STAGES][NUM_WARPS][K, V][WARP_TOKENS][ROW].
-// CTAS_PER_SM is what shared memory allows on sm_90 (228 KB per SM, 1 KB reserved per CTA):
-// 4 CTAs for head_dim 64, 3 for 80, 2 for 96..128, 1 for 256. It is passed to __launch_bounds__ so
-// that ptxas budgets registers for that occupancy instead of guessing (its guess spilled at 96).
-template <int HEAD_DIM> struct Smem {
-  static constexpr int ROW = HEAD_DIM + 8;
-  static constexpr int WARP_TILE = WARP_TOKENS * ROW;
-  static constexpr int BYTES = STAGES * NUM_WARPS * 2 * WARP_TILE * 2;  // the launch's dynamic smem
+template <typename T> struct IsHalf { static constexpr bool value = false; };
+template <> struct IsHalf<__half> { static constexpr bool value = true; };
+
+// Shared-memory geometry, in bytes. One warp's K (or V) rows of one stage: [WARP_TOKENS][ROW_BYTES],
+// rows padded (16 or 32 bytes) to an odd multiple of 16 bytes, so that every ldmatrix phase
+// (8 rows x 16 bytes) hits 32 distinct banks. Whole buffer: [STAGES][NUM_WARPS][K, V][WARP_TOKENS]
+// [ROW_BYTES]. fp8 keeps 5 stages (see the header). CTAS_PER_SM is what shared memory allows on
+// sm_90 (228 KB per SM, 1 KB reserved per CTA): fp16 4 CTAs for head_dim 64, 3 for 80, 2 for
+// 96..128, 1 for 256. It is passed to __launch_bounds__ so that ptxas budgets registers for that
+// occupancy instead of guessing (its guess spilled at 96).
+template <int HEAD_DIM, int KV_BYTES> struct Smem {
+  static constexpr int ROW_BYTES =
+      HEAD_DIM * KV_BYTES + ((HEAD_DIM * KV_BYTES / 16) % 2 == 0 ? 16 : 32);
+  static constexpr int STAGES = KV_BYTES == 1 ? 5 : 3;
+  static constexpr int WARP_TILE_BYTES = WARP_TOKENS * ROW_BYTES;
+  static constexpr int BYTES = STAGES * NUM_WARPS * 2 * WARP_TILE_BYTES;  // the dynamic smem
   static constexpr int CTAS_PER_SM = (228 * 1024) / (BYTES + 1024);
 };
 
@@ -130,6 +160,13 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* p) {
 __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)) : "memory");
+}
+
+// Two e4m3 values (the low byte first) widened to an fp16 pair, exactly.
+__device__ __forceinline__ unsigned e4m3x2_to_half2(unsigned short pair) {
+  unsigned out;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(out) : "h"(pair));
+  return out;
 }
 
 __device__ __forceinline__ float fast_exp2(float x) {  // ex2.approx: exp2(-inf) = +0
@@ -203,11 +240,12 @@ __device__ __forceinline__ long long tile_offset(int block_id, int num_kv_heads,
 
 // ---- the decode body ---------------------------------------------------------------------------
 
-template <typename T, int HEAD_DIM, int BLOCK_SIZE, int GROUP, int PF_MODE, bool PF_K, bool PF_V,
-          int PF_DIST, bool PF_EVICT_LAST>
+template <typename T, typename KV, int HEAD_DIM, int BLOCK_SIZE, int GROUP, int PF_MODE, bool PF_K,
+          bool PF_V, int PF_DIST, bool PF_EVICT_LAST>
 __device__ __forceinline__ void decode_body(
     T* __restrict__ out, float* __restrict__ partial_out, float* __restrict__ partial_lse,
-    const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
+    const T* __restrict__ q, const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,
+    const float* __restrict__ k_scale, const float* __restrict__ v_scale,
     const int* __restrict__ block_tables, const int* __restrict__ seq_lens,
     int max_num_blocks_per_seq, int num_kv_heads, int partition_size, int max_num_partitions,
     float scale) {
@@ -219,10 +257,16 @@ __device__ __forceinline__ void decode_body(
   static_assert(PF_MODE == PF_NONE || PF_MODE == PF_BULK || PF_MODE == PF_LINE, "PF_MODE");
   static_assert(PF_MODE == PF_NONE || PF_DIST >= 1, "PF_DIST: >= 1 tile");
   static_assert(sizeof(T) == 2, "T: __half or __nv_bfloat16");
+  constexpr bool FP8 = sizeof(KV) == 1;
+  static_assert(sizeof(KV) == sizeof(T) || FP8, "KV: T or fp8_e4m3");
+  static_assert(!FP8 || IsHalf<T>::value, "fp8 caches need T = __half (the mma widens to fp16)");
+  using S = Smem<HEAD_DIM, sizeof(KV)>;
+  constexpr int STAGES = S::STAGES;
   constexpr int K_STEPS = HEAD_DIM / 16;           // 16-dim k-steps of QK = 16-dim m-tiles of PV
-  constexpr int ROW = Smem<HEAD_DIM>::ROW;         // smem row stride in elements
-  constexpr int VECS = HEAD_DIM / 8;               // 16-byte vectors per row
-  constexpr int COPIES = WARP_TOKENS * VECS / 32;  // cp.async per lane per cache per tile
+  constexpr int ROW_BYTES = S::ROW_BYTES;          // smem row stride
+  constexpr int VECS = HEAD_DIM * sizeof(KV) / 16;  // 16-byte vectors per row
+  constexpr int VEC_ELEMS = 16 / sizeof(KV);
+  constexpr int COPIES = (WARP_TOKENS * VECS + 31) / 32;  // cp.async per lane per cache per tile
   constexpr int RUN = BLOCK_SIZE < TILE_TOKENS ? BLOCK_SIZE : TILE_TOKENS;  // prefetch call, tokens
   constexpr bool PREFETCH = PF_MODE != PF_NONE && (PF_K || PF_V);
 
@@ -238,33 +282,37 @@ __device__ __forceinline__ void decode_body(
   const int num_qo_heads = num_kv_heads * GROUP;
   const int* __restrict__ table_row =
       block_tables + static_cast<long long>(seq) * max_num_blocks_per_seq;  // this seq's row
-  const float scale_log2 = scale * LOG2E;
+  // fp8: stored K = K / k_scale, so the logits take k_scale; the output takes v_scale (below)
+  const float scale_log2 = scale * LOG2E * (FP8 ? k_scale[kv_head] : 1.f);
 
   unsigned long long policy = 0;
   if constexpr (PREFETCH && PF_EVICT_LAST) policy = make_evict_last_policy();
 
-  // Shared memory: [STAGES][NUM_WARPS][K, V][WARP_TOKENS][ROW] elements of T.
+  // Shared memory: [STAGES][NUM_WARPS][K, V][WARP_TOKENS][ROW_BYTES].
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  T* const smem = reinterpret_cast<T*>(smem_raw);
-  constexpr int WARP_TILE = Smem<HEAD_DIM>::WARP_TILE;
-  auto stage_k = [&](int stage) { return smem + (stage * NUM_WARPS + warp) * 2 * WARP_TILE; };
-  auto stage_v = [&](int stage) { return stage_k(stage) + WARP_TILE; };
+  constexpr int WARP_TILE_BYTES = S::WARP_TILE_BYTES;
+  auto stage_k = [&](int stage) {
+    return smem_raw + (stage * NUM_WARPS + warp) * 2 * WARP_TILE_BYTES;
+  };
+  auto stage_v = [&](int stage) { return stage_k(stage) + WARP_TILE_BYTES; };
   auto warp_row0 = [&](int tile) {
     return partition_start + tile * TILE_TOKENS + warp * WARP_TOKENS;
   };
 
   // Q of the group as mma A fragments (rows = query heads, rows >= GROUP and 8..15 are zero):
   // q_frag[s][0] = Q[g][16s + 2(lane%4) + {0,1}], q_frag[s][1] = Q[g][16s + 8 + 2(lane%4) + {0,1}],
-  // g = lane / 4. q is [num_seqs, num_qo_heads, HEAD_DIM]; the group's heads are consecutive.
+  // g = lane / 4; fp8: Q[g][16s + 4(lane%4) + {0,1}] and + {2,3}, the dims K's lane holds.
+  // q is [num_seqs, num_qo_heads, HEAD_DIM]; the group's heads are consecutive.
   unsigned q_frag[K_STEPS][2];
   {
     const int g = lane / 4;
     const long long head = static_cast<long long>(seq) * num_qo_heads + kv_head * GROUP + g;
-    const T* qg = q + head * HEAD_DIM + 2 * (lane % 4);
+    const T* qg = q + head * HEAD_DIM + (FP8 ? 4 : 2) * (lane % 4);
+    constexpr int HI = FP8 ? 2 : 8;  // where the k + 8 half of the fragment starts
 #pragma unroll
     for (int s = 0; s < K_STEPS; ++s) {
       q_frag[s][0] = g < GROUP ? *reinterpret_cast<const unsigned*>(qg + 16 * s) : 0u;
-      q_frag[s][1] = g < GROUP ? *reinterpret_cast<const unsigned*>(qg + 16 * s + 8) : 0u;
+      q_frag[s][1] = g < GROUP ? *reinterpret_cast<const unsigned*>(qg + 16 * s + HI) : 0u;
     }
   }
 
@@ -273,21 +321,22 @@ __device__ __forceinline__ void decode_body(
     const int row0 = warp_row0(tile);
     // warp-uniform: this warp's rows of the last tile are all empty
     if (row0 >= partition_end) return;
-    T* const ks = stage_k(stage);
-    T* const vs = stage_v(stage);
+    unsigned char* const ks = stage_k(stage);
+    unsigned char* const vs = stage_v(stage);
 #pragma unroll
     for (int i = 0; i < COPIES; ++i) {
       const int c = lane + 32 * i;
+      if ((WARP_TOKENS * VECS) % 32 != 0 && c >= WARP_TOKENS * VECS) break;  // fp8 d 80, 112
       const int r = c / VECS, v = c % VECS;
       // Row in its block: row0 is 16-aligned, so rows never wrap within a block when
       // BLOCK_SIZE >= 16, and with BLOCK_SIZE 8 rows 8..15 start the second block.
       const int row_in_block = (row0 & (BLOCK_SIZE - 1)) + (r & (BLOCK_SIZE - 1));
       const long long off =
           tile_offset<HEAD_DIM, BLOCK_SIZE>(blocks.of_row(r), num_kv_heads, kv_head) +
-          row_in_block * HEAD_DIM + v * 8;
+          row_in_block * HEAD_DIM + v * VEC_ELEMS;
       const bool valid = row0 + r < partition_end;
-      cp_async_16(ks + r * ROW + v * 8, valid ? k_cache + off : k_cache, valid);
-      cp_async_16(vs + r * ROW + v * 8, valid ? v_cache + off : v_cache, valid);
+      cp_async_16(ks + r * ROW_BYTES + v * 16, valid ? k_cache + off : k_cache, valid);
+      cp_async_16(vs + r * ROW_BYTES + v * 16, valid ? v_cache + off : v_cache, valid);
     }
   };
 
@@ -302,7 +351,7 @@ __device__ __forceinline__ void decode_body(
       if (num_tokens <= 0) continue;
       const long long off = tile_offset<HEAD_DIM, BLOCK_SIZE>(blocks.id[i], num_kv_heads, kv_head) +
                             (run0 & (BLOCK_SIZE - 1)) * HEAD_DIM;
-      const unsigned bytes = num_tokens * HEAD_DIM * sizeof(T);
+      const unsigned bytes = num_tokens * HEAD_DIM * sizeof(KV);
       if constexpr (PF_K)
         prefetch_tile_l2<PF_MODE, PF_EVICT_LAST>(k_cache + off, bytes, lane, 32, policy);
       if constexpr (PF_V)
@@ -318,24 +367,41 @@ __device__ __forceinline__ void decode_body(
 #pragma unroll
   for (int s = 0; s < K_STEPS; ++s) o[s][0] = o[s][1] = o[s][2] = o[s][3] = 0.f;
 
-  // ldmatrix row address of this lane: matrix j = lane / 8 covers tokens (j / 2) * 8 + (0..7) and
-  // dims (j % 2) * 8 + (0..7) of a 16-token x 16-dim square.
-  const int lm_offset = ((lane / 16) * 8 + lane % 8) * ROW + ((lane / 8) % 2) * 8;
+  // ldmatrix row address of this lane (bytes): matrix j = lane / 8 covers tokens (j / 2) * 8 +
+  // (0..7) and bytes (j % 2) * 16 + (0..15) of the rows: dims (j % 2) * 8 + (0..7) of a 16-dim
+  // step (fp8: dims (j % 2) * 16 + (0..15), a step of its own).
+  const int lm_offset = ((lane / 16) * 8 + lane % 8) * ROW_BYTES + ((lane / 8) % 2) * 16;
 
   auto compute_tile = [&](int tile, int stage) {
     const int row0 = warp_row0(tile);
     if (row0 >= partition_end) return;  // warp-uniform
-    const T* const ks = stage_k(stage) + lm_offset;
-    const T* const vs = stage_v(stage) + lm_offset;
+    const unsigned char* const ks = stage_k(stage) + lm_offset;
+    const unsigned char* const vs = stage_v(stage) + lm_offset;
 
     // S[head][token] for tokens 0-7 (s_acc[0]) and 8-15 (s_acc[1]); rows 8-15 of the mma unused.
     float s_acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    if constexpr (FP8) {
 #pragma unroll
-    for (int s = 0; s < K_STEPS; ++s) {
-      unsigned kb[4];  // B fragments: tokens 0-7 {kb0, kb1}, tokens 8-15 {kb2, kb3}
-      ldmatrix_x4(kb, ks + 16 * s);
-      Mma<T>::run(s_acc[0], q_frag[s][0], 0u, q_frag[s][1], 0u, kb[0], kb[1]);
-      Mma<T>::run(s_acc[1], q_frag[s][0], 0u, q_frag[s][1], 0u, kb[2], kb[3]);
+      for (int s = 0; s < K_STEPS; s += 2) {  // one ldmatrix: steps s (kb0, kb2), s + 1 (kb1, kb3)
+        unsigned kb[4];
+        ldmatrix_x4(kb, ks + 16 * s);
+#pragma unroll
+        for (int j = 0; j < 2 && s + j < K_STEPS; ++j) {
+          const unsigned lo = kb[j], hi = kb[2 + j];  // tokens 0-7, 8-15
+          Mma<T>::run(s_acc[0], q_frag[s + j][0], 0u, q_frag[s + j][1], 0u,
+                      e4m3x2_to_half2(lo & 0xffff), e4m3x2_to_half2(lo >> 16));
+          Mma<T>::run(s_acc[1], q_frag[s + j][0], 0u, q_frag[s + j][1], 0u,
+                      e4m3x2_to_half2(hi & 0xffff), e4m3x2_to_half2(hi >> 16));
+        }
+      }
+    } else {
+#pragma unroll
+      for (int s = 0; s < K_STEPS; ++s) {
+        unsigned kb[4];  // B fragments: tokens 0-7 {kb0, kb1}, tokens 8-15 {kb2, kb3}
+        ldmatrix_x4(kb, ks + 32 * s);
+        Mma<T>::run(s_acc[0], q_frag[s][0], 0u, q_frag[s][1], 0u, kb[0], kb[1]);
+        Mma<T>::run(s_acc[1], q_frag[s][0], 0u, q_frag[s][1], 0u, kb[2], kb[3]);
+      }
     }
 
     // Scaled logits (log2 domain) of tokens row0 + 8n + 2(lane%4) + j; masked past partition_end.
@@ -368,12 +434,32 @@ __device__ __forceinline__ void decode_body(
     // O^T columns of this lane are heads 2(lane%4) and 2(lane%4) + 1: fetch their alpha.
     const float alpha0 = __shfl_sync(0xffffffffu, alpha, 8 * (lane % 4));
     const float alpha1 = __shfl_sync(0xffffffffu, alpha, 8 * (lane % 4) + 4);
+    if constexpr (FP8) {
 #pragma unroll
-    for (int s = 0; s < K_STEPS; ++s) {
-      unsigned va[4];  // A fragment of V^T[dims 16s.., tokens 0-15]
-      ldmatrix_x4_trans(va, vs + 16 * s);
-      o[s][0] *= alpha0; o[s][1] *= alpha1; o[s][2] *= alpha0; o[s][3] *= alpha1;
-      Mma<T>::run(o[s], va[0], va[1], va[2], va[3], pb0, pb1);
+      for (int s = 0; s < K_STEPS; s += 2) {  // one ldmatrix: m-tiles s (vt0, vt2), s + 1 (vt1, vt3)
+        unsigned vt[4];  // lane: tokens 2(lane%4), +1 (low, high half) x dims 2(lane/4), +1
+        ldmatrix_x4_trans(vt, vs + 16 * s);
+#pragma unroll
+        for (int j = 0; j < 2 && s + j < K_STEPS; ++j) {
+          const unsigned lo = vt[j], hi = vt[2 + j];  // tokens 0-7, 8-15
+          // rows lane/4 <- dim 2(lane/4) (bytes 0, 2), rows lane/4 + 8 <- dim 2(lane/4) + 1
+          const unsigned a0 = e4m3x2_to_half2(__byte_perm(lo, 0u, 0x0020) & 0xffff);
+          const unsigned a1 = e4m3x2_to_half2(__byte_perm(lo, 0u, 0x0031) & 0xffff);
+          const unsigned a2 = e4m3x2_to_half2(__byte_perm(hi, 0u, 0x0020) & 0xffff);
+          const unsigned a3 = e4m3x2_to_half2(__byte_perm(hi, 0u, 0x0031) & 0xffff);
+          float* const acc = o[s + j];
+          acc[0] *= alpha0; acc[1] *= alpha1; acc[2] *= alpha0; acc[3] *= alpha1;
+          Mma<T>::run(o[s + j], a0, a1, a2, a3, pb0, pb1);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int s = 0; s < K_STEPS; ++s) {
+        unsigned va[4];  // A fragment of V^T[dims 16s.., tokens 0-15]
+        ldmatrix_x4_trans(va, vs + 32 * s);
+        o[s][0] *= alpha0; o[s][1] *= alpha1; o[s][2] *= alpha0; o[s][3] *= alpha1;
+        Mma<T>::run(o[s], va[0], va[1], va[2], va[3], pb0, pb1);
+      }
     }
   };
 
@@ -427,7 +513,7 @@ __device__ __forceinline__ void decode_body(
   // red_o [NUM_WARPS][MAX_GROUP][HEAD_DIM + 4] fp32 (the +4 spreads a warp's stores over 32 banks),
   // red_m, red_l [NUM_WARPS][MAX_GROUP].
   constexpr int RED_ROW = HEAD_DIM + 4;
-  static_assert((NUM_WARPS * MAX_GROUP * (RED_ROW + 2)) * 4 <= Smem<HEAD_DIM>::BYTES, "smem");
+  static_assert((NUM_WARPS * MAX_GROUP * (RED_ROW + 2)) * 4 <= S::BYTES, "smem");
   float* const red_o = reinterpret_cast<float*>(smem_raw);
   float* const red_m = red_o + NUM_WARPS * MAX_GROUP * RED_ROW;
   float* const red_l = red_m + NUM_WARPS * MAX_GROUP;
@@ -439,13 +525,15 @@ __device__ __forceinline__ void decode_body(
   }
   {
     float* const w_o = red_o + warp * MAX_GROUP * RED_ROW;
-    const int h0 = 2 * (lane % 4), d0 = lane / 4;
+    // rows lane/4 and lane/4 + 8 of the O^T fragment: dims d0 and d1 (fp8: see the header)
+    const int h0 = 2 * (lane % 4);
+    const int d0 = FP8 ? 2 * (lane / 4) : lane / 4, d1 = FP8 ? d0 + 1 : d0 + 8;
 #pragma unroll
     for (int s = 0; s < K_STEPS; ++s) {
       w_o[h0 * RED_ROW + 16 * s + d0] = o[s][0];
       w_o[(h0 + 1) * RED_ROW + 16 * s + d0] = o[s][1];
-      w_o[h0 * RED_ROW + 16 * s + d0 + 8] = o[s][2];
-      w_o[(h0 + 1) * RED_ROW + 16 * s + d0 + 8] = o[s][3];
+      w_o[h0 * RED_ROW + 16 * s + d1] = o[s][2];
+      w_o[(h0 + 1) * RED_ROW + 16 * s + d1] = o[s][3];
     }
   }
   __syncthreads();
@@ -464,7 +552,7 @@ __device__ __forceinline__ void decode_body(
       sum += f * red_l[w * MAX_GROUP + g];
       acc += f * red_o[(w * MAX_GROUP + g) * RED_ROW + d];
     }
-    const float value = sum > 0.f ? acc / sum : 0.f;
+    const float value = (sum > 0.f ? acc / sum : 0.f) * (FP8 ? v_scale[kv_head] : 1.f);
     const long long head = static_cast<long long>(seq) * num_qo_heads + kv_head * GROUP + g;
     if (max_num_partitions == 1) {
       out[head * HEAD_DIM + d] = Mma<T>::from_float(value);
@@ -485,21 +573,24 @@ __device__ __forceinline__ void decode_body(
 // partial_out [num_seqs, num_qo_heads, max_num_partitions, HEAD_DIM] fp32;
 // partial_lse [num_seqs, num_qo_heads, max_num_partitions] fp32;
 // q [num_seqs, num_qo_heads, HEAD_DIM] T; k_cache, v_cache [num_blocks, num_kv_heads, BLOCK_SIZE,
-// HEAD_DIM] T; block_tables [num_seqs, max_num_blocks_per_seq] int32; seq_lens [num_seqs] int32.
+// HEAD_DIM] KV; k_scale, v_scale [num_kv_heads] float (fp8) or null; block_tables [num_seqs,
+// max_num_blocks_per_seq] int32; seq_lens [num_seqs] int32.
 // grid (max_num_partitions, num_kv_heads, num_seqs), block 128,
-// dynamic smem 384 * (2 * HEAD_DIM + 16).
+// dynamic smem gqa::Smem<HEAD_DIM, sizeof(KV)>::BYTES.
 // (__launch_bounds__ adds the shared-memory occupancy as min blocks; the launch is unchanged.)
-template <typename T, int HEAD_DIM, int BLOCK_SIZE, int GROUP, int PF_MODE, bool PF_K, bool PF_V,
-          int PF_DIST, bool PF_EVICT_LAST>
-__global__ void __launch_bounds__(128, gqa::Smem<HEAD_DIM>::CTAS_PER_SM) gqa_decode(
+template <typename T, typename KV, int HEAD_DIM, int BLOCK_SIZE, int GROUP, int PF_MODE, bool PF_K,
+          bool PF_V, int PF_DIST, bool PF_EVICT_LAST>
+__global__ void __launch_bounds__(128, gqa::Smem<HEAD_DIM, sizeof(KV)>::CTAS_PER_SM) gqa_decode(
     T* __restrict__ out, float* __restrict__ partial_out, float* __restrict__ partial_lse,
-    const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
+    const T* __restrict__ q, const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,
+    const float* __restrict__ k_scale, const float* __restrict__ v_scale,
     const int* __restrict__ block_tables, const int* __restrict__ seq_lens,
     int max_num_blocks_per_seq, int num_kv_heads, int partition_size, int max_num_partitions,
     float scale) {
-  gqa::decode_body<T, HEAD_DIM, BLOCK_SIZE, GROUP, PF_MODE, PF_K, PF_V, PF_DIST, PF_EVICT_LAST>(
-      out, partial_out, partial_lse, q, k_cache, v_cache, block_tables, seq_lens,
-      max_num_blocks_per_seq, num_kv_heads, partition_size, max_num_partitions, scale);
+  gqa::decode_body<T, KV, HEAD_DIM, BLOCK_SIZE, GROUP, PF_MODE, PF_K, PF_V, PF_DIST,
+                   PF_EVICT_LAST>(
+      out, partial_out, partial_lse, q, k_cache, v_cache, k_scale, v_scale, block_tables,
+      seq_lens, max_num_blocks_per_seq, num_kv_heads, partition_size, max_num_partitions, scale);
 }
 
 // Combine the partitions of each (sequence, query head):

@@ -7,7 +7,9 @@ of each, then run 2 of each, ...; `kvlab.timing.Timer`):
   ("tuned"), tuned at another shape of its bucket (3/4 of the context) and reused here
   ("reused"), and with KVLAB_AUTOTUNE=0, the recorded choice ("recorded");
 - torch SDPA on the same K/V gathered dense and contiguous (`enable_gqa=True`), its backend named
-  from the kernels the profiler sees it launch.
+  from the kernels the profiler sees it launch;
+- with `--fp8`, gqa on an fp8 (e4m3) cache of the same shape at every prefetch setting (kernel
+  "gqa_fp8": q and out fp16; its GB/s count the fp8 bytes it reads, half of fp16's).
 Every row carries its `loop`: ratios between rows (prefetch over none, gqa over SDPA, auto over
 the best setting) compare rows of one loop only.
 
@@ -30,6 +32,7 @@ import torch.nn.functional as F
 
 from kvlab.bench.env import gpu_info, gpu_state, run_info
 from kvlab.cache import filled_cache
+from kvlab.cache.fp8 import FP8_DTYPE
 from kvlab.config import MODELS
 from kvlab.kernels import FAMILIES, gqa, green, tune, vllm_v1
 from kvlab.kernels.decode import DecodePlan
@@ -59,6 +62,9 @@ def check(args) -> None:
     more SMs asked for than it has)."""
     from kvlab.device import backend
 
+    if args.fp8 and "gqa" not in args.kernels:
+        raise ValueError(f"--fp8 times gqa on an fp8 cache: --kernels {' '.join(args.kernels)} "
+                         "leaves gqa out")
     if backend() != "cuda":
         raise ValueError("python -m kvlab bench attention needs a CUDA GPU usable through torch "
                          "and CuPy (kvlab.backend() is 'sim' here)")
@@ -167,6 +173,14 @@ def loop_variants(model, batch: int, context: int, block_size: int, args, dtype)
                 plans["auto", family, mode] = ({"kernel": "auto", "family": family,
                                                 "auto_mode": mode,
                                                 "prefetch": plan.prefetch.label(), **extra}, plan)
+        if family == "gqa" and args.fp8:
+            fp8_cache, fp8_ids, _ = filled_cache(
+                batch, context, block_size, model.num_kv_heads, model.head_dim,
+                layout=LAYOUTS[family], dtype=FP8_DTYPE)
+            plans.update({("gqa_fp8", p.label()): (
+                {"kernel": "gqa_fp8", "prefetch": p.label(), "kv_dtype": "fp8"},
+                DecodePlan(fp8_cache, fp8_ids, model.num_qo_heads, family, prefetch=p))
+                for p in variants})
         for key, (fields, plan) in plans.items():
             found[key] = fields, lambda plan=plan: plan.run(q, out=out)
     if "sdpa" in args.kernels:
@@ -220,12 +234,13 @@ def run(args) -> dict:
                 times = timer.times_ms({key: fn for key, (_, fn) in found.items()})
             for key, (fields, _) in found.items():
                 ms = statistics.median(times[key])
-                gbps = kv_bytes / (ms * 1e-3) / 1e9
+                read = kv_bytes // 2 if fields.get("kv_dtype") == "fp8" else kv_bytes
+                gbps = read / (ms * 1e-3) / 1e9
                 rows.append({"model": name, "num_qo_heads": model.num_qo_heads,
                              "num_kv_heads": model.num_kv_heads, "batch": batch,
                              "context": context, "block_size": None if key == "sdpa" else
                              block_size, "sms": held, "loop": loop, **fields,
-                             "kv_bytes": kv_bytes, "ms": ms,
+                             "kv_bytes": read, "ms": ms,
                              "ms_runs": [round(t, 5) for t in times[key]],
                              "gbps": round(gbps, 1),
                              "pct_roofline": round(100 * gbps / result["roofline_copy_gbps"], 1)})
@@ -258,6 +273,10 @@ def loop_ratios(rows) -> dict[int, dict]:
                         None)
         if sdpa and gqa_none:
             entry["gqa_over_sdpa"] = sdpa["ms"] / gqa_none["ms"]  # speed ratio
+        fp8_none = next((r for r in mine if r["kernel"] == "gqa_fp8" and r["prefetch"] == "none"),
+                        None)
+        if fp8_none and gqa_none:
+            entry["fp8_over_fp16"] = gqa_none["ms"] / fp8_none["ms"]  # tokens/s ratio
         entry["auto"] = {(r["family"], r["auto_mode"]): r["ms"] / best[r["family"]]["ms"]
                          for r in mine if r["kernel"] == "auto" and r["family"] in best}
         ratios[loop] = entry
@@ -282,6 +301,10 @@ def report(result: dict) -> str:
     sdpa = [e["gqa_over_sdpa"] for e in ratios.values() if "gqa_over_sdpa" in e]
     if sdpa:
         lines.append(f"gqa (no prefetch) / SDPA, same loop: {min(sdpa):.3f}-{max(sdpa):.3f}x")
+    fp8 = [e["fp8_over_fp16"] for e in ratios.values() if "fp8_over_fp16" in e]
+    if fp8:
+        lines.append(f"gqa on fp8 / on fp16 (no prefetch), tokens/s, same loop: "
+                     f"{min(fp8):.3f}-{max(fp8):.3f}x")
     for mode in AUTO_MODES:
         worst = [r for e in ratios.values() for (_, m), r in e["auto"].items() if m == mode]
         if worst:

@@ -116,6 +116,9 @@ def _add_attention(parser: argparse.ArgumentParser) -> None:
                              "KVLAB_AUTOTUNE=0")
     parser.add_argument("--runs", type=positive_int, default=25,
                         help="timed runs per variant (median)")
+    parser.add_argument("--fp8", action="store_true",
+                        help="also time gqa on an fp8 (e4m3) cache of the same shape, in the same "
+                             "loop (kernel 'gqa_fp8')")
     parser.add_argument("--sms", nargs="+", type=positive_int, metavar="N",
                         help="one loop per SM count at each point, on a CUDA green context of N "
                              "SMs (default: the whole GPU)")

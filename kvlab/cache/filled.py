@@ -1,6 +1,11 @@
 """A paged cache filled with random K/V, as the benchmarks and the profiler read it."""
 
+import torch
+
+from kvlab.cache.fp8 import FP8_DTYPE
 from kvlab.cache.paged_cache import PagedKVCache
+
+_FP8_CHUNK = 1 << 26  # elements drawn at a time for an fp8 cache (fp16 first: 128 MiB)
 
 
 def filled_cache(num_seqs: int, context: int, block_size: int, num_kv_heads: int, head_dim: int,
@@ -8,7 +13,9 @@ def filled_cache(num_seqs: int, context: int, block_size: int, num_kv_heads: int
     """A cache holding `num_seqs` sequences of `context` tokens of random K/V (normal), their
     blocks scattered over the pool: (cache, seq_ids, sibling_ids). With `sibling`, each sequence
     has token ids and a sibling sequence of its first `sibling` tokens (whole blocks, fewer than
-    `context`) shares its blocks (no new memory; sibling_ids is empty otherwise)."""
+    `context`) shares its blocks (no new memory; sibling_ids is empty otherwise). An fp8 cache
+    (dtype=torch.float8_e4m3fn) holds normal values drawn in fp16 and rounded, with its scales
+    left at 1.0 (the values are in e4m3's range)."""
     if sibling is not None and (isinstance(sibling, bool) or not isinstance(sibling, int)
                                 or not 0 < sibling < context or sibling % block_size):
         raise ValueError(f"sibling={sibling!r}: must be a multiple of block_size={block_size} "
@@ -16,8 +23,14 @@ def filled_cache(num_seqs: int, context: int, block_size: int, num_kv_heads: int
     num_blocks = num_seqs * -(-context // block_size)
     cache = PagedKVCache(num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype,
                          device=device, layout=layout, seed=0)
-    cache.k_cache.normal_()
-    cache.v_cache.normal_()
+    for t in (cache.k_cache, cache.v_cache):
+        if t.dtype == FP8_DTYPE:  # normal_ has no float8 kernel: draw in fp16 and round
+            flat = t.view(-1)
+            for start in range(0, flat.numel(), _FP8_CHUNK):
+                part = flat[start:start + _FP8_CHUNK]
+                part.copy_(torch.randn(part.numel(), dtype=torch.float16, device=t.device))
+        else:
+            t.normal_()
     # NOTE: the data is random either way, so sequences are placed without writing K/V again.
     seq_ids, sibling_ids = [], []
     for i in range(num_seqs):

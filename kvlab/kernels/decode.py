@@ -9,6 +9,7 @@ import math
 
 import torch
 
+from kvlab.cache.fp8 import FP8_DTYPE
 from kvlab.checks import check_num_heads, is_int
 from kvlab.kernels import FAMILIES, KERNELS, gqa, green, select, tune, vllm_v1
 from kvlab.kernels.geometry import GQA_MAX_GROUP
@@ -30,6 +31,9 @@ def check_kernel(kernel: str, cache, num_qo_heads: int) -> None:
         raise ValueError(
             f"block_size={cache.block_size}: kernel={kernel!r} supports {family.block_sizes}"
         )
+    if cache.dtype == FP8_DTYPE and kernel != "gqa":
+        raise ValueError(f"cache.dtype={cache.dtype}: kernel={kernel!r} reads fp16 and bf16 "
+                         "caches; an fp8 cache is read by kernel='gqa' (layout 'hnd')")
     group = num_qo_heads // cache.num_kv_heads
     if kernel == "gqa" and group > GQA_MAX_GROUP:
         raise ValueError(
@@ -46,14 +50,10 @@ def auto_kernel(cache) -> str:
 def _check_cache(cache) -> None:
     if cache.device.type != "cuda":
         raise ValueError(f"cache.device={cache.device}: the CUDA kernels need a CUDA device")
-    if cache.dtype == torch.float8_e4m3fn:
+    if cache.dtype not in (*vllm_v1.CUDA_TYPES, FP8_DTYPE):
         raise ValueError(
-            f"cache.dtype={cache.dtype}: the CUDA kernels read fp16 and bf16; fp8 support comes "
-            "with the gqa kernel's fp8 path (use kvlab.reference.decode_attention meanwhile)"
-        )
-    if cache.dtype not in vllm_v1.CUDA_TYPES:
-        raise ValueError(
-            f"cache.dtype={cache.dtype}: the CUDA kernels support {tuple(vllm_v1.CUDA_TYPES)}"
+            f"cache.dtype={cache.dtype}: the CUDA kernels support "
+            f"{(*vllm_v1.CUDA_TYPES, FP8_DTYPE)}"
         )
 
 
@@ -74,7 +74,8 @@ class DecodePlan:
     """One decode step's plan for a batch of sequences of a paged cache.
 
     Args:
-        cache: a PagedKVCache on a CUDA device, fp16 or bf16.
+        cache: a PagedKVCache on a CUDA device, fp16, bf16 or fp8 (float8_e4m3fn: kernel "gqa"
+            only; q and out are then fp16, and the kernel dequantises in registers).
         seq_ids: the B live sequences to decode, in the order of q's rows.
         num_qo_heads: query heads, a multiple of cache.num_kv_heads.
         kernel: "auto", "vllm_v1" (layout "vllm", block sizes 8/16/32) or "gqa" (layout "hnd",
@@ -108,6 +109,7 @@ class DecodePlan:
         self.seq_lens = cache.seq_lens(seq_ids)  # int32 [B]
         self.max_seq_len = max(cache.manager.seq_len(s) for s in seq_ids)
         self.cache, self.kernel, self.num_qo_heads = cache, chosen, num_qo_heads
+        self.q_dtype = gqa.query_dtype(cache.dtype)  # of q and out
         self.scale = 1.0 / math.sqrt(cache.head_dim) if scale is None else float(scale)
         total = green.device_sms(cache.device)
         if num_sms is not None and (not is_int(num_sms) or not 1 <= num_sms <= total):
@@ -132,7 +134,7 @@ class DecodePlan:
 
         if not tune.enabled():
             return recorded()
-        q = torch.zeros(self.num_seqs, self.num_qo_heads, cache.head_dim, dtype=cache.dtype,
+        q = torch.zeros(self.num_seqs, self.num_qo_heads, cache.head_dim, dtype=self.q_dtype,
                         device=cache.device)
         out = torch.empty_like(q)
 
@@ -153,20 +155,21 @@ class DecodePlan:
             v_cache: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
         """Attention of q against one layer's paged K/V (default: the cache's own tensors).
 
-        q: [B, num_qo_heads, head_dim] in the cache's dtype, contiguous. k_cache, v_cache: the
-        shapes, dtype and device of cache.k_cache / cache.v_cache. out: where to write, like q
-        (default: a new tensor). Returns out.
+        q: [B, num_qo_heads, head_dim] in the cache's dtype (fp16 for an fp8 cache), contiguous.
+        k_cache, v_cache: the shapes, dtype and device of cache.k_cache / cache.v_cache (an fp8
+        cache's scales go with them: other layers need plans of their own caches). out: where to
+        write, like q (default: a new tensor). Returns out.
         """
         cache = self.cache
         k_cache = cache.k_cache if k_cache is None else k_cache
         v_cache = cache.v_cache if v_cache is None else v_cache
         q_shape = (self.num_seqs, self.num_qo_heads, cache.head_dim)
-        _check_tensor("q", q, q_shape, cache.dtype, cache.device)
+        _check_tensor("q", q, q_shape, self.q_dtype, cache.device)
         _check_tensor("k_cache", k_cache, tuple(cache.k_cache.shape), cache.dtype, cache.device)
         _check_tensor("v_cache", v_cache, tuple(cache.v_cache.shape), cache.dtype, cache.device)
         if out is None:
             out = torch.empty_like(q)
-        _check_tensor("out", out, q_shape, cache.dtype, cache.device)
+        _check_tensor("out", out, q_shape, self.q_dtype, cache.device)
         self.launcher(out, q, k_cache, v_cache, self.block_tables, self.seq_lens, self.scale)
         return out
 
@@ -176,8 +179,8 @@ def decode_attention(q: torch.Tensor, cache, seq_ids, kernel: str = "auto",
                  num_sms: int | None = None):
     """One decode step of attention with a CUDA kernel: `DecodePlan(...).run(q)`.
 
-    q: [B, num_qo_heads, head_dim], the cache's dtype, on its device. Returns the same shape and
-    dtype. See DecodePlan for the arguments and errors.
+    q: [B, num_qo_heads, head_dim], the cache's dtype (fp16 for an fp8 cache), on its device.
+    Returns the same shape and dtype. See DecodePlan for the arguments and errors.
     """
     if not isinstance(q, torch.Tensor) or q.dim() != 3:
         shape = tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__

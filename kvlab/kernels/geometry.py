@@ -38,15 +38,24 @@ def vllm_smem_bytes(head_dim: int, block_size: int, partition_size: int,
     return max(num_tokens * 4, (VLLM_NUM_WARPS // 2) * head_dim * 4)
 
 
-def gqa_smem_bytes(head_dim: int) -> int:
-    """Dynamic shared memory of gqa_decode: 3 cp.async stages x 4 warps x (16 K + 16 V rows), each
-    row padded by 16 bytes against bank conflicts."""
-    return 384 * (2 * head_dim + 16)
+def gqa_stages(kv_bytes: int = 2) -> int:
+    """cp.async stages of gqa_decode: 3 for fp16/bf16 caches; 5 for fp8 (whose tiles carry half
+    the bytes: 4 in flight, as many bytes as fp16's 2)."""
+    return 5 if kv_bytes == 1 else 3
 
 
-def ctas_per_sm(head_dim: int) -> int:
+def gqa_smem_bytes(head_dim: int, kv_bytes: int = 2) -> int:
+    """Dynamic shared memory of gqa_decode with cache elements of `kv_bytes` (2: fp16/bf16, 1:
+    fp8): stages x 4 warps x (16 K + 16 V rows), each row padded (16 or 32 bytes) to an odd
+    multiple of 16 bytes against bank conflicts."""
+    row = head_dim * kv_bytes
+    row += 16 if (row // 16) % 2 == 0 else 32
+    return gqa_stages(kv_bytes) * GQA_NUM_WARPS * 2 * GQA_WARP_TOKENS * row
+
+
+def ctas_per_sm(head_dim: int, kv_bytes: int = 2) -> int:
     """How many gqa_decode CTAs fit on one SM: shared memory is the limit."""
-    return SM_SHARED_BYTES // (gqa_smem_bytes(head_dim) + CTA_RESERVED_SHARED_BYTES)
+    return SM_SHARED_BYTES // (gqa_smem_bytes(head_dim, kv_bytes) + CTA_RESERVED_SHARED_BYTES)
 
 
 def partition_size(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_slots: int) -> int:

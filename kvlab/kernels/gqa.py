@@ -10,6 +10,7 @@ combines the partitions' partial outputs by their log-sum-exp.
 import numpy as np
 import torch
 
+from kvlab.cache.fp8 import FP8_DTYPE
 from kvlab.checks import HEAD_DIMS
 from kvlab.kernels.geometry import GQA_BLOCK_SIZES as BLOCK_SIZES
 from kvlab.kernels.geometry import ctas_per_sm, partition_size
@@ -19,23 +20,33 @@ from kvlab.kernels.prefetch import PrefetchConfig
 from kvlab.kernels.vllm_v1 import CUDA_TYPES
 
 SOURCE = "paged_decode_gqa.cu"
+FP8_TYPE = "kvlab::fp8_e4m3"
 LAYOUT = "hnd"
 NUM_THREADS = 128
 
 
 def name_expressions(dtype, head_dim: int, block_size: int, group: int,
-                     prefetch: PrefetchConfig) -> tuple[str, str]:
-    """The decode kernel's instantiation and the merge kernel's."""
+                     prefetch: PrefetchConfig, kv_dtype=None) -> tuple[str, str]:
+    """The decode kernel's instantiation and the merge kernel's: q and out in `dtype`, the caches
+    in `kv_dtype` (default: `dtype`; FP8_DTYPE with dtype float16)."""
     t = CUDA_TYPES[dtype]
+    kv = FP8_TYPE if kv_dtype == FP8_DTYPE else t
     return (
-        f"kvlab::gqa_decode<{t}, {head_dim}, {block_size}, {group}, {prefetch.template_args()}>",
+        f"kvlab::gqa_decode<{t}, {kv}, {head_dim}, {block_size}, {group}, "
+        f"{prefetch.template_args()}>",
         f"kvlab::gqa_merge<{t}, {head_dim}>",
     )
 
 
+def query_dtype(cache_dtype):
+    """The dtype of q and out for a cache of `cache_dtype`: the same, float16 for fp8."""
+    return torch.float16 if cache_dtype == FP8_DTYPE else cache_dtype
+
+
 def default_instances() -> list[str]:
     """What CI compiles with nvcc: every dtype and head_dim, MHA and GQA 4:1, with and without
-    prefetch, at block size 16, and every block size at head_dim 128."""
+    prefetch, at block size 16, and every block size at head_dim 128; fp8 caches at every
+    head_dim, MHA and GQA 4:1, without prefetch and with the bulk one."""
     configs = [
         (dtype, head_dim, 16, group, prefetch)
         for dtype in CUDA_TYPES
@@ -44,6 +55,9 @@ def default_instances() -> list[str]:
         for prefetch in (PrefetchConfig(), PrefetchConfig("bulk"), PrefetchConfig("line"))
     ]
     configs += [(torch.float16, 128, bs, 4, PrefetchConfig()) for bs in BLOCK_SIZES]
+    configs += [(torch.float16, head_dim, 16, group, prefetch, FP8_DTYPE)
+                for head_dim in HEAD_DIMS for group in (1, 4)
+                for prefetch in (PrefetchConfig(), PrefetchConfig("bulk"))]
     return list(dict.fromkeys(n for config in configs for n in name_expressions(*config)))
 
 
@@ -60,13 +74,17 @@ class Gqa:
         self.num_qo_heads, self.num_seqs, self.num_kv_heads = (
             num_qo_heads, num_seqs, cache.num_kv_heads
         )
-        num_slots = num_sms * ctas_per_sm(cache.head_dim)
+        kv_bytes = cache.k_cache.element_size()
+        num_slots = num_sms * ctas_per_sm(cache.head_dim, kv_bytes)
         self.partition_size = partition_size(num_seqs, cache.num_kv_heads, max_seq_len, num_slots)
         self.num_partitions = -(-max_seq_len // self.partition_size)
         d, group = cache.head_dim, num_qo_heads // cache.num_kv_heads
-        names = name_expressions(cache.dtype, d, cache.block_size, group, prefetch)
+        names = name_expressions(query_dtype(cache.dtype), d, cache.block_size, group, prefetch,
+                                 cache.dtype)
         self.decode, self.merge = load(SOURCE, names, cache.device.index)
-        self.smem = smem_bytes(d)
+        # fp8: the per-head scales, read at launch (a later first write may still set them)
+        self.scales = (cache.k_scale, cache.v_scale) if cache.k_scale is not None else None
+        self.smem = smem_bytes(d, kv_bytes)
         reserve_shared_memory(self.decode, self.smem)
         self.partials = None
         if self.num_partitions > 1:
@@ -79,9 +97,10 @@ class Gqa:
     def __call__(self, out, q, k_cache, v_cache, block_tables, seq_lens, scale: float) -> None:
         partial_out, partial_lse = map(ptr, self.partials) if self.partials else (NULL, NULL)
         grid = (self.num_partitions, self.num_kv_heads, self.num_seqs)
+        k_scale, v_scale = map(ptr, self.scales) if self.scales else (NULL, NULL)
         launch(self.decode, grid, (NUM_THREADS,), (
-            ptr(out), partial_out, partial_lse, ptr(q), ptr(k_cache), ptr(v_cache),
-            ptr(block_tables), ptr(seq_lens), np.int32(block_tables.shape[1]),
+            ptr(out), partial_out, partial_lse, ptr(q), ptr(k_cache), ptr(v_cache), k_scale,
+            v_scale, ptr(block_tables), ptr(seq_lens), np.int32(block_tables.shape[1]),
             np.int32(self.num_kv_heads), np.int32(self.partition_size),
             np.int32(self.num_partitions), np.float32(scale),
         ), out.device, self.smem)

@@ -51,6 +51,23 @@ def test_ratios_compare_rows_of_one_loop_only():
     assert ratios[0]["auto"] == {("gqa", "tuned"): pytest.approx(9.3 / 9.0),
                                  ("gqa", "recorded"): pytest.approx(10.2 / 9.0)}
     assert ratios[1]["gqa_over_sdpa"] == pytest.approx(2.0)
+    assert "fp8_over_fp16" not in ratios[0]
+
+
+def test_fp8_over_fp16_compares_the_no_prefetch_rows_of_a_loop():
+    rows = [row(0, "gqa", "none", 10.0), row(0, "gqa_fp8", "bulk K+V d=1", 4.0),
+            row(0, "gqa_fp8", "none", 5.5), row(1, "gqa_fp8", "none", 1.0)]
+    ratios = attention.loop_ratios(rows)
+    assert ratios[0]["fp8_over_fp16"] == pytest.approx(10.0 / 5.5)
+    assert "fp8_over_fp16" not in ratios[1]  # no fp16 row in that loop
+
+
+def test_fp8_needs_gqa_among_the_kernels(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "attention", "--fp8", "--kernels", "vllm_v1", "sdpa"])
+    assert exit_.value.code == 2
+    assert "--fp8 times gqa on an fp8 cache: --kernels vllm_v1 sdpa leaves gqa out" in (
+        capsys.readouterr().err)
 
 
 @pytest.mark.parametrize(
@@ -107,3 +124,19 @@ def test_tiny_attention_benchmark_times_every_variant_in_one_loop(tmp_path, caps
         assert len(r["ms_runs"]) == 3 and r["gbps"] > 0
     assert result["roofline_copy_gbps"] > 0 and "clocks_end" in result
     assert "gqa (no prefetch) / SDPA, same loop" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+def test_fp8_rows_read_half_the_bytes_in_the_same_loop(tmp_path, capsys):
+    out = tmp_path / "attention.json"
+    main(["bench", "attention", "--json", str(out), "--models", "llama3-8b", "--batches", "4",
+          "--contexts", "4096", "--distances", "1", "--prefetch", "none", "bulk", "--runs", "3",
+          "--kernels", "gqa", "--fp8"])
+    rows = json.loads(out.read_text())["rows"]
+    by_kernel = {(r["kernel"], r["prefetch"]): r for r in rows}
+    assert set(by_kernel) == {(k, p) for k in ("gqa", "gqa_fp8") for p in ("none",
+                                                                           "bulk K+V d=1")}
+    assert {r["loop"] for r in rows} == {0}
+    fp16, fp8 = by_kernel["gqa", "none"], by_kernel["gqa_fp8", "none"]
+    assert fp8["kv_bytes"] * 2 == fp16["kv_bytes"] and fp8["kv_dtype"] == "fp8"
+    assert "gqa on fp8 / on fp16 (no prefetch), tokens/s, same loop" in capsys.readouterr().out

@@ -23,3 +23,12 @@ def test_sibling_must_be_whole_blocks_short_of_the_context(sibling):
     with pytest.raises(ValueError, match=f"sibling={sibling!r}: must be a multiple of block_size"):
         filled_cache(1, 40, 8, 1, 64, layout="hnd", dtype=torch.float32, device="cpu",
                      sibling=sibling)
+
+
+def test_an_fp8_cache_is_filled_with_normal_values_in_range():
+    cache, seq_ids, _ = filled_cache(2, 40, 8, 2, 64, layout="hnd", dtype=torch.float8_e4m3fn,
+                                     device="cpu")
+    k, v = (t.float() for t in (cache.k_cache, cache.v_cache))
+    assert torch.isfinite(k).all() and torch.isfinite(v).all()
+    assert 0.9 < k.std().item() < 1.1 and abs(v.mean().item()) < 0.05
+    assert torch.equal(cache.k_scale, torch.ones(2)) and cache.saturated == 0

@@ -1,0 +1,117 @@
+"""gqa on an fp8 (e4m3) cache: against kvlab.reference.decode_attention on the same cache, which
+dequantises (GPU), and what the plan refuses before any launch (CPU)."""
+
+import math
+
+import pytest
+import torch
+
+import kvlab
+from kvlab.cache import PagedKVCache
+from kvlab.cache.fp8 import FP8_DTYPE
+from kvlab.checks import HEAD_DIMS
+from kvlab.kernels import gqa
+from kvlab.kernels.decode import check_kernel
+from kvlab.kernels.loader import load
+from kvlab.kernels.prefetch import PrefetchConfig
+from kvlab.reference import decode_attention as reference
+
+NUM_KV_HEADS = 2
+# the kernel widens e4m3 to fp16 exactly, folds the K scale into the softmax scale and applies
+# the V scale once: what is left is the fp16 mma and P rounded to fp16, as on an fp16 cache
+TOLERANCE = 2e-3
+MIXED = [1, 17, 97, 1000, 3, 600]  # long ones: split-KV and the merge
+MANY = [1 + (37 * i) % 256 for i in range(160)]  # one partition per CTA
+BULK = PrefetchConfig("bulk")
+CASES = list(dict.fromkeys(
+    [(d, 4, 16, PrefetchConfig()) for d in HEAD_DIMS]
+    + [(d, 1, 16, BULK) for d in HEAD_DIMS]
+    + [(128, g, 16, BULK) for g in range(1, 9)]
+    + [(80, 3, b, PrefetchConfig("line")) for b in gqa.BLOCK_SIZES]
+    + [(128, 4, 16, p) for p in (PrefetchConfig("bulk", distance=4),
+                                 PrefetchConfig("line", distance=2))]))
+
+
+def case_id(case):
+    head_dim, group, block_size, prefetch = case
+    return f"d{head_dim}-g{group}-b{block_size}-{prefetch.label()}"
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    names = [n for d, g, b, p in CASES
+             for n in gqa.name_expressions(torch.float16, d, b, g, p, FP8_DTYPE)]
+    load(gqa.SOURCE, list(dict.fromkeys(names)))
+
+
+def make_batch(head_dim, block_size, lens, seed, scale=1.0):
+    """An fp8 cache whose unwritten slots hold e4m3 NaN, then sequences of random K/V (times
+    `scale`: the per-head scales follow) scattered over it."""
+    torch.manual_seed(seed)
+    num_blocks = sum(-(-n // block_size) for n in lens) + 3
+    cache = PagedKVCache(num_blocks, block_size, NUM_KV_HEADS, head_dim, dtype=FP8_DTYPE,
+                         device="cuda", layout="hnd", seed=seed)
+    cache.k_cache.view(torch.uint8).fill_(0x7F)  # NaN: slots no sequence wrote must not leak
+    cache.v_cache.view(torch.uint8).fill_(0x7F)
+    seq_ids = []
+    for n in lens:
+        k, v = (scale * torch.randn(n, NUM_KV_HEADS, head_dim, device="cuda") for _ in "kv")
+        seq_ids.append(cache.add_sequence(k.half(), v.half()))
+    return cache, seq_ids
+
+
+def rel_l2(out, ref):
+    """The worst relative L2 error of any one sequence."""
+    diff = (out.float() - ref).flatten(1).norm(dim=1)
+    return (diff / ref.flatten(1).norm(dim=1)).max().item()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_matches_the_reference_on_the_same_fp8_cache(case, compiled):
+    head_dim, group, block_size, prefetch = case
+    for lens, seed in ((MIXED, 0), (MANY, 1)):
+        cache, seq_ids = make_batch(head_dim, block_size, lens, seed)
+        q = torch.randn(len(lens), NUM_KV_HEADS * group, head_dim, device="cuda").half()
+        plan = kvlab.DecodePlan(cache, seq_ids, q.shape[1], kernel="gqa", prefetch=prefetch)
+        assert (plan.launcher.num_partitions > 1) == (lens is MIXED)
+        out = plan.run(q, out=torch.full_like(q, math.nan))
+        assert not out.isnan().any(), f"{out.isnan().sum().item()} NaN outputs"
+        assert rel_l2(out, reference(q, cache, seq_ids)) < TOLERANCE, (lens[:6], case)
+
+
+@pytest.mark.gpu
+def test_the_scales_reach_the_output(compiled):
+    """Values 50x larger: scales of ~50/448 per head; without them the output would be off by
+    that factor (V) and the softmax flattened (K)."""
+    cache, seq_ids = make_batch(128, 16, MIXED, seed=3, scale=50.0)
+    assert (cache.k_scale > 0.1).all() and (cache.v_scale > 0.1).all()
+    q = torch.randn(len(MIXED), NUM_KV_HEADS * 4, 128, device="cuda").half() / 10
+    out = kvlab.decode_attention(q, cache, seq_ids, kernel="gqa", prefetch=BULK)
+    assert rel_l2(out, reference(q, cache, seq_ids)) < TOLERANCE
+
+
+@pytest.mark.gpu
+def test_auto_runs_gqa_on_an_fp8_cache_and_q_must_be_fp16(compiled):
+    cache, seq_ids = make_batch(128, 16, [300, 5], seed=4)
+    q = torch.randn(2, NUM_KV_HEADS * 4, 128, device="cuda").half()
+    plan = kvlab.DecodePlan(cache, seq_ids, q.shape[1], prefetch=PrefetchConfig())
+    assert plan.kernel == "gqa" and plan.q_dtype == torch.float16
+    assert rel_l2(plan.run(q), reference(q, cache, seq_ids)) < TOLERANCE
+    with pytest.raises(ValueError, match=r"q.dtype=torch.bfloat16: must be torch.float16"):
+        plan.run(q.bfloat16())
+
+
+def test_vllm_v1_refuses_an_fp8_cache():
+    cache = PagedKVCache(4, 16, 2, 128, dtype=FP8_DTYPE, device="cpu", layout="vllm")
+    with pytest.raises(ValueError, match=r"kernel='vllm_v1' reads fp16 and bf16 caches; an fp8 "
+                                         r"cache is read by kernel='gqa' \(layout 'hnd'\)"):
+        check_kernel("vllm_v1", cache, 8)
+
+
+def test_fp8_instantiations_name_the_fp8_cache_type():
+    decode, merge = gqa.name_expressions(torch.float16, 128, 16, 4, BULK, FP8_DTYPE)
+    assert decode.startswith("kvlab::gqa_decode<__half, kvlab::fp8_e4m3, 128, 16, 4, ")
+    assert merge == "kvlab::gqa_merge<__half, 128>"
+    assert gqa.name_expressions(torch.bfloat16, 64, 8, 1, BULK)[0].startswith(
+        "kvlab::gqa_decode<__nv_bfloat16, __nv_bfloat16, 64, 8, 1, ")

@@ -15,14 +15,16 @@ PREFETCHES = [kvlab.PrefetchConfig(), kvlab.PrefetchConfig("bulk", evict_last=Tr
 
 def main() -> None:
     torch.manual_seed(0)
-    for kernel, layout, block_size in (("vllm_v1", "vllm", 16), ("gqa", "hnd", 16),
-                                       ("gqa", "hnd", 128)):
+    for kernel, layout, block_size, dtype, head_dim in (
+            ("vllm_v1", "vllm", 16, torch.float16, 128), ("gqa", "hnd", 16, torch.float16, 128),
+            ("gqa", "hnd", 128, torch.float16, 128), ("gqa", "hnd", 16, torch.float8_e4m3fn, 128),
+            ("gqa", "hnd", 8, torch.float8_e4m3fn, 80)):  # fp8 80: the odd ldmatrix step
         for lens in ([1, 17, 97], [700, 5]):  # single-CTA paths, then partitions / split-KV
-            cache = PagedKVCache(64, block_size, 2, 128, dtype=torch.float16, device="cuda",
+            cache = PagedKVCache(96, block_size, 2, head_dim, dtype=dtype, device="cuda",
                                  layout=layout, seed=1)
-            seq_ids = [cache.add_sequence(*torch.randn(2, n, 2, 128, device="cuda").half())
+            seq_ids = [cache.add_sequence(*torch.randn(2, n, 2, head_dim, device="cuda").half())
                        for n in lens]
-            q = torch.randn(len(lens), 6, 128, device="cuda", dtype=torch.float16)
+            q = torch.randn(len(lens), 6, head_dim, device="cuda", dtype=torch.float16)
             for prefetch in PREFETCHES:
                 kvlab.decode_attention(q, cache, seq_ids, kernel=kernel, prefetch=prefetch)
     torch.cuda.synchronize()

@@ -260,6 +260,36 @@ def regime_summary_table(attention_sms: dict, counters_sms: dict) -> list[str]:
     return lines
 
 
+# gqa on fp8 against fp16: the points of benchmarks/README.md's table, (batch, context).
+FP8_POINTS = [(1, 32768), (16, 1024), (16, 32768), (64, 4096), (64, 32768)]
+FP8_LARGE_TOKENS = 512 * 1024  # "large shapes": batch x context from here
+
+
+def fp8_table(result: dict, points=FP8_POINTS) -> list[str]:
+    """gqa on an fp8 cache against the same shape on fp16, one loop per point
+    (results/h200/attention_fp8.json): the fp16 time over the fp8 time (the tokens/s ratio) and
+    fp8's % of the copy roofline (of the fp8 bytes it reads); then the range of the ratio over
+    the large shapes (batch x context >= FP8_LARGE_TOKENS)."""
+    def pair(model, batch, context):
+        rows = {r["kernel"]: r for r in result["rows"] if r["prefetch"] == "none" and (
+            r["model"], r["batch"], r["context"]) == (model, batch, context)}
+        return rows["gqa"]["ms"] / rows["gqa_fp8"]["ms"], rows["gqa_fp8"]["pct_roofline"]
+
+    models = list(dict.fromkeys(r["model"] for r in result["rows"]))
+    lines = ["| model (q:kv) | " + " | ".join(f"{b} x {_context(c)}" for b, c in points) + " |",
+             "|---|" + "---|" * len(points)]
+    for model in models:
+        cells = [f"{ratio:.2f}x ({pct:.0f}%)" for ratio, pct in
+                 (pair(model, b, c) for b, c in points)]
+        lines.append(f"| {model} ({_heads(model)}) | " + " | ".join(cells) + " |")
+    large = [pair(r["model"], r["batch"], r["context"])[0] for r in result["rows"]
+             if r["kernel"] == "gqa_fp8" and r["prefetch"] == "none"
+             and r["batch"] * r["context"] >= FP8_LARGE_TOKENS]
+    lines.append(f"From {FP8_LARGE_TOKENS // 1024}k tokens ({len(large)} points): "
+                 f"{min(large):.2f}-{max(large):.2f}x.")
+    return lines
+
+
 def main() -> None:
     attention = load_result("h200", "attention")
     print("\n".join(decode_table(attention)), end="\n\n")
@@ -271,6 +301,7 @@ def main() -> None:
     sms = load_result("h200", "attention_sms"), load_result("h200", "counters_sms")
     print("\n".join(regime_summary_table(*sms)), end="\n\n")
     print("\n".join(regime_table(*sms)), end="\n\n")
+    print("\n".join(fp8_table(load_result("h200", "attention_fp8"))), end="\n\n")
     for mode, (worst, median, within, total) in auto_summary(attention).items():
         print(f"auto ({mode}): worst {worst:.3f}x, median {median:.3f}x, within 3% at {within} "
               f"of {total}")

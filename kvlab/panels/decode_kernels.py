@@ -6,6 +6,8 @@ Wiring only. Without a GPU (backend "sim") the figures show the recorded H200 re
 recorded ones; where the point shown differs from the one asked for, the figures say so. A model
 with nothing recorded shows what to run to record it. On a GPU a Run button measures the
 chosen point with `kvlab.bench.attention` (`measure_point`); torch and CuPy load only then.
+The KV cache dtype control shows gqa on an fp8 cache against fp16 (recorded:
+`attention_fp8.json`; measured: the same loop with `--fp8`).
 """
 
 from __future__ import annotations
@@ -21,10 +23,17 @@ from kvlab.kernels import FAMILIES
 from kvlab.kernels.prefetch import MAX_DISTANCE, MODES, PrefetchConfig
 from kvlab.panels.widgets import control_grid, figure_widget, labeled, show_figure
 from kvlab.results import ATTENTION, label, load_results, nearest_rows, recorded_models
-from kvlab.viz.kernels import bandwidth_figure, prefetch_speedup_figure, variant
+from kvlab.viz.kernels import (
+    bandwidth_figure,
+    fp8_speedup_figure,
+    prefetch_speedup_figure,
+    variant,
+)
 from kvlab.viz.layout import note_figure
 
 RECORDED = ATTENTION  # (machine, result names) of the recorded results shown without a GPU
+RECORDED_FP8 = ("h200", ("attention_fp8",))  # gqa on fp8 against fp16, prefetch none, block 16
+KV_DTYPES = ("float16", "fp8")
 BLOCK_SIZES = (8, 16, 32, 64, 128, 256)  # gqa's; vllm_v1 supports 8, 16, 32
 FIGURE_HEIGHTS = {"bandwidth": 440, "speedup": 440}
 
@@ -32,11 +41,12 @@ __all__ = ["DecodeKernelsTab", "measure_point"]
 
 
 def measure_point(
-    model: str, batch: int, context: int, block_size: int, distance: int, on_progress=None
+    model: str, batch: int, context: int, block_size: int, distance: int, on_progress=None,
+    fp8: bool = False,
 ) -> dict:
     """Measure one point on this GPU with `kvlab.bench.attention.run`, as the CLI would:
     vllm_v1 (where it supports `block_size`) and gqa at prefetch none / bulk / line at `distance`,
-    and SDPA, all timed in turn in one loop.
+    (with `fp8`, gqa on an fp8 cache too) and SDPA, all timed in turn in one loop.
 
     Returns the benchmark's result dict (rows of every kernel; gpu, roofline_copy_gbps, ...).
     `on_progress(num_done, num_total)` is called once the loop is timed. Needs torch with CUDA
@@ -47,7 +57,7 @@ def measure_point(
 
     args = parse(["bench", "attention", "--models", model, "--batches", str(batch),
                   "--contexts", str(context), "--block-sizes", str(block_size),
-                  "--distances", str(distance)])
+                  "--distances", str(distance), *(["--fp8"] if fp8 else [])])
     result = attention.run(args)
     if on_progress is not None:
         on_progress(1, 1)
@@ -84,9 +94,14 @@ class DecodeKernelsTab:
         kernel: str = "vllm_v1",
         prefetch: str = "line",
         distance: int = 1,
+        kv_dtype: str = "float16",
     ):
         self.backend = backend()
         self.recorded = load_results(*RECORDED)
+        try:
+            self.recorded_fp8 = load_results(*RECORDED_FP8)
+        except ValueError:  # not recorded
+            self.recorded_fp8 = None
         block_sizes = BLOCK_SIZES if self.backend == "cuda" else sorted(
             {r["block_size"] for r in self.recorded["rows"]} - {None})
         # (model, batch, context, block_size, distance) -> result of measure_point
@@ -115,6 +130,8 @@ class DecodeKernelsTab:
             "gqa_ratio": labeled(
                 widgets.Text, "GQA qo:kv heads", value=_gqa_text(model), disabled=True
             ),
+            "kv_dtype": labeled(widgets.Dropdown, "KV cache dtype", options=KV_DTYPES,
+                                value=kv_dtype),
         }
         self.figures = {name: figure_widget(h) for name, h in FIGURE_HEIGHTS.items()}
         self.status = widgets.HTML()
@@ -133,13 +150,14 @@ class DecodeKernelsTab:
         c = self.controls
         run = [self.run_button, self.progress] if self.run_button is not None else []
         order = ("model", "kernel", "gqa_ratio", "block_size", "batch", "prefetch", "context",
-                 "distance")
+                 "distance", "kv_dtype")
         return widgets.VBox([control_grid([c[name] for name in order]), widgets.HBox(run),
                              self.status, *self.figures.values()])
 
     def _key(self) -> tuple:
         v = {name: control.value for name, control in self.controls.items()}
-        return (v["model"], v["batch"], v["context"], v["block_size"], v["distance"])
+        return (v["model"], v["batch"], v["context"], v["block_size"], v["distance"],
+                v["kv_dtype"] == "fp8")
 
     def run(self, button=None) -> None:
         """Measure the chosen point on this GPU (`measure_point`), then show it."""
@@ -148,13 +166,17 @@ class DecodeKernelsTab:
         def on_progress(num_done, num_total):
             self.progress.max, self.progress.value = num_total, num_done
 
-        self.measured[self._key()] = measure_point(*self._key(), on_progress=on_progress)
+        *point, fp8 = self._key()
+        self.measured[self._key()] = measure_point(*point, on_progress=on_progress, fp8=fp8)
         self.refresh()
 
     def refresh(self, change=None) -> None:
         """Show the measured result for the controls if there is one, else the recorded one."""
         v = {name: control.value for name, control in self.controls.items()}
         self.controls["gqa_ratio"].value = _gqa_text(v["model"])
+        if v["kv_dtype"] == "fp8":
+            self._refresh_fp8(v)
+            return
         selected = variant(
             {
                 "kernel": v["kernel"],
@@ -214,15 +236,56 @@ class DecodeKernelsTab:
                                   FIGURE_HEIGHTS["speedup"])
         show_figure(self.figures["speedup"], speedup)
 
-    def _show_not_recorded(self, v: dict) -> None:
+    def _refresh_fp8(self, v: dict) -> None:
+        """The fp8 view: gqa on fp8 beside fp16 and SDPA at the point (measured here, else the
+        nearest recorded), and fp8's tokens/s over fp16's across the model's points."""
+        measured = self.measured.get(self._key())
+        result = measured or self.recorded_fp8
+        if result is None or v["model"] not in recorded_models(result):
+            self._show_not_recorded(v, fp8=True)
+            return
+        provenance = device_label() if measured else label(result)
+        rows = nearest_rows(result, v["model"], v["batch"], v["context"])
+        notes = []
+        if v["kernel"] != "gqa":
+            notes.append(f"an fp8 cache is read by gqa only, not {v['kernel']}: gqa shown")
+        if not measured:
+            sizes = ", ".join(map(str, sorted({r["block_size"] for r in rows} - {None})))
+            settings = ", ".join(sorted({r["prefetch"] for r in rows}))
+            notes.append(f"fp8 recorded at block_size {sizes} and prefetch {settings} only")
+            if self.backend == "cuda":
+                notes.append("press Run to measure this point on this GPU, fp8 included")
+        shown = [r for r in rows if r["block_size"] in (v["block_size"], None)] or rows
+        sizes = {r["block_size"] for r in shown} - {None}
+        shown = [r for r in shown if r["block_size"] in (min(sizes, default=None), None)]
+        prefetch = PrefetchConfig(v["prefetch"], distance=v["distance"]).label()
+        point = shown[0]
+        self.status.value = html.escape(
+            f"Showing {point['model']} batch={point['batch']} context={point['context']}, fp8 "
+            f"KV cache ({provenance}; requested batch={v['batch']} context={v['context']})"
+        ) + "".join(f"<br>{html.escape(n)}" for n in notes)
+        show_figure(self.figures["bandwidth"], bandwidth_figure(
+            shown, result["roofline_copy_gbps"], provenance,
+            variant({"kernel": "gqa_fp8", "prefetch": prefetch}), FIGURE_HEIGHTS["bandwidth"]))
+        try:
+            speed = fp8_speedup_figure(result["rows"], v["model"], provenance,
+                                       FIGURE_HEIGHTS["speedup"])
+        except ValueError as error:
+            speed = note_figure("fp8 KV cache: gqa's tokens/s over fp16's", provenance,
+                                html.escape(str(error)), FIGURE_HEIGHTS["speedup"])
+        show_figure(self.figures["speedup"], speed)
+
+    def _show_not_recorded(self, v: dict, fp8: bool = False) -> None:
         """Figures and status for a model with no recorded rows: the command that records it."""
         command = (f"python -m kvlab bench attention --models {v['model']} "
-                   f"--batches {v['batch']} --contexts {v['context']}")
+                   f"--batches {v['batch']} --contexts {v['context']}" + (" --fp8" if fp8 else ""))
         where = "press Run to measure it here" if self.backend == "cuda" else "run on a GPU"
         note = f"{v['model']}: not recorded;<br>{where}:<br>{command}"
         self.status.value = html.escape(f"{v['model']}: not recorded; {where}: {command}")
         provenance = f"not {label(self.recorded)}"
+        speed = ("fp8 KV cache: gqa's tokens/s over fp16's" if fp8 else
+                 f"L2 prefetch speedup over none: {v['kernel']}")
         for name, title in (("bandwidth", "Decode attention: GB/s of K+V read"),
-                            ("speedup", f"L2 prefetch speedup over none: {v['kernel']}")):
+                            ("speedup", speed)):
             show_figure(self.figures[name],
                         note_figure(title, provenance, note, FIGURE_HEIGHTS[name]))

@@ -13,13 +13,14 @@ import plotly.graph_objects as go
 from kvlab.results import speedups
 from kvlab.viz.layout import style
 
-__all__ = ["AUTO_MODES", "PAPER_REFERENCE", "bandwidth_figure", "prefetch_speedup_figure",
-           "variant"]
+__all__ = ["AUTO_MODES", "PAPER_REFERENCE", "bandwidth_figure", "fp8_speedup_figure",
+           "prefetch_speedup_figure", "variant"]
 
 PAPER_REFERENCE = "paper: 1.84-2.15x, vLLM + L2 prefetch on H20 (arXiv 2504.06319)"
-KERNEL_COLORS = {"vllm_v1": "#1f77b4", "gqa": "#2ca02c", "auto": "#17becf", "sdpa": "#7f7f7f"}
-KERNEL_NAMES = {"vllm_v1": "vllm_v1", "gqa": "gqa", "auto": "auto: kvlab's choice",
-                "sdpa": "sdpa (PyTorch, dense K, V)"}
+KERNEL_COLORS = {"vllm_v1": "#1f77b4", "gqa": "#2ca02c", "gqa_fp8": "#98df8a",
+                 "auto": "#17becf", "sdpa": "#7f7f7f"}
+KERNEL_NAMES = {"vllm_v1": "vllm_v1", "gqa": "gqa", "gqa_fp8": "gqa on an fp8 cache (its bytes)",
+                "auto": "auto: kvlab's choice", "sdpa": "sdpa (PyTorch, dense K, V)"}
 # How a kernel="auto" row chose its family and prefetch setting (`auto_mode`)
 AUTO_MODES = {"tuned": "tuned at this point", "reused": "reused from another shape of its bucket",
               "recorded": "the recorded choice"}
@@ -185,3 +186,32 @@ def prefetch_speedup_figure(
         height=height,
         legend_y=-0.35,
     )
+
+
+def fp8_speedup_figure(result_rows: list[dict], model: str, provenance: str, height: int = 420,
+                       note: str = "") -> go.Figure:
+    """Bars: gqa's tokens/s on an fp8 cache over fp16's (ms of kernel "gqa" / ms of "gqa_fp8",
+    no prefetch, rows of one loop) for `model` at every (batch, context) with both; dashed lines
+    at 1.0 and at 2.0 (half the bytes). Raises ValueError where no point has both rows."""
+    pairs = {}
+    for r in result_rows:
+        if r["model"] == model and r["prefetch"] == "none" and r["kernel"] in ("gqa", "gqa_fp8"):
+            pairs.setdefault((r["batch"], r["context"], r.get("loop")), {})[r["kernel"]] = r
+    points = sorted((b, c, p["gqa"]["ms"] / p["gqa_fp8"]["ms"], p["gqa_fp8"]["pct_roofline"])
+                    for (b, c, _), p in pairs.items() if len(p) == 2)
+    if not points:
+        raise ValueError(f"model={model!r}: no point with gqa on fp16 and on fp8 in one loop")
+    x = [f"{b} x {c}" for b, c, _, _ in points]
+    fig = go.Figure(go.Bar(
+        x=x, y=[s for _, _, s, _ in points], marker_color=KERNEL_COLORS["gqa_fp8"],
+        text=[f"{s:.2f}x" for _, _, s, _ in points], textposition="outside", cliponaxis=False,
+        customdata=[p for _, _, _, p in points], showlegend=False,
+        hovertemplate="%{x}<br>%{y:.3f}x fp16's tokens/s<br>fp8 reads %{customdata:.1f}% of the "
+        "copy roofline<extra></extra>"))
+    for y in (1.0, 2.0):
+        fig.add_hline(y=y, line=dict(color="black", dash="dash", width=1))
+    fig.update_layout(xaxis=dict(title="batch x context (tokens)", automargin=True),
+                      yaxis=dict(title="ms on fp16 / ms on fp8", range=[0, 2.3]))
+    return style(fig, "fp8 KV cache: gqa's tokens/s over fp16's", provenance,
+                 f"{model}, no prefetch, one loop per point; dashed: 1.0 and 2.0 (half the "
+                 "bytes)", note, height=height)

@@ -125,8 +125,8 @@ def test_run_button_wiring_with_a_fake_measurement(monkeypatch):
     recorded = load_results(*RECORDED)
     calls = []
 
-    def fake_measure(model, batch, context, block_size, distance, on_progress=None):
-        calls.append((model, batch, context, block_size, distance))
+    def fake_measure(model, batch, context, block_size, distance, on_progress=None, fp8=False):
+        calls.append((model, batch, context, block_size, distance, fp8))
         rows = [{**r, "gbps": r["gbps"] + 1} for r in expected_rows(model, batch, context)]
         on_progress(1, 1)
         return {**recorded, "rows": rows}
@@ -138,11 +138,49 @@ def test_run_button_wiring_with_a_fake_measurement(monkeypatch):
     assert "press Run" in tab.status.value
     assert "recorded on" in tab.figures["bandwidth"].figure.layout.title.text
     tab.run_button.click()
-    assert calls == [("llama3-8b", 64, 1024, 16, 1)] and tab.progress.value == 1
+    assert calls == [("llama3-8b", 64, 1024, 16, 1, False)] and tab.progress.value == 1
     rows = expected_rows("llama3-8b", 64, 1024)
     assert list(tab.figures["bandwidth"].figure.data[0].y) == [r["gbps"] + 1 for r in rows]
     assert "measured on FAKE GPU" in tab.figures["bandwidth"].figure.layout.title.text
     assert "measured on FAKE GPU" in tab.status.value
+
+
+def test_fp8_shows_gqa_on_fp8_beside_fp16_and_its_speedup(tab):
+    from kvlab.panels.decode_kernels import RECORDED_FP8
+
+    recorded = load_results(*RECORDED_FP8)
+    tab.controls["batch"].value, tab.controls["context"].value = 64, 32768
+    tab.controls["kv_dtype"].value = "fp8"
+    bars = tab.figures["bandwidth"].figure.data[0]
+    assert list(bars.x) == ["gqa / none", "gqa_fp8 / none", "sdpa"]
+    rows = {r["kernel"]: r for r in nearest_rows(recorded, "llama3-8b", 64, 32768)}
+    assert list(bars.y) == [rows[k]["gbps"] for k in ("gqa", "gqa_fp8", "sdpa")]
+    assert "an fp8 cache is read by gqa only, not vllm_v1: gqa shown" in tab.status.value
+    assert "fp8 recorded at block_size 16 and prefetch none only" in tab.status.value
+    speed = tab.figures["speedup"].figure
+    assert "fp8 KV cache: gqa's tokens/s over fp16's" in speed.layout.title.text
+    by_point = dict(zip(speed.data[0].x, speed.data[0].y, strict=True))
+    assert by_point["64 x 32768"] == pytest.approx(rows["gqa"]["ms"] / rows["gqa_fp8"]["ms"])
+    assert len(by_point) == 9  # batch 1/16/64 x context 1k/4k/32k
+    tab.controls["kv_dtype"].value = "float16"
+    assert "L2 prefetch speedup" in tab.figures["speedup"].figure.layout.title.text
+
+
+def test_fp8_for_a_model_not_recorded_names_the_command(tab):
+    tab.controls["kv_dtype"].value = "fp8"
+    tab.controls["model"].value = "opt-6.7b"
+    assert "--fp8" in tab.status.value and "not recorded" in tab.status.value
+
+
+@pytest.mark.gpu
+def test_run_button_measures_fp8_on_this_gpu(monkeypatch):
+    monkeypatch.delenv("KVLAB_BACKEND", raising=False)
+    tab = DecodeKernelsTab(model="llama3-8b", batch=4, context=2048, kernel="gqa",
+                           kv_dtype="fp8")
+    tab.run_button.click()
+    bars = tab.figures["bandwidth"].figure.data[0]
+    assert {"gqa / none", "gqa_fp8 / none", "sdpa"} <= set(bars.x)
+    assert "measured on" in tab.figures["speedup"].figure.layout.title.text
 
 
 @pytest.mark.gpu

@@ -17,7 +17,11 @@
 //   gqa_merge<T, HEAD_DIM>: combines the partitions of a split-KV launch by their log-sum-exp.
 //
 // Launch contract (the Python wrapper's side):
-//   gqa_decode: grid (max_num_partitions, num_kv_heads, num_seqs), block 128 threads (4 warps),
+//   gqa_decode: grid (max_num_partitions, num_kv_heads, num_seqs), block 128 threads (4 warps);
+//     or, with a work list (mixed lengths: the wrapper lists only the partitions that hold
+//     tokens, longest first, instead of max_num_partitions per sequence, most of them empty),
+//     grid (num_items, num_kv_heads, 1) and CTA x takes (sequence, partition) = work[x].
+//     Every sequence's partition 0 must be listed (an empty sequence still writes its zeros).
 //     dynamic shared memory = Smem<HEAD_DIM, sizeof(KV)>::BYTES
 //                           = STAGES * NUM_WARPS * 2 * WARP_TOKENS * ROW_BYTES:
 //       fp16/bf16 (3 stages, rows of 2 * HEAD_DIM + 16 bytes): head_dim 64: 55,296  80: 67,584
@@ -247,8 +251,8 @@ __device__ __forceinline__ void decode_body(
     const T* __restrict__ q, const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,
     const float* __restrict__ k_scale, const float* __restrict__ v_scale,
     const int* __restrict__ block_tables, const int* __restrict__ seq_lens,
-    int max_num_blocks_per_seq, int num_kv_heads, int partition_size, int max_num_partitions,
-    float scale) {
+    const int* __restrict__ work, int max_num_blocks_per_seq, int num_kv_heads,
+    int partition_size, int max_num_partitions, float scale) {
   static_assert(HEAD_DIM == 64 || HEAD_DIM == 80 || HEAD_DIM == 96 || HEAD_DIM == 112 ||
                 HEAD_DIM == 128 || HEAD_DIM == 256, "HEAD_DIM: 64, 80, 96, 112, 128 or 256");
   static_assert(BLOCK_SIZE >= 8 && BLOCK_SIZE <= 256 && (BLOCK_SIZE & (BLOCK_SIZE - 1)) == 0,
@@ -270,7 +274,10 @@ __device__ __forceinline__ void decode_body(
   constexpr int RUN = BLOCK_SIZE < TILE_TOKENS ? BLOCK_SIZE : TILE_TOKENS;  // prefetch call, tokens
   constexpr bool PREFETCH = PF_MODE != PF_NONE && (PF_K || PF_V);
 
-  const int partition = blockIdx.x, kv_head = blockIdx.y, seq = blockIdx.z;
+  // the natural grid, or a work list of (sequence, partition) pairs (see the launch contract)
+  const int partition = work ? work[2 * blockIdx.x + 1] : blockIdx.x;
+  const int seq = work ? work[2 * blockIdx.x] : blockIdx.z;
+  const int kv_head = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int seq_len = seq_lens[seq];
   const int partition_start = partition * partition_size;
@@ -574,8 +581,9 @@ __device__ __forceinline__ void decode_body(
 // partial_lse [num_seqs, num_qo_heads, max_num_partitions] fp32;
 // q [num_seqs, num_qo_heads, HEAD_DIM] T; k_cache, v_cache [num_blocks, num_kv_heads, BLOCK_SIZE,
 // HEAD_DIM] KV; k_scale, v_scale [num_kv_heads] float (fp8) or null; block_tables [num_seqs,
-// max_num_blocks_per_seq] int32; seq_lens [num_seqs] int32.
-// grid (max_num_partitions, num_kv_heads, num_seqs), block 128,
+// max_num_blocks_per_seq] int32; seq_lens [num_seqs] int32; work null, or [num_items, 2] int32
+// (sequence, partition) pairs, one per CTA: grid (num_items, num_kv_heads, 1).
+// grid (max_num_partitions, num_kv_heads, num_seqs) without a work list, block 128,
 // dynamic smem gqa::Smem<HEAD_DIM, sizeof(KV)>::BYTES.
 // (__launch_bounds__ adds the shared-memory occupancy as min blocks; the launch is unchanged.)
 template <typename T, typename KV, int HEAD_DIM, int BLOCK_SIZE, int GROUP, int PF_MODE, bool PF_K,
@@ -585,12 +593,13 @@ __global__ void __launch_bounds__(128, gqa::Smem<HEAD_DIM, sizeof(KV)>::CTAS_PER
     const T* __restrict__ q, const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,
     const float* __restrict__ k_scale, const float* __restrict__ v_scale,
     const int* __restrict__ block_tables, const int* __restrict__ seq_lens,
-    int max_num_blocks_per_seq, int num_kv_heads, int partition_size, int max_num_partitions,
-    float scale) {
+    const int* __restrict__ work, int max_num_blocks_per_seq, int num_kv_heads,
+    int partition_size, int max_num_partitions, float scale) {
   gqa::decode_body<T, KV, HEAD_DIM, BLOCK_SIZE, GROUP, PF_MODE, PF_K, PF_V, PF_DIST,
                    PF_EVICT_LAST>(
       out, partial_out, partial_lse, q, k_cache, v_cache, k_scale, v_scale, block_tables,
-      seq_lens, max_num_blocks_per_seq, num_kv_heads, partition_size, max_num_partitions, scale);
+      seq_lens, work, max_num_blocks_per_seq, num_kv_heads, partition_size, max_num_partitions,
+      scale);
 }
 
 // Combine the partitions of each (sequence, query head):

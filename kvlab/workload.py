@@ -17,6 +17,7 @@ __all__ = [
     "DISTRIBUTIONS",
     "Workload",
     "lognormal",
+    "lognormal_lengths",
     "make_workload",
     "shared_prefix",
     "uniform",
@@ -202,6 +203,19 @@ def uniform(
         max_seq_len=int(max_seq_len),
         name=f"uniform prompt {p_lo}-{p_hi}, output {o_lo}-{o_hi}",
     )
+
+
+def lognormal_lengths(num_seqs: int, mean: int, max_len: int, sigma: float = 1.0,
+                      seed: int = 0) -> np.ndarray:
+    """int64 [num_seqs] KV lengths of a batch of mixed lengths: the prompts of `lognormal` with
+    the median that gives `mean` before clipping (mean / exp(sigma^2 / 2)), clipped into
+    [1, max_len] (so the batch's mean ends a little below `mean`). Raises ValueError for
+    mean < 1 or mean > max_len (and as `lognormal`)."""
+    mean, max_len = _check_count("mean", mean, 1), _check_count("max_len", max_len, 1)
+    if mean > max_len:
+        raise ValueError(f"mean={mean}: must be in [1, max_len={max_len}]")
+    median = max(1, round(mean / float(np.exp(sigma**2 / 2))))
+    return lognormal(num_seqs, median, 1, sigma, max_len, seed).prompt_lens
 
 
 def lognormal(

@@ -7,6 +7,7 @@ from factories import make_workload_of
 from kvlab.workload import (
     DISTRIBUTIONS,
     lognormal,
+    lognormal_lengths,
     make_workload,
     shared_prefix,
     uniform,
@@ -174,3 +175,12 @@ def test_make_workload_rejects_bad_arguments():
         make_workload("zipf", 10, 128)
     with pytest.raises(ValueError, match=r"prefix_len=128: must be in \[0, max_seq_len=128\)"):
         make_workload("uniform", 10, 128, 0.5, prefix_len=128)
+
+
+def test_lognormal_lengths_have_about_the_mean_and_stay_under_the_max():
+    lens = lognormal_lengths(4096, 3200, 16384)
+    assert lens.dtype == np.int64 and lens.min() >= 1 and lens.max() <= 16384
+    assert 2900 < lens.mean() < 3200  # the clip at 16k takes a little off the mean
+    assert np.array_equal(lens, lognormal_lengths(4096, 3200, 16384))  # seeded
+    with pytest.raises(ValueError, match=r"mean=5000: must be in \[1, max_len=4096\]"):
+        lognormal_lengths(4, 5000, 4096)

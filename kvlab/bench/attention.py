@@ -10,6 +10,10 @@ of each, then run 2 of each, ...; `kvlab.timing.Timer`):
   from the kernels the profiler sees it launch;
 - with `--fp8`, gqa on an fp8 (e4m3) cache of the same shape at every prefetch setting (kernel
   "gqa_fp8": q and out fp16; its GB/s count the fp8 bytes it reads, half of fp16's).
+With `--lengths lognormal:MEAN,MAX`, each point is a batch of mixed lengths
+(kvlab.workload.lognormal_lengths) instead of one context: its rows carry `lengths` (the spec),
+`context` (the batch's mean length, rounded) and `max_context`, and no SDPA row (a dense batch of
+mixed lengths would be padded to the longest).
 Every row carries its `loop`: ratios between rows (prefetch over none, gqa over SDPA, auto over
 the best setting) compare rows of one loop only.
 
@@ -38,6 +42,7 @@ from kvlab.kernels import FAMILIES, gqa, green, tune, vllm_v1
 from kvlab.kernels.decode import DecodePlan
 from kvlab.kernels.prefetch import PrefetchConfig
 from kvlab.timing import METHOD, Timer, copy_roofline_gbps
+from kvlab.workload import lognormal_lengths
 
 LAYOUTS = {"vllm_v1": vllm_v1.LAYOUT, "gqa": gqa.LAYOUT}
 BLOCK_SIZES = {"vllm_v1": vllm_v1.BLOCK_SIZES, "gqa": gqa.BLOCK_SIZES}
@@ -151,8 +156,10 @@ def cuda_kernels(fn) -> list[str]:
         return []
 
 
-def loop_variants(model, batch: int, context: int, block_size: int, args, dtype) -> dict:
-    """Every variant of one loop: {key: (row fields, callable)}."""
+def loop_variants(model, batch: int, context, block_size: int, args, dtype) -> dict:
+    """Every variant of one loop: {key: (row fields, callable)}. context: an int, or the batch's
+    lengths (mixed: no SDPA, and kernel="auto" not reused from a sibling shape)."""
+    mixed = not isinstance(context, int)
     variants = prefetch_variants(args.prefetch, args.distances, args.evict_last)
     q = torch.randn(batch, model.num_qo_heads, model.head_dim, device="cuda", dtype=dtype)
     out = torch.empty_like(q)
@@ -160,7 +167,8 @@ def loop_variants(model, batch: int, context: int, block_size: int, args, dtype)
     for family in FAMILIES:
         if family not in args.kernels or block_size not in BLOCK_SIZES[family]:
             continue
-        sibling = sibling_context(context, block_size) if "auto" in args.kernels else None
+        sibling = (sibling_context(context, block_size) if "auto" in args.kernels and not mixed
+                   else None)
         cache, seq_ids, sibling_ids = filled_cache(
             batch, context, block_size, model.num_kv_heads, model.head_dim,
             layout=LAYOUTS[family], dtype=dtype, sibling=sibling)
@@ -183,7 +191,7 @@ def loop_variants(model, batch: int, context: int, block_size: int, args, dtype)
                 for p in variants})
         for key, (fields, plan) in plans.items():
             found[key] = fields, lambda plan=plan: plan.run(q, out=out)
-    if "sdpa" in args.kernels:
+    if "sdpa" in args.kernels and not mixed:
         shape = (batch, model.num_kv_heads, context, model.head_dim)
         k, v = (torch.randn(shape, device="cuda", dtype=dtype) for _ in "kv")
         q4 = q[:, :, None]
@@ -213,13 +221,20 @@ def run(args) -> dict:
     result["roofline_copy_gbps_by_sms"] = {}
     result.update(rows=[], skipped=[])
     rows, skipped = result["rows"], result["skipped"]
-    points = list(itertools.product(args.models, args.batches, args.contexts))
+    points = list(itertools.product(args.models, args.batches, args.lengths or args.contexts))
     loop = 0
-    for i, (name, batch, context) in enumerate(points):
+    for i, (name, batch, shape) in enumerate(points):
         model = MODELS[name]
-        kv_bytes = 2 * batch * context * model.kv_size * 2
+        if isinstance(shape, str):  # mixed lengths
+            lengths = lognormal_lengths(batch, *map(int, shape.partition(":")[2].split(",")))
+            context, tokens = round(float(lengths.mean())), int(lengths.sum())
+            mixed = {"lengths": shape, "max_context": int(lengths.max())}
+            shape = lengths.tolist()
+        else:
+            context, tokens, mixed = shape, batch * shape, {}
+        kv_bytes = 2 * tokens * model.kv_size * 2
         if kv_bytes > MAX_KV_BYTES:
-            skipped.append({"model": name, "batch": batch, "context": context,
+            skipped.append({"model": name, "batch": batch, "context": context, **mixed,
                             "reason": f"{kv_bytes / 2**30:.0f} GiB of K/V for one layer (one "
                                       f"loop holds three copies; at most "
                                       f"{MAX_KV_BYTES / 2**30:.0f} GiB)"})
@@ -230,7 +245,7 @@ def run(args) -> dict:
                 if sms is not None and str(held) not in result["roofline_copy_gbps_by_sms"]:
                     result["roofline_copy_gbps_by_sms"][str(held)] = round(
                         copy_roofline_gbps(timer), 1)
-                found = loop_variants(model, batch, context, block_size, args, dtype)
+                found = loop_variants(model, batch, shape, block_size, args, dtype)
                 times = timer.times_ms({key: fn for key, (_, fn) in found.items()})
             for key, (fields, _) in found.items():
                 ms = statistics.median(times[key])
@@ -238,8 +253,9 @@ def run(args) -> dict:
                 gbps = read / (ms * 1e-3) / 1e9
                 rows.append({"model": name, "num_qo_heads": model.num_qo_heads,
                              "num_kv_heads": model.num_kv_heads, "batch": batch,
-                             "context": context, "block_size": None if key == "sdpa" else
-                             block_size, "sms": held, "loop": loop, **fields,
+                             "context": context, **mixed,
+                             "block_size": None if key == "sdpa" else block_size,
+                             "sms": held, "loop": loop, **fields,
                              "kv_bytes": read, "ms": ms,
                              "ms_runs": [round(t, 5) for t in times[key]],
                              "gbps": round(gbps, 1),

@@ -92,6 +92,20 @@ def batch_x_context(text: str) -> tuple[int, int]:
     return batch, context
 
 
+def lengths_spec(text: str) -> str:
+    """A batch of mixed lengths, `lognormal:MEAN,MAX` (kvlab.workload.lognormal_lengths, sigma 1,
+    seed 0), returned as given after checking it."""
+    kind, _, numbers = text.partition(":")
+    try:
+        mean, max_len = (positive_int(n) for n in numbers.split(","))
+    except (ValueError, argparse.ArgumentTypeError):
+        mean = max_len = None
+    if kind != "lognormal" or mean is None or mean > max_len:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be lognormal:MEAN,MAX with integers "
+                                         "1 <= MEAN <= MAX, e.g. lognormal:3200,16384")
+    return text
+
+
 def _add_cache(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="fewer repeats (a smoke run)")
 
@@ -103,6 +117,9 @@ def _add_attention(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batches", nargs="+", type=positive_int, default=[1, 16, 64, 128])
     parser.add_argument("--contexts", nargs="+", type=positive_int,
                         default=[1024, 4096, 8192, 32768])
+    parser.add_argument("--lengths", nargs="+", type=lengths_spec, metavar="SPEC",
+                        help="batches of mixed lengths instead of --contexts: lognormal:MEAN,MAX "
+                             "(sigma 1, seed 0) per --batches size; kernels only, no SDPA")
     parser.add_argument("--block-sizes", nargs="+", type=block_size, default=[16],
                         help="one loop of timings per block size at each point")
     parser.add_argument("--prefetch", nargs="+", default=list(MODES), choices=MODES)

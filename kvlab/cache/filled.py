@@ -8,19 +8,24 @@ from kvlab.cache.paged_cache import PagedKVCache
 _FP8_CHUNK = 1 << 26  # elements drawn at a time for an fp8 cache (fp16 first: 128 MiB)
 
 
-def filled_cache(num_seqs: int, context: int, block_size: int, num_kv_heads: int, head_dim: int,
+def filled_cache(num_seqs: int, context, block_size: int, num_kv_heads: int, head_dim: int,
                  *, layout: str, dtype, device="cuda", sibling: int | None = None):
     """A cache holding `num_seqs` sequences of `context` tokens of random K/V (normal), their
-    blocks scattered over the pool: (cache, seq_ids, sibling_ids). With `sibling`, each sequence
+    blocks scattered over the pool: (cache, seq_ids, sibling_ids). `context`: an int, or the
+    num_seqs lengths of a batch of mixed lengths (ints >= 1). With `sibling`, each sequence
     has token ids and a sibling sequence of its first `sibling` tokens (whole blocks, fewer than
     `context`) shares its blocks (no new memory; sibling_ids is empty otherwise). An fp8 cache
     (dtype=torch.float8_e4m3fn) holds normal values drawn in fp16 and rounded, with its scales
     left at 1.0 (the values are in e4m3's range)."""
+    lengths = [context] * num_seqs if isinstance(context, int) else [int(n) for n in context]
+    if len(lengths) != num_seqs or min(lengths) < 1:
+        raise ValueError(f"context={context!r}: must be an int >= 1 or {num_seqs} ints >= 1")
     if sibling is not None and (isinstance(sibling, bool) or not isinstance(sibling, int)
-                                or not 0 < sibling < context or sibling % block_size):
+                                or not isinstance(context, int) or not 0 < sibling < context
+                                or sibling % block_size):
         raise ValueError(f"sibling={sibling!r}: must be a multiple of block_size={block_size} "
-                         f"in [1, context={context})")
-    num_blocks = num_seqs * -(-context // block_size)
+                         f"in [1, context={context}) (one context for all)")
+    num_blocks = sum(-(-n // block_size) for n in lengths)
     cache = PagedKVCache(num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype,
                          device=device, layout=layout, seed=0)
     for t in (cache.k_cache, cache.v_cache):
@@ -33,9 +38,9 @@ def filled_cache(num_seqs: int, context: int, block_size: int, num_kv_heads: int
             t.normal_()
     # NOTE: the data is random either way, so sequences are placed without writing K/V again.
     seq_ids, sibling_ids = [], []
-    for i in range(num_seqs):
-        ids = range(i * context, (i + 1) * context) if sibling else None
-        seq_ids.append(cache.manager.add_sequence(context, ids).seq_id)
+    for i, n in enumerate(lengths):
+        ids = range(i * n, (i + 1) * n) if sibling else None
+        seq_ids.append(cache.manager.add_sequence(n, ids).seq_id)
         if sibling:
             sibling_ids.append(cache.manager.add_sequence(sibling, ids[:sibling]).seq_id)
     return cache, seq_ids, sibling_ids

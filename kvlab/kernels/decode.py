@@ -107,7 +107,8 @@ class DecodePlan:
             raise ValueError("seq_ids=[]: must name at least one sequence")
         self.block_tables = cache.block_tables(seq_ids)  # int32 [B, max_num_blocks]
         self.seq_lens = cache.seq_lens(seq_ids)  # int32 [B]
-        self.max_seq_len = max(cache.manager.seq_len(s) for s in seq_ids)
+        self.host_seq_lens = [cache.manager.seq_len(s) for s in seq_ids]  # what the split plans
+        self.max_seq_len = max(self.host_seq_lens)
         self.cache, self.kernel, self.num_qo_heads = cache, chosen, num_qo_heads
         self.q_dtype = gqa.query_dtype(cache.dtype)  # of q and out
         self.scale = 1.0 / math.sqrt(cache.head_dim) if scale is None else float(scale)
@@ -122,8 +123,8 @@ class DecodePlan:
         self.launcher = self._launcher(prefetch)
 
     def _launcher(self, prefetch: PrefetchConfig):
-        return LAUNCHERS[self.kernel](self.cache, self.num_qo_heads, self.num_seqs,
-                                     self.max_seq_len, prefetch, self.num_sms)
+        return LAUNCHERS[self.kernel](self.cache, self.num_qo_heads, self.host_seq_lens, prefetch,
+                                     self.num_sms)
 
     def _auto_prefetch(self) -> PrefetchConfig:
         cache = self.cache

@@ -4,7 +4,8 @@ layout, with split-KV and the optional L2 prefetch of arXiv 2504.06319.
 One CTA handles one (sequence partition, KV head) and all query heads of that head's group, so each
 KV byte is read from HBM once. When num_seqs x num_kv_heads CTAs cannot fill the GPU, each
 sequence is cut into partitions (multiples of 256 tokens) spread over more CTAs, and a merge kernel
-combines the partitions' partial outputs by their log-sum-exp.
+combines the partitions' partial outputs by their log-sum-exp. A split batch of mixed lengths is
+split by the partitions its sequences fill, and launched as a work list of them, longest first.
 """
 
 import numpy as np
@@ -13,7 +14,7 @@ import torch
 from kvlab.cache.fp8 import FP8_DTYPE
 from kvlab.checks import HEAD_DIMS
 from kvlab.kernels.geometry import GQA_BLOCK_SIZES as BLOCK_SIZES
-from kvlab.kernels.geometry import ctas_per_sm, partition_size
+from kvlab.kernels.geometry import ctas_per_sm, partition_size, work_list
 from kvlab.kernels.geometry import gqa_smem_bytes as smem_bytes
 from kvlab.kernels.launch import NULL, launch, ptr, reserve_shared_memory
 from kvlab.kernels.prefetch import PrefetchConfig
@@ -67,17 +68,25 @@ class Gqa:
     name = "gqa"
     layout, block_sizes = LAYOUT, BLOCK_SIZES
 
-    def __init__(self, cache, num_qo_heads: int, num_seqs: int, max_seq_len: int,
-                 prefetch: PrefetchConfig, num_sms: int):
+    def __init__(self, cache, num_qo_heads: int, seq_lens: list[int], prefetch: PrefetchConfig,
+                 num_sms: int):
         from kvlab.kernels.loader import load
 
+        num_seqs, max_seq_len = len(seq_lens), max(seq_lens)
         self.num_qo_heads, self.num_seqs, self.num_kv_heads = (
             num_qo_heads, num_seqs, cache.num_kv_heads
         )
         kv_bytes = cache.k_cache.element_size()
         num_slots = num_sms * ctas_per_sm(cache.head_dim, kv_bytes)
-        self.partition_size = partition_size(num_seqs, cache.num_kv_heads, max_seq_len, num_slots)
+        mixed = min(seq_lens) != max_seq_len
+        self.partition_size = partition_size(num_seqs, cache.num_kv_heads, max_seq_len, num_slots,
+                                             seq_lens if mixed else None)
         self.num_partitions = -(-max_seq_len // self.partition_size)
+        # mixed lengths, split: only the partitions that hold tokens, longest first
+        self.work = None
+        if mixed and self.num_partitions > 1:
+            self.work = torch.from_numpy(work_list(seq_lens, self.partition_size)).to(
+                cache.device)
         d, group = cache.head_dim, num_qo_heads // cache.num_kv_heads
         names = name_expressions(query_dtype(cache.dtype), d, cache.block_size, group, prefetch,
                                  cache.dtype)
@@ -96,11 +105,14 @@ class Gqa:
 
     def __call__(self, out, q, k_cache, v_cache, block_tables, seq_lens, scale: float) -> None:
         partial_out, partial_lse = map(ptr, self.partials) if self.partials else (NULL, NULL)
-        grid = (self.num_partitions, self.num_kv_heads, self.num_seqs)
+        if self.work is None:
+            grid, work = (self.num_partitions, self.num_kv_heads, self.num_seqs), NULL
+        else:
+            grid, work = (self.work.shape[0], self.num_kv_heads, 1), ptr(self.work)
         k_scale, v_scale = map(ptr, self.scales) if self.scales else (NULL, NULL)
         launch(self.decode, grid, (NUM_THREADS,), (
             ptr(out), partial_out, partial_lse, ptr(q), ptr(k_cache), ptr(v_cache), k_scale,
-            v_scale, ptr(block_tables), ptr(seq_lens), np.int32(block_tables.shape[1]),
+            v_scale, ptr(block_tables), ptr(seq_lens), work, np.int32(block_tables.shape[1]),
             np.int32(self.num_kv_heads), np.int32(self.partition_size),
             np.int32(self.num_partitions), np.float32(scale),
         ), out.device, self.smem)

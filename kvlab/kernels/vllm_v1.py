@@ -53,10 +53,11 @@ class VllmV1:
     name = "vllm_v1"
     layout, block_sizes = LAYOUT, BLOCK_SIZES
 
-    def __init__(self, cache, num_qo_heads: int, num_seqs: int, max_seq_len: int,
-                 prefetch: PrefetchConfig, num_sms: int):
+    def __init__(self, cache, num_qo_heads: int, seq_lens: list[int], prefetch: PrefetchConfig,
+                 num_sms: int):
         from kvlab.kernels.loader import load
 
+        num_seqs, max_seq_len = len(seq_lens), max(seq_lens)
         self.num_qo_heads, self.num_seqs = num_qo_heads, num_seqs
         self.partition_size = (
             PARTITION_SIZE if use_partitions(num_seqs, num_qo_heads, max_seq_len, num_sms) else 0

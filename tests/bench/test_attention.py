@@ -140,3 +140,21 @@ def test_fp8_rows_read_half_the_bytes_in_the_same_loop(tmp_path, capsys):
     fp16, fp8 = by_kernel["gqa", "none"], by_kernel["gqa_fp8", "none"]
     assert fp8["kv_bytes"] * 2 == fp16["kv_bytes"] and fp8["kv_dtype"] == "fp8"
     assert "gqa on fp8 / on fp16 (no prefetch), tokens/s, same loop" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+def test_mixed_lengths_are_timed_on_their_own_lengths(tmp_path):
+    from kvlab.config import MODELS
+    from kvlab.workload import lognormal_lengths
+
+    out = tmp_path / "attention.json"
+    main(["bench", "attention", "--json", str(out), "--models", "llama3-8b", "--batches", "8",
+          "--lengths", "lognormal:1000,4096", "--prefetch", "none", "--runs", "3",
+          "--kernels", "vllm_v1", "gqa", "sdpa"])
+    rows = json.loads(out.read_text())["rows"]
+    lens = lognormal_lengths(8, 1000, 4096)
+    assert {r["kernel"] for r in rows} == {"vllm_v1", "gqa"}  # no SDPA on mixed lengths
+    for r in rows:
+        assert r["lengths"] == "lognormal:1000,4096" and r["max_context"] == lens.max()
+        assert r["context"] == round(lens.mean())
+        assert r["kv_bytes"] == 2 * int(lens.sum()) * MODELS["llama3-8b"].kv_size * 2

@@ -1,5 +1,7 @@
 """filled_cache: random K/V, every sequence whole, siblings sharing their prefix blocks (CPU)."""
 
+import re
+
 import pytest
 import torch
 
@@ -32,3 +34,21 @@ def test_an_fp8_cache_is_filled_with_normal_values_in_range():
     assert torch.isfinite(k).all() and torch.isfinite(v).all()
     assert 0.9 < k.std().item() < 1.1 and abs(v.mean().item()) < 0.05
     assert torch.equal(cache.k_scale, torch.ones(2)) and cache.saturated == 0
+
+
+def test_a_batch_of_mixed_lengths():
+    cache, seq_ids, _ = filled_cache(3, [40, 7, 17], 8, 2, 64, layout="hnd",
+                                     dtype=torch.float32, device="cpu")
+    assert [cache.manager.seq_len(s) for s in seq_ids] == [40, 7, 17]
+    assert cache.manager.num_free_blocks == 0  # 5 + 1 + 3 blocks, no more
+
+
+@pytest.mark.parametrize(("context", "sibling", "message"), [
+    ([40, 7], None, "context=[40, 7]: must be an int >= 1 or 3 ints >= 1"),
+    ([40, 0, 8], None, "context=[40, 0, 8]: must be an int >= 1 or 3 ints >= 1"),
+    ([40, 40, 40], 8, "sibling=8: must be a multiple of block_size=8"),
+])
+def test_mixed_lengths_are_checked(context, sibling, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        filled_cache(3, context, 8, 1, 64, layout="hnd", dtype=torch.float32, device="cpu",
+                     sibling=sibling)

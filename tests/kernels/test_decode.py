@@ -108,6 +108,8 @@ def test_matches_reference(case, compiled):
         plan = kvlab.DecodePlan(cache, seq_ids, q.shape[1], kernel=kernel, prefetch=prefetch)
         split = plan.launcher.num_partitions
         assert (split > 1) == (lens is MIXED), f"{kernel} split {split} ways for {lens[:6]}"
+        if kernel == "gqa":  # mixed lengths, split: launched as a work list
+            assert (plan.launcher.work is not None) == (lens is MIXED)
         out = plan.run(q, out=torch.full_like(q, math.nan))
         ref = reference(q, cache, seq_ids)
         assert not out.isnan().any(), f"{out.isnan().sum().item()} NaN outputs (lens {lens[:6]})"
@@ -122,6 +124,15 @@ def test_long_context(kernel):
     q = torch.randn(2, 8, 128, device="cuda", dtype=torch.float16)
     out = kvlab.decode_attention(q, cache, seq_ids, kernel=kernel, prefetch=BULK)
     assert rel_l2(out, reference(q, cache, seq_ids)) < TOLERANCE[torch.float16]
+
+
+@pytest.mark.gpu
+def test_gqa_splits_equal_lengths_on_the_natural_grid():
+    cache, seq_ids = make_batch("gqa", torch.float16, 128, 16, [1500] * 3, seed=5)
+    q = torch.randn(3, 8, 128, device="cuda", dtype=torch.float16)
+    plan = kvlab.DecodePlan(cache, seq_ids, 8, kernel="gqa", prefetch=BULK)
+    assert plan.launcher.num_partitions > 1 and plan.launcher.work is None
+    assert rel_l2(plan.run(q), reference(q, cache, seq_ids)) < TOLERANCE[torch.float16]
 
 
 @pytest.mark.gpu
@@ -284,3 +295,23 @@ def test_gqa_split_fills_waves_of_resident_ctas(num_seqs, num_kv_heads, max_seq_
     num_slots = 132 * gqa.ctas_per_sm(128)
     assert gqa.ctas_per_sm(128) == 2
     assert gqa.partition_size(num_seqs, num_kv_heads, max_seq_len, num_slots) == expected
+    assert gqa.partition_size(num_seqs, num_kv_heads, max_seq_len, num_slots,
+                              [max_seq_len] * num_seqs) == expected
+
+
+def test_gqa_splits_a_mixed_batch_by_the_partitions_it_fills():
+    """64 sequences, one of 16k and the rest 1k: as if all were 16k, 512 CTAs fill two waves
+    and no split pays; counted by their lengths, 512-token partitions (158 x 8 = 1264 CTAs, 5
+    waves of 264: 5 x 640 token-times) beat the 16k sequence running alone (1 x 16512)."""
+    lens = [16384] + [1024] * 63
+    num_slots = 132 * gqa.ctas_per_sm(128)
+    assert gqa.partition_size(64, 8, 16384, num_slots) == 16384
+    assert gqa.partition_size(64, 8, 16384, num_slots, lens) == 512
+
+
+def test_gqa_work_list_holds_the_partitions_with_tokens_longest_first():
+    from kvlab.kernels.geometry import work_list
+
+    # tokens per partition of 256: seq 0: 5; seq 1: 256, 256, 188; seq 2: none; seq 3: 256, 44
+    assert work_list([5, 700, 0, 300], 256).tolist() == [
+        [1, 0], [1, 1], [3, 0], [1, 2], [3, 1], [0, 0], [2, 0]]

@@ -13,7 +13,8 @@ of each, then run 2 of each, ...; `kvlab.timing.Timer`):
 With `--lengths lognormal:MEAN,MAX`, each point is a batch of mixed lengths
 (kvlab.workload.lognormal_lengths) instead of one context: its rows carry `lengths` (the spec),
 `context` (the batch's mean length, rounded) and `max_context`, and no SDPA row (a dense batch of
-mixed lengths would be padded to the longest).
+mixed lengths would be padded to the longest); kernel "gqa_split_longest" is gqa without prefetch
+with its split planned as if every sequence were the longest (kvlab before it planned by lengths).
 Every row carries its `loop`: ratios between rows (prefetch over none, gqa over SDPA, auto over
 the best setting) compare rows of one loop only.
 
@@ -181,6 +182,12 @@ def loop_variants(model, batch: int, context, block_size: int, args, dtype) -> d
                 plans["auto", family, mode] = ({"kernel": "auto", "family": family,
                                                 "auto_mode": mode,
                                                 "prefetch": plan.prefetch.label(), **extra}, plan)
+        if family == "gqa" and mixed:  # the split planned as if every sequence were the longest
+            plan = DecodePlan(cache, seq_ids, model.num_qo_heads, family)
+            plan.launcher = gqa.Gqa(cache, model.num_qo_heads, [plan.max_seq_len] * batch,
+                                    plan.prefetch, plan.num_sms)
+            plans["gqa_split_longest", "none"] = ({"kernel": "gqa_split_longest",
+                                                   "prefetch": "none"}, plan)
         if family == "gqa" and args.fp8:
             fp8_cache, fp8_ids, _ = filled_cache(
                 batch, context, block_size, model.num_kv_heads, model.head_dim,

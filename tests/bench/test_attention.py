@@ -153,7 +153,8 @@ def test_mixed_lengths_are_timed_on_their_own_lengths(tmp_path):
           "--kernels", "vllm_v1", "gqa", "sdpa"])
     rows = json.loads(out.read_text())["rows"]
     lens = lognormal_lengths(8, 1000, 4096)
-    assert {r["kernel"] for r in rows} == {"vllm_v1", "gqa"}  # no SDPA on mixed lengths
+    # no SDPA on mixed lengths; gqa also with its split planned for the longest sequence
+    assert {r["kernel"] for r in rows} == {"vllm_v1", "gqa", "gqa_split_longest"}
     for r in rows:
         assert r["lengths"] == "lognormal:1000,4096" and r["max_context"] == lens.max()
         assert r["context"] == round(lens.mean())

@@ -299,14 +299,17 @@ def test_gqa_split_fills_waves_of_resident_ctas(num_seqs, num_kv_heads, max_seq_
                               [max_seq_len] * num_seqs) == expected
 
 
-def test_gqa_splits_a_mixed_batch_by_the_partitions_it_fills():
-    """64 sequences, one of 16k and the rest 1k: as if all were 16k, 512 CTAs fill two waves
-    and no split pays; counted by their lengths, 512-token partitions (158 x 8 = 1264 CTAs, 5
-    waves of 264: 5 x 640 token-times) beat the 16k sequence running alone (1 x 16512)."""
-    lens = [16384] + [1024] * 63
+def test_gqa_splits_a_mixed_batch_by_the_work_it_holds():
+    """64 sequences, one of 16k and the rest 1k. As if all were 16k, 512 CTAs fill two waves and
+    no split pays; by their lengths (the mixed model: work spread over the slots, a quarter of
+    the longest CTA, the merge), 1k partitions: 79 x 8 = 632 CTAs, (80,896 + 128 x 79) x 8 / 264
+    + (1024 + 128) / 4 + 256 = 3,302 token-times against 3,527 for 2k and 6,828 unsplit. A short
+    mixed batch (max 2k) runs whole: the merge and the extra CTAs would cost more than the tail
+    saves."""
     num_slots = 132 * gqa.ctas_per_sm(128)
     assert gqa.partition_size(64, 8, 16384, num_slots) == 16384
-    assert gqa.partition_size(64, 8, 16384, num_slots, lens) == 512
+    assert gqa.partition_size(64, 8, 16384, num_slots, [16384] + [1024] * 63) == 1024
+    assert gqa.partition_size(64, 8, 2048, num_slots, [2048] + [1024] * 63) == 2048
 
 
 def test_gqa_work_list_holds_the_partitions_with_tokens_longest_first():

@@ -28,7 +28,7 @@ PREFETCHES = [
 NUM_KV_HEADS = 2
 # Two batches per case: mixed lengths (long ones: v2 partitions / split-KV), and many short
 # sequences (v1 / one partition per CTA); test_matches_reference checks each takes its path.
-MIXED = [1, 17, 97, 1000, 3, 600]
+MIXED = [1, 17, 97, 3000, 3, 600]
 MANY = [1 + (37 * i) % 256 for i in range(160)]
 
 

@@ -290,6 +290,38 @@ def fp8_table(result: dict, points=FP8_POINTS) -> list[str]:
     return lines
 
 
+# Mixed-length points of benchmarks/README.md's table: (batch, lengths spec).
+MIXED_POINTS = [(16, "lognormal:3200,16384"), (64, "lognormal:3200,16384"),
+                (256, "lognormal:3200,32768"), (64, "lognormal:1536,2048"),
+                (256, "lognormal:1536,2048")]
+
+
+def mixed_table(result: dict, points=MIXED_POINTS) -> list[str]:
+    """gqa on batches of mixed lengths (results/h200/attention_mixed.json), per model and point:
+    its % of the copy roofline, and its speed over the same kernel with the split planned for the
+    longest sequence (kernel "gqa_split_longest", same loop); vllm_v1's % beside."""
+    def rows(model, batch, spec):
+        return {r["kernel"]: r for r in result["rows"] if (r["model"], r["batch"],
+                                                           r.get("lengths")) == (model, batch, spec)}
+
+    def head(batch, spec):
+        mean, longest = (int(n) for n in spec.partition(":")[2].split(","))
+        return f"{batch} x ~{mean / 1024:.1f}k (max {longest // 1024}k)"
+
+    models = list(dict.fromkeys(r["model"] for r in result["rows"]))
+    lines = ["| model (q:kv) | " + " | ".join(head(b, s) for b, s in points) + " |",
+             "|---|" + "---|" * len(points)]
+    for model in models:
+        cells = []
+        for batch, spec in points:
+            r = rows(model, batch, spec)
+            gain = r["gqa_split_longest"]["ms"] / r["gqa"]["ms"]
+            cells.append(f"{r['gqa']['pct_roofline']:.1f}% ({gain:.2f}x; vllm_v1 "
+                         f"{r['vllm_v1']['pct_roofline']:.0f}%)")
+        lines.append(f"| {model} ({_heads(model)}) | " + " | ".join(cells) + " |")
+    return lines
+
+
 def main() -> None:
     attention = load_result("h200", "attention")
     print("\n".join(decode_table(attention)), end="\n\n")
@@ -302,6 +334,7 @@ def main() -> None:
     print("\n".join(regime_summary_table(*sms)), end="\n\n")
     print("\n".join(regime_table(*sms)), end="\n\n")
     print("\n".join(fp8_table(load_result("h200", "attention_fp8"))), end="\n\n")
+    print("\n".join(mixed_table(load_result("h200", "attention_mixed"))), end="\n\n")
     for mode, (worst, median, within, total) in auto_summary(attention).items():
         print(f"auto ({mode}): worst {worst:.3f}x, median {median:.3f}x, within 3% at {within} "
               f"of {total}")

@@ -26,6 +26,8 @@ def tables():
             {name: load_result("h200", name) for name in ("kvpr_opt", "kvpr_llama")})),
         ("benchmarks/README.md", lambda t: t.dashboard_table(load_result("cpu", "dashboard"))),
         ("benchmarks/README.md", lambda t: t.fp8_table(load_result("h200", "attention_fp8"))),
+        ("benchmarks/README.md", lambda t: t.mixed_table(
+            load_result("h200", "attention_mixed"))),
         ("benchmarks/README.md", lambda t: t.l2_validation_table(
             load_result("cpu", "l2_validation"))),
         ("benchmarks/README.md", lambda t: t.table_5_2(load_result("h200", "counters"))),

@@ -83,7 +83,7 @@
 //       merge, optional L2 prefetch. Split by a makespan model of CTA waves (kvlab/kernels/gqa.py):
 //       filling one wave matters (observed: llama3-8b, 16 x 32k, 2 partitions 93.5% of the copy
 //       roofline, 3 partitions 87.3%).
-//   v2  this file: cp.async with .L2::128B, merge kernel reading float4 rows of several
+//   v2  cp.async with .L2::128B, merge kernel reading float4 rows of several
 //       partitions at once. Observed, not recorded: .L2::128B gained 2.5-3% from 256k tokens
 //       (.L2::64B, .L2::256B and copying all K rows before the V rows: no change); Nsight Compute
 //       (llama3-8b, 64 x 8k, before .L2::128B) put this kernel and SDPA's at the same occupancy,
@@ -91,6 +91,13 @@
 //       of 30-45 us batch-1 calls. Recorded: GB/s and % of the roofline at every point, against
 //       SDPA timed in the same loop, and L2 prefetch against none (it keeps enough bytes in
 //       flight already: prefetch does not pay).
+//   v3  this file: fp8 caches; mixed lengths split by their work and launched as a work list.
+//       Tried and dropped (observed, not recorded): the merge inside the decode launch, by the
+//       last CTA of each (sequence, KV head) to arrive on a counter, merging its GROUP heads one
+//       after another. It saves the second launch but serialises the merge on one CTA per KV
+//       head: qwen2.5-7b 1 x 32k took 40.2 us against 30.8 us with gqa_merge, qwen2.5-14b
+//       48.5 against 43.7 us (H200, separate runs). A fused merge needs the heads merged in
+//       parallel (a warp each, or the partitions split across the CTA).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

@@ -301,8 +301,8 @@ def mixed_table(result: dict, points=MIXED_POINTS) -> list[str]:
     its % of the copy roofline, and its speed over the same kernel with the split planned for the
     longest sequence (kernel "gqa_split_longest", same loop); vllm_v1's % beside."""
     def rows(model, batch, spec):
-        return {r["kernel"]: r for r in result["rows"] if (r["model"], r["batch"],
-                                                           r.get("lengths")) == (model, batch, spec)}
+        return {r["kernel"]: r for r in result["rows"]
+                if (r["model"], r["batch"], r.get("lengths")) == (model, batch, spec)}
 
     def head(batch, spec):
         mean, longest = (int(n) for n in spec.partition(":")[2].split(","))

@@ -41,12 +41,12 @@ from kvlab.cache.fp8 import FP8_DTYPE
 from kvlab.config import MODELS
 from kvlab.kernels import FAMILIES, gqa, green, tune, vllm_v1
 from kvlab.kernels.decode import DecodePlan
+from kvlab.kernels.geometry import FAMILY_BLOCK_SIZES
 from kvlab.kernels.prefetch import PrefetchConfig
 from kvlab.timing import METHOD, Timer, copy_roofline_gbps
 from kvlab.workload import lognormal_lengths
 
 LAYOUTS = {"vllm_v1": vllm_v1.LAYOUT, "gqa": gqa.LAYOUT}
-BLOCK_SIZES = {"vllm_v1": vllm_v1.BLOCK_SIZES, "gqa": gqa.BLOCK_SIZES}
 AUTO_MODES = ("tuned", "reused", "recorded")
 # One loop holds both families' caches and SDPA's dense copy at once: three copies of the K/V.
 MAX_KV_BYTES = 40 * 2**30
@@ -166,7 +166,7 @@ def loop_variants(model, batch: int, context, block_size: int, args, dtype) -> d
     out = torch.empty_like(q)
     found = {}
     for family in FAMILIES:
-        if family not in args.kernels or block_size not in BLOCK_SIZES[family]:
+        if family not in args.kernels or block_size not in FAMILY_BLOCK_SIZES[family]:
             continue
         sibling = (sibling_context(context, block_size) if "auto" in args.kernels and not mixed
                    else None)

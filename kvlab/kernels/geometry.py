@@ -26,6 +26,10 @@ SM_SHARED_BYTES = 228 * 1024  # shared memory per SM on Hopper (H100, H200)
 CTA_RESERVED_SHARED_BYTES = 1024  # what the driver reserves per resident CTA
 
 
+# block sizes each family runs
+FAMILY_BLOCK_SIZES = {"vllm_v1": VLLM_BLOCK_SIZES, "gqa": GQA_BLOCK_SIZES}
+
+
 def use_partitions(num_seqs: int, num_qo_heads: int, max_seq_len: int, num_sms: int) -> bool:
     """Whether vllm_v1 runs v2 (PARTITION_SIZE-token CTAs and a reduce): past MAX_V1_SEQ_LEN, or
     when one CTA per (query head, sequence) leaves the GPU short of work."""

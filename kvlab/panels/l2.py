@@ -25,7 +25,7 @@ import ipywidgets as widgets
 from kvlab.config import MODELS
 from kvlab.device import backend, device_label
 from kvlab.kernels import FAMILIES
-from kvlab.kernels.geometry import GQA_BLOCK_SIZES, GQA_MAX_GROUP, VLLM_BLOCK_SIZES
+from kvlab.kernels.geometry import FAMILY_BLOCK_SIZES, GQA_BLOCK_SIZES, GQA_MAX_GROUP
 from kvlab.kernels.prefetch import PrefetchConfig
 from kvlab.panels.widgets import control_grid, figure_widget, labeled, show_figure
 from kvlab.results import label, load_result
@@ -37,7 +37,6 @@ __all__ = ["L2Tab"]
 
 FIGURE_HEIGHTS = {"counters": 420, "regime": 420, "modelled": 360}
 H200_SMS = 132
-BLOCK_SIZES = {"vllm_v1": VLLM_BLOCK_SIZES, "gqa": GQA_BLOCK_SIZES}
 PROFILE_TIMEOUT_S = 600  # both launches, compiling included
 # the recorded `bench counters` runs the tab shows (counters_sms holds counters's points and more
 # SM counts); the first one's metadata labels them
@@ -118,8 +117,8 @@ class L2Tab:
 
     def _unsupported(self, v: dict) -> str | None:
         """Why the kernel cannot run the chosen launch (None: it can)."""
-        if v["block_size"] not in BLOCK_SIZES[v["kernel"]]:
-            return (f"{v['kernel']} runs block sizes {BLOCK_SIZES[v['kernel']]}, not "
+        if v["block_size"] not in FAMILY_BLOCK_SIZES[v["kernel"]]:
+            return (f"{v['kernel']} runs block sizes {FAMILY_BLOCK_SIZES[v['kernel']]}, not "
                     f"{v['block_size']}")
         m = MODELS[v["model"]]
         if v["kernel"] == "gqa" and m.num_qo_heads // m.num_kv_heads > GQA_MAX_GROUP:

@@ -23,15 +23,13 @@ import numpy as np
 from kvlab.checks import check_head_dim, check_int, check_num_heads
 from kvlab.kernels import FAMILIES
 from kvlab.kernels.geometry import (
-    GQA_BLOCK_SIZES,
+    FAMILY_BLOCK_SIZES,
     GQA_MAX_GROUP,
     GQA_TILE_TOKENS,
-    VLLM_BLOCK_SIZES,
     VLLM_NUM_WARPS,
 )
 from kvlab.kernels.prefetch import PrefetchConfig
 
-BLOCK_SIZES = {"vllm_v1": VLLM_BLOCK_SIZES, "gqa": GQA_BLOCK_SIZES}
 PLACEMENTS = ("random", "contiguous")
 DTYPE_BYTES = (1, 2, 4)  # the kernels are 16-bit; other sizes are a what-if of the same loops
 # ASSUMPTION, to calibrate against ncu: nothing keeps CTAs on different SMs in step (launch
@@ -81,7 +79,8 @@ class TraceSpec:
         check_int("seed", self.seed, 0)
         check_num_heads(self.num_qo_heads, self.num_kv_heads)
         check_head_dim(self.head_dim)
-        _check_choice("block_size", self.block_size, BLOCK_SIZES[self.family], self.family)
+        _check_choice("block_size", self.block_size, FAMILY_BLOCK_SIZES[self.family],
+                      self.family)
         _check_choice("dtype_bytes", self.dtype_bytes, DTYPE_BYTES)
         _check_choice("placement", self.placement, PLACEMENTS)
         if (isinstance(self.jitter_rounds, bool) or not isinstance(self.jitter_rounds, Real)

@@ -165,10 +165,13 @@ def test_other_dtypes_have_no_scales():
     assert cache.k_scale is None and cache.v_scale is None and cache.saturated == 0
 
 
-def test_decode_plan_refuses_an_fp8_cache_clearly():
-    cuda_fp8 = types.SimpleNamespace(device=torch.device("cuda", 0), dtype=FP8)
-    with pytest.raises(ValueError, match=r"dtype=torch.float8_e4m3fn: the CUDA kernels read fp16"):
-        _check_cache(cuda_fp8)
+def test_the_cuda_kernels_take_an_fp8_cache_and_refuse_fp32():
+    """fp8 is read by gqa (vllm_v1's refusal: tests/kernels/test_gqa_fp8.py); fp32 by neither."""
+    _check_cache(types.SimpleNamespace(device=torch.device("cuda", 0), dtype=FP8))
+    cuda_fp32 = types.SimpleNamespace(device=torch.device("cuda", 0), dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"cache.dtype=torch.float32: the CUDA kernels support "
+                                         r"\(torch.float16, torch.bfloat16, torch.float8_e4m3fn\)"):
+        _check_cache(cuda_fp32)
 
 
 def rel_l2(got, want):

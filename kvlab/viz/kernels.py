@@ -106,7 +106,11 @@ def bandwidth_figure(
             if "auto" in kernels else "")
     fig.update_layout(
         barmode="overlay",
-        xaxis=dict(categoryorder="array", categoryarray=names),
+        # the tick labels break at " / " (kernel, then prefetch setting): rotated whole, the
+        # longest ones ran into the legend
+        xaxis=dict(categoryorder="array", categoryarray=names, tickvals=names,
+                   ticktext=[n.replace(" / ", "<br>") for n in names], tickangle=-45,
+                   tickfont=dict(size=10)),
         yaxis=dict(title="GB/s of K+V read", range=[0, 1.15 * roofline_gbps]),
     )
     return style(
@@ -117,7 +121,7 @@ def bandwidth_figure(
         note,
         auto,
         height=height,
-        legend_y=-0.45,
+        legend_y=-0.7,
     )
 
 
@@ -184,7 +188,7 @@ def prefetch_speedup_figure(
         PAPER_REFERENCE,
         note,
         height=height,
-        legend_y=-0.35,
+        legend_y=-0.55,
     )
 
 

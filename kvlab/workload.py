@@ -18,6 +18,7 @@ __all__ = [
     "Workload",
     "lognormal",
     "lognormal_lengths",
+    "lognormal_spec",
     "make_workload",
     "shared_prefix",
     "uniform",
@@ -203,6 +204,19 @@ def uniform(
         max_seq_len=int(max_seq_len),
         name=f"uniform prompt {p_lo}-{p_hi}, output {o_lo}-{o_hi}",
     )
+
+
+def lognormal_spec(text: str) -> tuple[int, int]:
+    """(mean, max_len) of a `lognormal:MEAN,MAX` spec (the arguments of `lognormal_lengths`).
+    Raises ValueError unless both are integers with 1 <= MEAN <= MAX."""
+    kind, _, numbers = text.partition(":")
+    parts = numbers.split(",")
+    if kind == "lognormal" and len(parts) == 2 and all(p.strip().isdigit() for p in parts):
+        mean, max_len = (int(p) for p in parts)
+        if 1 <= mean <= max_len:
+            return mean, max_len
+    raise ValueError(f"{text!r}: must be lognormal:MEAN,MAX with integers 1 <= MEAN <= MAX, "
+                     "e.g. lognormal:3200,16384")
 
 
 def lognormal_lengths(num_seqs: int, mean: int, max_len: int, sigma: float = 1.0,

@@ -44,7 +44,7 @@ from kvlab.kernels.decode import DecodePlan
 from kvlab.kernels.geometry import FAMILY_BLOCK_SIZES
 from kvlab.kernels.prefetch import PrefetchConfig
 from kvlab.timing import METHOD, Timer, copy_roofline_gbps
-from kvlab.workload import lognormal_lengths
+from kvlab.workload import lognormal_lengths, lognormal_spec
 
 LAYOUTS = {"vllm_v1": vllm_v1.LAYOUT, "gqa": gqa.LAYOUT}
 AUTO_MODES = ("tuned", "reused", "recorded")
@@ -233,7 +233,7 @@ def run(args) -> dict:
     for i, (name, batch, shape) in enumerate(points):
         model = MODELS[name]
         if isinstance(shape, str):  # mixed lengths
-            lengths = lognormal_lengths(batch, *map(int, shape.partition(":")[2].split(",")))
+            lengths = lognormal_lengths(batch, *lognormal_spec(shape))
             context, tokens = round(float(lengths.mean())), int(lengths.sum())
             mixed = {"lengths": shape, "max_context": int(lengths.max())}
             shape = lengths.tolist()

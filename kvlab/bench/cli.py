@@ -24,6 +24,7 @@ from kvlab.kernels.prefetch import MAX_DISTANCE, MODES, PrefetchConfig
 from kvlab.offload.scheduler import MODELS_OF_TIME, SCHEDULES, WEIGHTS
 from kvlab.profile import paper
 from kvlab.profile.ncu import DEFAULT_TIMEOUT_S
+from kvlab.workload import lognormal_spec
 
 PROG = "python -m kvlab"
 PAPER_PREFETCH = "bulk K+V d=1"  # the paper's Algorithm 1: the next tile, one warp stride ahead
@@ -95,14 +96,10 @@ def batch_x_context(text: str) -> tuple[int, int]:
 def lengths_spec(text: str) -> str:
     """A batch of mixed lengths, `lognormal:MEAN,MAX` (kvlab.workload.lognormal_lengths, sigma 1,
     seed 0), returned as given after checking it."""
-    kind, _, numbers = text.partition(":")
     try:
-        mean, max_len = (positive_int(n) for n in numbers.split(","))
-    except (ValueError, argparse.ArgumentTypeError):
-        mean = max_len = None
-    if kind != "lognormal" or mean is None or mean > max_len:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be lognormal:MEAN,MAX with integers "
-                                         "1 <= MEAN <= MAX, e.g. lognormal:3200,16384")
+        lognormal_spec(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
     return text
 
 

@@ -602,6 +602,10 @@ __global__ void __launch_bounds__(128, gqa::Smem<HEAD_DIM, sizeof(KV)>::CTAS_PER
     const int* __restrict__ block_tables, const int* __restrict__ seq_lens,
     const int* __restrict__ work, int max_num_blocks_per_seq, int num_kv_heads,
     int partition_size, int max_num_partitions, float scale) {
+#if __CUDA_ARCH__ >= 900
+  // the merge (a programmatic dependent launch) may start now: it waits for this grid's results
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
   gqa::decode_body<T, KV, HEAD_DIM, BLOCK_SIZE, GROUP, PF_MODE, PF_K, PF_V, PF_DIST,
                    PF_EVICT_LAST>(
       out, partial_out, partial_lse, q, k_cache, v_cache, k_scale, v_scale, block_tables,
@@ -621,6 +625,10 @@ __global__ void __launch_bounds__(128) gqa_merge(
     T* __restrict__ out, const float* __restrict__ partial_out,
     const float* __restrict__ partial_lse, const int* __restrict__ seq_lens, int partition_size,
     int max_num_partitions) {
+#if __CUDA_ARCH__ >= 900
+  // launched as a programmatic dependent of gqa_decode: wait until its partials are written
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
   constexpr int THREADS = 128;
   constexpr int VECS = HEAD_DIM / 4;      // float4 per partial row: 16 .. 64
   constexpr int ROWS = THREADS / VECS;    // partitions read at once: 2 .. 8

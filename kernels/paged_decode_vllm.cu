@@ -124,6 +124,40 @@ __device__ __forceinline__ __nv_bfloat16 float_to<__nv_bfloat16>(float f) {
   return __float2bfloat16_rn(f);
 }
 
+// Two floats rounded to T and packed (the low half first).
+template <typename T>
+__device__ __forceinline__ uint32_t float2_to_word(float lo, float hi);
+
+template <>
+__device__ __forceinline__ uint32_t float2_to_word<__half>(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+template <>
+__device__ __forceinline__ uint32_t float2_to_word<__nv_bfloat16>(float lo, float hi) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// The pairwise product of two packed words, computed in T.
+template <typename T>
+__device__ __forceinline__ uint32_t mul_words(uint32_t a, uint32_t b);
+
+template <>
+__device__ __forceinline__ uint32_t mul_words<__half>(uint32_t a, uint32_t b) {
+  const __half2 p = __hmul2(*reinterpret_cast<const __half2*>(&a),
+                            *reinterpret_cast<const __half2*>(&b));
+  return *reinterpret_cast<const uint32_t*>(&p);
+}
+
+template <>
+__device__ __forceinline__ uint32_t mul_words<__nv_bfloat16>(uint32_t a, uint32_t b) {
+  const __nv_bfloat162 p = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&a),
+                                   *reinterpret_cast<const __nv_bfloat162*>(&b));
+  return *reinterpret_cast<const uint32_t*>(&p);
+}
+
 // One vector load of N words (4, 8 or 16 bytes; `p` aligned to that size).
 template <int N>
 __device__ __forceinline__ void load_words(uint32_t (&w)[N], const void* p) {
@@ -193,6 +227,7 @@ struct Geometry {
   // p.V: V_VECS_PER_ROW lanes per row of a V tile, ROWS_PER_STEP rows per warp step.
   static constexpr int V_VEC = X;
   static constexpr int V_WORDS = V_VEC / 2;
+  static_assert(V_WORDS == 4, "p.V reads 8-element vectors");
   static constexpr int V_VECS_PER_ROW = BLOCK_SIZE / V_VEC;
   static constexpr int ROWS_PER_STEP = WARP_SIZE / V_VECS_PER_ROW;
   static constexpr int ROWS_PER_LANE = (HEAD_DIM + ROWS_PER_STEP - 1) / ROWS_PER_STEP;
@@ -230,10 +265,12 @@ __device__ __forceinline__ void prefetch_ahead(const T* cache, const int* block_
 // ---- phase 1: logits = scale * q.k -----------------------------------------------------------
 
 // Writes logits[0, (end_block - start_block) * BLOCK_SIZE) (0 for tokens >= seq_len) and returns
-// this thread's max over the valid logits it saw (-inf if none).
+// this thread's max over the valid logits it saw (-inf if none). q_smem holds the head's q (the
+// CTA staged it); as in vLLM, each thread group reads its slice of q from shared memory for
+// every block instead of keeping it in registers (which leaves registers for a fifth CTA an SM).
 template <typename T, int HEAD_DIM, int BLOCK_SIZE, int PF_MODE, bool PF_K, int PF_DIST,
           bool PF_EVICT_LAST>
-__device__ __forceinline__ float qk_logits(float* logits, const T* q_head, const T* k_cache,
+__device__ __forceinline__ float qk_logits(float* logits, const T* q_smem, const T* k_cache,
                                            const int* block_table, const Range& r, int seq_len,
                                            int num_kv_heads, int kv_head, float scale,
                                            uint64_t policy) {
@@ -241,14 +278,8 @@ __device__ __forceinline__ float qk_logits(float* logits, const T* q_head, const
   const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
   const int token_in_block = lane / G::THREAD_GROUP_SIZE;  // this lane's thread group
   const int group_lane = lane % G::THREAD_GROUP_SIZE;      // its slice of each x-vector
-
-  // q slice: elements [c * X + group_lane * K_VEC, + K_VEC) for c < NUM_X_VECS, packed in pairs.
-  // (The compiler hoists their fp32 conversion out of the block loop where registers allow.)
-  uint32_t q_words[G::NUM_X_VECS][G::K_WORDS];
-#pragma unroll
-  for (int c = 0; c < G::NUM_X_VECS; ++c) {
-    load_words(q_words[c], q_head + c * G::X + group_lane * G::K_VEC);
-  }
+  // q slice: elements [c * X + group_lane * K_VEC, + K_VEC) for c < NUM_X_VECS.
+  const T* q_lane = q_smem + group_lane * G::K_VEC;
 
   float qk_max = neg_inf();
   for (int block_idx = r.start_block + warp; block_idx < r.end_block; block_idx += NUM_WARPS) {
@@ -272,9 +303,11 @@ __device__ __forceinline__ float qk_logits(float* logits, const T* q_head, const
     for (int w = 0; w < G::K_WORDS; ++w) acc[w] = make_float2(0.f, 0.f);
 #pragma unroll
     for (int c = 0; c < G::NUM_X_VECS; ++c) {
+      uint32_t q_words[G::K_WORDS];
+      load_words(q_words, q_lane + c * G::X);
 #pragma unroll
       for (int w = 0; w < G::K_WORDS; ++w) {
-        const float2 qf = word_to_float2<T>(q_words[c][w]);
+        const float2 qf = word_to_float2<T>(q_words[w]);
         const float2 kf = word_to_float2<T>(k_words[c][w]);
         acc[w].x = fmaf(qf.x, kf.x, acc[w].x);
         acc[w].y = fmaf(qf.y, kf.y, acc[w].y);
@@ -314,8 +347,8 @@ __device__ __forceinline__ float2 softmax_in_place(float* logits, float qk_max, 
   }
   exp_sum = block_reduce<false>(exp_sum, red + NUM_WARPS);
 
-  // exp_sum >= 1: the max logit contributes exp(0).
-  const float inv_sum = 1.f / exp_sum;
+  // exp_sum >= 1 (the max logit contributes exp(0)); the fast divide and the 1e-6 are vLLM's
+  const float inv_sum = __fdividef(1.f, exp_sum + 1e-6f);
   for (int i = threadIdx.x; i < num_padded; i += NUM_THREADS) logits[i] *= inv_sum;
   __syncthreads();
   return make_float2(qk_max, exp_sum);
@@ -357,31 +390,31 @@ __device__ __forceinline__ void weights_times_v(
           v_cache, block_table, block_idx, r.end_block, num_kv_heads, kv_head, lane, policy);
     }
 
-    // Weights of tokens token0 .. token0 + 7 (32-byte aligned in shared memory).
+    // Weights of tokens token0 .. token0 + 7 (32-byte aligned in shared memory), rounded to T
+    // as vLLM does: the products are taken in T, their sums in fp32.
     const float4* w4 = reinterpret_cast<const float4*>(weights + (token0 - r.start_token));
     const float4 wa = w4[0], wb = w4[1];
-    const float w[G::V_VEC] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
+    const uint32_t w[G::V_WORDS] = {float2_to_word<T>(wa.x, wa.y), float2_to_word<T>(wa.z, wa.w),
+                                    float2_to_word<T>(wb.x, wb.y), float2_to_word<T>(wb.z, wb.w)};
     // NOTE: only the sequence's last block has slots past seq_len; their V may be NaN/Inf, so
     // their values are zeroed, not just multiplied by a 0 weight.
-    const bool last_block = block_idx == r.num_seq_blocks - 1;
+    uint32_t keep[G::V_WORDS];
+#pragma unroll
+    for (int j = 0; j < G::V_WORDS; ++j) {
+      keep[j] = block_idx != r.num_seq_blocks - 1 ? 0xffffffffu
+                : (token0 + 2 * j < seq_len ? 0x0000ffffu : 0u) |
+                      (token0 + 2 * j + 1 < seq_len ? 0xffff0000u : 0u);
+    }
 
 #pragma unroll
     for (int i = 0; i < G::ROWS_PER_LANE; ++i) {
       if (row0 + i * G::ROWS_PER_STEP < HEAD_DIM) {
-        float v[G::V_VEC];
-#pragma unroll
-        for (int j = 0; j < G::V_WORDS; ++j) {
-          const float2 f = word_to_float2<T>(v_words[i][j]);
-          v[2 * j] = f.x;
-          v[2 * j + 1] = f.y;
-        }
-        if (last_block) {
-#pragma unroll
-          for (int j = 0; j < G::V_VEC; ++j) v[j] = token0 + j < seq_len ? v[j] : 0.f;
-        }
         float dot = 0.f;
 #pragma unroll
-        for (int j = 0; j < G::V_VEC; ++j) dot = fmaf(w[j], v[j], dot);
+        for (int j = 0; j < G::V_WORDS; ++j) {
+          const float2 f = word_to_float2<T>(mul_words<T>(w[j], v_words[i][j] & keep[j]));
+          dot += f.x + f.y;
+        }
         acc[i] += dot;
       }
     }
@@ -433,7 +466,7 @@ __device__ __forceinline__ void decode_cta(T* out, float* partial_out, float* pa
                                            const T* v_cache, const int* block_tables,
                                            const int* seq_lens, int max_num_blocks_per_seq,
                                            int num_kv_heads, int max_num_partitions, float scale,
-                                           float* smem, float* red) {
+                                           float* smem, float* red, uint4* q_smem) {
   using G = Geometry<T, HEAD_DIM, BLOCK_SIZE>;
   static_assert(PARTITION_SIZE >= 0 && PARTITION_SIZE % BLOCK_SIZE == 0, "whole blocks per partition");
   static_assert(PF_MODE == PF_NONE || PF_MODE == PF_BULK || PF_MODE == PF_LINE, "PF_MODE");
@@ -468,8 +501,13 @@ __device__ __forceinline__ void decode_cta(T* out, float* partial_out, float* pa
   const int64_t head_row = static_cast<int64_t>(seq) * num_qo_heads + head;  // [seq, head]
   float* logits = smem;                                                       // [num_padded]
 
+  // q of the head, staged in shared memory as 16-byte vectors
+  for (int i = threadIdx.x; i < G::NUM_X_VECS; i += NUM_THREADS) {
+    q_smem[i] = reinterpret_cast<const uint4*>(q + head_row * HEAD_DIM)[i];
+  }
+  __syncthreads();
   const float qk_max = qk_logits<T, HEAD_DIM, BLOCK_SIZE, PF_MODE, PF_K, PF_DIST, PF_EVICT_LAST>(
-      logits, q + head_row * HEAD_DIM, k_cache, block_table, r, seq_len, num_kv_heads, kv_head,
+      logits, reinterpret_cast<const T*>(q_smem), k_cache, block_table, r, seq_len, num_kv_heads, kv_head,
       scale, policy);
   const float2 max_sum =
       softmax_in_place<G::THREAD_GROUP_SIZE>(logits, qk_max, r.num_tokens, num_padded, red);
@@ -579,10 +617,11 @@ __global__ void __launch_bounds__(128, 1) vllm_decode(
     int max_num_partitions, float scale) {
   extern __shared__ __align__(16) float vllm_decode_smem[];
   __shared__ float red[2 * vllm::NUM_WARPS];
+  __shared__ uint4 q_smem[HEAD_DIM * sizeof(T) / 16];
   vllm::decode_cta<T, HEAD_DIM, BLOCK_SIZE, PARTITION_SIZE, PF_MODE, PF_K, PF_V, PF_DIST,
                    PF_EVICT_LAST>(out, partial_out, partial_max, partial_sum, q, k_cache, v_cache,
                                   block_tables, seq_lens, max_num_blocks_per_seq, num_kv_heads,
-                                  max_num_partitions, scale, vllm_decode_smem, red);
+                                  max_num_partitions, scale, vllm_decode_smem, red, q_smem);
 }
 
 // Reduce (v2): grid (num_qo_heads, num_seqs), block 128, no dynamic shared memory.

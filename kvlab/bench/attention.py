@@ -68,6 +68,9 @@ def check(args) -> None:
     more SMs asked for than it has)."""
     from kvlab.device import backend
 
+    if args.points and args.lengths:
+        raise ValueError("--points and --lengths: give one (--points are batches of equal "
+                         "lengths)")
     if args.fp8 and "gqa" not in args.kernels:
         raise ValueError(f"--fp8 times gqa on an fp8 cache: --kernels {' '.join(args.kernels)} "
                          "leaves gqa out")
@@ -228,7 +231,11 @@ def run(args) -> dict:
     result["roofline_copy_gbps_by_sms"] = {}
     result.update(rows=[], skipped=[])
     rows, skipped = result["rows"], result["skipped"]
-    points = list(itertools.product(args.models, args.batches, args.lengths or args.contexts))
+    if args.points:
+        points = [(name, batch, context) for name in args.models for batch, context in args.points]
+    else:
+        points = list(itertools.product(args.models, args.batches,
+                                        args.lengths or args.contexts))
     loop = 0
     for i, (name, batch, shape) in enumerate(points):
         model = MODELS[name]

@@ -117,6 +117,8 @@ def _add_attention(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lengths", nargs="+", type=lengths_spec, metavar="SPEC",
                         help="batches of mixed lengths instead of --contexts: lognormal:MEAN,MAX "
                              "(sigma 1, seed 0) per --batches size; kernels only, no SDPA")
+    parser.add_argument("--points", nargs="+", type=batch_x_context, metavar="BATCHxCONTEXT",
+                        help="time these points instead of every --batches x --contexts")
     parser.add_argument("--block-sizes", nargs="+", type=block_size, default=[16],
                         help="one loop of timings per block size at each point")
     parser.add_argument("--prefetch", nargs="+", default=list(MODES), choices=MODES)

@@ -11,6 +11,7 @@ VLLM_BLOCK_SIZES = (8, 16, 32)
 VLLM_NUM_WARPS = 4  # 128 threads per CTA
 PARTITION_SIZE = 512  # tokens per CTA of v2
 MAX_V1_SEQ_LEN = 8192  # like vLLM: v1 only up to this many tokens
+V1_MIN_CTAS = 512  # like vLLM: a split v1 batch runs v1 only above this many (sequence, head) CTAs
 
 # gqa (kernels/paged_decode_gqa.cu)
 GQA_BLOCK_SIZES = (8, 16, 32, 64, 128, 256)
@@ -30,13 +31,15 @@ CTA_RESERVED_SHARED_BYTES = 1024  # what the driver reserves per resident CTA
 FAMILY_BLOCK_SIZES = {"vllm_v1": VLLM_BLOCK_SIZES, "gqa": GQA_BLOCK_SIZES}
 
 
-def use_partitions(num_seqs: int, num_qo_heads: int, max_seq_len: int, num_sms: int) -> bool:
-    """Whether vllm_v1 runs v2 (PARTITION_SIZE-token CTAs and a reduce): past MAX_V1_SEQ_LEN, or
-    when one CTA per (query head, sequence) leaves the GPU short of work."""
+def use_partitions(num_seqs: int, num_qo_heads: int, max_seq_len: int) -> bool:
+    """Whether vllm_v1 runs v2 (PARTITION_SIZE-token CTAs and a reduce), by vLLM's own rule: v1
+    when max_seq_len <= MAX_V1_SEQ_LEN and either one partition covers the longest sequence or
+    the batch has more than V1_MIN_CTAS (sequence, query head) pairs. The rule does not look at
+    the SMs: under a green context vLLM's choice stays what it is on the whole GPU."""
     num_partitions = -(-max_seq_len // PARTITION_SIZE)
-    if max_seq_len > MAX_V1_SEQ_LEN:
-        return True
-    return num_partitions > 1 and num_seqs * num_qo_heads < 4 * num_sms
+    use_v1 = max_seq_len <= MAX_V1_SEQ_LEN and (
+        num_partitions == 1 or num_seqs * num_qo_heads > V1_MIN_CTAS)
+    return not use_v1
 
 
 def vllm_smem_bytes(head_dim: int, block_size: int, partition_size: int,

@@ -16,7 +16,7 @@ from kvlab.checks import HEAD_DIMS
 from kvlab.kernels.geometry import GQA_BLOCK_SIZES as BLOCK_SIZES
 from kvlab.kernels.geometry import ctas_per_sm, partition_size, work_list
 from kvlab.kernels.geometry import gqa_smem_bytes as smem_bytes
-from kvlab.kernels.launch import NULL, launch, ptr, reserve_shared_memory
+from kvlab.kernels.launch import NULL, launch, launch_dependent, ptr, reserve_shared_memory
 from kvlab.kernels.prefetch import PrefetchConfig
 from kvlab.kernels.vllm_v1 import CUDA_TYPES
 
@@ -116,8 +116,8 @@ class Gqa:
             np.int32(self.num_kv_heads), np.int32(self.partition_size),
             np.int32(self.num_partitions), np.float32(scale),
         ), out.device, self.smem)
-        if self.partials:
-            launch(self.merge, (self.num_qo_heads, self.num_seqs), (NUM_THREADS,), (
+        if self.partials:  # starts while the decode launch ends (it waits for its results)
+            launch_dependent(self.merge, (self.num_qo_heads, self.num_seqs), (NUM_THREADS,), (
                 ptr(out), partial_out, partial_lse, ptr(seq_lens), np.int32(self.partition_size),
                 np.int32(self.num_partitions),
             ), out.device)

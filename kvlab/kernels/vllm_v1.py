@@ -3,7 +3,9 @@ cache layout, with the optional L2 prefetch of arXiv 2504.06319.
 
 v1: grid (num_qo_heads, num_seqs), one CTA per query head and sequence, logits for the whole
 sequence in shared memory. v2: the sequence is cut into 512-token partitions, one CTA each, and a
-reduce kernel merges them. Like vLLM, v1 is used up to 8192 tokens when it alone fills the GPU.
+reduce kernel merges them. The choice is vLLM's (kvlab.kernels.geometry.use_partitions): v1 up
+to 8192 tokens when one partition covers the longest sequence or the batch has more than 512
+(sequence, query head) pairs; the number of SMs does not enter it.
 """
 
 import numpy as np
@@ -54,13 +56,13 @@ class VllmV1:
     layout, block_sizes = LAYOUT, BLOCK_SIZES
 
     def __init__(self, cache, num_qo_heads: int, seq_lens: list[int], prefetch: PrefetchConfig,
-                 num_sms: int):
+                 num_sms: int):  # num_sms: vLLM's v1/v2 rule does not use it
         from kvlab.kernels.loader import load
 
         num_seqs, max_seq_len = len(seq_lens), max(seq_lens)
         self.num_qo_heads, self.num_seqs = num_qo_heads, num_seqs
         self.partition_size = (
-            PARTITION_SIZE if use_partitions(num_seqs, num_qo_heads, max_seq_len, num_sms) else 0
+            PARTITION_SIZE if use_partitions(num_seqs, num_qo_heads, max_seq_len) else 0
         )
         self.num_partitions = -(-max_seq_len // PARTITION_SIZE) if self.partition_size else 1
         d, bs = cache.head_dim, cache.block_size

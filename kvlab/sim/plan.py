@@ -29,7 +29,7 @@ def launch_spec(model: str, kernel: str, batch: int, context: int, num_sms: int,
         raise ValueError(f"kernel={kernel!r}: must be one of {', '.join(FAMILIES)}")
     m = MODELS[model]
     if kernel == "vllm_v1":
-        part = 512 if use_partitions(batch, m.num_qo_heads, context, num_sms) else 0
+        part = 512 if use_partitions(batch, m.num_qo_heads, context) else 0
         slots = VLLM_CTAS_PER_SM
     else:
         slots = ctas_per_sm(m.head_dim)

@@ -143,6 +143,16 @@ def test_fp8_rows_read_half_the_bytes_in_the_same_loop(tmp_path, capsys):
 
 
 @pytest.mark.gpu
+def test_points_replace_the_batches_x_contexts_grid(tmp_path):
+    out = tmp_path / "attention.json"
+    main(["bench", "attention", "--json", str(out), "--models", "llama3-8b", "--points",
+          "2x300", "1x600", "--batches", "4", "--contexts", "100", "--prefetch", "none",
+          "--runs", "3", "--kernels", "vllm_v1", "gqa"])
+    rows = json.loads(out.read_text())["rows"]
+    assert sorted({(r["batch"], r["context"]) for r in rows}) == [(1, 600), (2, 300)]
+
+
+@pytest.mark.gpu
 def test_mixed_lengths_are_timed_on_their_own_lengths(tmp_path):
     from kvlab.config import MODELS
     from kvlab.workload import lognormal_lengths

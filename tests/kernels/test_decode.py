@@ -136,6 +136,26 @@ def test_gqa_splits_equal_lengths_on_the_natural_grid():
 
 
 @pytest.mark.gpu
+def test_gqa_split_replays_in_a_cuda_graph():
+    """The merge is a programmatic dependent launch: it must capture into a graph, and each
+    replay must merge the partials of its own decode launch (new q every time)."""
+    cache, seq_ids = make_batch("gqa", torch.float16, 128, 16, [3000, 200], seed=7)
+    plan = kvlab.DecodePlan(cache, seq_ids, 8, kernel="gqa")
+    assert plan.launcher.num_partitions > 1
+    q = torch.randn(2, 8, 128, device="cuda", dtype=torch.float16)
+    out = torch.empty_like(q)
+    plan.run(q, out=out)  # compiled and warm before the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        plan.run(q, out=out)
+    for seed in range(3):
+        q.copy_(torch.randn(q.shape, generator=torch.Generator().manual_seed(seed)).half())
+        out.fill_(math.nan)
+        graph.replay()
+        assert rel_l2(out, reference(q, cache, seq_ids)) < TOLERANCE[torch.float16]
+
+
+@pytest.mark.gpu
 def test_plan_runs_per_layer_on_other_tensors_of_the_same_shape():
     cache, seq_ids = make_batch("gqa", torch.float16, 64, 16, [40, 7], seed=3)
     plan = kvlab.DecodePlan(cache, seq_ids, num_qo_heads=4, kernel="gqa")

@@ -37,6 +37,10 @@
 //     otherwise it writes partial_out (fp32, normalised by its own sum) and partial_lse (natural
 //     log, scaled-logit domain), and gqa_merge writes `out`.
 //   gqa_merge: grid (num_qo_heads, num_seqs), block 128 threads, no dynamic shared memory.
+//     Launched as a programmatic dependent of gqa_decode (sm_90: every decode CTA signals
+//     griddepcontrol.launch_dependents at its start, the merge's griddepcontrol.wait returns once
+//     the decode grid has finished and its writes are visible), so the merge's launch overlaps
+//     the decode's tail. Launched plainly, both instructions do nothing.
 //
 // Design (4 warps per CTA; each warp runs its own cp.async pipeline, no CTA barrier in the loop):
 //   - The partition is walked in 64-token tiles; warp w owns rows [16w, 16w + 16) of every tile.
@@ -98,6 +102,14 @@
 //       head: qwen2.5-7b 1 x 32k took 40.2 us against 30.8 us with gqa_merge, qwen2.5-14b
 //       48.5 against 43.7 us (H200, separate runs). A fused merge needs the heads merged in
 //       parallel (a warp each, or the partitions split across the CTA).
+//   v4  the merge as a programmatic dependent launch (above): 1-2 us less a split call (observed,
+//       qwen2.5-7b 1 x 32k 31.8 -> 29.5 us, 16 x 1k 21.7 -> 19.8 us; recorded in attention.json).
+//       Tried and dropped (observed, not recorded): Hopper bulk copies (cp.async.bulk, one per
+//       K/V row of 2 * HEAD_DIM bytes, completing on one mbarrier per warp and stage) in place
+//       of the 16-byte cp.async: 2-7% slower from 256k tokens (llama2-7b 128 x 1k 522 against
+//       503 us) and 1.55x slower on fp8 rows of 128 bytes; a row is too small a request. A
+//       whole (block, KV head) tile in one copy needs unpadded rows, which the ldmatrix reads
+//       would then hit with 8-way bank conflicts (a swizzled layout needs TMA tensor maps).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

@@ -19,6 +19,8 @@
 // cache + (block_id * num_kv_heads + kv_head) * HEAD_DIM * BLOCK_SIZE.
 //
 // Variants (template parameters of vllm_decode):
+//   The launcher chooses as vLLM does: v1 when max_seq_len <= 8192 and either one 512-token
+//   partition covers it or num_seqs * num_qo_heads > 512; v2 otherwise.
 //   PARTITION_SIZE == 0 (v1): grid (num_qo_heads, num_seqs, 1). One CTA of 4 warps per (query head,
 //     sequence) covers the whole sequence and writes `out`.
 //   PARTITION_SIZE  > 0 (v2, 512 in kvlab): grid (num_qo_heads, num_seqs, max_num_partitions). CTA p
@@ -37,17 +39,21 @@
 //     SASS as the baseline whatever the other PF_* values are.
 //
 // Work split inside a CTA (128 threads = 4 warps), as in vLLM:
+//   q:    staged in shared memory by the CTA (one barrier) and read back for every block.
 //   q.k:  warp w takes blocks w, w + 4, w + 8, ... of its range. In a warp, one "thread group" of
 //         THREAD_GROUP_SIZE = 32 / BLOCK_SIZE lanes (4, 2, 1 for block size 8, 16, 32) computes the
 //         logit of one token, so a warp covers one block per iteration. The group reads each 16-byte
 //         x-vector of its token's K together (each lane x / THREAD_GROUP_SIZE elements, i.e. 4, 8 or
-//         16 bytes), against the matching slice of q it holds in registers, then sums over the group
-//         with shuffles. Logits (fp32, scaled) go to shared memory.
-//   softmax: two passes over the logits in shared memory: block max, then __expf and block sum.
+//         16 bytes), against the matching slice of q read from shared memory (fp32 products and
+//         sums), then sums over the group with shuffles. Logits (fp32, scaled) go to shared memory.
+//   softmax: two passes over the logits in shared memory: block max, then __expf and block sum;
+//         the weights are the logits times __fdividef(1, sum + 1e-6), vLLM's normalisation.
 //   p.V:  the same warp-to-block split. A V tile row (one dim, BLOCK_SIZE tokens) is read as
 //         BLOCK_SIZE / 8 16-byte vectors by as many lanes; a warp covers 32 / (BLOCK_SIZE / 8) rows
-//         per step and loops over HEAD_DIM. Each lane accumulates its rows in fp32; the lanes of a
-//         row are summed with shuffles, the 4 warps through shared memory (a 2-level tree).
+//         per step and loops over HEAD_DIM. The 8 weights of a vector are rounded to T and
+//         multiplied by the V values in T (packed pairs), the products summed in fp32 into the
+//         lane's row accumulators; the lanes of a row are summed with shuffles, the 4 warps through
+//         shared memory (a 2-level tree).
 //   Tokens at or past seq_len in the sequence's last block get weight 0 and their V values are
 //   replaced by 0 before the multiply (the unused slots of a block may hold NaN/Inf).
 //
@@ -56,7 +62,7 @@
 //                4 * max(NUM_LOGITS, 2 * HEAD_DIM), where NUM_LOGITS = PARTITION_SIZE for v2 and
 //                round_up(max_seq_len, BLOCK_SIZE) for v1 (max over the batch). The logits use the
 //                first region; after the p.V loop the same bytes hold the cross-warp output sums.
-//                Static: 2 * NUM_WARPS floats (32 B). Above 48 KiB the launcher must raise the
+//                Static: 2 * NUM_WARPS floats and q (32 B + 2 * HEAD_DIM B). Above 48 KiB the launcher must raise the
 //                kernel's max dynamic shared memory (227 KiB on H100/H200, i.e. v1 up to ~58k tokens).
 //   vllm_reduce  no dynamic shared memory; static NUM_THREADS + 2 * NUM_WARPS floats (544 B). Any
 //                number of partitions (weights are staged 128 partitions at a time).
@@ -69,6 +75,16 @@
 //     bandwidth limit (GQA shapes, batch 1), loses where it is near it (MHA); nowhere near the
 //     paper's 1.84-2.15x on an H20. (A first recording with a write flush and host launch time
 //     inside the timed region showed up to 2.31x at batch 1: an artefact of the timing.)
+//   Faithful to vLLM (this file): q in shared memory instead of registers, the p.V products in T,
+//     vLLM's v1/v2 rule. Registers fell from 117-119 to 88 (v1) and 94 (v2) a thread at
+//     head_dim 128, block 16: 5 CTAs an SM instead of 4 (vLLM's own build: 96 and 126, i.e. 5 and
+//     4, by a SASS reading of its source compiled with nvcc 13 for sm_90). Against vLLM's kernels
+//     as measured on the H200 (../shared/H200.md; benchmarks/results/h200/attention_vllm.json):
+//     1.04-1.09x on MHA (32:32), 1.01-1.29x on GQA, up from 0.77-1.25x. Also tried, not kept:
+//     vLLM's address arithmetic (runtime strides, per-load offsets from the vector index): no
+//     slower (observed 1.03-1.33x). The rest is code generation: vLLM's compiled K loop issues
+//     its 16 loads of a block in two batches (two memory round trips a block, which a
+//     latency-bound GQA shape pays in full); this kernel's issues them at once.
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>

@@ -38,6 +38,20 @@ def reserve_shared_memory(kernel, num_bytes: int) -> None:
         kernel.max_dynamic_shared_size_bytes = num_bytes
 
 
+def resident_ctas(kernel, num_threads: int, shared_mem: int, device: torch.device) -> int:
+    """How many CTAs of `kernel` (num_threads each, shared_mem bytes of dynamic shared memory)
+    one SM of `device` holds at once, as the driver computes it (registers, shared memory,
+    threads)."""
+    from cuda.bindings import driver  # a dependency of numba-cuda
+
+    with import_cupy().cuda.Device(device.index):
+        err, count = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            driver.CUfunction(kernel.kernel.ptr), num_threads, shared_mem)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuOccupancyMaxActiveBlocksPerMultiprocessor: {err.name}")
+    return count
+
+
 def launch(kernel, grid, block, args, device: torch.device, shared_mem: int = 0) -> None:
     with import_cupy().cuda.Device(device.index), torch_stream(device):
         kernel(grid, block, args, shared_mem=shared_mem)

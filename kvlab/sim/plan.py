@@ -1,11 +1,13 @@
 """The TraceSpec of one decode launch as kvlab's kernels plan it (`launch_spec`): vllm_v1's v1 / v2
 choice and gqa's partition size on the SMs given, and the CTAs an SM holds.
 
-VLLM_CTAS_PER_SM is measured: Nsight Compute on the H200 reports that registers limit
-vllm_decode<__half, 128, 16, ...> to 4 CTAs an SM (launch__occupancy_limit_registers = 4 at 119
-registers a thread and 128 threads; tests/profile/data/ncu_raw_h200.csv). gqa's follows from its
-shared memory (kvlab.kernels.geometry.ctas_per_sm), which ncu confirms (its
-launch__occupancy_limit_shared_mem = 2 for head_dim 128, as ctas_per_sm(128) says).
+VLLM_CTAS_PER_SM is what the driver reports for vllm_decode<__half, 128, 16, ...>: registers
+limit it to 5 CTAs an SM (88 registers a thread for v1, 94 for v2, at 128 threads), and a GPU test
+checks it (tests/kernels/test_decode.py). Launches recorded before revision e5e265a ran the
+earlier kernel, which held 4 (ncu: launch__occupancy_limit_registers = 4 at 119 registers;
+tests/profile/data/ncu_raw_h200.csv). gqa's follows from its shared memory
+(kvlab.kernels.geometry.ctas_per_sm), which ncu confirms (its launch__occupancy_limit_shared_mem =
+2 for head_dim 128, as ctas_per_sm(128) says).
 """
 
 from kvlab.config import MODELS
@@ -14,7 +16,7 @@ from kvlab.kernels.geometry import ctas_per_sm, partition_size, use_partitions
 from kvlab.kernels.prefetch import PrefetchConfig
 from kvlab.sim.spec import TraceSpec
 
-VLLM_CTAS_PER_SM = 4
+VLLM_CTAS_PER_SM = 5
 
 
 def launch_spec(model: str, kernel: str, batch: int, context: int, num_sms: int,

@@ -136,6 +136,29 @@ def test_gqa_splits_equal_lengths_on_the_natural_grid():
 
 
 @pytest.mark.gpu
+def test_resident_ctas_are_what_the_l2_model_and_the_split_assume():
+    """The L2 model runs vllm_v1 at VLLM_CTAS_PER_SM CTAs an SM (registers), and gqa's split
+    fills geometry.ctas_per_sm (shared memory): the driver must agree for the models' shapes."""
+    from kvlab.kernels.geometry import ctas_per_sm, gqa_smem_bytes, vllm_smem_bytes
+    from kvlab.kernels.launch import reserve_shared_memory, resident_ctas
+    from kvlab.sim.plan import VLLM_CTAS_PER_SM
+
+    device = torch.device("cuda")
+    for partition_size in (0, vllm_v1.PARTITION_SIZE):
+        names = vllm_v1.name_expressions(torch.float16, 128, 16, partition_size,
+                                         PrefetchConfig())
+        kernel = load(vllm_v1.SOURCE, names)[0]
+        smem = vllm_smem_bytes(128, 16, partition_size, 4096)
+        reserve_shared_memory(kernel, smem)
+        assert resident_ctas(kernel, 128, smem, device) == VLLM_CTAS_PER_SM, partition_size
+    for group in (1, 4, 7):
+        names = gqa.name_expressions(torch.float16, 128, 16, group, PrefetchConfig())
+        kernel = load(gqa.SOURCE, names)[0]
+        reserve_shared_memory(kernel, gqa_smem_bytes(128))
+        assert resident_ctas(kernel, 128, gqa_smem_bytes(128), device) == ctas_per_sm(128)
+
+
+@pytest.mark.gpu
 def test_gqa_split_replays_in_a_cuda_graph():
     """The merge is a programmatic dependent launch: it must capture into a graph, and each
     replay must merge the partials of its own decode launch (new q every time)."""

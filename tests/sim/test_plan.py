@@ -17,7 +17,7 @@ def test_the_modelled_launch_is_planned_as_the_kernels_plan_it():
     assert many.ctas_per_sm == few.ctas_per_sm == 2  # shared memory (ncu: limit 2)
     vllm = launch_spec("qwen2.5-7b", "vllm_v1", 16, 4096, 80, PrefetchConfig("bulk"))
     assert (vllm.ctas_per_sm, vllm.num_qo_heads, vllm.num_kv_heads) == (VLLM_CTAS_PER_SM, 28, 4)
-    assert VLLM_CTAS_PER_SM == 4  # registers (ncu: launch__occupancy_limit_registers = 4)
+    assert VLLM_CTAS_PER_SM == 5  # registers (a GPU test checks the driver's count)
     assert launch_spec("llama2-7b", "gqa", 8, 512, 132, NONE, seed=3).seed == 3
 
 

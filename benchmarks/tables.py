@@ -265,6 +265,33 @@ FP8_POINTS = [(1, 32768), (16, 1024), (16, 32768), (64, 4096), (64, 32768)]
 FP8_LARGE_TOKENS = 512 * 1024  # "large shapes": batch x context from here
 
 
+def vllm_table(attention_vllm: dict, vllm_own: dict) -> list[str]:
+    """kvlab's vllm_v1 (no prefetch; results/h200/attention_vllm.json) against vLLM's own
+    kernels at the same points (results/h200/vllm_own.json, from ../shared/H200.md), per model
+    and point: kvlab's GB/s, vLLM's, and their ratio; then how many points lie within 7%."""
+    own = vllm_own["rows"]
+    points = list(dict.fromkeys((r["batch"], r["context"]) for r in own))
+    lines = ["| model (q:kv) | " + " | ".join(f"{b} x {_context(c)}" for b, c in points) + " |",
+             "|---|" + "---|" * len(points)]
+    ratios = []
+    for model in dict.fromkeys(r["model"] for r in own):
+        cells = []
+        for batch, context in points:
+            theirs = next(r for r in own if (r["model"], r["batch"], r["context"]) == (
+                model, batch, context))
+            mine = next(r for r in attention_vllm["rows"] if r["kernel"] == "vllm_v1" and
+                        r["prefetch"] == "none" and (r["model"], r["batch"], r["context"]) == (
+                            model, batch, context))
+            ratios.append(mine["gbps"] / theirs["gbps"])
+            cells.append(f"{mine['gbps']:,.0f} / {theirs['gbps']:,} ({ratios[-1]:.3f}x, "
+                         f"{theirs['variant']})")
+        lines.append(f"| {model} ({_heads(model)}) | " + " | ".join(cells) + " |")
+    within = sum(abs(r - 1) <= 0.07 for r in ratios)
+    lines.append(f"Within 7%: {within} of {len(ratios)} points; range {min(ratios):.3f}-"
+                 f"{max(ratios):.3f}x.")
+    return lines
+
+
 def fp8_table(result: dict, points=FP8_POINTS) -> list[str]:
     """gqa on an fp8 cache against the same shape on fp16, one loop per point
     (results/h200/attention_fp8.json): the fp16 time over the fp8 time (the tokens/s ratio) and
@@ -334,6 +361,8 @@ def main() -> None:
     print("\n".join(regime_summary_table(*sms)), end="\n\n")
     print("\n".join(regime_table(*sms)), end="\n\n")
     print("\n".join(fp8_table(load_result("h200", "attention_fp8"))), end="\n\n")
+    print("\n".join(vllm_table(load_result("h200", "attention_vllm"),
+                               load_result("h200", "vllm_own"))), end="\n\n")
     print("\n".join(mixed_table(load_result("h200", "attention_mixed"))), end="\n\n")
     for mode, (worst, median, within, total) in auto_summary(attention).items():
         print(f"auto ({mode}): worst {worst:.3f}x, median {median:.3f}x, within 3% at {within} "

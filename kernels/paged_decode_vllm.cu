@@ -62,8 +62,8 @@
 //                4 * max(NUM_LOGITS, 2 * HEAD_DIM), where NUM_LOGITS = PARTITION_SIZE for v2 and
 //                round_up(max_seq_len, BLOCK_SIZE) for v1 (max over the batch). The logits use the
 //                first region; after the p.V loop the same bytes hold the cross-warp output sums.
-//                Static: 2 * NUM_WARPS floats and q (32 B + 2 * HEAD_DIM B). Above 48 KiB the launcher must raise the
-//                kernel's max dynamic shared memory (227 KiB on H100/H200, i.e. v1 up to ~58k tokens).
+//                Static: 2 * NUM_WARPS floats and q (32 B + 2 * HEAD_DIM B). Above 48 KiB the
+//                launcher must raise the kernel's max dynamic shared memory (227 KiB on H100/H200, i.e. v1 up to ~58k tokens).
 //   vllm_reduce  no dynamic shared memory; static NUM_THREADS + 2 * NUM_WARPS floats (544 B). Any
 //                number of partitions (weights are staged 128 partitions at a time).
 //
@@ -80,9 +80,11 @@
 //     head_dim 128, block 16: 5 CTAs an SM instead of 4 (vLLM's own build: 96 and 126, i.e. 5 and
 //     4, by a SASS reading of its source compiled with nvcc 13 for sm_90). Against vLLM's kernels
 //     as measured on the H200 (../shared/H200.md; benchmarks/results/h200/attention_vllm.json):
-//     1.04-1.09x on MHA (32:32), 1.01-1.29x on GQA, up from 0.77-1.25x. Also tried, not kept:
-//     vLLM's address arithmetic (runtime strides, per-load offsets from the vector index): no
-//     slower (observed 1.03-1.33x). The rest is code generation: vLLM's compiled K loop issues
+//     1.04-1.09x on MHA (32:32), 1.01-1.29x on GQA, up from 0.77-1.25x. Also tried, not kept
+//     (observed, not recorded): vLLM's address arithmetic (runtime strides, per-load offsets from
+//     the vector index), 1.03-1.33x of vLLM's figures, no slower than this; the v2 kernel held at
+//     vLLM's 4 CTAs an SM (shared memory reserved), 1.01-1.24x on GQA but 1.04-1.13x on MHA.
+//     The rest is code generation: vLLM's compiled K loop issues
 //     its 16 loads of a block in two batches (two memory round trips a block, which a
 //     latency-bound GQA shape pays in full); this kernel's issues them at once.
 
@@ -523,8 +525,8 @@ __device__ __forceinline__ void decode_cta(T* out, float* partial_out, float* pa
   }
   __syncthreads();
   const float qk_max = qk_logits<T, HEAD_DIM, BLOCK_SIZE, PF_MODE, PF_K, PF_DIST, PF_EVICT_LAST>(
-      logits, reinterpret_cast<const T*>(q_smem), k_cache, block_table, r, seq_len, num_kv_heads, kv_head,
-      scale, policy);
+      logits, reinterpret_cast<const T*>(q_smem), k_cache, block_table, r, seq_len, num_kv_heads,
+      kv_head, scale, policy);
   const float2 max_sum =
       softmax_in_place<G::THREAD_GROUP_SIZE>(logits, qk_max, r.num_tokens, num_padded, red);
 

@@ -26,6 +26,8 @@ def tables():
             {name: load_result("h200", name) for name in ("kvpr_opt", "kvpr_llama")})),
         ("benchmarks/README.md", lambda t: t.dashboard_table(load_result("cpu", "dashboard"))),
         ("benchmarks/README.md", lambda t: t.fp8_table(load_result("h200", "attention_fp8"))),
+        ("benchmarks/README.md", lambda t: t.vllm_table(load_result("h200", "attention_vllm"),
+                                                        load_result("h200", "vllm_own"))),
         ("benchmarks/README.md", lambda t: t.mixed_table(
             load_result("h200", "attention_mixed"))),
         ("benchmarks/README.md", lambda t: t.l2_validation_table(

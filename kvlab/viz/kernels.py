@@ -25,6 +25,9 @@ KERNEL_NAMES = {"vllm_v1": "vllm_v1", "gqa": "gqa", "gqa_fp8": "gqa on an fp8 ca
 AUTO_MODES = {"tuned": "tuned at this point", "reused": "reused from another shape of its bucket",
               "recorded": "the recorded choice"}
 PREFETCH_COLORS = ("#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#d62728")
+BAR_ROW_PX = 22  # the bandwidth figure's height per bar
+BANDWIDTH_FRAME_PX = 240  # its title, x axis and legend
+LEGEND_GAP_PX = 75  # from the plot's bottom edge to the legend, below the axis title
 
 
 def variant(row: dict) -> str:
@@ -77,10 +80,12 @@ def bandwidth_figure(
     pct = [100 * r["gbps"] / roofline_gbps for r in rows]
     how = [f"<br>auto: {AUTO_MODES.get(r.get('auto_mode'), 'chosen by kvlab')}"
            if r["kernel"] == "auto" else "" for r in rows]
+    # horizontal bars, one row each in the given order: the labels read across, however many
     bars = go.Bar(
         name="GB/s",
-        x=names,
-        y=[r["gbps"] for r in rows],
+        orientation="h",
+        y=names,
+        x=[r["gbps"] for r in rows],
         text=[f"{p:.0f}%" for p in pct],
         textposition="outside",
         cliponaxis=False,
@@ -90,28 +95,26 @@ def bandwidth_figure(
             color=[KERNEL_COLORS.get(r["kernel"], "gray") for r in rows],
             line=dict(color="black", width=[3 if n == selected else 0 for n in names]),
         ),
-        hovertemplate="%{x}<br>%{y:.0f} GB/s = %{customdata[1]:.1f}% of roofline"
+        hovertemplate="%{y}<br>%{x:.0f} GB/s = %{customdata[1]:.1f}% of roofline"
         "<br>%{customdata[0]:.4f} ms%{customdata[2]}<extra></extra>",
     )
     # legend entries only (no data): the colour of each kernel, the roofline's line
     kernels = [k for k in KERNEL_COLORS if any(r["kernel"] == k for r in rows)]
-    keys = [go.Bar(name=KERNEL_NAMES[k], x=[None], y=[None], marker_color=KERNEL_COLORS[k])
-            for k in kernels]
+    keys = [go.Bar(name=KERNEL_NAMES[k], orientation="h", x=[None], y=[None],
+                   marker_color=KERNEL_COLORS[k]) for k in kernels]
     roofline = go.Scatter(name=f"copy roofline {roofline_gbps:.0f} GB/s", x=[None], y=[None],
                           mode="lines", line=dict(color="black", dash="dash", width=1))
     fig = go.Figure([bars, *keys, roofline])
-    fig.add_hline(y=roofline_gbps, line=dict(color="black", dash="dash", width=1))
+    fig.add_vline(x=roofline_gbps, line=dict(color="black", dash="dash", width=1))
     bs = f" block_size={block_size}" if block_size is not None else ""
     auto = ("auto = tuned here, reused from its bucket, or recorded (hover)"
             if "auto" in kernels else "")
+    plot_px = BAR_ROW_PX * len(rows)
     fig.update_layout(
         barmode="overlay",
-        # the tick labels break at " / " (kernel, then prefetch setting): rotated whole, the
-        # longest ones ran into the legend
-        xaxis=dict(categoryorder="array", categoryarray=names, tickvals=names,
-                   ticktext=[n.replace(" / ", "<br>") for n in names], tickangle=-45,
-                   tickfont=dict(size=10)),
-        yaxis=dict(title="GB/s of K+V read", range=[0, 1.15 * roofline_gbps]),
+        yaxis=dict(categoryorder="array", categoryarray=names, autorange="reversed",
+                   tickfont=dict(size=10), automargin=True),
+        xaxis=dict(title="GB/s of K+V read", range=[0, 1.15 * roofline_gbps]),
     )
     return style(
         fig,
@@ -120,8 +123,9 @@ def bandwidth_figure(
         f"{model} batch={batch} context={context}{bs}; bar text = % of copy roofline",
         note,
         auto,
-        height=height,
-        legend_y=-0.7,
+        # at least `height`, and BAR_ROW_PX a bar beside the title, axis and legend
+        height=max(height, plot_px + BANDWIDTH_FRAME_PX),
+        legend_y=-LEGEND_GAP_PX / max(plot_px, height - BANDWIDTH_FRAME_PX),
     )
 
 

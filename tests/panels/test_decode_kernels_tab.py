@@ -39,7 +39,7 @@ def test_sim_shows_recorded_rows_and_no_run_button(tab):
     assert tab.run_button is None and tab.progress is None
     assert not any(isinstance(w, widgets.Button) for w in descendants(tab.widget))
     rows = expected_rows("llama3-8b", 16, 8192)
-    assert list(tab.figures["bandwidth"].figure.data[0].y) == [r["gbps"] for r in rows]
+    assert list(tab.figures["bandwidth"].figure.data[0].x) == [r["gbps"] for r in rows]
     assert "recorded on NVIDIA H200" in tab.figures["bandwidth"].figure.layout.title.text
     assert "recorded on NVIDIA H200" in tab.figures["speedup"].figure.layout.title.text
     assert "recorded on" in tab.status.value
@@ -53,8 +53,8 @@ def test_controls_move_to_the_nearest_recorded_point(tab):
     c["context"].value = 6000  # log2-nearest recorded: 8192, not 4096
     rows = expected_rows("qwen2.5-7b", 128, 8192)
     bars = tab.figures["bandwidth"].figure.data[0]
-    assert list(bars.y) == [r["gbps"] for r in rows]
-    assert list(bars.x) == [variant(r) for r in rows]
+    assert list(bars.x) == [r["gbps"] for r in rows]
+    assert list(bars.y) == [variant(r) for r in rows]
     assert "batch=128 context=8192" in tab.status.value
     assert "requested batch=100 context=6000" in tab.status.value
     assert c["gqa_ratio"].value.startswith("28:4")
@@ -70,7 +70,7 @@ def test_sim_offers_only_recorded_block_sizes_and_reports_unrecorded_prefetch(ta
     assert "vllm_v1 / line K+V d=3 not recorded" in tab.status.value
     assert "not available without a GPU" in tab.status.value
     rows = expected_rows("llama3-8b", 16, 8192, block_size=32)
-    assert list(tab.figures["bandwidth"].figure.data[0].y) == [r["gbps"] for r in rows]
+    assert list(tab.figures["bandwidth"].figure.data[0].x) == [r["gbps"] for r in rows]
     assert "block_size=32" in tab.figures["bandwidth"].figure.layout.title.text
     assert "nearest recorded shown" not in tab.figures["bandwidth"].figure.layout.title.text
 
@@ -105,7 +105,7 @@ def test_kernel_choice_selects_speedup_and_outline(tab):
     tab.controls["kernel"].value = "gqa"
     tab.controls["prefetch"].value = "bulk"
     bars = tab.figures["bandwidth"].figure.data[0]
-    outlined = [x for x, w in zip(bars.x, bars.marker.line.width, strict=True) if w > 0]
+    outlined = [x for x, w in zip(bars.y, bars.marker.line.width, strict=True) if w > 0]
     assert outlined == ["gqa / bulk K+V d=1"]
     assert "over none: gqa<br><sub>llama3-8b," in tab.figures["speedup"].figure.layout.title.text
     assert "not recorded" not in tab.status.value
@@ -140,7 +140,7 @@ def test_run_button_wiring_with_a_fake_measurement(monkeypatch):
     tab.run_button.click()
     assert calls == [("llama3-8b", 64, 1024, 16, 1, False)] and tab.progress.value == 1
     rows = expected_rows("llama3-8b", 64, 1024)
-    assert list(tab.figures["bandwidth"].figure.data[0].y) == [r["gbps"] + 1 for r in rows]
+    assert list(tab.figures["bandwidth"].figure.data[0].x) == [r["gbps"] + 1 for r in rows]
     assert "measured on FAKE GPU" in tab.figures["bandwidth"].figure.layout.title.text
     assert "measured on FAKE GPU" in tab.status.value
 
@@ -152,9 +152,9 @@ def test_fp8_shows_gqa_on_fp8_beside_fp16_and_its_speedup(tab):
     tab.controls["batch"].value, tab.controls["context"].value = 64, 32768
     tab.controls["kv_dtype"].value = "fp8"
     bars = tab.figures["bandwidth"].figure.data[0]
-    assert list(bars.x) == ["gqa / none", "gqa_fp8 / none", "sdpa"]
+    assert list(bars.y) == ["gqa / none", "gqa_fp8 / none", "sdpa"]
     rows = {r["kernel"]: r for r in nearest_rows(recorded, "llama3-8b", 64, 32768)}
-    assert list(bars.y) == [rows[k]["gbps"] for k in ("gqa", "gqa_fp8", "sdpa")]
+    assert list(bars.x) == [rows[k]["gbps"] for k in ("gqa", "gqa_fp8", "sdpa")]
     assert "an fp8 cache is read by gqa only, not vllm_v1: gqa shown" in tab.status.value
     assert "fp8 recorded at block_size 16 and prefetch none only" in tab.status.value
     speed = tab.figures["speedup"].figure
@@ -179,7 +179,7 @@ def test_run_button_measures_fp8_on_this_gpu(monkeypatch):
                            kv_dtype="fp8")
     tab.run_button.click()
     bars = tab.figures["bandwidth"].figure.data[0]
-    assert {"gqa / none", "gqa_fp8 / none", "sdpa"} <= set(bars.x)
+    assert {"gqa / none", "gqa_fp8 / none", "sdpa"} <= set(bars.y)
     assert "measured on" in tab.figures["speedup"].figure.layout.title.text
 
 
@@ -191,5 +191,5 @@ def test_run_button_measures_the_point_on_this_gpu(monkeypatch):
     assert tab.progress.value == tab.progress.max == 1
     assert "measured on" in tab.figures["bandwidth"].figure.layout.title.text
     bars = tab.figures["bandwidth"].figure.data[0]
-    assert {"sdpa", "gqa / none", "vllm_v1 / bulk K+V d=2"} <= set(bars.x)
-    assert all(gbps > 0 for gbps in bars.y)
+    assert {"sdpa", "gqa / none", "vllm_v1 / bulk K+V d=2"} <= set(bars.y)
+    assert all(gbps > 0 for gbps in bars.x)

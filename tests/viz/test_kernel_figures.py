@@ -31,14 +31,14 @@ def test_bandwidth_figure_draws_recorded_rows():
                                       "sdpa (PyTorch, dense K, V)"]
     assert roofline_key.name == f"copy roofline {roofline:.0f} GB/s" and not bars.showlegend
     assert "auto = tuned here, reused from its bucket, or recorded" in fig.layout.title.text
-    assert list(bars.y) == [r["gbps"] for r in rows]
-    assert list(bars.x) == [variant(r) for r in rows]
-    assert len(set(bars.x)) == len(rows)  # one bar each, "auto (vllm_v1)" and "auto (gqa)" too
+    assert list(bars.x) == [r["gbps"] for r in rows]
+    assert list(bars.y) == [variant(r) for r in rows]
+    assert len(set(bars.y)) == len(rows)  # one bar each, "auto (vllm_v1)" and "auto (gqa)" too
     assert list(bars.text) == [f"{100 * r['gbps'] / roofline:.0f}%" for r in rows]
-    assert [s.y0 for s in fig.layout.shapes] == [roofline]
+    assert [s.x0 for s in fig.layout.shapes] == [roofline]
     assert "recorded on NVIDIA H200" in fig.layout.title.text and fig.layout.height
     widths = bars.marker.line.width
-    assert widths[list(bars.x).index("gqa / line K+V d=1")] > 0 and sum(w > 0 for w in widths) == 1
+    assert widths[list(bars.y).index("gqa / line K+V d=1")] > 0 and sum(w > 0 for w in widths) == 1
 
 
 def test_bandwidth_figure_rejects_mixed_points():

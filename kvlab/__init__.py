@@ -18,9 +18,10 @@ _LAZY = {
     "decode_attention": ("kvlab.kernels.decode", "decode_attention"),
     "DecodePlan": ("kvlab.kernels.decode", "DecodePlan"),
     "PrefetchConfig": ("kvlab.kernels.prefetch", "PrefetchConfig"),
+    "LLM": ("kvlab.engine", "LLM"),
 }
-_SUBMODULES = ("cache", "reference", "workload", "kernels", "offload", "results", "panels", "viz",
-               "bench")
+_SUBMODULES = ("cache", "reference", "workload", "kernels", "offload", "engine", "results",
+               "panels", "viz", "bench")
 
 __all__ = ["MODELS", "ModelConfig", "backend", "device_label", *_LAZY, *_SUBMODULES]
 

@@ -46,6 +46,9 @@ class PagedKVCache:
         layout: "hnd" or "vllm".
         device: a torch device; the K/V tensors must fit in its free memory.
         seed: if given, blocks are handed out in a random order (scattered block tables).
+        manager: a BlockManager of num_blocks blocks of block_size tokens to share (the caches
+            of a model's layers share one: the engine allocates a sequence's blocks once and
+            `write`s each layer's K/V into them); default a new one (seeded with `seed`).
 
     Raises ValueError for a bad argument, or when the K/V tensors do not fit on `device` (checked
     before allocating anything). Every method that fails raises before changing anything: the
@@ -62,9 +65,13 @@ class PagedKVCache:
     """
 
     def __init__(self, num_blocks, block_size, num_kv_heads, head_dim, dtype=torch.float16,
-                 device="cpu", layout="hnd", seed=None):
+                 device="cpu", layout="hnd", seed=None, manager: BlockManager | None = None):
         check_positive_int("num_blocks", num_blocks)
         check_block_size(block_size)
+        if manager is not None and (not isinstance(manager, BlockManager) or (
+                manager.num_blocks, manager.block_size) != (num_blocks, block_size)):
+            raise ValueError(f"manager={manager!r}: must be a BlockManager of num_blocks="
+                             f"{num_blocks} blocks of block_size={block_size} tokens")
         check_positive_int("num_kv_heads", num_kv_heads)
         check_head_dim(head_dim)
         if dtype not in DTYPES:
@@ -78,7 +85,7 @@ class PagedKVCache:
         device = _check_device(device)
         _check_fits(num_blocks, (math.prod(k_shape) + math.prod(v_shape)) * dtype.itemsize, device)
         try:
-            self.manager = BlockManager(num_blocks, block_size, seed)
+            self.manager = manager or BlockManager(num_blocks, block_size, seed)
             self.k_cache = torch.zeros(k_shape, dtype=dtype, device=device)
             self.v_cache = torch.zeros(v_shape, dtype=dtype, device=device)
         except (MemoryError, RuntimeError) as err:  # torch.OutOfMemoryError is a RuntimeError
@@ -144,6 +151,17 @@ class PagedKVCache:
         """Append n tokens to a sequence. k, v: [n, num_kv_heads, head_dim], n >= 0."""
         self._check_kv(k, v)
         self._write(self.manager.append(seq_id, k.shape[0], token_ids), k, v)
+
+    def write(self, alloc: Allocation, k, v) -> None:
+        """Write the K/V of tokens the (shared) manager has already placed: `alloc` is what its
+        add_sequence or append returned for them, k, v the K/V of those n tokens (the sequence's
+        last n), as `append` takes them. Copy-on-write copies and a shared prefix are handled as
+        `add_sequence` and `append` handle them."""
+        self._check_kv(k, v)
+        seq_len = self.manager.seq_len(alloc.seq_id)
+        if k.shape[0] > seq_len:
+            raise ValueError(f"k has {k.shape[0]} tokens: sequence {alloc.seq_id} holds {seq_len}")
+        self._write(alloc, k, v)
 
     def fork(self, seq_id: int) -> int:
         """A new sequence sharing all of `seq_id`'s blocks (copy-on-write). Returns its seq_id."""

@@ -1,0 +1,13 @@
+"""A decoder-only inference engine on kvlab's paged KV cache and decode kernels.
+
+- `weights`: a whole model's weights (embeddings, the `kvlab.offload` decoder layers, final norm,
+  LM head), seeded random of any preset's shapes.
+- `forward`: the prefill of a prompt and a decode step of a batch over the paged cache; the layer
+  math is `kvlab.offload`'s, shared with the KVPR runtime.
+- `llm`: `LLM`, continuous batching with block reservation, greedy and top-p sampling.
+- `hf`: the HF transformers model with the same weights (tests and the end-to-end peer).
+"""
+
+from kvlab.engine.llm import LLM, Generation
+
+__all__ = ["LLM", "Generation"]

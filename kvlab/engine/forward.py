@@ -1,0 +1,85 @@
+"""A decoder's forward passes over a paged KV cache: the prefill of one prompt and one decode
+step of a batch. The layer math is `kvlab.offload`'s (the KVPR runtime's); the attention of a
+decode step is passed in, so that the same pass runs kvlab's CUDA kernels or the reference.
+
+Caches: one `PagedKVCache` per layer, all sharing one BlockManager. The caller places a
+sequence's tokens with the manager (one Allocation for all layers) and these passes write each
+layer's K, V into them with `PagedKVCache.write`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import sdpa_kernel
+
+from kvlab.cache import Allocation
+from kvlab.config import ModelConfig
+from kvlab.engine.weights import OPT_POSITION_OFFSET, ModelWeights
+from kvlab.offload.model import SDPA_BACKENDS, layer_head, layer_tail
+from kvlab.offload.recompute import RopeTable, attention_input, norm, project_kv, project_q
+
+# attend(layer index, q [batch, num_qo_heads, head_dim]) -> [batch, num_qo_heads, head_dim]
+Attend = Callable[[int, torch.Tensor], torch.Tensor]
+
+
+def embed(model: ModelConfig, w: ModelWeights, token_ids: torch.Tensor,
+          positions: torch.Tensor) -> torch.Tensor:
+    """Hidden states [n, hidden_size] of tokens `token_ids` [n] at `positions` [n]."""
+    hidden = F.embedding(token_ids, w.embed)
+    if w.positions is not None:
+        hidden = hidden + F.embedding(positions + OPT_POSITION_OFFSET, w.positions)
+    return hidden
+
+
+def logits(model: ModelConfig, w: ModelWeights, hidden: torch.Tensor) -> torch.Tensor:
+    """fp32 logits [n, vocab_size] of the last layer's hidden states [n, hidden_size]."""
+    return F.linear(norm(model, hidden, w.norm_weight, w.norm_bias), w.lm_head).float()
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal self-attention of one sequence: q [n, num_qo_heads, d], k, v [n, num_kv_heads, d]
+    -> [n, num_qo_heads * d]."""
+    q, k, v = (t.transpose(0, 1)[None] for t in (q, k, v))  # [1, heads, n, d]
+    with sdpa_kernel(SDPA_BACKENDS):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                             enable_gqa=k.shape[1] != q.shape[1])
+    return out[0].transpose(0, 1).reshape(q.shape[2], -1)
+
+
+@torch.no_grad()
+def prefill(model: ModelConfig, w: ModelWeights, caches: Sequence, alloc: Allocation,
+            token_ids: torch.Tensor, rope: RopeTable | None) -> torch.Tensor:
+    """Run a whole prompt `token_ids` [n] (positions 0..n-1) through the model, writing each
+    layer's K, V into `caches` at `alloc` (the manager's placement of all n tokens; blocks of a
+    shared prefix are not rewritten). Returns the fp32 logits [vocab_size] of its last token."""
+    positions = torch.arange(token_ids.shape[0], device=token_ids.device)
+    hidden = embed(model, w, token_ids, positions)
+    for layer, cache in zip(w.layers, caches, strict=True):
+        x = attention_input(model, layer.attn, hidden)
+        q = project_q(model, layer.attn, x, positions, rope)
+        k, v = project_kv(model, layer.attn, x, positions, rope)
+        cache.write(alloc, k, v)
+        hidden = layer_tail(model, layer, hidden, causal_attention(q, k, v))
+    return logits(model, w, hidden[-1:])[0]
+
+
+@torch.no_grad()
+def decode_step(model: ModelConfig, w: ModelWeights, caches: Sequence,
+                allocs: Sequence[Allocation], token_ids: torch.Tensor, positions: torch.Tensor,
+                attend: Attend, rope: RopeTable | None) -> torch.Tensor:
+    """One decode step of a batch: token_ids [batch] at `positions` [batch], one per sequence,
+    already placed by the manager (`allocs`, in batch order). Each layer writes the new tokens'
+    K, V, then attends over the whole cached sequence with `attend`. Returns fp32 logits
+    [batch, vocab_size]."""
+    hidden = embed(model, w, token_ids, positions)
+    batch = token_ids.shape[0]
+    for i, (layer, cache) in enumerate(zip(w.layers, caches, strict=True)):
+        _, q, k, v = layer_head(model, layer, hidden, positions, rope)
+        for b, alloc in enumerate(allocs):
+            cache.write(alloc, k[b:b + 1], v[b:b + 1])
+        out = attend(i, q).reshape(batch, model.q_size).to(hidden.dtype)
+        hidden = layer_tail(model, layer, hidden, out)
+    return logits(model, w, hidden)

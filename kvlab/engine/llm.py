@@ -1,0 +1,313 @@
+"""`LLM`: generate tokens with a whole model on kvlab's paged KV cache and decode kernels.
+
+    llm = kvlab.LLM("llama3-8b", attention="gqa")          # seeded random weights, on the GPU
+    out = llm.generate([[1, 2, 3], [4, 5]], max_new_tokens=32)
+    out.tokens, out.step_ms                                  # new tokens; ms per decode step
+
+Scheduling (continuous batching): requests wait in order; one is admitted, and prefilled, when
+the free blocks minus what the running requests may still grow into hold its prompt and all its
+new tokens, so the cache never overflows mid-request (a request that the whole cache cannot hold
+is refused before anything runs). Admitted requests decode together, one token each per step;
+a finished one frees its blocks at once, and waiting ones join at the next step. Prompts that
+share whole blocks of tokens with a live request share those blocks (the manager's prefix
+sharing), with their K, V written once.
+
+Attention of a decode step: "reference" (kvlab.reference, fp32, any device), or on a GPU the CUDA
+kernels "vllm_v1", "gqa" or "auto" (kvlab.DecodePlan; "auto" takes the fastest for the cache's
+layout). attention="auto" means the kernels' auto on a GPU and the reference elsewhere. Prefill
+runs causal SDPA on each prompt.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from kvlab.cache import BlockManager
+from kvlab.checks import check_block_size, check_positive_int, is_int
+from kvlab.config import MODELS, ModelConfig
+from kvlab.engine import forward
+from kvlab.engine.weights import ModelWeights
+from kvlab.kernels.prefetch import PrefetchConfig
+from kvlab.offload.model import resolve_device
+from kvlab.offload.recompute import RopeTable
+
+ATTENTIONS = ("auto", "reference", "vllm_v1", "gqa")
+KERNEL_LAYOUTS = {"vllm_v1": "vllm", "gqa": "hnd", "auto": "hnd"}
+DEFAULT_CACHED_TOKENS = 65536
+
+
+@dataclass
+class Generation:
+    """What `LLM.generate` returns. tokens[i]: request i's new tokens; finish_reasons[i]:
+    "length" (max_new_tokens reached) or "eos"; prefill_ms[i]: its prefill (one prompt, wall
+    clock, the GPU synchronised); step_ms[s], step_batch[s]: decode step s's time and how many
+    requests it decoded; attention: what decoded them."""
+
+    tokens: list[list[int]]
+    finish_reasons: list[str]
+    prefill_ms: list[float]
+    step_ms: list[float]
+    step_batch: list[int]
+    attention: str
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Tokens decoded per second of decode steps (prefill excluded); 0 without a step."""
+        total_s = sum(self.step_ms) / 1e3
+        return sum(self.step_batch) / total_s if total_s > 0 else 0.0
+
+
+@dataclass
+class _Request:
+    index: int
+    prompt: list[int]
+    max_new_tokens: int
+    tokens: list[int] = field(default_factory=list)
+    seq_id: int | None = None
+    finish_reason: str | None = None
+
+
+class LLM:
+    """A decoder-only model on a paged KV cache.
+
+    Args:
+        model: a kvlab.MODELS preset name or a ModelConfig (seeded random weights).
+        attention: one of ATTENTIONS (see the module's docstring).
+        prefetch: a PrefetchConfig for the CUDA kernels (None: none, or the fastest with "auto").
+        dtype: of the weights and the cache; default fp16 on a GPU, fp32 on the CPU.
+        device: default "cuda" when kvlab.backend() is "cuda", else "cpu".
+        seed: of the random weights (and the default of generate's sampling seed).
+        block_size: tokens per cache block (8, 16 or 32 for vllm_v1; 8-256 otherwise).
+        num_blocks: blocks in the cache, shared by all layers; default enough for 65,536 tokens.
+    Raises ValueError, before allocating anything, for anything it cannot run.
+    """
+
+    def __init__(self, model: str | ModelConfig = "tiny-llama", *, attention: str = "auto",
+                 prefetch: PrefetchConfig | None = None, dtype: torch.dtype | None = None,
+                 device=None, seed: int = 0, block_size: int = 16,
+                 num_blocks: int | None = None):
+        self.model = _resolve_model(model)
+        if device is None:
+            from kvlab.device import backend
+
+            device = "cuda" if backend() == "cuda" else "cpu"
+        self.device = resolve_device(device)
+        cuda = self.device.type == "cuda"
+        if attention not in ATTENTIONS:
+            raise ValueError(f"attention={attention!r}: must be one of {ATTENTIONS}")
+        if attention == "auto" and not cuda:
+            attention = "reference"
+        if attention in ("vllm_v1", "gqa") and not cuda:
+            raise ValueError(f"attention={attention!r}: the CUDA kernels need device='cuda' (here "
+                             f"{self.device}); attention='reference' runs anywhere")
+        if prefetch is not None and (attention == "reference" or
+                                     not isinstance(prefetch, PrefetchConfig)):
+            raise ValueError(f"prefetch={prefetch!r}: must be None, or a PrefetchConfig with a "
+                             "CUDA kernel")
+        self.attention, self.prefetch = attention, prefetch
+        dtype = dtype or (torch.float16 if cuda else torch.float32)
+        if dtype not in (torch.float16, torch.bfloat16, torch.float32):
+            raise ValueError(f"dtype={dtype!r}: must be torch.float16, bfloat16 or float32")
+        if attention != "reference" and dtype == torch.float32:
+            raise ValueError("dtype=torch.float32: the CUDA kernels read fp16 or bf16 caches")
+        check_block_size(block_size)
+        if attention == "vllm_v1" and block_size not in (8, 16, 32):
+            raise ValueError(f"block_size={block_size}: vllm_v1 runs blocks of 8, 16 or 32")
+        if num_blocks is None:
+            num_blocks = -(-DEFAULT_CACHED_TOKENS // block_size)
+        check_positive_int("num_blocks", num_blocks)
+        if not is_int(seed):
+            raise ValueError(f"seed={seed!r}: must be an integer")
+        self.seed, self.block_size = int(seed), int(block_size)
+
+        from kvlab.cache import PagedKVCache
+
+        m = self.model
+        self.weights = ModelWeights.random(m, self.seed, dtype, self.device)
+        self.manager = BlockManager(num_blocks, block_size)
+        layout = "hnd" if attention == "reference" else KERNEL_LAYOUTS[attention]
+        self.caches = [PagedKVCache(num_blocks, block_size, m.num_kv_heads, m.head_dim, dtype,
+                                    self.device, layout, manager=self.manager)
+                       for _ in range(m.num_layers)]
+        self.rope = (RopeTable.build(m, m.max_position, dtype, self.device)
+                     if m.position == "rope" else None)
+
+    def __repr__(self):
+        return (f"LLM({self.model.name!r}, attention={self.attention!r}, dtype={self.dtype}, "
+                f"device={self.device}, num_blocks={self.manager.num_blocks}, "
+                f"block_size={self.block_size})")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.weights.dtype
+
+    def generate(self, prompts, max_new_tokens: int = 16, *, temperature: float = 0.0,
+                 top_p: float = 1.0, eos_token_id: int | None = None, ignore_eos: bool = False,
+                 seed: int | None = None) -> Generation:
+        """New tokens for each prompt (a list of token ids, or a list of them).
+
+        temperature 0 is greedy; above 0, tokens are sampled from softmax(logits / temperature)
+        within the smallest set of top tokens whose probability reaches top_p (generator seeded
+        with `seed`, default the LLM's). A request stops at max_new_tokens, or at eos_token_id
+        unless ignore_eos. Raises ValueError, before anything runs, for a prompt that is empty,
+        not token ids of the vocabulary, or longer than the context limit with its new tokens,
+        for max_new_tokens < 1, or a request the whole cache cannot hold."""
+        requests = self._requests(prompts, max_new_tokens)
+        if not (isinstance(temperature, (int, float)) and math.isfinite(temperature)
+                and temperature >= 0):
+            raise ValueError(f"temperature={temperature!r}: must be a finite number >= 0")
+        if not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
+            raise ValueError(f"top_p={top_p!r}: must be a number in (0, 1]")
+        if eos_token_id is not None and not (is_int(eos_token_id) and
+                                             0 <= eos_token_id < self.model.vocab_size):
+            raise ValueError(f"eos_token_id={eos_token_id!r}: must be None or a token id in "
+                             f"[0, {self.model.vocab_size})")
+        generator = torch.Generator(self.device).manual_seed(self.seed if seed is None else seed)
+        stop = None if ignore_eos else eos_token_id
+
+        def sample(logits):
+            return _sample(logits, temperature, top_p, generator)
+
+        waiting, running = deque(requests), []
+        prefill_ms, step_ms, step_batch = [0.0] * len(requests), [], []
+        while waiting or running:
+            while waiting and self._fits(waiting[0], running):
+                request = waiting.popleft()
+                start = self._clock()
+                first = sample(self._prefill(request)[None])[0]
+                prefill_ms[request.index] = self._clock() - start
+                self._take(request, first, stop, running)
+            if not running:
+                # NOTE: with nothing running every block is free, and _requests checked that
+                # each request fits the whole cache: the head of the queue was admitted.
+                continue
+            start = self._clock()
+            tokens = sample(self._decode(running))
+            step_ms.append(self._clock() - start)
+            step_batch.append(len(running))
+            for request, token in zip(list(running), tokens, strict=True):
+                self._take(request, token, stop, running)
+        return Generation([r.tokens for r in requests], [r.finish_reason for r in requests],
+                          prefill_ms, step_ms, step_batch, self.attention)
+
+    # ---- the steps ------------------------------------------------------------------------
+
+    def _prefill(self, request: _Request) -> torch.Tensor:
+        alloc = self.manager.add_sequence(len(request.prompt), request.prompt)
+        request.seq_id = alloc.seq_id
+        ids = torch.tensor(request.prompt, dtype=torch.long, device=self.device)
+        return forward.prefill(self.model, self.weights, self.caches, alloc, ids, self.rope)
+
+    def _decode(self, running: list[_Request]) -> torch.Tensor:
+        seq_ids = [r.seq_id for r in running]
+        positions = [self.manager.seq_len(s) for s in seq_ids]
+        allocs = [self.manager.append(r.seq_id, 1, [r.tokens[-1]]) for r in running]
+        ids = torch.tensor([r.tokens[-1] for r in running], dtype=torch.long, device=self.device)
+        pos = torch.tensor(positions, dtype=torch.long, device=self.device)
+        return forward.decode_step(self.model, self.weights, self.caches, allocs, ids, pos,
+                                   self._attend(seq_ids), self.rope)
+
+    def _attend(self, seq_ids: list[int]) -> forward.Attend:
+        if self.attention == "reference":
+            from kvlab.reference import decode_attention
+
+            return lambda i, q: decode_attention(q, self.caches[i], seq_ids)
+        from kvlab.kernels.decode import DecodePlan
+
+        plan = DecodePlan(self.caches[0], seq_ids, self.model.num_qo_heads,
+                          kernel=self.attention, prefetch=self.prefetch)
+        return lambda i, q: plan.run(q, self.caches[i].k_cache, self.caches[i].v_cache)
+
+    def _take(self, request: _Request, token: int, stop: int | None,
+              running: list[_Request]) -> None:
+        """Record `request`'s new token: it joins `running` after its prefill, and leaves it,
+        freeing its blocks, when it ends."""
+        request.tokens.append(int(token))
+        if token == stop:
+            request.finish_reason = "eos"
+        elif len(request.tokens) == request.max_new_tokens:
+            request.finish_reason = "length"
+        if request.finish_reason:
+            self.manager.free(request.seq_id)
+            if request in running:
+                running.remove(request)
+        elif request not in running:
+            running.append(request)
+
+    # ---- admission and checks ---------------------------------------------------------------
+
+    def _blocks(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def _fits(self, request: _Request, running: list[_Request]) -> bool:
+        """Whether the free blocks, less what the running requests may still take, hold all of
+        `request` (prompt and new tokens; a shared prefix is not counted off)."""
+        growth = sum(self._blocks(len(r.prompt) + r.max_new_tokens)
+                     - self._blocks(self.manager.seq_len(r.seq_id)) for r in running)
+        need = self._blocks(len(request.prompt) + request.max_new_tokens)
+        return need <= self.manager.num_free_blocks - growth
+
+    def _requests(self, prompts, max_new_tokens) -> list[_Request]:
+        check_positive_int("max_new_tokens", max_new_tokens)
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts
+                                        and isinstance(prompts[0], str)):
+            raise ValueError("prompts: kvlab has no tokenizer; pass token ids (a list of ints, "
+                             "or a list of such lists)")
+        if isinstance(prompts, list) and prompts and all(is_int(t) for t in prompts):
+            prompts = [prompts]
+        if not isinstance(prompts, (list, tuple)) or not prompts:
+            raise ValueError("prompts: must be a non-empty list of token-id lists")
+        m, requests = self.model, []
+        for i, prompt in enumerate(prompts):
+            if isinstance(prompt, torch.Tensor):
+                prompt = prompt.tolist()
+            if not isinstance(prompt, (list, tuple)) or not prompt:
+                raise ValueError(f"prompts[{i}]: must be a non-empty list of token ids")
+            bad = next((t for t in prompt if not (is_int(t) and 0 <= t < m.vocab_size)), None)
+            if bad is not None:
+                raise ValueError(f"prompts[{i}]: token {bad!r} is not an id in [0, "
+                                 f"{m.vocab_size}) ({m.name}'s vocabulary)")
+            total = len(prompt) + max_new_tokens
+            if total > m.max_position:
+                raise ValueError(f"prompts[{i}]: {len(prompt)} tokens + max_new_tokens="
+                                 f"{max_new_tokens} exceed {m.name}'s context limit of "
+                                 f"{m.max_position} tokens")
+            if self._blocks(total) > self.manager.num_blocks:
+                raise ValueError(f"prompts[{i}]: {total} tokens need {self._blocks(total)} "
+                                 f"blocks; the cache has {self.manager.num_blocks} (num_blocks)")
+            requests.append(_Request(i, [int(t) for t in prompt], int(max_new_tokens)))
+        return requests
+
+    def _clock(self) -> float:
+        """Wall-clock ms, after the GPU's queued work is done."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() * 1e3
+
+
+def _resolve_model(model) -> ModelConfig:
+    if isinstance(model, ModelConfig):
+        return model
+    if model not in MODELS:
+        raise ValueError(f"model={model!r}: must be a ModelConfig or one of {', '.join(MODELS)}")
+    return MODELS[model]
+
+
+def _sample(logits: torch.Tensor, temperature: float, top_p: float,
+            generator: torch.Generator) -> list[int]:
+    """One token per row of fp32 logits [batch, vocab]: greedy at temperature 0, else from the
+    top-p nucleus of softmax(logits / temperature)."""
+    if temperature == 0:
+        return logits.argmax(dim=-1).tolist()
+    probs = torch.softmax(logits / temperature, dim=-1)
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    # keep the top tokens up to and including the one that brings the total to top_p
+    outside = sorted_probs.cumsum(dim=-1) - sorted_probs >= top_p
+    sorted_probs = sorted_probs.masked_fill(outside, 0.0)
+    picks = torch.multinomial(sorted_probs, 1, generator=generator)
+    return order.gather(-1, picks)[:, 0].tolist()

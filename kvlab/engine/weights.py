@@ -1,0 +1,86 @@
+"""A whole decoder's weights: the token (and, for OPT, position) embeddings, the decoder layers,
+the final norm and the LM head.
+
+The layers are `kvlab.offload.model.LayerWeights`, the one implementation of each family's layer
+that the KVPR runtime also runs. What is added here is what only a whole model has:
+
+- embed [vocab_size, hidden_size]: the token embedding;
+- positions [max_position + 2, hidden_size] (OPT only): learned positions, row p + 2 for
+  position p, as HF's OPTLearnedPositionalEmbedding stores them (its offset of 2);
+- norm_weight, norm_bias [hidden_size]: the final norm (LayerNorm for OPT, RMSNorm otherwise);
+- lm_head [vocab_size, hidden_size]: the output projection; OPT ties it to embed (the same tensor),
+  as HF's OPT does; Llama and Qwen2 presets have their own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kvlab.config import ModelConfig
+from kvlab.offload.model import LayerWeights, check_layers, random_layers, resolve_device
+from kvlab.offload.recompute import seeded_randn
+
+OPT_POSITION_OFFSET = 2  # HF's OPT keeps two unused rows before position 0
+
+
+@dataclass
+class ModelWeights:
+    embed: torch.Tensor
+    positions: torch.Tensor | None
+    layers: list[LayerWeights]
+    norm_weight: torch.Tensor
+    norm_bias: torch.Tensor | None
+    lm_head: torch.Tensor
+
+    @classmethod
+    def random(cls, model: ModelConfig, seed: int = 0, dtype=torch.float32,
+               device="cpu") -> ModelWeights:
+        """Seeded random weights of `model`'s shapes (the layers as `random_layers` makes them),
+        made on `device`; scaled so that activations and logits stay O(1)."""
+        device = resolve_device(device)
+        rand = seeded_randn(seed + 2_000_003, dtype, device)
+        h, opt = model.hidden_size, model.family == "opt"
+        # 2 / sqrt(h): OPT's tied LM head then gives logits of O(1) as well
+        embed = rand(model.vocab_size, h, scale=2 * h ** -0.5)
+        return cls(
+            embed=embed,
+            positions=rand(model.max_position + OPT_POSITION_OFFSET, h, scale=h ** -0.5) if opt
+            else None,
+            layers=random_layers(model, seed, dtype, device),
+            norm_weight=1 + rand(h, scale=0.1),
+            norm_bias=rand(h, scale=0.1) if model.norm == "layernorm" else None,
+            lm_head=embed if opt else rand(model.vocab_size, h, scale=h ** -0.5),
+        )
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    def check(self, model: ModelConfig) -> None:
+        """Raise ValueError unless every tensor has `model`'s shape, one dtype and one device;
+        the message names the first wrong tensor."""
+        h, dtype, device = model.hidden_size, self.dtype, self.device
+        opt = model.family == "opt"
+        expected = {
+            "embed": (model.vocab_size, h),
+            "positions": (model.max_position + OPT_POSITION_OFFSET, h) if opt else None,
+            "norm_weight": (h,),
+            "norm_bias": (h,) if model.norm == "layernorm" else None,
+            "lm_head": (model.vocab_size, h),
+        }
+        for name, shape in expected.items():
+            t = getattr(self, name)
+            got = None if t is None else tuple(t.shape)
+            if got != shape:
+                raise ValueError(f"weights.{name}: {'None' if t is None else f'shape {got}'}, "
+                                 f"must be {shape} for {model.name}")
+            if t is not None and (t.dtype, t.device) != (dtype, device):
+                raise ValueError(f"weights.{name}: {t.dtype} on {t.device}, must be {dtype} on "
+                                 f"{device} like weights.embed")
+        check_layers(model, self.layers, dtype, device)

@@ -1,0 +1,161 @@
+"""kvlab.engine on the CPU: logits and greedy tokens equal HF transformers' with the same weights;
+batches, prefix sharing and waiting for blocks give the tokens the requests give alone; sampling;
+every bad input refused before anything runs."""
+
+import pytest
+import torch
+
+import kvlab
+from kvlab.config import MODELS
+from kvlab.engine import forward
+
+transformers = pytest.importorskip("transformers")
+from kvlab.engine.hf import causal_lm  # noqa: E402  (needs transformers)
+
+FAMILIES = ["tiny-llama", "tiny-qwen", "tiny-opt"]
+
+
+def tokens(n: int, seed: int, vocab: int = 1024) -> list[int]:
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def hf_logits(hf, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return hf(input_ids=torch.tensor([ids])).logits[0].float()
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_prefill_and_decode_logits_equal_hf(name):
+    """Prefill of 9 tokens, then 6 decode steps fed given tokens: each step's logits equal HF's
+    over the whole sequence so far (fp32, the same weights)."""
+    llm = kvlab.LLM(name, device="cpu", num_blocks=64)
+    hf = causal_lm(llm.model, llm.weights)
+    ids = tokens(15, seed=1)
+    expected = hf_logits(hf, ids)
+    alloc = llm.manager.add_sequence(9, ids[:9])
+    got = forward.prefill(llm.model, llm.weights, llm.caches, alloc,
+                          torch.tensor(ids[:9]), llm.rope)
+    torch.testing.assert_close(got, expected[8], rtol=1e-4, atol=1e-4)
+    seq = alloc.seq_id
+    for pos in range(9, 15):
+        step = [llm.manager.append(seq, 1, [ids[pos]])]
+        got = forward.decode_step(llm.model, llm.weights, llm.caches, step,
+                                  torch.tensor([ids[pos]]), torch.tensor([pos]),
+                                  llm._attend([seq]), llm.rope)
+        torch.testing.assert_close(got[0], expected[pos], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_greedy_tokens_equal_hf_generate(name):
+    llm = kvlab.LLM(name, device="cpu", num_blocks=64)
+    hf = causal_lm(llm.model, llm.weights)
+    hf.generation_config.eos_token_id, hf.generation_config.pad_token_id = None, 0
+    prompt = tokens(11, seed=2)
+    out = llm.generate(prompt, max_new_tokens=32)
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False)
+    assert out.tokens == [ref[0, len(prompt):].tolist()]
+    assert out.finish_reasons == ["length"] and len(out.step_ms) == 31
+    assert out.step_batch == [1] * 31 and out.decode_tokens_per_s > 0
+
+
+def test_a_batch_gives_the_tokens_of_its_requests_run_alone():
+    llm = kvlab.LLM("tiny-llama", device="cpu", num_blocks=64)
+    prompts = [tokens(n, seed=n) for n in (3, 17, 40)]
+    batch = llm.generate(prompts, max_new_tokens=12)
+    assert batch.tokens == [llm.generate(p, max_new_tokens=12).tokens[0] for p in prompts]
+    assert batch.step_batch == [3] * 11
+    assert llm.manager.num_free_blocks == 64  # every request's blocks came back
+
+
+def test_prompts_with_a_common_prefix_share_its_blocks_and_decode_alike():
+    llm = kvlab.LLM("tiny-qwen", device="cpu", num_blocks=64, block_size=16)
+    prefix = tokens(40, seed=5)  # two whole blocks of 16 are shared
+    prompts = [prefix + tokens(5, seed=6), prefix + tokens(9, seed=7)]
+    first, second = (llm._requests([p], 1)[0] for p in prompts)
+    llm._prefill(first)
+    llm._prefill(second)
+    tables = [llm.manager.block_table(r.seq_id) for r in (first, second)]
+    assert tables[0][:2] == tables[1][:2] and tables[0][2] != tables[1][2]
+    for r in (first, second):
+        llm.manager.free(r.seq_id)
+    shared = llm.generate(prompts, max_new_tokens=10)
+    assert shared.tokens == [llm.generate(p, max_new_tokens=10).tokens[0] for p in prompts]
+
+
+def test_requests_wait_for_blocks_and_join_as_others_finish():
+    """8 blocks of 16 tokens; each request needs 4 (40 + 20 tokens): two run at a time, the others
+    join as blocks come back, and every request gets the tokens it gets alone."""
+    llm = kvlab.LLM("tiny-opt", device="cpu", num_blocks=8, block_size=16)
+    prompts = [tokens(40, seed=10 + i) for i in range(5)]
+    alone = [llm.generate(p, max_new_tokens=20).tokens[0] for p in prompts]
+    batched = llm.generate(prompts, max_new_tokens=20)
+    assert batched.tokens == alone and max(batched.step_batch) == 2
+    assert llm.manager.num_free_blocks == 8
+
+
+def test_sampling_is_seeded_and_top_p_near_zero_is_greedy():
+    llm = kvlab.LLM("tiny-llama", device="cpu", num_blocks=32)
+    prompt = tokens(8, seed=3)
+    hot = [llm.generate(prompt, 16, temperature=1.0, seed=4).tokens for _ in range(2)]
+    assert hot[0] == hot[1] != llm.generate(prompt, 16, temperature=1.0, seed=5).tokens
+    greedy = llm.generate(prompt, 16).tokens
+    assert llm.generate(prompt, 16, temperature=0.7, top_p=1e-6, seed=9).tokens == greedy
+
+
+def test_eos_ends_a_request_unless_ignored():
+    llm = kvlab.LLM("tiny-llama", device="cpu", num_blocks=32)
+    prompt = tokens(8, seed=3)
+    greedy = llm.generate(prompt, 8).tokens[0]
+    eos = greedy[2]
+    stopped = llm.generate(prompt, 8, eos_token_id=eos)
+    assert stopped.tokens[0] == greedy[:greedy.index(eos) + 1]
+    assert stopped.finish_reasons == ["eos"]
+    assert llm.generate(prompt, 8, eos_token_id=eos, ignore_eos=True).tokens[0] == greedy
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda: kvlab.LLM("gpt-5", device="cpu"), "model='gpt-5': must be a ModelConfig or one of"),
+    (lambda: kvlab.LLM(device="cpu", attention="flash"), "attention='flash': must be one of"),
+    (lambda: kvlab.LLM(device="cpu", attention="gqa"), "the CUDA kernels need device='cuda'"),
+    (lambda: kvlab.LLM(device="cpu", dtype=torch.float64), "dtype=torch.float64: must be"),
+    (lambda: kvlab.LLM(device="cpu", num_blocks=0), "num_blocks=0: must be an integer >= 1"),
+    (lambda: kvlab.LLM(device="cpu", block_size=24), "block_size"),
+    (lambda: kvlab.LLM(device="cpu", prefetch=kvlab.PrefetchConfig("bulk")),
+     "must be None, or a PrefetchConfig with a CUDA kernel"),
+])
+def test_bad_engine_arguments_are_refused(make, message):
+    with pytest.raises(ValueError, match=message.replace("(", "\\(").replace(")", "\\)")):
+        make()
+
+
+@pytest.fixture(scope="module")
+def small():
+    return kvlab.LLM("tiny-llama", device="cpu", num_blocks=4, block_size=16)
+
+
+@pytest.mark.parametrize(("prompts", "kwargs", "message"), [
+    ("hello", {}, "kvlab has no tokenizer; pass token ids"),
+    ([], {}, "must be a non-empty list of token-id lists"),
+    ([[1, 2], []], {}, "prompts\\[1\\]: must be a non-empty list of token ids"),
+    ([[1, 5000]], {}, "prompts\\[0\\]: token 5000 is not an id in \\[0, 1024\\)"),
+    ([[1, 2.0]], {}, "token 2.0 is not an id"),
+    ([[1] * 500], {"max_new_tokens": 20}, "exceed tiny-llama's context limit of 512 tokens"),
+    ([[1, 2]], {"max_new_tokens": 0}, "max_new_tokens=0: must be an integer >= 1"),
+    ([[1] * 60], {"max_new_tokens": 10}, "70 tokens need 5 blocks; the cache has 4"),
+    ([[1, 2]], {"temperature": -1.0}, "temperature=-1.0: must be a finite number >= 0"),
+    ([[1, 2]], {"top_p": 0}, "top_p=0: must be a number in \\(0, 1\\]"),
+    ([[1, 2]], {"eos_token_id": 2000}, "eos_token_id=2000: must be None or a token id"),
+])
+def test_bad_requests_are_refused_before_anything_runs(small, prompts, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        small.generate(prompts, **kwargs)
+    assert small.manager.num_free_blocks == 4 and not small.manager.seq_ids
+
+
+def test_llm_is_exported_lazily_and_reads_its_preset():
+    llm = kvlab.LLM(MODELS["tiny-qwen"], device="cpu", num_blocks=8)
+    assert llm.attention == "reference" and llm.dtype == torch.float32
+    assert "LLM('tiny-qwen', attention='reference'" in repr(llm)
+    assert len(llm.caches) == MODELS["tiny-qwen"].num_layers
+    assert all(c.manager is llm.manager for c in llm.caches)

@@ -20,8 +20,33 @@ def _check_choice(name: str, value, allowed: tuple) -> None:
 
 
 @dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3's rotary scaling (`rope_scaling` with rope_type "llama3" in a config.json): the
+    frequencies of wavelengths above original_max_position / low_freq_factor are divided by
+    `factor`, those below original_max_position / high_freq_factor kept, and those between
+    blended."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position: int
+
+    def __post_init__(self):
+        for name in ("factor", "low_freq_factor", "high_freq_factor"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"rope_scaling.{name}={value!r}: must be a number > 0")
+        if self.high_freq_factor <= self.low_freq_factor:
+            raise ValueError(f"rope_scaling: high_freq_factor={self.high_freq_factor} must be "
+                             f"above low_freq_factor={self.low_freq_factor}")
+        check_positive_int("rope_scaling.original_max_position", self.original_max_position)
+
+
+@dataclass(frozen=True)
 class ModelConfig:
-    """One decoder-only transformer's shape. Validated on construction."""
+    """One decoder-only transformer's shape. Validated on construction. norm_eps: the norms'
+    epsilon (default the presets': 1e-5 for LayerNorm, 1e-6 for RMSNorm); rope_scaling: Llama
+    3's rotary scaling, or None."""
 
     name: str
     family: str
@@ -38,6 +63,8 @@ class ModelConfig:
     position: str
     qkv_bias: bool
     rope_theta: float | None = None
+    norm_eps: float | None = None
+    rope_scaling: RopeScaling | None = None
 
     def __post_init__(self):
         sizes = ("num_layers", "hidden_size", "intermediate_size", "vocab_size", "max_position")
@@ -53,6 +80,15 @@ class ModelConfig:
             raise ValueError(
                 f"rope_theta={self.rope_theta!r}: must be set exactly when position='rope'"
             )
+        if self.norm_eps is None:
+            object.__setattr__(self, "norm_eps", 1e-5 if self.norm == "layernorm" else 1e-6)
+        elif (isinstance(self.norm_eps, bool) or not isinstance(self.norm_eps, (int, float))
+              or not 0 < self.norm_eps < 1):
+            raise ValueError(f"norm_eps={self.norm_eps!r}: must be a number in (0, 1) or None")
+        if self.rope_scaling is not None and (self.position != "rope" or
+                                              not isinstance(self.rope_scaling, RopeScaling)):
+            raise ValueError(f"rope_scaling={self.rope_scaling!r}: must be None, or a "
+                             "RopeScaling with position='rope'")
         for name in (*sizes, "num_qo_heads", "num_kv_heads", "head_dim"):
             object.__setattr__(self, name, int(getattr(self, name)))  # numpy ints become ints
 

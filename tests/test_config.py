@@ -5,6 +5,7 @@ import pytest
 
 import kvlab
 from kvlab import MODELS, ModelConfig
+from kvlab.config import RopeScaling
 
 PAPER_MODELS = ["llama2-7b", "llama2-13b", "llama3-8b", "qwen2.5-7b", "qwen2.5-14b",
                 "opt-6.7b", "opt-13b", "opt-30b"]
@@ -54,11 +55,24 @@ def test_families():
         ({"norm": "batchnorm"}, "norm='batchnorm': must be one of"),
         ({"family": "gpt2"}, "family='gpt2': must be one of"),
         ({"rope_theta": None}, "rope_theta=None: must be set exactly when position='rope'"),
+        ({"norm_eps": 0}, "norm_eps=0: must be a number in \\(0, 1\\) or None"),
+        ({"rope_scaling": {"factor": 8}}, "rope_scaling=\\{'factor': 8\\}: must be None, or a "
+         "RopeScaling"),
     ],
 )
 def test_presets_validate_themselves(change, message):
     with pytest.raises(ValueError, match=message):
         dataclasses.replace(MODELS["llama2-7b"], **change)
+
+
+def test_norm_eps_defaults_to_the_families_and_rope_scaling_checks_itself():
+    assert MODELS["llama2-7b"].norm_eps == 1e-6 and MODELS["opt-6.7b"].norm_eps == 1e-5
+    with pytest.raises(ValueError, match="rope_scaling=.*position='rope'"):
+        dataclasses.replace(MODELS["opt-6.7b"], rope_scaling=RopeScaling(8.0, 1.0, 4.0, 8192))
+    with pytest.raises(ValueError, match="high_freq_factor=1.0 must be above low_freq_factor=1.0"):
+        RopeScaling(8.0, 1.0, 1.0, 8192)
+    with pytest.raises(ValueError, match="rope_scaling.factor=0: must be a number > 0"):
+        RopeScaling(0, 1.0, 4.0, 8192)
 
 
 def test_numpy_integer_sizes_are_accepted():

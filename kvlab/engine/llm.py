@@ -4,13 +4,15 @@
     out = llm.generate([[1, 2, 3], [4, 5]], max_new_tokens=32)
     out.tokens, out.step_ms                                  # new tokens; ms per decode step
 
-Scheduling (continuous batching): requests wait in order; one is admitted, and prefilled, when
-the free blocks minus what the running requests may still grow into hold its prompt and all its
-new tokens, so the cache never overflows mid-request (a request that the whole cache cannot hold
-is refused before anything runs). Admitted requests decode together, one token each per step;
-a finished one frees its blocks at once, and waiting ones join at the next step. Prompts that
-share whole blocks of tokens with a live request share those blocks (the manager's prefix
-sharing), with their K, V written once.
+Scheduling (continuous batching): requests wait in order; the head of the queue is admitted,
+and prefilled, when the free blocks hold its prompt and leave one for each running request.
+Admitted requests decode together, one token each per step; a finished one frees its blocks at
+once, and waiting ones join at the next step. When a step's new blocks do not fit, the most
+recently admitted requests are preempted: they give their blocks back and wait at the head of
+the queue with the tokens they have, to be recomputed (prefilled again) later, so a full cache
+slows requests down instead of failing them. A request that the whole cache cannot hold is
+refused before anything runs. Prompts that share whole blocks of tokens with a live request
+share those blocks (the manager's prefix sharing), with their K, V written once.
 
 Attention of a decode step: "reference" (kvlab.reference, fp32, any device), or on a GPU the CUDA
 kernels "vllm_v1", "gqa" or "auto" (kvlab.DecodePlan; "auto" takes the fastest for the cache's
@@ -30,7 +32,7 @@ import torch
 from kvlab.cache import BlockManager
 from kvlab.checks import check_block_size, check_positive_int, is_int
 from kvlab.config import MODELS, ModelConfig
-from kvlab.engine import forward
+from kvlab.engine import checkpoint, forward
 from kvlab.engine.weights import ModelWeights
 from kvlab.kernels.prefetch import PrefetchConfig
 from kvlab.offload.model import resolve_device
@@ -45,14 +47,16 @@ DEFAULT_CACHED_TOKENS = 65536
 class Generation:
     """What `LLM.generate` returns. tokens[i]: request i's new tokens; finish_reasons[i]:
     "length" (max_new_tokens reached) or "eos"; prefill_ms[i]: its prefill (one prompt, wall
-    clock, the GPU synchronised); step_ms[s], step_batch[s]: decode step s's time and how many
-    requests it decoded; attention: what decoded them."""
+    clock, the GPU synchronised; a preempted request's prefills add up); step_ms[s],
+    step_batch[s]: decode step s's time and how many requests it decoded; preemptions: how many
+    times a request gave its blocks back to be recomputed later; attention: what decoded them."""
 
     tokens: list[list[int]]
     finish_reasons: list[str]
     prefill_ms: list[float]
     step_ms: list[float]
     step_batch: list[int]
+    preemptions: int
     attention: str
 
     @property
@@ -76,7 +80,9 @@ class LLM:
     """A decoder-only model on a paged KV cache.
 
     Args:
-        model: a kvlab.MODELS preset name or a ModelConfig (seeded random weights).
+        model: a kvlab.MODELS preset name or a ModelConfig (seeded random weights), or the path
+            of a local Hugging Face checkpoint folder (config.json and safetensors; Llama,
+            Qwen2 or OPT: kvlab.engine.checkpoint).
         attention: one of ATTENTIONS (see the module's docstring).
         prefetch: a PrefetchConfig for the CUDA kernels (None: none, or the fastest with "auto").
         dtype: of the weights and the cache; default fp16 on a GPU, fp32 on the CPU.
@@ -91,7 +97,9 @@ class LLM:
                  prefetch: PrefetchConfig | None = None, dtype: torch.dtype | None = None,
                  device=None, seed: int = 0, block_size: int = 16,
                  num_blocks: int | None = None):
-        self.model = _resolve_model(model)
+        checkpoint_path = model if checkpoint.is_checkpoint(model) else None
+        self.model = (checkpoint.model_config(model) if checkpoint_path is not None
+                      else _resolve_model(model))
         if device is None:
             from kvlab.device import backend
 
@@ -128,7 +136,9 @@ class LLM:
         from kvlab.cache import PagedKVCache
 
         m = self.model
-        self.weights = ModelWeights.random(m, self.seed, dtype, self.device)
+        self.weights = (ModelWeights.random(m, self.seed, dtype, self.device)
+                        if checkpoint_path is None
+                        else checkpoint.load_weights(checkpoint_path, m, dtype, self.device))
         self.manager = BlockManager(num_blocks, block_size)
         layout = "hnd" if attention == "reference" else KERNEL_LAYOUTS[attention]
         self.caches = [PagedKVCache(num_blocks, block_size, m.num_kv_heads, m.head_dim, dtype,
@@ -175,16 +185,18 @@ class LLM:
 
         waiting, running = deque(requests), []
         prefill_ms, step_ms, step_batch = [0.0] * len(requests), [], []
+        preemptions = 0
         while waiting or running:
-            while waiting and self._fits(waiting[0], running):
+            while waiting and self._admissible(waiting[0], running):
                 request = waiting.popleft()
                 start = self._clock()
-                first = sample(self._prefill(request)[None])[0]
-                prefill_ms[request.index] = self._clock() - start
-                self._take(request, first, stop, running)
+                last_logits = self._prefill(request)
+                running.append(request)
+                if not request.tokens:  # a new request: its first token ends its prefill
+                    self._take(request, sample(last_logits[None])[0], stop, running)
+                prefill_ms[request.index] += self._clock() - start
+            preemptions += self._make_room(running, waiting)
             if not running:
-                # NOTE: with nothing running every block is free, and _requests checked that
-                # each request fits the whole cache: the head of the queue was admitted.
                 continue
             start = self._clock()
             tokens = sample(self._decode(running))
@@ -193,14 +205,17 @@ class LLM:
             for request, token in zip(list(running), tokens, strict=True):
                 self._take(request, token, stop, running)
         return Generation([r.tokens for r in requests], [r.finish_reason for r in requests],
-                          prefill_ms, step_ms, step_batch, self.attention)
+                          prefill_ms, step_ms, step_batch, preemptions, self.attention)
 
     # ---- the steps ------------------------------------------------------------------------
 
     def _prefill(self, request: _Request) -> torch.Tensor:
-        alloc = self.manager.add_sequence(len(request.prompt), request.prompt)
+        """Place and run the request's context: its prompt, and after a preemption also the
+        tokens it had decoded but the last (which the next decode step feeds)."""
+        context = request.prompt + request.tokens[:-1]
+        alloc = self.manager.add_sequence(len(context), context)
         request.seq_id = alloc.seq_id
-        ids = torch.tensor(request.prompt, dtype=torch.long, device=self.device)
+        ids = torch.tensor(context, dtype=torch.long, device=self.device)
         return forward.prefill(self.model, self.weights, self.caches, alloc, ids, self.rope)
 
     def _decode(self, running: list[_Request]) -> torch.Tensor:
@@ -225,8 +240,8 @@ class LLM:
 
     def _take(self, request: _Request, token: int, stop: int | None,
               running: list[_Request]) -> None:
-        """Record `request`'s new token: it joins `running` after its prefill, and leaves it,
-        freeing its blocks, when it ends."""
+        """Record a running request's new token; at its end it leaves `running` and frees its
+        blocks."""
         request.tokens.append(int(token))
         if token == stop:
             request.finish_reason = "eos"
@@ -234,23 +249,36 @@ class LLM:
             request.finish_reason = "length"
         if request.finish_reason:
             self.manager.free(request.seq_id)
-            if request in running:
-                running.remove(request)
-        elif request not in running:
-            running.append(request)
+            running.remove(request)
 
-    # ---- admission and checks ---------------------------------------------------------------
+    # ---- admission and preemption -----------------------------------------------------------
 
     def _blocks(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def _fits(self, request: _Request, running: list[_Request]) -> bool:
-        """Whether the free blocks, less what the running requests may still take, hold all of
-        `request` (prompt and new tokens; a shared prefix is not counted off)."""
-        growth = sum(self._blocks(len(r.prompt) + r.max_new_tokens)
-                     - self._blocks(self.manager.seq_len(r.seq_id)) for r in running)
-        need = self._blocks(len(request.prompt) + request.max_new_tokens)
-        return need <= self.manager.num_free_blocks - growth
+    def _admissible(self, request: _Request, running: list[_Request]) -> bool:
+        """Whether the free blocks hold the request's context and still leave one for each
+        running request (the most the next step takes from each)."""
+        context = len(request.prompt) + max(len(request.tokens) - 1, 0)
+        return self._blocks(context) + len(running) <= self.manager.num_free_blocks
+
+    def _make_room(self, running: list[_Request], waiting: deque) -> int:
+        """Preempt the most recently admitted requests until the next decode step's new blocks
+        fit: each gives its blocks back and waits at the head of the queue with the tokens it
+        has, to be prefilled again (recomputed) when blocks free up. A request alone always
+        fits (generate checked it). Returns how many were preempted."""
+        preempted = 0
+        while len(running) > 1:
+            starting = sum(self.manager.seq_len(r.seq_id) % self.block_size == 0
+                           for r in running)
+            if starting <= self.manager.num_free_blocks:
+                break
+            victim = running.pop()
+            self.manager.free(victim.seq_id)
+            victim.seq_id = None
+            waiting.appendleft(victim)
+            preempted += 1
+        return preempted
 
     def _requests(self, prompts, max_new_tokens) -> list[_Request]:
         check_positive_int("max_new_tokens", max_new_tokens)
@@ -294,7 +322,8 @@ def _resolve_model(model) -> ModelConfig:
     if isinstance(model, ModelConfig):
         return model
     if model not in MODELS:
-        raise ValueError(f"model={model!r}: must be a ModelConfig or one of {', '.join(MODELS)}")
+        raise ValueError(f"model={model!r}: must be a ModelConfig, a checkpoint folder with a "
+                         f"config.json, or one of {', '.join(MODELS)}")
     return MODELS[model]
 
 

@@ -23,8 +23,9 @@ from kvlab.offload.model import LayerWeights
 def hf_config(model: ModelConfig, num_layers: int | None = None,
               max_position: int | None = None):
     """The transformers config of `model`'s shapes (OPT: pre-LayerNorm, biases; Llama / Qwen2:
-    RMSNorm eps 1e-6, RoPE theta, GQA). `max_position`: learned positions to allocate (OPT)
-    or the RoPE window to declare; default the model's published one."""
+    RMSNorm of model.norm_eps, RoPE theta and Llama 3 scaling, GQA). `max_position`: learned
+    positions to allocate (OPT) or the RoPE window to declare; default the model's published
+    one."""
     import transformers
 
     common = dict(hidden_size=model.hidden_size, num_attention_heads=model.num_qo_heads,
@@ -38,10 +39,16 @@ def hf_config(model: ModelConfig, num_layers: int | None = None,
     config_class = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}
     if model.family not in config_class:
         raise ValueError(f"model.family={model.family!r}: must be opt, llama or qwen2")
+    rope = {"rope_theta": model.rope_theta}
+    if model.rope_scaling is not None:
+        s = model.rope_scaling
+        rope["rope_scaling"] = {"rope_type": "llama3", "factor": s.factor,
+                                "low_freq_factor": s.low_freq_factor,
+                                "high_freq_factor": s.high_freq_factor,
+                                "original_max_position_embeddings": s.original_max_position}
     return config_class[model.family](
         intermediate_size=model.intermediate_size, head_dim=model.head_dim,
-        num_key_value_heads=model.num_kv_heads, rms_norm_eps=1e-6, rope_theta=model.rope_theta,
-        **common,
+        num_key_value_heads=model.num_kv_heads, rms_norm_eps=model.norm_eps, **rope, **common,
     )
 
 

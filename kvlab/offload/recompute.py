@@ -15,11 +15,12 @@ Pure torch: the same code runs on the CPU (tests) and the GPU (the runtime).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
-from kvlab.config import ModelConfig
+from kvlab.config import ModelConfig, RopeScaling
 
 
 def seeded_randn(seed: int, dtype, device):
@@ -72,10 +73,11 @@ class AttentionWeights:
 
 def norm(model: ModelConfig, hidden: torch.Tensor, weight: torch.Tensor,
          bias: torch.Tensor | None) -> torch.Tensor:
-    """The family's norm: LayerNorm (OPT, eps 1e-5) or RMSNorm (Llama, Qwen2, eps 1e-6)."""
+    """The family's norm: LayerNorm (OPT) or RMSNorm (Llama, Qwen2), epsilon model.norm_eps."""
     if model.norm == "layernorm":
-        return torch.nn.functional.layer_norm(hidden, (model.hidden_size,), weight, bias, eps=1e-5)
-    return torch.nn.functional.rms_norm(hidden, (model.hidden_size,), weight, eps=1e-6)
+        return torch.nn.functional.layer_norm(hidden, (model.hidden_size,), weight, bias,
+                                              eps=model.norm_eps)
+    return torch.nn.functional.rms_norm(hidden, (model.hidden_size,), weight, eps=model.norm_eps)
 
 
 def attention_input(model: ModelConfig, w: AttentionWeights, hidden: torch.Tensor) -> torch.Tensor:
@@ -83,11 +85,29 @@ def attention_input(model: ModelConfig, w: AttentionWeights, hidden: torch.Tenso
     return norm(model, hidden, w.norm_weight, w.norm_bias)
 
 
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype) -> tuple:
+def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None,
+                  device) -> torch.Tensor:
+    """The rotary frequencies [head_dim / 2] (fp32), with Llama 3's `scaling` where given:
+    wavelengths beyond original_max_position / low_freq_factor are slowed by `factor`, those
+    within original_max_position / high_freq_factor kept, and the band between blended."""
+    inv_freq = theta ** -(torch.arange(0, head_dim, 2, dtype=torch.float32,
+                                       device=device) / head_dim)
+    if scaling is None:
+        return inv_freq
+    s = scaling
+    wavelength = 2 * math.pi / inv_freq
+    smooth = ((s.original_max_position / wavelength - s.low_freq_factor)
+              / (s.high_freq_factor - s.low_freq_factor)).clamp(0, 1)
+    blended = (1 - smooth) * inv_freq / s.factor + smooth * inv_freq
+    long = wavelength > s.original_max_position / s.low_freq_factor
+    short = wavelength < s.original_max_position / s.high_freq_factor
+    return torch.where(long, inv_freq / s.factor, torch.where(short, inv_freq, blended))
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype,
+                 scaling: RopeScaling | None = None) -> tuple:
     """cos, sin [tokens, head_dim] of the rotary embedding at `positions` (fp32 angles)."""
-    inv_freq = theta ** -(
-        torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim
-    )
+    inv_freq = rope_inv_freq(head_dim, theta, scaling, positions.device)
     angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
     angles = torch.cat([angles, angles], dim=-1)
     return angles.cos().to(dtype), angles.sin().to(dtype)
@@ -105,7 +125,8 @@ class RopeTable:
     @classmethod
     def build(cls, model: ModelConfig, max_positions: int, dtype, device) -> RopeTable:
         positions = torch.arange(max_positions, device=device)
-        return cls(*rope_cos_sin(positions, model.head_dim, model.rope_theta, dtype))
+        return cls(*rope_cos_sin(positions, model.head_dim, model.rope_theta, dtype,
+                                 model.rope_scaling))
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -145,7 +166,8 @@ def _rope(model: ModelConfig, t: torch.Tensor, positions: torch.Tensor,
     if model.position != "rope":
         return t
     if rope is None:
-        cos, sin = rope_cos_sin(positions, model.head_dim, model.rope_theta, t.dtype)
+        cos, sin = rope_cos_sin(positions, model.head_dim, model.rope_theta, t.dtype,
+                                model.rope_scaling)
     else:
         cos, sin = rope.cos[positions], rope.sin[positions]
     return apply_rope(t, cos[:, None, :], sin[:, None, :])

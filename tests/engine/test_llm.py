@@ -84,7 +84,7 @@ def test_prompts_with_a_common_prefix_share_its_blocks_and_decode_alike():
 
 
 def test_requests_wait_for_blocks_and_join_as_others_finish():
-    """8 blocks of 16 tokens; each request needs 4 (40 + 20 tokens): two run at a time, the others
+    """8 blocks of 16 tokens; a request of 40 + 20 tokens ends in 4: two run at a time, the others
     join as blocks come back, and every request gets the tokens it gets alone."""
     llm = kvlab.LLM("tiny-opt", device="cpu", num_blocks=8, block_size=16)
     prompts = [tokens(40, seed=10 + i) for i in range(5)]
@@ -92,6 +92,19 @@ def test_requests_wait_for_blocks_and_join_as_others_finish():
     batched = llm.generate(prompts, max_new_tokens=20)
     assert batched.tokens == alone and max(batched.step_batch) == 2
     assert llm.manager.num_free_blocks == 8
+
+
+def test_a_full_cache_preempts_and_recomputes_instead_of_failing():
+    """30-token prompts fit two blocks each, so three are admitted into 8 blocks; grown to 60
+    tokens they need 12: the latest admitted give their blocks back and are recomputed later,
+    with the tokens they would have had alone."""
+    llm = kvlab.LLM("tiny-llama", device="cpu", num_blocks=8, block_size=16)
+    prompts = [tokens(30, seed=20 + i) for i in range(4)]
+    alone = [llm.generate(p, max_new_tokens=30).tokens[0] for p in prompts]
+    squeezed = llm.generate(prompts, max_new_tokens=30)
+    assert squeezed.preemptions > 0 and max(squeezed.step_batch) == 3
+    assert squeezed.tokens == alone and squeezed.finish_reasons == ["length"] * 4
+    assert llm.manager.num_free_blocks == 8 and not llm.manager.seq_ids
 
 
 def test_sampling_is_seeded_and_top_p_near_zero_is_greedy():
@@ -115,7 +128,8 @@ def test_eos_ends_a_request_unless_ignored():
 
 
 @pytest.mark.parametrize(("make", "message"), [
-    (lambda: kvlab.LLM("gpt-5", device="cpu"), "model='gpt-5': must be a ModelConfig or one of"),
+    (lambda: kvlab.LLM("gpt-5", device="cpu"),
+     "model='gpt-5': must be a ModelConfig, a checkpoint folder"),
     (lambda: kvlab.LLM(device="cpu", attention="flash"), "attention='flash': must be one of"),
     (lambda: kvlab.LLM(device="cpu", attention="gqa"), "the CUDA kernels need device='cuda'"),
     (lambda: kvlab.LLM(device="cpu", dtype=torch.float64), "dtype=torch.float64: must be"),

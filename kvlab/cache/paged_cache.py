@@ -212,26 +212,51 @@ class PagedKVCache:
         if k.shape != v.shape:
             raise ValueError(f"k.shape={tuple(k.shape)} and v.shape={tuple(v.shape)}: must match")
 
-    @torch.no_grad()  # NOTE: K/V that require grad must not pull the cache into autograd.
-    def _write(self, alloc: Allocation, k, v) -> int:
-        for src, dst in alloc.copies:
+    @torch.no_grad()
+    def copy_blocks(self, copies) -> None:
+        """Copy whole blocks, (src_block_id, dst_block_id) pairs: an Allocation's copy-on-write
+        `copies`, for a caller that places tokens with a shared manager and writes them with
+        `write_slots`."""
+        for src, dst in copies:
             self.k_cache[dst] = self.k_cache[src]
             self.v_cache[dst] = self.v_cache[src]
+
+    @torch.no_grad()
+    def write_slots(self, slots: torch.Tensor, k, v) -> None:
+        """Write the K/V of n tokens at cache slots `slots` (int64 [n] on the cache's device:
+        block id * block_size + offset in the block, as BlockManager.slot_mapping gives them).
+        k, v: [n, num_kv_heads, head_dim] as `append` takes them. No block bookkeeping: for a
+        caller that has placed the tokens with a shared manager (one placement, many layers'
+        caches) and applied its copies with `copy_blocks`."""
+        self._check_kv(k, v)
+        if slots.shape != (k.shape[0],) or slots.dtype != torch.int64 or (
+                slots.device != self.device):
+            raise ValueError(f"slots: int64 [{k.shape[0]}] on {self.device} (one per token), "
+                             f"got {slots.dtype} {tuple(slots.shape)} on {slots.device}")
+        self._quantize_scatter(slots, k, v)
+
+    @torch.no_grad()  # NOTE: K/V that require grad must not pull the cache into autograd.
+    def _write(self, alloc: Allocation, k, v) -> int:
+        self.copy_blocks(alloc.copies)
         seq_len = self.manager.seq_len(alloc.seq_id)
         first = alloc.write_start - (seq_len - k.shape[0])  # index into k of the first new token
         if alloc.write_start < seq_len:
             slots = self.manager.slot_mapping(alloc.seq_id, alloc.write_start, seq_len)
-            k, v = k[first:], v[first:]
-            if self._scales is not None:  # scales from the tokens written, not a shared prefix
-                k, v = self._scales[0].quantize(k), self._scales[1].quantize(v)
-            self._scatter(slots, k, v)
+            slots = torch.tensor(slots, dtype=torch.int64, device=self.device)
+            self._quantize_scatter(slots, k[first:], v[first:])
         return alloc.seq_id
 
-    def _block_offset(self, slots: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        slots_t = torch.tensor(slots, dtype=torch.int64, device=self.device)
-        return slots_t // self.block_size, slots_t % self.block_size
+    def _quantize_scatter(self, slots: torch.Tensor, k, v) -> None:
+        if self._scales is not None:  # scales from the tokens written, not a shared prefix
+            k, v = self._scales[0].quantize(k), self._scales[1].quantize(v)
+        self._scatter(slots, k, v)
 
-    def _scatter(self, slots: list[int], k, v) -> None:
+    def _block_offset(self, slots) -> tuple[torch.Tensor, torch.Tensor]:
+        if not isinstance(slots, torch.Tensor):
+            slots = torch.tensor(slots, dtype=torch.int64, device=self.device)
+        return slots // self.block_size, slots % self.block_size
+
+    def _scatter(self, slots: torch.Tensor, k, v) -> None:
         block, offset = self._block_offset(slots)
         if self.layout == "hnd":
             self.k_cache[block, :, offset] = k

@@ -68,18 +68,19 @@ def prefill(model: ModelConfig, w: ModelWeights, caches: Sequence, alloc: Alloca
 
 @torch.no_grad()
 def decode_step(model: ModelConfig, w: ModelWeights, caches: Sequence,
-                allocs: Sequence[Allocation], token_ids: torch.Tensor, positions: torch.Tensor,
-                attend: Attend, rope: RopeTable | None) -> torch.Tensor:
+                copies: Sequence[tuple[int, int]], slots: torch.Tensor, token_ids: torch.Tensor,
+                positions: torch.Tensor, attend: Attend, rope: RopeTable | None) -> torch.Tensor:
     """One decode step of a batch: token_ids [batch] at `positions` [batch], one per sequence,
-    already placed by the manager (`allocs`, in batch order). Each layer writes the new tokens'
-    K, V, then attends over the whole cached sequence with `attend`. Returns fp32 logits
-    [batch, vocab_size]."""
+    already placed by the manager: `slots` [batch] (int64, on the caches' device) are their
+    cache slots, `copies` the copy-on-write block copies their placement asked for. Each layer
+    writes the new tokens' K, V (one scatter), then attends over the whole cached sequences
+    with `attend`. Returns fp32 logits [batch, vocab_size]."""
     hidden = embed(model, w, token_ids, positions)
     batch = token_ids.shape[0]
     for i, (layer, cache) in enumerate(zip(w.layers, caches, strict=True)):
         _, q, k, v = layer_head(model, layer, hidden, positions, rope)
-        for b, alloc in enumerate(allocs):
-            cache.write(alloc, k[b:b + 1], v[b:b + 1])
+        cache.copy_blocks(copies)
+        cache.write_slots(slots, k, v)
         out = attend(i, q).reshape(batch, model.q_size).to(hidden.dtype)
         hidden = layer_tail(model, layer, hidden, out)
     return logits(model, w, hidden)

@@ -222,10 +222,14 @@ class LLM:
         seq_ids = [r.seq_id for r in running]
         positions = [self.manager.seq_len(s) for s in seq_ids]
         allocs = [self.manager.append(r.seq_id, 1, [r.tokens[-1]]) for r in running]
-        ids = torch.tensor([r.tokens[-1] for r in running], dtype=torch.long, device=self.device)
-        pos = torch.tensor(positions, dtype=torch.long, device=self.device)
-        return forward.decode_step(self.model, self.weights, self.caches, allocs, ids, pos,
-                                   self._attend(seq_ids), self.rope)
+        copies = [c for a in allocs for c in a.copies]
+        slots = [self.manager.slot_mapping(s, p, p + 1)[0]
+                 for s, p in zip(seq_ids, positions, strict=True)]
+        slots, ids, positions = (
+            torch.tensor(xs, dtype=torch.long, device=self.device)
+            for xs in (slots, [r.tokens[-1] for r in running], positions))
+        return forward.decode_step(self.model, self.weights, self.caches, copies, slots, ids,
+                                   positions, self._attend(seq_ids), self.rope)
 
     def _attend(self, seq_ids: list[int]) -> forward.Attend:
         if self.attention == "reference":

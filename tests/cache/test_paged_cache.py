@@ -81,6 +81,34 @@ def test_fork_then_append_copies_on_write(layout):
     assert cache.block_tables([parent])[0, 0] == cache.block_tables([child])[0, 0]
 
 
+@pytest.mark.parametrize("layout", ["hnd", "vllm"])
+def test_layers_sharing_a_manager_write_what_their_own_appends_would(layout):
+    """Two caches on one BlockManager (an engine's layers): placed once, each written with
+    write/write_slots and copy_blocks, both hold what add_sequence and append store, through a
+    fork's copy-on-write."""
+    first = make_cache(block_size=4, layout=layout)
+    second = PagedKVCache(64, 4, first.num_kv_heads, first.head_dim, first.dtype,
+                          layout=layout, manager=first.manager)
+    k, v = make_kv(first, 6)
+    alloc = first.manager.add_sequence(6)
+    first.write(alloc, k, v)
+    second.write(alloc, 2 * k, 2 * v)
+    child = first.manager.fork(alloc.seq_id)
+    kn, vn = make_kv(first, 1, seed=4)
+    step = first.manager.append(child, 1)
+    slots = torch.tensor(first.manager.slot_mapping(child, 6, 7))
+    for cache, scale in ((first, 1), (second, 2)):
+        cache.copy_blocks(step.copies)
+        cache.write_slots(slots, scale * kn, scale * vn)
+        assert_gather(cache, child, scale * torch.cat([k, kn]), scale * torch.cat([v, vn]))
+        assert_gather(cache, alloc.seq_id, scale * k, scale * v)
+    assert step.copies  # the child's append copied the shared partial block
+    with pytest.raises(ValueError, match="slots: int64 \\[1\\]"):
+        second.write_slots(slots.int(), kn, vn)
+    with pytest.raises(ValueError, match="manager=.*must be a BlockManager of num_blocks=32"):
+        PagedKVCache(32, 4, 2, 64, manager=first.manager)
+
+
 def test_shared_prefix_blocks_are_not_rewritten():
     cache = make_cache(block_size=4)
     a, k, v = make_seq(cache, 9, token_ids=range(9))

@@ -38,8 +38,9 @@ def test_prefill_and_decode_logits_equal_hf(name):
     torch.testing.assert_close(got, expected[8], rtol=1e-4, atol=1e-4)
     seq = alloc.seq_id
     for pos in range(9, 15):
-        step = [llm.manager.append(seq, 1, [ids[pos]])]
-        got = forward.decode_step(llm.model, llm.weights, llm.caches, step,
+        llm.manager.append(seq, 1, [ids[pos]])
+        slot = torch.tensor(llm.manager.slot_mapping(seq, pos, pos + 1))
+        got = forward.decode_step(llm.model, llm.weights, llm.caches, [], slot,
                                   torch.tensor([ids[pos]]), torch.tensor([pos]),
                                   llm._attend([seq]), llm.rope)
         torch.testing.assert_close(got[0], expected[pos], rtol=1e-4, atol=1e-4)

@@ -33,6 +33,7 @@ from kvlab.cache import BlockManager
 from kvlab.checks import check_block_size, check_positive_int, is_int
 from kvlab.config import MODELS, ModelConfig
 from kvlab.engine import checkpoint, forward
+from kvlab.engine.graphs import bucket as graphs_bucket
 from kvlab.engine.weights import ModelWeights
 from kvlab.kernels.prefetch import PrefetchConfig
 from kvlab.offload.model import resolve_device
@@ -90,13 +91,20 @@ class LLM:
         seed: of the random weights (and the default of generate's sampling seed).
         block_size: tokens per cache block (8, 16 or 32 for vllm_v1; 8-256 otherwise).
         num_blocks: blocks in the cache, shared by all layers; default enough for 65,536 tokens.
+        cuda_graphs: replay decode steps as CUDA graphs (kvlab.engine.graphs) for batches of
+            up to 256 sequences of up to graph_max_len tokens, eagerly beyond; default True
+            with the CUDA kernels (they alone can be captured).
+        graph_max_len: the longest sequence a graph serves (its kernels are planned for it;
+            like vLLM's max_seq_len_to_capture), default the model's context limit or 8192,
+            whichever is less.
     Raises ValueError, before allocating anything, for anything it cannot run.
     """
 
     def __init__(self, model: str | ModelConfig = "tiny-llama", *, attention: str = "auto",
                  prefetch: PrefetchConfig | None = None, dtype: torch.dtype | None = None,
                  device=None, seed: int = 0, block_size: int = 16,
-                 num_blocks: int | None = None):
+                 num_blocks: int | None = None, cuda_graphs: bool | None = None,
+                 graph_max_len: int | None = None):
         checkpoint_path = model if checkpoint.is_checkpoint(model) else None
         self.model = (checkpoint.model_config(model) if checkpoint_path is not None
                       else _resolve_model(model))
@@ -131,6 +139,14 @@ class LLM:
         check_positive_int("num_blocks", num_blocks)
         if not is_int(seed):
             raise ValueError(f"seed={seed!r}: must be an integer")
+        if cuda_graphs is None:
+            cuda_graphs = attention != "reference"
+        if cuda_graphs is not False and (cuda_graphs is not True or attention == "reference"):
+            raise ValueError(f"cuda_graphs={cuda_graphs!r}: must be a bool, and False with "
+                             "attention='reference' (only the CUDA kernels can be captured)")
+        if graph_max_len is None:
+            graph_max_len = min(self.model.max_position, 8192)
+        check_positive_int("graph_max_len", graph_max_len)
         self.seed, self.block_size = int(seed), int(block_size)
 
         from kvlab.cache import PagedKVCache
@@ -146,6 +162,15 @@ class LLM:
                        for _ in range(m.num_layers)]
         self.rope = (RopeTable.build(m, m.max_position, dtype, self.device)
                      if m.position == "rope" else None)
+        self.graphs = None
+        if cuda_graphs:  # a block of its own for the graphs' padding rows
+            from kvlab.engine.graphs import DecodeGraphs
+
+            scratch = self.manager.add_sequence(1).seq_id
+            self.graphs = DecodeGraphs(
+                m, self.weights, self.caches, self.rope, attention, prefetch, int(graph_max_len),
+                (self.manager.block_table(scratch)[0], self.manager.slot_mapping(scratch, 0, 1)[0]))
+        self.usable_blocks = self.manager.num_free_blocks
 
     def __repr__(self):
         return (f"LLM({self.model.name!r}, attention={self.attention!r}, dtype={self.dtype}, "
@@ -225,9 +250,13 @@ class LLM:
         copies = [c for a in allocs for c in a.copies]
         slots = [self.manager.slot_mapping(s, p, p + 1)[0]
                  for s, p in zip(seq_ids, positions, strict=True)]
-        slots, ids, positions = (
-            torch.tensor(xs, dtype=torch.long, device=self.device)
-            for xs in (slots, [r.tokens[-1] for r in running], positions))
+        ids = [r.tokens[-1] for r in running]
+        if (self.graphs is not None and graphs_bucket(len(running)) is not None
+                and max(positions) < self.graphs.max_seq_len):
+            tables = [self.manager.block_table(s) for s in seq_ids]
+            return self.graphs.step(copies, slots, ids, positions, tables)
+        slots, ids, positions = (torch.tensor(xs, dtype=torch.long, device=self.device)
+                                 for xs in (slots, ids, positions))
         return forward.decode_step(self.model, self.weights, self.caches, copies, slots, ids,
                                    positions, self._attend(seq_ids), self.rope)
 
@@ -309,9 +338,10 @@ class LLM:
                 raise ValueError(f"prompts[{i}]: {len(prompt)} tokens + max_new_tokens="
                                  f"{max_new_tokens} exceed {m.name}'s context limit of "
                                  f"{m.max_position} tokens")
-            if self._blocks(total) > self.manager.num_blocks:
+            if self._blocks(total) > self.usable_blocks:
                 raise ValueError(f"prompts[{i}]: {total} tokens need {self._blocks(total)} "
-                                 f"blocks; the cache has {self.manager.num_blocks} (num_blocks)")
+                                 f"blocks; the cache has {self.usable_blocks} for requests "
+                                 f"(num_blocks={self.manager.num_blocks})")
             requests.append(_Request(i, [int(t) for t in prompt], int(max_new_tokens)))
         return requests
 

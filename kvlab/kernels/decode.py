@@ -47,6 +47,17 @@ def auto_kernel(cache) -> str:
     return "gqa" if cache.layout == gqa.LAYOUT else "vllm_v1"
 
 
+def _check_plan(cache, num_qo_heads: int, kernel: str, prefetch) -> str:
+    """Raise ValueError unless a plan can run `kernel` on `cache`; returns the kernel family."""
+    _check_cache(cache)
+    check_num_heads(num_qo_heads, cache.num_kv_heads)
+    chosen = auto_kernel(cache) if kernel == "auto" else kernel
+    check_kernel(chosen, cache, num_qo_heads)
+    if prefetch is not None and not isinstance(prefetch, PrefetchConfig):
+        raise ValueError(f"prefetch={prefetch!r}: must be a PrefetchConfig or None")
+    return chosen
+
+
 def _check_cache(cache) -> None:
     if cache.device.type != "cuda":
         raise ValueError(f"cache.device={cache.device}: the CUDA kernels need a CUDA device")
@@ -96,18 +107,45 @@ class DecodePlan:
     def __init__(self, cache, seq_ids, num_qo_heads: int, kernel: str = "auto",
                  prefetch: PrefetchConfig | None = None, scale: float | None = None,
                  num_sms: int | None = None):
-        _check_cache(cache)
-        check_num_heads(num_qo_heads, cache.num_kv_heads)
-        chosen = auto_kernel(cache) if kernel == "auto" else kernel
-        check_kernel(chosen, cache, num_qo_heads)
-        if prefetch is not None and not isinstance(prefetch, PrefetchConfig):
-            raise ValueError(f"prefetch={prefetch!r}: must be a PrefetchConfig or None")
+        chosen = _check_plan(cache, num_qo_heads, kernel, prefetch)
         seq_ids = list(seq_ids)
         if not seq_ids:
             raise ValueError("seq_ids=[]: must name at least one sequence")
-        self.block_tables = cache.block_tables(seq_ids)  # int32 [B, max_num_blocks]
-        self.seq_lens = cache.seq_lens(seq_ids)  # int32 [B]
-        self.host_seq_lens = [cache.manager.seq_len(s) for s in seq_ids]  # what the split plans
+        self._setup(cache, cache.block_tables(seq_ids), cache.seq_lens(seq_ids),
+                    [cache.manager.seq_len(s) for s in seq_ids], num_qo_heads, chosen,
+                    kernel == "auto" and prefetch is None, prefetch, scale, num_sms,
+                    tune_here=True)
+
+    @classmethod
+    def for_capture(cls, cache, num_seqs: int, max_seq_len: int, num_qo_heads: int,
+                    kernel: str = "auto", prefetch: PrefetchConfig | None = None,
+                    scale: float | None = None, num_sms: int | None = None) -> "DecodePlan":
+        """A plan to capture in a CUDA graph and replay for changing batches of at most
+        num_seqs sequences of at most max_seq_len tokens. Its `block_tables` (int32 [num_seqs,
+        ceil(max_seq_len / block_size)]) and `seq_lens` (int32 [num_seqs]) are device buffers
+        the caller fills in place before each replay; a row no sequence uses keeps a valid
+        block id and a length of at least 1 (they start as block 0 and length 1). The kernels'
+        split is planned for num_seqs sequences of max_seq_len tokens: shorter ones leave some
+        CTAs with nothing to do. With kernel="auto" and prefetch None the prefetch setting is
+        the recorded choice (nothing is timed)."""
+        chosen = _check_plan(cache, num_qo_heads, kernel, prefetch)
+        for name, value in (("num_seqs", num_seqs), ("max_seq_len", max_seq_len)):
+            if not is_int(value) or value < 1:
+                raise ValueError(f"{name}={value!r}: must be an integer >= 1")
+        width = -(-max_seq_len // cache.block_size)
+        plan = cls.__new__(cls)
+        plan._setup(cache, torch.zeros(num_seqs, width, dtype=torch.int32, device=cache.device),
+                    torch.ones(num_seqs, dtype=torch.int32, device=cache.device),
+                    [int(max_seq_len)] * num_seqs, num_qo_heads, chosen,
+                    kernel == "auto" and prefetch is None, prefetch, scale, num_sms,
+                    tune_here=False)
+        return plan
+
+    def _setup(self, cache, block_tables, seq_lens, host_seq_lens, num_qo_heads, chosen: str,
+               choose_prefetch: bool, prefetch, scale, num_sms, tune_here: bool) -> None:
+        self.block_tables = block_tables  # int32 [B, max_num_blocks]
+        self.seq_lens = seq_lens  # int32 [B]
+        self.host_seq_lens = host_seq_lens  # what the split plans
         self.max_seq_len = max(self.host_seq_lens)
         self.cache, self.kernel, self.num_qo_heads = cache, chosen, num_qo_heads
         self.q_dtype = gqa.query_dtype(cache.dtype)  # of q and out
@@ -117,22 +155,22 @@ class DecodePlan:
             raise ValueError(f"num_sms={num_sms!r}: must be an integer in [1, {total}] (this "
                              "GPU's SMs) or None")
         self.num_sms = green.current_sms(cache.device) if num_sms is None else int(num_sms)
-        if prefetch is None:
-            prefetch = self._auto_prefetch() if kernel == "auto" else PrefetchConfig()
-        self.prefetch = prefetch
-        self.launcher = self._launcher(prefetch)
+        if choose_prefetch:
+            prefetch = self._auto_prefetch() if tune_here else self._recorded_prefetch()
+        self.prefetch = prefetch or PrefetchConfig()
+        self.launcher = self._launcher(self.prefetch)
 
     def _launcher(self, prefetch: PrefetchConfig):
         return LAUNCHERS[self.kernel](self.cache, self.num_qo_heads, self.host_seq_lens, prefetch,
                                      self.num_sms)
 
+    def _recorded_prefetch(self) -> PrefetchConfig:
+        return select.best_prefetch(self.kernel, self.num_qo_heads, self.cache.num_kv_heads,
+                                    self.cache.block_size, self.num_seqs, self.max_seq_len)
+
     def _auto_prefetch(self) -> PrefetchConfig:
         cache = self.cache
-
-        def recorded():
-            return select.best_prefetch(self.kernel, self.num_qo_heads, cache.num_kv_heads,
-                                        cache.block_size, self.num_seqs, self.max_seq_len)
-
+        recorded = self._recorded_prefetch
         if not tune.enabled():
             return recorded()
         q = torch.zeros(self.num_seqs, self.num_qo_heads, cache.head_dim, dtype=self.q_dtype,

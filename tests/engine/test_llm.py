@@ -138,6 +138,9 @@ def test_eos_ends_a_request_unless_ignored():
     (lambda: kvlab.LLM(device="cpu", block_size=24), "block_size"),
     (lambda: kvlab.LLM(device="cpu", prefetch=kvlab.PrefetchConfig("bulk")),
      "must be None, or a PrefetchConfig with a CUDA kernel"),
+    (lambda: kvlab.LLM(device="cpu", cuda_graphs=True), "cuda_graphs=True: must be a bool, "
+     "and False with attention='reference'"),
+    (lambda: kvlab.LLM(device="cpu", graph_max_len=0), "graph_max_len=0: must be an integer"),
 ])
 def test_bad_engine_arguments_are_refused(make, message):
     with pytest.raises(ValueError, match=message.replace("(", "\\(").replace(")", "\\)")):
@@ -157,7 +160,8 @@ def small():
     ([[1, 2.0]], {}, "token 2.0 is not an id"),
     ([[1] * 500], {"max_new_tokens": 20}, "exceed tiny-llama's context limit of 512 tokens"),
     ([[1, 2]], {"max_new_tokens": 0}, "max_new_tokens=0: must be an integer >= 1"),
-    ([[1] * 60], {"max_new_tokens": 10}, "70 tokens need 5 blocks; the cache has 4"),
+    ([[1] * 60], {"max_new_tokens": 10},
+     "70 tokens need 5 blocks; the cache has 4 for requests \\(num_blocks=4\\)"),
     ([[1, 2]], {"temperature": -1.0}, "temperature=-1.0: must be a finite number >= 0"),
     ([[1, 2]], {"top_p": 0}, "top_p=0: must be a number in \\(0, 1\\]"),
     ([[1, 2]], {"eos_token_id": 2000}, "eos_token_id=2000: must be None or a token id"),
@@ -166,6 +170,13 @@ def test_bad_requests_are_refused_before_anything_runs(small, prompts, kwargs, m
     with pytest.raises(ValueError, match=message):
         small.generate(prompts, **kwargs)
     assert small.manager.num_free_blocks == 4 and not small.manager.seq_ids
+
+
+def test_graph_buckets_are_powers_of_two_up_to_256():
+    from kvlab.engine.graphs import bucket
+
+    assert [bucket(n) for n in (1, 2, 3, 5, 64, 65, 256)] == [1, 2, 4, 8, 64, 128, 256]
+    assert bucket(257) is None
 
 
 def test_llm_is_exported_lazily_and_reads_its_preset():

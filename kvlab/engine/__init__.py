@@ -4,7 +4,9 @@
   LM head), seeded random of any preset's shapes.
 - `forward`: the prefill of a prompt and a decode step of a batch over the paged cache; the layer
   math is `kvlab.offload`'s, shared with the KVPR runtime.
-- `llm`: `LLM`, continuous batching with block reservation, greedy and top-p sampling.
+- `llm`: `LLM`, continuous batching with preemption by recompute, greedy and top-p sampling.
+- `graphs`: decode steps captured and replayed as CUDA graphs, one per batch bucket.
+- `checkpoint`: a local Hugging Face checkpoint (config.json, safetensors) as weights.
 - `hf`: the HF transformers model with the same weights (tests and the end-to-end peer).
 """
 

@@ -8,8 +8,8 @@ For each bucket B (1, 2, 4, ... up to MAX_BUCKET) the first step of at most B se
 `forward.decode_step` on static buffers: token ids, positions and cache slots [B], and a
 `DecodePlan.for_capture` whose block tables and lengths are buffers too, planned for B sequences
 of max_seq_len tokens. Each step fills the first rows of the buffers with its batch; the rows
-past it decode a dummy token into a scratch block that no sequence owns (its length 1), and
-their logits are dropped. Copy-on-write block copies run before the replay, outside the graph.
+past it decode a dummy token into a scratch block that no sequence owns (length 1, reading
+whatever valid block their table's first entry still names), and their logits are dropped. Copy-on-write block copies run before the replay, outside the graph.
 All buckets share one memory pool.
 """
 
@@ -70,10 +70,11 @@ class DecodeGraphs:
                                        (entry.positions, positions, 0),
                                        (entry.slots, slots, self.scratch_slot)):
             buffer.copy_(torch.tensor([*values, *[filler] * pad], dtype=torch.long))
-        width = entry.plan.block_tables.shape[1]
-        rows = [t + [self.scratch_block] * (width - len(t)) for t in tables]
-        rows += [[self.scratch_block] * width] * pad
-        entry.plan.block_tables.copy_(torch.tensor(rows, dtype=torch.int32))
+        # only the columns this batch uses: the kernels read a row up to its length, and a
+        # padding row (length 1) its first entry, which always holds some valid block id
+        used = max(len(t) for t in tables)
+        rows = [t + [self.scratch_block] * (used - len(t)) for t in tables]
+        entry.plan.block_tables[:batch, :used].copy_(torch.tensor(rows, dtype=torch.int32))
         lens = [p + 1 for p in positions] + [1] * pad
         entry.plan.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
         for cache in self.caches:

@@ -9,7 +9,8 @@ For each bucket B (1, 2, 4, ... up to MAX_BUCKET) the first step of at most B se
 `DecodePlan.for_capture` whose block tables and lengths are buffers too, planned for B sequences
 of max_seq_len tokens. Each step fills the first rows of the buffers with its batch; the rows
 past it decode a dummy token into a scratch block that no sequence owns (length 1, reading
-whatever valid block their table's first entry still names), and their logits are dropped. Copy-on-write block copies run before the replay, outside the graph.
+whatever valid block their table's first entry still names), and their logits are dropped.
+Copy-on-write block copies run before the replay, outside the graph.
 All buckets share one memory pool.
 """
 

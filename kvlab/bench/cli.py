@@ -220,6 +220,22 @@ def _add_counters(parser: argparse.ArgumentParser) -> None:
 
 
 # name -> (module, how to add its options, what it measures)
+def _add_e2e(parser: argparse.ArgumentParser) -> None:
+    from kvlab.bench.e2e import VARIANTS
+
+    parser.add_argument("--models", nargs="+", default=["llama2-7b", "llama3-8b", "qwen2.5-7b",
+                                                        "qwen2.5-14b"], choices=list(MODELS),
+                        metavar="MODEL", help=f"one or more of {', '.join(MODELS)}")
+    parser.add_argument("--batches", nargs="+", type=positive_int, default=[1, 16, 64, 128])
+    parser.add_argument("--prompt", type=positive_int, default=512, help="prompt tokens")
+    parser.add_argument("--new-tokens", type=positive_int, default=256,
+                        help="tokens decoded per request")
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS),
+                        help="attention kernels (+prefetch: the paper's bulk L2 prefetch, d=1)")
+    parser.add_argument("--no-hf", dest="hf", action="store_false",
+                        help="leave out HF transformers' generate with the static cache")
+
+
 BENCHMARKS = {
     "cache": ("kvlab.bench.cache", _add_cache, "the block pool on one CPU core"),
     "attention": ("kvlab.bench.attention", _add_attention,
@@ -229,6 +245,8 @@ BENCHMARKS = {
     "l2sim": ("kvlab.bench.l2sim", _add_cache, "the L2 model's speed on one CPU core"),
     "counters": ("kvlab.bench.counters", _add_counters,
                  "ncu counters beside the L2-prefetch paper's Table 5.2 (GPU, Nsight Compute)"),
+    "e2e": ("kvlab.bench.e2e", _add_e2e,
+            "decode throughput of whole models on kvlab.LLM beside HF's static cache (GPU)"),
 }
 
 

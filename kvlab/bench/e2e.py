@@ -1,0 +1,181 @@
+"""`python -m kvlab bench e2e`: decode throughput of whole models on `kvlab.LLM`, beside HF
+transformers' `generate` with its static cache on the same weights.
+
+For each model, attention variant and batch: `batch` prompts of `--prompt` seeded random tokens
+decode `--new-tokens` tokens each (ignore EOS; CUDA graphs as `kvlab.LLM` uses them). Every
+decode step's wall time is recorded (the GPU synchronised at its end: what a caller waits); the
+reported step time is the median of the steps from the first at steady state (two successive
+steps within 5%, `kvlab.bench.steps.is_warm`) on. The roofline step time is what one step must
+read, the weights (the LM head whole, the embedding's rows aside) and the batch's K, V at the
+run's mean context, over the copy roofline measured in the same run. HF's peer runs
+`generate(cache_implementation="static")` on the same tensors, its steps timed the same way.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import sys
+import time
+
+from kvlab.bench.env import gpu_info, gpu_state, run_info
+from kvlab.config import MODELS, ModelConfig
+from kvlab.kernels.prefetch import PrefetchConfig
+
+# NOTE: torch loads inside the functions: the CLI builds its options from VARIANTS without it.
+
+PAPER_PREFETCH = PrefetchConfig("bulk")  # the paper's Algorithm 1: the next tile, d=1
+VARIANTS = {"vllm_v1": ("vllm_v1", None), "vllm_v1+prefetch": ("vllm_v1", PAPER_PREFETCH),
+            "gqa": ("gqa", None), "gqa+prefetch": ("gqa", PAPER_PREFETCH)}
+HF_VARIANT = "hf-static"
+
+
+def steady_steps(step_ms: list[float]) -> list[float]:
+    """The steps from the first at steady state on (the later of two successive steps within
+    5%); all of them if none is."""
+    from kvlab.bench.steps import is_warm
+
+    for i in range(1, len(step_ms)):
+        if is_warm(step_ms[:i + 1]):
+            return step_ms[i:]
+    return step_ms
+
+
+def step_bytes(model: ModelConfig, weights, batch: int, context: float) -> float:
+    """Bytes one decode step must read: every weight but the embedding (of which it reads only
+    `batch` rows), the LM head whole even where tied, and the K, V of `batch` sequences of
+    `context` tokens."""
+    import torch
+
+    def size(t):
+        return 0 if t is None else t.numel() * t.element_size()
+
+    layers = sum(size(t) for w in weights.layers for t in (*vars(w.attn).values(),
+                                                            *vars(w).values())
+                 if isinstance(t, torch.Tensor))
+    item = weights.embed.element_size()
+    kv = 2 * model.num_layers * model.kv_size * item * batch * context
+    rows = batch * model.hidden_size * item * (2 if weights.positions is not None else 1)
+    return layers + size(weights.lm_head) + size(weights.norm_weight) + rows + kv
+
+
+def check(args) -> None:
+    """Raise ValueError unless this machine can run the benchmark."""
+    from kvlab.device import backend
+
+    for name in args.models:
+        if args.prompt + args.new_tokens > MODELS[name].max_position:
+            raise ValueError(f"--prompt {args.prompt} + --new-tokens {args.new_tokens}: beyond "
+                             f"{name}'s context limit of {MODELS[name].max_position}")
+    if backend() != "cuda":
+        raise ValueError("python -m kvlab bench e2e needs a CUDA GPU usable through torch and "
+                         "CuPy (kvlab.backend() is 'sim' here)")
+    if args.hf:
+        try:
+            import transformers  # noqa: F401
+        except ImportError as err:
+            raise ValueError("--hf needs transformers (pip install 'kvlab[dev]')") from err
+
+
+def _prompts(model: ModelConfig, batch: int, length: int) -> list[list[int]]:
+    import torch
+
+    gen = torch.Generator().manual_seed(batch)
+    return torch.randint(0, model.vocab_size, (batch, length), generator=gen).tolist()
+
+
+def _row(name, variant, batch, args, step_ms, prefill_ms, roofline_ms) -> dict:
+    steady = steady_steps(step_ms)
+    ms = statistics.median(steady)
+    return {"model": name, "variant": variant, "batch": batch, "prompt": args.prompt,
+            "new_tokens": args.new_tokens, "step_ms": ms, "tokens_per_s": batch / ms * 1e3,
+            "steady_from": len(step_ms) - len(steady), "step_ms_runs": [round(t, 4)
+                                                                        for t in step_ms],
+            "prefill_ms": prefill_ms, "roofline_ms": roofline_ms,
+            "ratio_to_roofline": ms / roofline_ms}
+
+
+def _hf_steps(hf, prompts: list[list[int]], new_tokens: int) -> tuple[list[float], float]:
+    """HF's generate with the static cache: (each decode step's ms, prefill ms)."""
+    import torch
+    import transformers
+
+    stamps = []
+
+    class Stamp(transformers.StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            torch.cuda.synchronize()
+            stamps.append(time.perf_counter() * 1e3)
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    ids = torch.tensor(prompts, device="cuda")
+    hf.generation_config.eos_token_id, hf.generation_config.pad_token_id = None, 0
+    torch.cuda.synchronize()
+    start = time.perf_counter() * 1e3
+    with torch.no_grad():
+        hf.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                    cache_implementation="static",
+                    stopping_criteria=transformers.StoppingCriteriaList([Stamp()]))
+    return [b - a for a, b in itertools.pairwise(stamps)], stamps[0] - start
+
+
+def run(args) -> dict:
+    import torch
+
+    import kvlab
+    from kvlab.timing import Timer, copy_roofline_gbps
+
+    timer = Timer("cuda")
+    result = {"benchmark": "e2e", **run_info(), **gpu_info(), "command": args.command,
+              "dtype": "float16", "timing": "wall clock per decode step, the GPU synchronised "
+              "at its end; median of the steps from steady state (two within 5%) on",
+              "roofline_copy_gbps": round(copy_roofline_gbps(timer), 1), "rows": []}
+    gbps = result["roofline_copy_gbps"]
+    context = args.prompt + args.new_tokens / 2
+    for name in args.models:
+        model = MODELS[name]
+        blocks = -(-max(args.batches) * (args.prompt + args.new_tokens) // 16) + 16
+        for variant in args.variants:
+            kernel, prefetch = VARIANTS[variant]
+            llm = kvlab.LLM(name, attention=kernel, prefetch=prefetch, num_blocks=blocks)
+            for batch in args.batches:
+                print(f"{name} {variant} batch={batch}", file=sys.stderr)
+                out = llm.generate(_prompts(model, batch, args.prompt), args.new_tokens,
+                                   ignore_eos=True)
+                roofline_ms = step_bytes(model, llm.weights, batch, context) / gbps / 1e6
+                result["rows"].append(_row(name, variant, batch, args, out.step_ms,
+                                           statistics.median(out.prefill_ms), roofline_ms))
+            if args.hf and variant == args.variants[-1]:
+                from kvlab.engine.hf import causal_lm
+
+                hf = causal_lm(model, llm.weights)
+                for batch in args.batches:
+                    print(f"{name} {HF_VARIANT} batch={batch}", file=sys.stderr)
+                    steps, prefill = _hf_steps(hf, _prompts(model, batch, args.prompt),
+                                               args.new_tokens)
+                    roofline_ms = step_bytes(model, llm.weights, batch, context) / gbps / 1e6
+                    result["rows"].append(_row(name, HF_VARIANT, batch, args, steps, prefill,
+                                               roofline_ms))
+                del hf
+            del llm
+            torch.cuda.empty_cache()
+    result["clocks_end"] = gpu_state()
+    return result
+
+
+def report(result: dict) -> str:
+    """A line per row: ms per step, tokens/s, its ratio to the roofline step, and its speed
+    over HF's static cache at the same point."""
+    lines = [f"{result['gpu']}: decode steps of kvlab.LLM and HF generate (static cache), "
+             f"median from steady state; copy roofline {result['roofline_copy_gbps']:.0f} GB/s",
+             f"{'model':12} {'variant':17} {'B':>4} {'ms/step':>9} {'tok/s':>8} "
+             f"{'roofline ms':>11} {'x roofline':>10} {'vs HF':>7}"]
+    hf = {(r["model"], r["batch"]): r["step_ms"] for r in result["rows"]
+          if r["variant"] == HF_VARIANT}
+    for r in result["rows"]:
+        base = hf.get((r["model"], r["batch"]))
+        versus = f"{base / r['step_ms']:.2f}x" if base and r["variant"] != HF_VARIANT else "-"
+        lines.append(f"{r['model']:12} {r['variant']:17} {r['batch']:>4} {r['step_ms']:>9.2f} "
+                     f"{r['tokens_per_s']:>8.0f} {r['roofline_ms']:>11.2f} "
+                     f"{r['ratio_to_roofline']:>10.2f} {versus:>7}")
+    return "\n".join(lines)

@@ -292,6 +292,25 @@ def vllm_table(attention_vllm: dict, vllm_own: dict) -> list[str]:
     return lines
 
 
+def e2e_table(result: dict) -> list[str]:
+    """Decode steps of whole models (results/h200/e2e.json), per model and batch: each
+    variant's ms per step (tokens/s), HF's static cache, the roofline step, and the fastest
+    variant over HF and over the roofline."""
+    rows = result["rows"]
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    lines = ["| model | batch | " + " | ".join(variants) + " | roofline | fastest kvlab / HF | "
+             "fastest kvlab / roofline |", "|---|---|" + "---|" * (len(variants) + 3)]
+    for model, batch in dict.fromkeys((r["model"], r["batch"]) for r in rows):
+        mine = {r["variant"]: r for r in rows if (r["model"], r["batch"]) == (model, batch)}
+        cells = [f"{mine[v]['step_ms']:.2f} ms ({mine[v]['tokens_per_s']:,.0f})" for v in variants]
+        best = min((r for v, r in mine.items() if v != "hf-static"), key=lambda r: r["step_ms"])
+        roofline = best["roofline_ms"]
+        lines.append(f"| {model} | {batch} | " + " | ".join(cells) + f" | {roofline:.2f} ms | "
+                     f"{mine['hf-static']['step_ms'] / best['step_ms']:.2f}x | "
+                     f"{best['step_ms'] / roofline:.2f}x |")
+    return lines
+
+
 def fp8_table(result: dict, points=FP8_POINTS) -> list[str]:
     """gqa on an fp8 cache against the same shape on fp16, one loop per point
     (results/h200/attention_fp8.json): the fp16 time over the fp8 time (the tokens/s ratio) and
@@ -361,6 +380,7 @@ def main() -> None:
     print("\n".join(regime_summary_table(*sms)), end="\n\n")
     print("\n".join(regime_table(*sms)), end="\n\n")
     print("\n".join(fp8_table(load_result("h200", "attention_fp8"))), end="\n\n")
+    print("\n".join(e2e_table(load_result("h200", "e2e"))), end="\n\n")
     print("\n".join(vllm_table(load_result("h200", "attention_vllm"),
                                load_result("h200", "vllm_own"))), end="\n\n")
     print("\n".join(mixed_table(load_result("h200", "attention_mixed"))), end="\n\n")

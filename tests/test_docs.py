@@ -28,6 +28,7 @@ def tables():
         ("benchmarks/README.md", lambda t: t.fp8_table(load_result("h200", "attention_fp8"))),
         ("benchmarks/README.md", lambda t: t.vllm_table(load_result("h200", "attention_vllm"),
                                                         load_result("h200", "vllm_own"))),
+        ("benchmarks/README.md", lambda t: t.e2e_table(load_result("h200", "e2e"))),
         ("benchmarks/README.md", lambda t: t.mixed_table(
             load_result("h200", "attention_mixed"))),
         ("benchmarks/README.md", lambda t: t.l2_validation_table(

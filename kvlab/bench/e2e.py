@@ -9,6 +9,9 @@ steps within 5%, `kvlab.bench.steps.is_warm`) on. The roofline step time is what
 read, the weights (the LM head whole, the embedding's rows aside) and the batch's K, V at the
 run's mean context, over the copy roofline measured in the same run. HF's peer runs
 `generate(cache_implementation="static")` on the same tensors, its steps timed the same way.
+A row's prefill_ms is, for kvlab, the median prefill of one prompt (prompts are prefilled one
+at a time); for HF, the whole batch's prefill with its first token and the static cache's
+set-up.
 """
 
 from __future__ import annotations

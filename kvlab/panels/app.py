@@ -16,6 +16,7 @@ import ipywidgets as widgets
 
 from kvlab.device import backend, device_label
 from kvlab.panels.decode_kernels import DecodeKernelsTab
+from kvlab.panels.e2e import EndToEndTab
 from kvlab.panels.kvpr import KVPRTab
 from kvlab.panels.l2 import L2Tab
 from kvlab.panels.paged_cache import PagedCacheTab
@@ -110,4 +111,4 @@ class Dashboard:
 
 def dashboard() -> Dashboard:
     """The kvlab dashboard with all its tabs, built afresh (so it reflects `KVLAB_BACKEND` now)."""
-    return Dashboard([PagedCacheTab(), DecodeKernelsTab(), KVPRTab(), L2Tab()])
+    return Dashboard([PagedCacheTab(), DecodeKernelsTab(), KVPRTab(), L2Tab(), EndToEndTab()])

@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.browser,
               pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK),
                                  reason=f"needs Chromium at {CHROMIUM}")]
 WIDTHS = (1280, 1000)
-TABS = ("Paged cache", "Decode kernels", "KVPR", "L2 and counters")
+TABS = ("Paged cache", "Decode kernels", "KVPR", "L2 and counters", "End-to-end")
 # console messages that are not the page's errors: resources a fresh server lacks
 NOT_ERRORS = ("Failed to load resource",)
 
@@ -124,7 +124,7 @@ def test_a_reload_brings_every_figure_back_with_its_data(walkthrough):
         out.get_by_role("tab", name=tab).click()
         time.sleep(1)
     plots = [p for p in wait_for_plots(page, timeout_s=90) if p["in_dashboard"]]
-    assert len(plots) == live == 11
+    assert len(plots) == live == 13
     empty = [i for i, p in enumerate(plots) if not p["note"] and not (p["traces"] and p["points"])]
     assert not empty, f"dashboard charts without data after a reload: {empty} of {live}"
     assert page.evaluate(STATIC_FIGURES) == static >= 10

@@ -51,8 +51,9 @@ def test_dashboard_layout_and_header(dash):
     assert isinstance(dash, Dashboard)
     assert "sim" in dash.header.value and "simulated backend" in dash.header.value
     assert list(dash.controls) == list(dash.figures) == ["paged_cache", "decode_kernels", "kvpr",
-                                                         "l2"]
-    assert dash.tab_widget.titles == ("Paged cache", "Decode kernels", "KVPR", "L2 and counters")
+                                                         "l2", "e2e"]
+    assert dash.tab_widget.titles == ("Paged cache", "Decode kernels", "KVPR", "L2 and counters",
+                                      "End-to-end")
     assert set(dash.figures["paged_cache"]) == {"memory", "fragmentation", "block_table"}
     assert all(f.figure.layout.height for f in dash.figures["paged_cache"].values())
     sliders = [c for c in dash.controls["paged_cache"].values() if hasattr(c, "continuous_update")]

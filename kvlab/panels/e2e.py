@@ -1,0 +1,131 @@
+"""The "End-to-end" tab: decode tokens/s of whole models against batch, per attention variant,
+beside HF transformers' static cache and the roofline; and the time of each decode step.
+
+Wiring only. The recorded H200 results (`results/h200/e2e.json`) are shown on any machine,
+labelled so. On a GPU a Generate button runs `kvlab.LLM` (seeded random weights of the model,
+attention "auto", CUDA graphs) on the chosen batch of 512-token prompts and adds its steps,
+labelled "measured on <GPU>"; torch loads only then.
+"""
+
+from __future__ import annotations
+
+import html
+import statistics
+
+import ipywidgets as widgets
+
+from kvlab.config import MODELS
+from kvlab.device import backend, device_label
+from kvlab.panels.widgets import control_grid, figure_widget, labeled, show_figure
+from kvlab.results import label, load_results, recorded_models
+from kvlab.viz.e2e import steps_figure, throughput_figure
+from kvlab.viz.layout import note_figure
+
+RECORDED = ("h200", ("e2e",))
+FIGURE_HEIGHTS = {"throughput": 420, "steps": 360}
+PROMPT_TOKENS = 512
+RECORD_COMMAND = "python -m kvlab bench e2e --json benchmarks/results/h200/e2e.json"
+
+__all__ = ["EndToEndTab"]
+
+
+class EndToEndTab:
+    """Decode throughput of whole models (figures: throughput, steps).
+
+    controls: model, batch (the recorded ones); on the "cuda" backend also new_tokens, and
+    `generate_button` runs kvlab.LLM at the chosen model and batch (on "sim" it is None).
+    `generated` holds the last run: (model, batch, kvlab.engine.Generation)."""
+
+    key = "e2e"
+    title = "End-to-end"
+
+    def __init__(self, model: str = "llama3-8b", batch: int = 64, new_tokens: int = 64):
+        self.backend = backend()
+        try:
+            self.recorded = load_results(*RECORDED)
+        except ValueError:  # nothing recorded
+            self.recorded = {"rows": []}
+        recorded = recorded_models(self.recorded)
+        models = [*recorded, *(m for m in MODELS if m not in recorded)]
+        batches = sorted({r["batch"] for r in self.recorded["rows"]}) or [batch]
+        self.controls = {
+            "model": labeled(widgets.Dropdown, "model", options=models,
+                             value=model if model in models else models[0]),
+            "batch": labeled(widgets.Dropdown, "batch", options=batches,
+                             value=batch if batch in batches else batches[-1]),
+        }
+        if self.backend == "cuda":  # for Generate
+            self.controls["new_tokens"] = labeled(widgets.BoundedIntText, "new tokens", min=2,
+                                                  max=2048, value=new_tokens)
+        self.figures = {name: figure_widget(h) for name, h in FIGURE_HEIGHTS.items()}
+        self.status = widgets.HTML()
+        self.generated = None
+        self._llms: dict[str, object] = {}
+        self.generate_button = None
+        if self.backend == "cuda":
+            self.generate_button = widgets.Button(description="Generate", button_style="primary")
+            self.generate_button.on_click(self.generate)
+        for name in ("model", "batch"):
+            self.controls[name].observe(self.refresh, names="value")
+        buttons = [self.generate_button] if self.generate_button is not None else []
+        self.widget = widgets.VBox([control_grid(list(self.controls.values())),
+                                    widgets.HBox(buttons), self.status,
+                                    *self.figures.values()])
+        self.refresh()
+
+    def generate(self, button=None) -> None:
+        """Run kvlab.LLM on this GPU at the chosen model and batch, then show its steps."""
+        import torch
+
+        import kvlab
+
+        model, batch = self.controls["model"].value, self.controls["batch"].value
+        new_tokens = self.controls["new_tokens"].value
+        llm = self._llms.get(model)
+        if llm is None:
+            self._llms.clear()  # one model's weights on the GPU at a time
+            llm = self._llms[model] = kvlab.LLM(model)
+        gen = torch.Generator().manual_seed(0)
+        prompts = torch.randint(0, llm.model.vocab_size, (batch, PROMPT_TOKENS),
+                                generator=gen).tolist()
+        self.generated = (model, batch, llm.generate(prompts, new_tokens, ignore_eos=True))
+        self.refresh()
+
+    def refresh(self, change=None) -> None:
+        model, batch = self.controls["model"].value, self.controls["batch"].value
+        rows = [r for r in self.recorded["rows"] if r["model"] == model]
+        if not rows:
+            for name, height in FIGURE_HEIGHTS.items():
+                show_figure(self.figures[name], note_figure(
+                    "Decode throughput", "not recorded on the H200",
+                    f"no recorded run of {html.escape(model)}: record one on a GPU with<br>"
+                    f"<code>{RECORD_COMMAND}</code>", height))
+            self.status.value = "No end-to-end run recorded."
+            return
+        provenance = label(self.recorded)
+        show_figure(self.figures["throughput"],
+                    throughput_figure(rows, model, provenance, FIGURE_HEIGHTS["throughput"]))
+        steps = {r["variant"]: r["step_ms_runs"] for r in rows if r["batch"] == batch}
+        title, source, lines = f"Decode steps: {model}, batch {batch}", provenance, []
+        if self.generated is not None and self.generated[:2] == (model, batch):
+            out = self.generated[2]
+            name = f"kvlab.LLM ({out.attention}), now"
+            steps = {name: out.step_ms, **steps}
+            source = f"{name}: measured on {device_label()}; the rest {provenance}"
+            lines.append(f"Generated now: {len(out.step_ms)} steps, median "
+                         f"{statistics.median(out.step_ms):.2f} ms, "
+                         f"{out.decode_tokens_per_s:,.0f} tokens/s; request 0's first tokens "
+                         f"{html.escape(str(out.tokens[0][:12]))}")
+        show_figure(self.figures["steps"], steps_figure(
+            steps, title, source, f"prompts of {rows[0]['prompt']} tokens",
+            FIGURE_HEIGHTS["steps"]))
+        best = min((r for r in rows if r["batch"] == batch and r["variant"] != "hf-static"),
+                   key=lambda r: r["step_ms"])
+        hf = next((r for r in rows if r["batch"] == batch and r["variant"] == "hf-static"), None)
+        versus = (f", {hf['step_ms'] / best['step_ms']:.2f}x HF's static cache"
+                  if hf is not None else "")
+        self.status.value = "<br>".join([
+            f"{html.escape(model)} batch {batch} ({html.escape(provenance)}): fastest "
+            f"{html.escape(best['variant'])} {best['step_ms']:.2f} ms a step, "
+            f"{best['tokens_per_s']:,.0f} tokens/s, {best['ratio_to_roofline']:.2f}x the "
+            f"roofline step{versus}", *lines])

@@ -1,0 +1,63 @@
+"""Figures of whole-model decoding (`python -m kvlab bench e2e` rows, or one `kvlab.LLM`
+generation): tokens/s against batch per attention variant beside HF's static cache and the
+roofline, and the time of each decode step."""
+
+from __future__ import annotations
+
+import statistics
+
+import plotly.graph_objects as go
+
+from kvlab.viz.layout import style
+
+__all__ = ["steps_figure", "throughput_figure"]
+
+VARIANT_COLORS = {"vllm_v1": "#1f77b4", "vllm_v1+prefetch": "#9ecae1", "gqa": "#2ca02c",
+                  "gqa+prefetch": "#98df8a", "hf-static": "#7f7f7f"}
+
+
+def throughput_figure(rows: list[dict], model: str, provenance: str,
+                      height: int = 420) -> go.Figure:
+    """Decode tokens/s against batch (log axis) for each variant of `model`'s rows, HF's static
+    cache dashed, and the roofline's tokens/s (batch over the roofline step) dotted. Raises
+    ValueError when `rows` has nothing of `model`."""
+    mine = [r for r in rows if r["model"] == model]
+    if not mine:
+        raise ValueError(f"model={model!r}: no rows (recorded: "
+                         f"{', '.join(dict.fromkeys(r['model'] for r in rows))})")
+    fig = go.Figure()
+    for variant in dict.fromkeys(r["variant"] for r in mine):
+        points = sorted((r for r in mine if r["variant"] == variant), key=lambda r: r["batch"])
+        fig.add_trace(go.Scatter(
+            x=[r["batch"] for r in points], y=[r["tokens_per_s"] for r in points],
+            name=variant, mode="lines+markers",
+            line=dict(color=VARIANT_COLORS.get(variant, "black"),
+                      dash="dash" if variant == "hf-static" else "solid"),
+            customdata=[[r["step_ms"], r["ratio_to_roofline"]] for r in points],
+            hovertemplate=f"{variant}<br>batch %{{x}}: %{{y:,.0f}} tokens/s<br>"
+                          "%{customdata[0]:.2f} ms a step, %{customdata[1]:.2f}x the roofline"
+                          "<extra></extra>"))
+    roof = sorted({r["batch"]: r["roofline_ms"] for r in mine}.items())
+    fig.add_trace(go.Scatter(x=[b for b, _ in roof], y=[b / ms * 1e3 for b, ms in roof],
+                             name="roofline (weights + KV at the copy roofline)", mode="lines",
+                             line=dict(color="black", dash="dot", width=1)))
+    fig.update_layout(xaxis=dict(title="batch (sequences decoded together)", type="log"),
+                      yaxis=dict(title="decode tokens/s", type="log"))
+    first = mine[0]
+    return style(fig, f"Decode throughput: {model}", provenance,
+                 f"prompt {first['prompt']} tokens, {first['new_tokens']} new each; median "
+                 "step from steady state", height=height)
+
+
+def steps_figure(step_ms: dict[str, list[float]], title: str, provenance: str,
+                 detail: str = "", height: int = 360) -> go.Figure:
+    """The time of every decode step, one line per run ({name: [ms, ...]}). The axis ends at
+    twice the slowest run's median, so that the first steps (warm-up, CUDA graph capture), off
+    the scale, do not flatten the rest; hover gives every value."""
+    fig = go.Figure([go.Scatter(y=ms, x=list(range(1, len(ms) + 1)), name=name, mode="lines",
+                                line=dict(color=VARIANT_COLORS.get(name)))
+                     for name, ms in step_ms.items()])
+    top = 2 * max(statistics.median(ms) for ms in step_ms.values())
+    fig.update_layout(xaxis=dict(title="decode step"), yaxis=dict(title="ms", range=[0, top]))
+    return style(fig, title, provenance, detail, "the axis ends at twice the slowest median: "
+                 "warm-up steps may lie above it", height=height)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -50,7 +51,9 @@ class Generation:
     "length" (max_new_tokens reached) or "eos"; prefill_ms[i]: its prefill (one prompt, wall
     clock, the GPU synchronised; a preempted request's prefills add up); step_ms[s],
     step_batch[s]: decode step s's time and how many requests it decoded; preemptions: how many
-    times a request gave its blocks back to be recomputed later; attention: what decoded them."""
+    times a request gave its blocks back to be recomputed later; attention: what decoded them;
+    arrival_s[i], first_token_s[i], finish_s[i]: when request i arrived, got its first token and
+    its last, in seconds after generate() began."""
 
     tokens: list[list[int]]
     finish_reasons: list[str]
@@ -59,6 +62,9 @@ class Generation:
     step_batch: list[int]
     preemptions: int
     attention: str
+    arrival_s: list[float]
+    first_token_s: list[float]
+    finish_s: list[float]
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -181,10 +187,15 @@ class LLM:
     def dtype(self) -> torch.dtype:
         return self.weights.dtype
 
-    def generate(self, prompts, max_new_tokens: int = 16, *, temperature: float = 0.0,
-                 top_p: float = 1.0, eos_token_id: int | None = None, ignore_eos: bool = False,
-                 seed: int | None = None) -> Generation:
+    def generate(self, prompts, max_new_tokens: int | Sequence[int] = 16, *,
+                 temperature: float = 0.0, top_p: float = 1.0, eos_token_id: int | None = None,
+                 ignore_eos: bool = False, seed: int | None = None,
+                 arrivals: Sequence[float] | None = None) -> Generation:
         """New tokens for each prompt (a list of token ids, or a list of them).
+
+        max_new_tokens: one limit for all, or one per prompt. arrivals: when each request
+        arrives, in seconds after the call (a serving run: a request waits, not admitted, until
+        then); default all at once.
 
         temperature 0 is greedy; above 0, tokens are sampled from softmax(logits / temperature)
         within the smallest set of top tokens whose probability reaches top_p (generator seeded
@@ -193,6 +204,11 @@ class LLM:
         not token ids of the vocabulary, or longer than the context limit with its new tokens,
         for max_new_tokens < 1, or a request the whole cache cannot hold."""
         requests = self._requests(prompts, max_new_tokens)
+        arrival_s = [0.0] * len(requests) if arrivals is None else list(arrivals)
+        if len(arrival_s) != len(requests) or not all(
+                isinstance(t, (int, float)) and math.isfinite(t) and t >= 0 for t in arrival_s):
+            raise ValueError(f"arrivals: must be {len(requests)} finite numbers >= 0 (seconds "
+                             "after the call), one per prompt")
         if not (isinstance(temperature, (int, float)) and math.isfinite(temperature)
                 and temperature >= 0):
             raise ValueError(f"temperature={temperature!r}: must be a finite number >= 0")
@@ -208,29 +224,46 @@ class LLM:
         def sample(logits):
             return _sample(logits, temperature, top_p, generator)
 
-        waiting, running = deque(requests), []
+        waiting = deque(sorted(requests, key=lambda r: arrival_s[r.index]))
+        running: list[_Request] = []
         prefill_ms, step_ms, step_batch = [0.0] * len(requests), [], []
-        preemptions = 0
+        first_token_s, finish_s = [0.0] * len(requests), [0.0] * len(requests)
+        preemptions, began = 0, time.perf_counter()
+
+        def now() -> float:
+            return time.perf_counter() - began
+
+        def take(request: _Request, token: int) -> None:
+            self._take(request, token, stop, running)
+            if len(request.tokens) == 1:
+                first_token_s[request.index] = now()
+            if request.finish_reason:
+                finish_s[request.index] = now()
+
         while waiting or running:
-            while waiting and self._admissible(waiting[0], running):
+            while (waiting and arrival_s[waiting[0].index] <= now()
+                   and self._admissible(waiting[0], running)):
                 request = waiting.popleft()
                 start = self._clock()
                 last_logits = self._prefill(request)
                 running.append(request)
                 if not request.tokens:  # a new request: its first token ends its prefill
-                    self._take(request, sample(last_logits[None])[0], stop, running)
+                    take(request, sample(last_logits[None])[0])
                 prefill_ms[request.index] += self._clock() - start
             preemptions += self._make_room(running, waiting)
             if not running:
+                if waiting:  # the next request has not arrived yet
+                    time.sleep(max(arrival_s[waiting[0].index] - now(), 0.0))
                 continue
             start = self._clock()
             tokens = sample(self._decode(running))
             step_ms.append(self._clock() - start)
             step_batch.append(len(running))
             for request, token in zip(list(running), tokens, strict=True):
-                self._take(request, token, stop, running)
+                take(request, token)
         return Generation([r.tokens for r in requests], [r.finish_reason for r in requests],
-                          prefill_ms, step_ms, step_batch, preemptions, self.attention)
+                          prefill_ms, step_ms, step_batch, preemptions, self.attention,
+                          arrival_s, first_token_s, finish_s)
 
     # ---- the steps ------------------------------------------------------------------------
 
@@ -314,7 +347,6 @@ class LLM:
         return preempted
 
     def _requests(self, prompts, max_new_tokens) -> list[_Request]:
-        check_positive_int("max_new_tokens", max_new_tokens)
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts
                                         and isinstance(prompts[0], str)):
             raise ValueError("prompts: kvlab has no tokenizer; pass token ids (a list of ints, "
@@ -323,8 +355,14 @@ class LLM:
             prompts = [prompts]
         if not isinstance(prompts, (list, tuple)) or not prompts:
             raise ValueError("prompts: must be a non-empty list of token-id lists")
+        limits = ([max_new_tokens] * len(prompts) if not isinstance(max_new_tokens, (list, tuple))
+                  else list(max_new_tokens))
+        if len(limits) != len(prompts):
+            raise ValueError(f"max_new_tokens: {len(limits)} limits for {len(prompts)} prompts")
         m, requests = self.model, []
-        for i, prompt in enumerate(prompts):
+        for i, (prompt, max_new_tokens) in enumerate(zip(prompts, limits, strict=True)):
+            check_positive_int("max_new_tokens" if len(set(map(repr, limits))) == 1
+                               else f"max_new_tokens[{i}]", max_new_tokens)
             if isinstance(prompt, torch.Tensor):
                 prompt = prompt.tolist()
             if not isinstance(prompt, (list, tuple)) or not prompt:

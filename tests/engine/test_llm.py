@@ -108,6 +108,20 @@ def test_a_full_cache_preempts_and_recomputes_instead_of_failing():
     assert llm.manager.num_free_blocks == 8 and not llm.manager.seq_ids
 
 
+def test_requests_arrive_when_told_and_stop_at_their_own_limits():
+    """A serving run: the second request arrives 0.3 s after the call and is not admitted
+    before; each request stops at its own max_new_tokens, with the tokens it gets alone."""
+    llm = kvlab.LLM("tiny-llama", device="cpu", num_blocks=64)
+    prompts = [tokens(20, seed=30), tokens(9, seed=31)]
+    out = llm.generate(prompts, [12, 5], arrivals=[0.0, 0.3])
+    assert [len(t) for t in out.tokens] == [12, 5]
+    alone = [llm.generate(p, n).tokens[0] for p, n in zip(prompts, [12, 5], strict=True)]
+    assert out.tokens == alone
+    assert out.arrival_s == [0.0, 0.3] and out.first_token_s[1] >= 0.3
+    assert out.first_token_s[0] < 0.3 and all(
+        f >= t for f, t in zip(out.finish_s, out.first_token_s, strict=True))
+
+
 def test_sampling_is_seeded_and_top_p_near_zero_is_greedy():
     llm = kvlab.LLM("tiny-llama", device="cpu", num_blocks=32)
     prompt = tokens(8, seed=3)
@@ -165,6 +179,10 @@ def small():
     ([[1, 2]], {"temperature": -1.0}, "temperature=-1.0: must be a finite number >= 0"),
     ([[1, 2]], {"top_p": 0}, "top_p=0: must be a number in \\(0, 1\\]"),
     ([[1, 2]], {"eos_token_id": 2000}, "eos_token_id=2000: must be None or a token id"),
+    ([[1, 2], [3]], {"max_new_tokens": [4]}, "max_new_tokens: 1 limits for 2 prompts"),
+    ([[1, 2], [3]], {"max_new_tokens": [4, 0]}, "max_new_tokens\\[1\\]=0: must be an integer"),
+    ([[1, 2]], {"arrivals": [-1.0]}, "arrivals: must be 1 finite numbers >= 0"),
+    ([[1, 2]], {"arrivals": [0.0, 1.0]}, "arrivals: must be 1 finite numbers >= 0"),
 ])
 def test_bad_requests_are_refused_before_anything_runs(small, prompts, kwargs, message):
     with pytest.raises(ValueError, match=message):

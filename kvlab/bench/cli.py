@@ -234,6 +234,10 @@ def _add_e2e(parser: argparse.ArgumentParser) -> None:
                         help="attention kernels (+prefetch: the paper's bulk L2 prefetch, d=1)")
     parser.add_argument("--no-hf", dest="hf", action="store_false",
                         help="leave out HF transformers' generate with the static cache")
+    parser.add_argument("--serve-rates", nargs="*", type=positive_float, default=[],
+                        metavar="RATE", help="a serving run per rate (requests/s, Poisson)")
+    parser.add_argument("--serve-requests", type=positive_int, default=512)
+    parser.add_argument("--serve-variant", default="gqa", choices=list(VARIANTS))
 
 
 BENCHMARKS = {

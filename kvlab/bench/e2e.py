@@ -9,6 +9,11 @@ steps within 5%, `kvlab.bench.steps.is_warm`) on. The roofline step time is what
 read, the weights (the LM head whole, the embedding's rows aside) and the batch's K, V at the
 run's mean context, over the copy roofline measured in the same run. HF's peer runs
 `generate(cache_implementation="static")` on the same tensors, its steps timed the same way.
+With `--serve-rates`, a serving run per rate: `--serve-requests` requests of lognormal prompt
+and output lengths (`kvlab.workload.lognormal`: medians 256 and 128 tokens, sigma 1, clipped to
+2,048 in all) arriving as a Poisson process (seeded), on one attention variant; it reports
+output tokens/s over the run, time to first token and time per output token (p50, p99) and
+preemptions, in `serving`.
 A row's prefill_ms is, for kvlab, the median prefill of one prompt (prompts are prefilled one
 at a time); for HF, the whole batch's prefill with its first token and the static cache's
 set-up.
@@ -31,6 +36,7 @@ PAPER_PREFETCH = PrefetchConfig("bulk")  # the paper's Algorithm 1: the next til
 VARIANTS = {"vllm_v1": ("vllm_v1", None), "vllm_v1+prefetch": ("vllm_v1", PAPER_PREFETCH),
             "gqa": ("gqa", None), "gqa+prefetch": ("gqa", PAPER_PREFETCH)}
 HF_VARIANT = "hf-static"
+SERVING_MAX_LEN = 2048  # a serving request's prompt and output together
 
 
 def steady_steps(step_ms: list[float]) -> list[float]:
@@ -60,6 +66,39 @@ def step_bytes(model: ModelConfig, weights, batch: int, context: float) -> float
     kv = 2 * model.num_layers * model.kv_size * item * batch * context
     rows = batch * model.hidden_size * item * (2 if weights.positions is not None else 1)
     return layers + size(weights.lm_head) + size(weights.norm_weight) + rows + kv
+
+
+def serving_stats(gen) -> dict:
+    """Output tokens/s over a serving run (first arrival to last token), time to first token and
+    time per output token (after the first; requests of 2+ tokens) at p50 and p99, in ms."""
+    import numpy as np
+
+    tokens = sum(len(t) for t in gen.tokens)
+    span = max(gen.finish_s) - min(gen.arrival_s)
+    ttft = [1e3 * (f - a) for f, a in zip(gen.first_token_s, gen.arrival_s, strict=True)]
+    tpot = [1e3 * (end - first) / (len(t) - 1) for t, first, end in
+            zip(gen.tokens, gen.first_token_s, gen.finish_s, strict=True) if len(t) > 1]
+    pct = {f"{name}_ms_p{q}": float(np.percentile(v, q)) if v else None
+           for name, v in (("ttft", ttft), ("tpot", tpot)) for q in (50, 99)}
+    return {"requests": len(gen.tokens), "output_tokens": tokens, "duration_s": span,
+            "output_tokens_per_s": tokens / span if span > 0 else 0.0, **pct,
+            "preemptions": gen.preemptions}
+
+
+def serving_workload(num_requests: int, rate: float, model: ModelConfig, seed: int = 0):
+    """(prompts, max_new_tokens, arrivals) of a serving run: lognormal lengths (clipped to
+    SERVING_MAX_LEN tokens, or the model's context limit), Poisson arrivals at `rate`
+    requests/s (exponential gaps), seeded."""
+    import numpy as np
+
+    from kvlab.workload import lognormal
+
+    max_len = min(SERVING_MAX_LEN, model.max_position) - 1  # room for an output of 0 made 1
+    work = lognormal(num_requests, 256, 128, sigma=1.0, max_seq_len=max_len, seed=seed)
+    rng = np.random.default_rng(seed)
+    arrivals = np.cumsum(rng.exponential(1.0 / rate, num_requests)).tolist()
+    prompts = [rng.integers(0, model.vocab_size, int(n)).tolist() for n in work.prompt_lens]
+    return prompts, [max(int(n), 1) for n in work.output_lens], arrivals
 
 
 def check(args) -> None:
@@ -132,7 +171,8 @@ def run(args) -> dict:
     result = {"benchmark": "e2e", **run_info(), **gpu_info(), "command": args.command,
               "dtype": "float16", "timing": "wall clock per decode step, the GPU synchronised "
               "at its end; median of the steps from steady state (two within 5%) on",
-              "roofline_copy_gbps": round(copy_roofline_gbps(timer), 1), "rows": []}
+              "roofline_copy_gbps": round(copy_roofline_gbps(timer), 1), "rows": [],
+              "serving": []}
     gbps = result["roofline_copy_gbps"]
     context = args.prompt + args.new_tokens / 2
     for name in args.models:
@@ -162,6 +202,23 @@ def run(args) -> dict:
                 del hf
             del llm
             torch.cuda.empty_cache()
+        if args.serve_rates:
+            kernel, prefetch = VARIANTS[args.serve_variant]
+            llm = kvlab.LLM(name, attention=kernel, prefetch=prefetch)
+            for rate in args.serve_rates:
+                prompts, limits, arrivals = serving_workload(args.serve_requests, rate, model)
+
+                def progress(done, total, rate=rate, name=name):
+                    if done % 32 == 0 or done == total:
+                        print(f"{name} serving at {rate:g} requests/s: {done}/{total}",
+                              file=sys.stderr)
+
+                gen = llm.generate(prompts, limits, arrivals=arrivals, ignore_eos=True,
+                                   on_finish=progress)
+                result["serving"].append({"model": name, "variant": args.serve_variant,
+                                          "rate": rate, **serving_stats(gen)})
+            del llm
+            torch.cuda.empty_cache()
     result["clocks_end"] = gpu_state()
     return result
 
@@ -181,4 +238,9 @@ def report(result: dict) -> str:
         lines.append(f"{r['model']:12} {r['variant']:17} {r['batch']:>4} {r['step_ms']:>9.2f} "
                      f"{r['tokens_per_s']:>8.0f} {r['roofline_ms']:>11.2f} "
                      f"{r['ratio_to_roofline']:>10.2f} {versus:>7}")
+    for s in result.get("serving", []):
+        lines.append(f"{s['model']} serving {s['requests']} requests at {s['rate']:g}/s "
+                     f"({s['variant']}): {s['output_tokens_per_s']:,.0f} output tokens/s, "
+                     f"TTFT p50 {s['ttft_ms_p50']:.1f} ms, TPOT p50 {s['tpot_ms_p50']:.2f} ms, "
+                     f"p99 {s['tpot_ms_p99']:.2f} ms, {s['preemptions']} preemptions")
     return "\n".join(lines)

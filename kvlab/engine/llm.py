@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -190,12 +190,14 @@ class LLM:
     def generate(self, prompts, max_new_tokens: int | Sequence[int] = 16, *,
                  temperature: float = 0.0, top_p: float = 1.0, eos_token_id: int | None = None,
                  ignore_eos: bool = False, seed: int | None = None,
-                 arrivals: Sequence[float] | None = None) -> Generation:
+                 arrivals: Sequence[float] | None = None,
+                 on_finish: Callable[[int, int], None] | None = None) -> Generation:
         """New tokens for each prompt (a list of token ids, or a list of them).
 
         max_new_tokens: one limit for all, or one per prompt. arrivals: when each request
         arrives, in seconds after the call (a serving run: a request waits, not admitted, until
-        then); default all at once.
+        then); default all at once. on_finish(done, total) is called as each request finishes
+        (a progress bar).
 
         temperature 0 is greedy; above 0, tokens are sampled from softmax(logits / temperature)
         within the smallest set of top tokens whose probability reaches top_p (generator seeded
@@ -239,6 +241,8 @@ class LLM:
                 first_token_s[request.index] = now()
             if request.finish_reason:
                 finish_s[request.index] = now()
+                if on_finish is not None:
+                    on_finish(sum(f > 0 for f in finish_s), len(requests))
 
         while waiting or running:
             while (waiting and arrival_s[waiting[0].index] <= now()

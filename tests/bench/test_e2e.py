@@ -49,3 +49,41 @@ def test_a_small_run_times_every_variant_and_hf(tmp_path):
     for r in rows:
         assert len(r["step_ms_runs"]) == 23 and r["step_ms"] > 0 and r["roofline_ms"] > 0
         assert r["tokens_per_s"] == pytest.approx(r["batch"] / r["step_ms"] * 1e3)
+
+
+def test_serving_stats_from_arrival_first_and_last_tokens():
+    from types import SimpleNamespace
+
+    from kvlab.bench.e2e import serving_stats
+
+    gen = SimpleNamespace(tokens=[[1, 2, 3], [4]], arrival_s=[0.0, 1.0],
+                          first_token_s=[0.5, 1.25], finish_s=[0.7, 1.25], preemptions=2)
+    stats = serving_stats(gen)
+    assert stats["output_tokens"] == 4 and stats["duration_s"] == 1.25
+    assert stats["output_tokens_per_s"] == pytest.approx(3.2)
+    assert stats["tpot_ms_p50"] == pytest.approx(100.0)  # 0.2 s over 2 tokens; [4] has one
+    assert stats["ttft_ms_p50"] == pytest.approx(375.0) and stats["preemptions"] == 2
+
+
+def test_a_serving_workload_is_seeded_poisson_and_fits_the_model():
+    from kvlab.bench.e2e import serving_workload
+
+    m = MODELS["tiny-llama"]
+    prompts, limits, arrivals = serving_workload(200, 20.0, m)
+    again = serving_workload(200, 20.0, m)
+    assert (prompts, limits, arrivals) == again
+    assert all(b > a for a, b in zip(arrivals, arrivals[1:], strict=False))
+    assert arrivals[-1] == pytest.approx(10.0, rel=0.3)  # 200 requests at 20/s
+    assert all(len(p) + n <= m.max_position for p, n in zip(prompts, limits, strict=True))
+    assert min(limits) >= 1 and max(max(p) for p in prompts) < m.vocab_size
+
+
+@pytest.mark.gpu
+def test_a_small_serving_run(tmp_path):
+    out = tmp_path / "e2e.json"
+    main(["bench", "e2e", "--models", "tiny-qwen", "--batches", "1", "--prompt", "20",
+          "--new-tokens", "8", "--variants", "gqa", "--no-hf", "--serve-rates", "50",
+          "--serve-requests", "24", "--json", str(out)])
+    (serving,) = json.loads(out.read_text())["serving"]
+    assert serving["requests"] == 24 and serving["rate"] == 50.0
+    assert serving["output_tokens_per_s"] > 0 and serving["tpot_ms_p99"] >= serving["tpot_ms_p50"]

@@ -54,14 +54,12 @@ def step_bytes(model: ModelConfig, weights, batch: int, context: float) -> float
     """Bytes one decode step must read: every weight but the embedding (of which it reads only
     `batch` rows), the LM head whole even where tied, and the K, V of `batch` sequences of
     `context` tokens."""
-    import torch
+    from kvlab.offload.model import named_tensors
 
     def size(t):
         return 0 if t is None else t.numel() * t.element_size()
 
-    layers = sum(size(t) for w in weights.layers for t in (*vars(w.attn).values(),
-                                                            *vars(w).values())
-                 if isinstance(t, torch.Tensor))
+    layers = sum(size(t) for w in weights.layers for t in named_tensors(w).values())
     item = weights.embed.element_size()
     kv = 2 * model.num_layers * model.kv_size * item * batch * context
     rows = batch * model.hidden_size * item * (2 if weights.positions is not None else 1)

@@ -7,8 +7,6 @@ transformers is imported inside `causal_lm`: it is an optional dependency.
 
 from __future__ import annotations
 
-import torch
-
 from kvlab.config import ModelConfig
 from kvlab.engine.weights import ModelWeights
 from kvlab.offload import hf as layers_hf
@@ -26,8 +24,5 @@ def causal_lm(model: ModelConfig, w: ModelWeights):
                   (inner.final_layer_norm, w.norm_weight, w.norm_bias)]
     else:
         pairs += [(inner.norm, w.norm_weight, None)]
-    for module, weight, bias in pairs:
-        module.weight = torch.nn.Parameter(weight, requires_grad=False)
-        if bias is not None:
-            module.bias = torch.nn.Parameter(bias, requires_grad=False)
+    layers_hf.share(pairs)
     return hf

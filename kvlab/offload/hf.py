@@ -81,6 +81,12 @@ def load_layer(layer, family: str, w: LayerWeights) -> None:
                  (layer.post_attention_layernorm, w.mlp_norm_weight, None)]
     pairs += [(attn.q_proj, w.attn.w_q, w.attn.b_q), (attn.k_proj, w.attn.w_k, w.attn.b_k),
               (attn.v_proj, w.attn.w_v, w.attn.b_v), (out, w.attn.w_o, w.b_o)]
+    share(pairs)
+
+
+def share(pairs) -> None:
+    """Make each HF module use the given tensors, (module, weight, bias or None) triples: the
+    same storage as parameters, not copies."""
     for module, weight, bias in pairs:
         module.weight = torch.nn.Parameter(weight, requires_grad=False)
         if bias is not None:

@@ -1,4 +1,5 @@
-"""Small launches of every kernel family and prefetch mode, for compute-sanitizer:
+"""Small launches of every kernel family and prefetch mode, and of a whole decoder's decode
+steps (the layer ops of kernels/layer_ops.cu), for compute-sanitizer:
 
     compute-sanitizer --tool memcheck python benchmarks/sanitize_cases.py
     compute-sanitizer --tool racecheck python benchmarks/sanitize_cases.py
@@ -27,6 +28,10 @@ def main() -> None:
             q = torch.randn(len(lens), 6, head_dim, device="cuda", dtype=torch.float16)
             for prefetch in PREFETCHES:
                 kvlab.decode_attention(q, cache, seq_ids, kernel=kernel, prefetch=prefetch)
+    for model, attention in (("tiny-qwen", "gqa"), ("tiny-llama", "vllm_v1")):
+        llm = kvlab.LLM(model, attention=attention, device="cuda", num_blocks=16,
+                        cuda_graphs=False)
+        llm.generate([[3] * 20, [5] * 41], max_new_tokens=4)
     torch.cuda.synchronize()
     print("sanitize cases ran")
 

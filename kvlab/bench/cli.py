@@ -232,6 +232,8 @@ def _add_e2e(parser: argparse.ArgumentParser) -> None:
                         help="tokens decoded per request")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS),
                         help="attention kernels (+prefetch: the paper's bulk L2 prefetch, d=1)")
+    parser.add_argument("--rounds", type=positive_int, default=2,
+                        help="generate runs of each variant per batch, the variants in turn")
     parser.add_argument("--no-hf", dest="hf", action="store_false",
                         help="leave out HF transformers' generate with the static cache")
     parser.add_argument("--serve-rates", nargs="*", type=positive_float, default=[],

@@ -1,14 +1,18 @@
 """`python -m kvlab bench e2e`: decode throughput of whole models on `kvlab.LLM`, beside HF
 transformers' `generate` with its static cache on the same weights.
 
-For each model, attention variant and batch: `batch` prompts of `--prompt` seeded random tokens
-decode `--new-tokens` tokens each (ignore EOS; CUDA graphs as `kvlab.LLM` uses them). Every
-decode step's wall time is recorded (the GPU synchronised at its end: what a caller waits); the
-reported step time is the median of the steps from the first at steady state (two successive
-steps within 5%, `kvlab.bench.steps.is_warm`) on. The roofline step time is what one step must
-read, the weights (the LM head whole, the embedding's rows aside) and the batch's K, V at the
-run's mean context, over the copy roofline measured in the same run. HF's peer runs
-`generate(cache_implementation="static")` on the same tensors, its steps timed the same way.
+For each model, batch and attention variant: `batch` prompts of `--prompt` seeded random tokens
+decode `--new-tokens` tokens each (ignore EOS; CUDA graphs as `kvlab.LLM` uses them). The
+variants share one copy of the weights (`LLM.with_attention`) and run in turn, `--rounds`
+times each (variant 1, 2, ..., then again), so that drifts of clock and temperature fall on
+all alike. Every decode step's wall time is recorded (the GPU synchronised at its end: what a
+caller waits); the reported step time is the median of every round's steps from the first at
+steady state (two successive steps within 5%, `kvlab.bench.steps.is_warm`) on. A row keeps
+the last round's steps (`step_ms_runs`) and each round's median (`round_step_ms`). The
+roofline step time is what one step must read, the weights (the LM head whole, the
+embedding's rows aside) and the batch's K, V at the run's mean context, over the copy roofline
+measured in the same run. HF's peer runs `generate(cache_implementation="static")` on the same
+tensors, in turn with the variants, its steps timed the same way.
 With `--serve-rates`, a serving run per rate: `--serve-requests` requests of lognormal prompt
 and output lengths (`kvlab.workload.lognormal`: medians 256 and 128 tokens, sigma 1, clipped to
 2,048 in all) arriving as a Poisson process (seeded), on one attention variant; it reports
@@ -124,15 +128,35 @@ def _prompts(model: ModelConfig, batch: int, length: int) -> list[list[int]]:
     return torch.randint(0, model.vocab_size, (batch, length), generator=gen).tolist()
 
 
-def _row(name, variant, batch, args, step_ms, prefill_ms, roofline_ms) -> dict:
-    steady = steady_steps(step_ms)
-    ms = statistics.median(steady)
+def _row(name, variant, batch, args, rounds, prefill_ms, roofline_ms) -> dict:
+    """A result row from `rounds`, each round's every step (ms)."""
+    steady = [steady_steps(steps) for steps in rounds]
+    ms = statistics.median(t for steps in steady for t in steps)
     return {"model": name, "variant": variant, "batch": batch, "prompt": args.prompt,
             "new_tokens": args.new_tokens, "step_ms": ms, "tokens_per_s": batch / ms * 1e3,
-            "steady_from": len(step_ms) - len(steady), "step_ms_runs": [round(t, 4)
-                                                                        for t in step_ms],
+            "round_step_ms": [statistics.median(steps) for steps in steady],
+            "steady_from": len(rounds[-1]) - len(steady[-1]),
+            "step_ms_runs": [round(t, 4) for t in rounds[-1]],
             "prefill_ms": prefill_ms, "roofline_ms": roofline_ms,
             "ratio_to_roofline": ms / roofline_ms}
+
+
+def _kvlab_runner(llm, new_tokens: int):
+    """prompts -> (each decode step's ms, each prompt's prefill ms) of llm.generate."""
+    def run(prompts):
+        out = llm.generate(prompts, new_tokens, ignore_eos=True)
+        return out.step_ms, out.prefill_ms
+
+    return run
+
+
+def _hf_runner(hf, new_tokens: int):
+    """prompts -> (each decode step's ms, [the batch's prefill ms]) of HF's generate."""
+    def run(prompts):
+        steps, prefill = _hf_steps(hf, prompts, new_tokens)
+        return steps, [prefill]
+
+    return run
 
 
 def _hf_steps(hf, prompts: list[list[int]], new_tokens: int) -> tuple[list[float], float]:
@@ -168,7 +192,8 @@ def run(args) -> dict:
     timer = Timer("cuda")
     result = {"benchmark": "e2e", **run_info(), **gpu_info(), "command": args.command,
               "dtype": "float16", "timing": "wall clock per decode step, the GPU synchronised "
-              "at its end; median of the steps from steady state (two within 5%) on",
+              "at its end; median of every round's steps from steady state (two within 5%) "
+              "on; the variants and HF in turn", "rounds": args.rounds,
               "roofline_copy_gbps": round(copy_roofline_gbps(timer), 1), "rows": [],
               "serving": []}
     gbps = result["roofline_copy_gbps"]
@@ -176,30 +201,34 @@ def run(args) -> dict:
     for name in args.models:
         model = MODELS[name]
         blocks = -(-max(args.batches) * (args.prompt + args.new_tokens) // 16) + 16
+        llms = {}
         for variant in args.variants:
             kernel, prefetch = VARIANTS[variant]
-            llm = kvlab.LLM(name, attention=kernel, prefetch=prefetch, num_blocks=blocks)
-            for batch in args.batches:
-                print(f"{name} {variant} batch={batch}", file=sys.stderr)
-                out = llm.generate(_prompts(model, batch, args.prompt), args.new_tokens,
-                                   ignore_eos=True)
-                roofline_ms = step_bytes(model, llm.weights, batch, context) / gbps / 1e6
-                result["rows"].append(_row(name, variant, batch, args, out.step_ms,
-                                           statistics.median(out.prefill_ms), roofline_ms))
-            if args.hf and variant == args.variants[-1]:
-                from kvlab.engine.hf import causal_lm
+            llms[variant] = (kvlab.LLM(name, attention=kernel, prefetch=prefetch,
+                                       num_blocks=blocks) if not llms else
+                             next(iter(llms.values())).with_attention(kernel, prefetch=prefetch))
+        weights = next(iter(llms.values())).weights
+        runners = {variant: _kvlab_runner(llm, args.new_tokens) for variant, llm in llms.items()}
+        if args.hf:
+            from kvlab.engine.hf import causal_lm
 
-                hf = causal_lm(model, llm.weights)
-                for batch in args.batches:
-                    print(f"{name} {HF_VARIANT} batch={batch}", file=sys.stderr)
-                    steps, prefill = _hf_steps(hf, _prompts(model, batch, args.prompt),
-                                               args.new_tokens)
-                    roofline_ms = step_bytes(model, llm.weights, batch, context) / gbps / 1e6
-                    result["rows"].append(_row(name, HF_VARIANT, batch, args, steps, prefill,
-                                               roofline_ms))
-                del hf
-            del llm
-            torch.cuda.empty_cache()
+            runners[HF_VARIANT] = _hf_runner(causal_lm(model, weights), args.new_tokens)
+        for batch in args.batches:
+            prompts = _prompts(model, batch, args.prompt)
+            roofline_ms = step_bytes(model, weights, batch, context) / gbps / 1e6
+            runs = {variant: ([], []) for variant in runners}  # each round's steps; prefills
+            for turn in range(args.rounds):
+                for variant, runner in runners.items():
+                    print(f"{name} batch={batch} round {turn + 1}/{args.rounds}: {variant}",
+                          file=sys.stderr)
+                    steps, prefills = runner(prompts)
+                    runs[variant][0].append(steps)
+                    runs[variant][1].extend(prefills)
+            for variant, (rounds, prefills) in runs.items():
+                result["rows"].append(_row(name, variant, batch, args, rounds,
+                                           statistics.median(prefills), roofline_ms))
+        del llms, runners, weights
+        torch.cuda.empty_cache()
         if args.serve_rates:
             kernel, prefetch = VARIANTS[args.serve_variant]
             llm = kvlab.LLM(name, attention=kernel, prefetch=prefetch)

@@ -29,7 +29,22 @@ class Allocation:
     copies: tuple[tuple[int, int], ...] = ()
 
 
-@dataclass
+@dataclass(frozen=True)
+class StepAllocation:
+    """What the cache must do after the manager placed one new token in each of many sequences
+    (a decode step: `BlockManager.append_one`).
+
+    positions[i], slots[i]: the position of sequence i's new token (its length before) and the
+        cache slot it goes to (`block_id * block_size + offset`).
+    copies: (src_block_id, dst_block_id) pairs to copy first (copy-on-write), of all sequences.
+    """
+
+    positions: list[int]
+    slots: list[int]
+    copies: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(slots=True)  # slots: attribute reads stay cheap on the decode path
 class _Sequence:
     block_ids: list[int]
     num_tokens: int
@@ -133,6 +148,60 @@ class BlockManager:
             seq.token_ids = None
         return Allocation(seq_id, write_start=old_len, copies=copies)
 
+    def append_one(self, seq_ids, token_ids) -> StepAllocation:
+        """Extend each sequence `seq_ids[i]` by the one token `token_ids[i]` (a decode step).
+
+        The same placement, block for block, as `append(seq_ids[i], 1, [token_ids[i]])` for each
+        i in order, checked once for the whole batch: all or nothing. Raises ValueError for a
+        sequence that is not live or is named twice, or for token ids that are not one integer
+        per sequence; OutOfBlocksError when the new blocks do not fit.
+        """
+        seq_ids = list(seq_ids)
+        seqs = [self._seq(seq_id) for seq_id in seq_ids]
+        if len(set(seq_ids)) < len(seq_ids):
+            index, seq_id = next((i, s) for i, s in enumerate(seq_ids) if seq_ids.index(s) < i)
+            raise ValueError(f"seq_ids[{index}]={seq_id!r}: named twice; a step appends one "
+                             "token to each sequence once")
+        token_ids = self._check_token_ids(token_ids, len(seqs))
+        bs = self.block_size
+        # NOTE: counted in order, as the appends one by one would: a shared last block is copied
+        # only while another sequence still refers to it, so when all its sharers are in the
+        # batch, the last of them writes it in place. `refs`: what the earlier copies left.
+        refs: dict[int, int] = {}
+        copy_on_write: set[int] = set()  # indices of the sequences that copy their last block
+        num_new = 0
+        for i, seq in enumerate(seqs):
+            if len(seq.block_ids) * bs == seq.num_tokens:  # full: the token starts a new block
+                num_new += 1
+                continue
+            last = seq.block_ids[-1]
+            num_refs = refs[last] if last in refs else self.pool.ref_cnt(last)
+            if num_refs > 1:
+                refs[last] = num_refs - 1
+                copy_on_write.add(i)
+                num_new += 1
+        if not self.pool.can_allocate(num_new):
+            raise OutOfBlocksError(num_new, self.pool.num_free_blocks)
+        new_block_ids = iter(self.pool.allocate(num_new))
+        positions, slots, copies = [], [], []
+        for i, (seq, token_id) in enumerate(zip(seqs, token_ids, strict=True)):
+            position = seq.num_tokens
+            if len(seq.block_ids) * bs == position:
+                seq.block_ids.append(next(new_block_ids))
+            elif i in copy_on_write:
+                src, dst = seq.block_ids[-1], next(new_block_ids)
+                self.pool.free([src])
+                seq.block_ids[-1] = dst
+                copies.append((src, dst))
+            seq.num_tokens = position + 1
+            if seq.token_ids is not None:
+                seq.token_ids.append(token_id)
+                if not seq.num_tokens % bs:  # the token filled its block: now shareable
+                    self._register_full_blocks(seq, first_block=position // bs)
+            positions.append(position)
+            slots.append(seq.block_ids[position // bs] * bs + position % bs)
+        return StepAllocation(positions, slots, tuple(copies))
+
     def fork(self, seq_id: int) -> int:
         """A new sequence sharing every block of `seq_id`. Returns its id."""
         seq = self._seq(seq_id)
@@ -172,6 +241,8 @@ class BlockManager:
             raise ValueError(
                 f"token_ids has {len(token_ids)} ids: must have one per token ({num_tokens})"
             )
+        if all(type(t) is int for t in token_ids):  # NOTE: the common case, in one cheap pass
+            return token_ids
         for i, token_id in enumerate(token_ids):
             if not is_int(token_id):
                 raise ValueError(f"token_ids[{i}]={token_id!r}: must be an integer")

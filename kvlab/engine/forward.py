@@ -18,8 +18,9 @@ from torch.nn.attention import sdpa_kernel
 from kvlab.cache import Allocation
 from kvlab.config import ModelConfig
 from kvlab.engine.weights import OPT_POSITION_OFFSET, ModelWeights
+from kvlab.kernels import layer_ops
 from kvlab.offload.model import SDPA_BACKENDS, layer_head, layer_tail
-from kvlab.offload.recompute import RopeTable, attention_input, norm, project_kv, project_q
+from kvlab.offload.recompute import RopeTable, norm
 
 # attend(layer index, q [batch, num_qo_heads, head_dim]) -> [batch, num_qo_heads, head_dim]
 Attend = Callable[[int, torch.Tensor], torch.Tensor]
@@ -57,12 +58,10 @@ def prefill(model: ModelConfig, w: ModelWeights, caches: Sequence, alloc: Alloca
     shared prefix are not rewritten). Returns the fp32 logits [vocab_size] of its last token."""
     positions = torch.arange(token_ids.shape[0], device=token_ids.device)
     hidden = embed(model, w, token_ids, positions)
-    for layer, cache in zip(w.layers, caches, strict=True):
-        x = attention_input(model, layer.attn, hidden)
-        q = project_q(model, layer.attn, x, positions, rope)
-        k, v = project_kv(model, layer.attn, x, positions, rope)
+    for layer, fused, cache in zip(w.layers, w.fused, caches, strict=True):
+        _, q, k, v = layer_head(model, layer, hidden, positions, rope, fused)
         cache.write(alloc, k, v)
-        hidden = layer_tail(model, layer, hidden, causal_attention(q, k, v))
+        hidden = layer_tail(model, layer, hidden, causal_attention(q, k, v), fused)
     return logits(model, w, hidden[-1:])[0]
 
 
@@ -77,10 +76,13 @@ def decode_step(model: ModelConfig, w: ModelWeights, caches: Sequence,
     with `attend`. Returns fp32 logits [batch, vocab_size]."""
     hidden = embed(model, w, token_ids, positions)
     batch = token_ids.shape[0]
-    for i, (layer, cache) in enumerate(zip(w.layers, caches, strict=True)):
-        _, q, k, v = layer_head(model, layer, hidden, positions, rope)
+    for i, (layer, fused, cache) in enumerate(zip(w.layers, w.fused, caches, strict=True)):
+        _, q, k, v = layer_head(model, layer, hidden, positions, rope, fused)
         cache.copy_blocks(copies)
-        cache.write_slots(slots, k, v)
+        if layer_ops.usable(k, cache.k_cache):
+            layer_ops.write_kv(cache, slots, k, v)
+        else:
+            cache.write_slots(slots, k, v)
         out = attend(i, q).reshape(batch, model.q_size).to(hidden.dtype)
-        hidden = layer_tail(model, layer, hidden, out)
+        hidden = layer_tail(model, layer, hidden, out, fused)
     return logits(model, w, hidden)

@@ -5,21 +5,29 @@ not the GPU, sets its pace (Llama-3-8B on the H200: 24-34 ms a step against a ro
 ms, observed in a session probe). A graph replays a whole step's launches at once.
 
 For each bucket B (1, 2, 4, ... up to MAX_BUCKET) the first step of at most B sequences captures
-`forward.decode_step` on static buffers: token ids, positions and cache slots [B], and a
+`forward.decode_step` on static buffers: token ids, positions, cache slots and lengths [B], and a
 `DecodePlan.for_capture` whose block tables and lengths are buffers too, planned for B sequences
 of max_seq_len tokens. Each step fills the first rows of the buffers with its batch; the rows
-past it decode a dummy token into a scratch block that no sequence owns (length 1, reading
-whatever valid block their table's first entry still names), and their logits are dropped.
-Copy-on-write block copies run before the replay, outside the graph.
+past it (padding) decode token 0 at position 0 into a scratch block that no sequence owns, with
+length 1 and a table of that block, and their logits are dropped.
+
+The host side of a step is `HostInputs`, shared by the buckets: it fills pinned buffers and
+keeps the block tables from step to step, asking the manager for a whole table only for a
+sequence it has not seen one token ago. Then two copies reach the GPU: the four int vectors in
+one, and the block tables' used columns, packed, in the other (unpacked there). Copy-on-write
+block copies run before the replay, outside the graph, on the steps that have any.
 All buckets share one memory pool.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from kvlab.cache.block_manager import StepAllocation
 from kvlab.engine import forward
 
 MAX_BUCKET = 256
@@ -33,13 +41,108 @@ def bucket(batch: int) -> int | None:
     return size if size <= MAX_BUCKET else None
 
 
+TOKEN_IDS, POSITIONS, SLOTS, SEQ_LENS = range(4)  # the rows of a step's int64 inputs
+
+
+class HostInputs:
+    """The host side of the graphs' inputs: what a decode step copies to the GPU.
+
+    max_rows: the most rows of a step (the largest bucket); max_blocks: the graphs' block-table
+    width; scratch_block, scratch_slot: the padding rows' block and slot. pin_memory: fill
+    page-locked buffers, so that copies from them to a GPU need not block.
+
+    block_tables: numpy int32 [max_rows, max_blocks], kept from step to step: the block table
+        of the sequence each row last held, in its first entries; the entries past them are
+        stale but, like every entry, a valid block id.
+    Between steps it remembers which sequence each row held and at what length. A row that
+    holds the same sequence one token later, or that takes a sequence another row held one
+    token ago (the rows shift when a request in the middle finishes), gets the one entry of
+    its new token; only a row whose sequence it has not seen at that length asks the manager
+    for the whole table. All steps share it, whatever their bucket (the rows of one batch are
+    the same in every bucket).
+    """
+
+    def __init__(self, max_rows: int, max_blocks: int, block_size: int, scratch_block: int,
+                 scratch_slot: int, pin_memory: bool = False):
+        self.block_size, self.scratch_block = block_size, scratch_block
+        self.block_tables = np.full((max_rows, max_blocks), scratch_block, dtype=np.int32)
+        self._inputs = torch.empty(4 * max_rows, dtype=torch.int64, pin_memory=pin_memory)
+        self._tables = torch.empty(max_rows * max_blocks, dtype=torch.int32,
+                                   pin_memory=pin_memory)
+        self._padding = np.array([[0], [0], [scratch_slot], [1]])  # a padding row's inputs
+        # the sequence each row of block_tables holds (-1: none yet), and its length there
+        self._row_seq_ids = np.full(max_rows, -1, dtype=np.int64)
+        self._row_seq_lens = np.zeros(max_rows, dtype=np.int64)
+        self._num_rows = 0  # the last step's batch: where a sequence that moved was
+
+    def fill(self, size: int, seq_ids: Sequence[int], token_ids: Sequence[int],
+             positions: Sequence[int], slots: Sequence[int],
+             block_table: Callable[[int], list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The inputs of a step of `size` rows: rows [0, len(seq_ids)) a batch of sequences,
+        each already placed (its new token `token_ids[i]` at `positions[i]`, in cache slot
+        `slots[i]`), the rest padding (token 0, position 0, the scratch slot, length 1 and the
+        scratch block). block_table(seq_id): a sequence's block table after the placement.
+
+        Returns (inputs, tables): inputs int64 [4, size], rows TOKEN_IDS, POSITIONS, SLOTS,
+        SEQ_LENS (the lengths with the new tokens); tables int32 [size, used], the first `used`
+        entries of each row's block table, enough for the longest sequence (the kernels read
+        a row only up to its length). Both are views of buffers that the next fill rewrites."""
+        batch, bs = len(seq_ids), self.block_size
+        seq_ids_np = np.asarray(seq_ids, dtype=np.int64)
+        positions_np = np.asarray(positions, dtype=np.int64)
+        slots_np = np.asarray(slots, dtype=np.int64)
+        inputs = self._inputs[:4 * size].view(4, size)
+        values = inputs.numpy()
+        values[TOKEN_IDS, :batch] = token_ids
+        values[POSITIONS, :batch] = positions_np
+        values[SLOTS, :batch] = slots_np
+        values[SEQ_LENS, :batch] = positions_np + 1
+        values[:, batch:] = self._padding
+        used = int(positions_np.max()) // bs + 1
+        self._update_tables(seq_ids, seq_ids_np, positions_np, used, block_table)
+        # every row: the entry of its new token, the block of its slot
+        self.block_tables[np.arange(batch), positions_np // bs] = slots_np // bs
+        self._row_seq_ids[:batch] = seq_ids_np
+        self._row_seq_lens[:batch] = positions_np + 1
+        self._num_rows = batch
+        tables = self._tables[:size * used].view(size, used)
+        packed = tables.numpy()
+        np.copyto(packed[:batch], self.block_tables[:batch, :used])
+        packed[batch:] = self.scratch_block
+        return inputs, tables
+
+    def _update_tables(self, seq_ids, seq_ids_np, positions, used, block_table) -> None:
+        """Bring each row's table up to date but for its new token's entry."""
+        # NOTE: the manager never reuses a seq id, and one more token changes a sequence's table
+        # only at the entry holding it (a new block, or the copy of a shared last block).
+        batch = len(seq_ids)
+        current = ((self._row_seq_ids[:batch] == seq_ids_np)
+                   & (self._row_seq_lens[:batch] == positions))
+        changed = np.flatnonzero(~current).tolist()
+        if not changed:
+            return
+        num_rows = self._num_rows
+        row_of = dict(zip(self._row_seq_ids[:num_rows].tolist(), range(num_rows), strict=True))
+        sources, moved, rewritten = [], [], []
+        for row in changed:
+            source = row_of.get(seq_ids[row])
+            if source is not None and self._row_seq_lens[source] == positions[row]:
+                sources.append(source)
+                moved.append(row)
+            else:
+                rewritten.append(row)
+        tables = self.block_tables
+        tables[moved, :used] = tables[sources, :used]  # the sources are read before any write
+        for row in rewritten:
+            table = block_table(seq_ids[row])
+            tables[row, :len(table)] = table
+
+
 @dataclass
 class _Captured:
     graph: torch.cuda.CUDAGraph
-    plan: object  # kvlab.kernels.decode.DecodePlan
-    token_ids: torch.Tensor
-    positions: torch.Tensor
-    slots: torch.Tensor
+    plan: object  # kvlab.kernels.decode.DecodePlan; its block_tables and seq_lens are the graph's
+    inputs: torch.Tensor  # int64 [4, size] on the GPU, rows TOKEN_IDS, POSITIONS, SLOTS, SEQ_LENS
     logits: torch.Tensor
 
 
@@ -56,30 +159,36 @@ class DecodeGraphs:
         self.device = caches[0].device
         self.pool = torch.cuda.graph_pool_handle()
         self.captured: dict[int, _Captured] = {}
+        block_size = caches[0].block_size
+        max_blocks = -(-max_seq_len // block_size)  # as DecodePlan.for_capture's tables
+        self.host = HostInputs(MAX_BUCKET, max_blocks, block_size, *scratch, pin_memory=True)
+        # the used columns' way in: copied whole, then unpacked into the plan's block tables
+        self.staged_tables = torch.empty(MAX_BUCKET * max_blocks, dtype=torch.int32,
+                                         device=self.device)
 
     @torch.no_grad()
-    def step(self, copies, slots: list[int], token_ids: list[int], positions: list[int],
-             tables: list[list[int]]) -> torch.Tensor:
-        """fp32 logits [batch, vocab] of one decode step of len(token_ids) sequences (at most
-        MAX_BUCKET): their new tokens' slots, ids and positions, and their block tables (after
-        the manager placed the new tokens)."""
-        batch = len(token_ids)
+    def step(self, seq_ids: Sequence[int], token_ids: Sequence[int], placed: StepAllocation,
+             block_table: Callable[[int], list[int]]) -> torch.Tensor:
+        """fp32 logits [batch, vocab] of one decode step of len(seq_ids) sequences (at most
+        MAX_BUCKET, each shorter than max_seq_len with its new token): their new tokens, already
+        placed (`placed`: BlockManager.append_one's answer), and block_table(seq_id), a
+        sequence's block table after the placement."""
+        batch = len(seq_ids)
         size = bucket(batch)
         entry = self.captured.get(size) or self._capture(size)
-        pad = size - batch
-        for buffer, values, filler in ((entry.token_ids, token_ids, 0),
-                                       (entry.positions, positions, 0),
-                                       (entry.slots, slots, self.scratch_slot)):
-            buffer.copy_(torch.tensor([*values, *[filler] * pad], dtype=torch.long))
-        # only the columns this batch uses: the kernels read a row up to its length, and a
-        # padding row (length 1) its first entry, which always holds some valid block id
-        used = max(len(t) for t in tables)
-        rows = [t + [self.scratch_block] * (used - len(t)) for t in tables]
-        entry.plan.block_tables[:batch, :used].copy_(torch.tensor(rows, dtype=torch.int32))
-        lens = [p + 1 for p in positions] + [1] * pad
-        entry.plan.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
-        for cache in self.caches:
-            cache.copy_blocks(copies)
+        # NOTE: the copies from pinned memory below are only queued when step returns, and the
+        # next step rewrites their sources in `fill`. That is safe because the engine waits for
+        # each step's logits (sampling calls .tolist()) before it places the next step.
+        inputs, tables = self.host.fill(size, seq_ids, token_ids, placed.positions,
+                                        placed.slots, block_table)
+        entry.inputs.copy_(inputs, non_blocking=True)
+        used = tables.shape[1]
+        staged = self.staged_tables[:size * used].view(size, used)
+        staged.copy_(tables, non_blocking=True)
+        entry.plan.block_tables[:, :used].copy_(staged)
+        if placed.copies:  # most steps copy no block: skip a call per layer
+            for cache in self.caches:
+                cache.copy_blocks(placed.copies)
         entry.graph.replay()
         return entry.logits[:batch]
 
@@ -90,13 +199,13 @@ class DecodeGraphs:
                                       self.model.num_qo_heads, kernel=self.kernel,
                                       prefetch=self.prefetch)
         plan.block_tables.fill_(self.scratch_block)
-
-        def zeros():
-            return torch.zeros(size, dtype=torch.long, device=self.device)
-
-        token_ids, positions, slots = zeros(), zeros(), zeros() + self.scratch_slot
+        inputs = torch.zeros(4, size, dtype=torch.int64, device=self.device)  # padding rows
+        inputs[SLOTS], inputs[SEQ_LENS] = self.scratch_slot, 1
+        token_ids, positions, slots = inputs[TOKEN_IDS], inputs[POSITIONS], inputs[SLOTS]
 
         def run():
+            # int64 -> int32 inside the graph, so that one copy from the host fills all four rows
+            plan.seq_lens.copy_(inputs[SEQ_LENS])
             return forward.decode_step(
                 self.model, self.weights, self.caches, [], slots, token_ids, positions,
                 lambda i, q: plan.run(q, self.caches[i].k_cache, self.caches[i].v_cache),
@@ -110,6 +219,6 @@ class DecodeGraphs:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             logits = run()
-        entry = _Captured(graph, plan, token_ids, positions, slots, logits)
+        entry = _Captured(graph, plan, inputs, logits)
         self.captured[size] = entry
         return entry

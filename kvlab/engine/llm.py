@@ -3,6 +3,7 @@
     llm = kvlab.LLM("llama3-8b", attention="gqa")          # seeded random weights, on the GPU
     out = llm.generate([[1, 2, 3], [4, 5]], max_new_tokens=32)
     out.tokens, out.step_ms                                  # new tokens; ms per decode step
+    v1 = llm.with_attention("vllm_v1")                     # the same weight tensors, own cache
 
 Scheduling (continuous batching): requests wait in order; the head of the queue is admitted,
 and prefilled, when the free blocks hold its prompt and leave one for each running request.
@@ -103,6 +104,9 @@ class LLM:
         graph_max_len: the longest sequence a graph serves (its kernels are planned for it;
             like vLLM's max_seq_len_to_capture), default the model's context limit or 8192,
             whichever is less.
+        weights: a ModelWeights of `model` in `dtype` on `device` to run as they are (the same
+            tensors, not a copy; see `with_attention`) instead of seeded random ones; `model`
+            is then a preset name or a ModelConfig.
     Raises ValueError, before allocating anything, for anything it cannot run.
     """
 
@@ -110,7 +114,8 @@ class LLM:
                  prefetch: PrefetchConfig | None = None, dtype: torch.dtype | None = None,
                  device=None, seed: int = 0, block_size: int = 16,
                  num_blocks: int | None = None, cuda_graphs: bool | None = None,
-                 graph_max_len: int | None = None):
+                 graph_max_len: int | None = None, weights: ModelWeights | None = None):
+        self._graph_args = {"cuda_graphs": cuda_graphs, "graph_max_len": graph_max_len}
         checkpoint_path = model if checkpoint.is_checkpoint(model) else None
         self.model = (checkpoint.model_config(model) if checkpoint_path is not None
                       else _resolve_model(model))
@@ -137,6 +142,14 @@ class LLM:
             raise ValueError(f"dtype={dtype!r}: must be torch.float16, bfloat16 or float32")
         if attention != "reference" and dtype == torch.float32:
             raise ValueError("dtype=torch.float32: the CUDA kernels read fp16 or bf16 caches")
+        if weights is not None:
+            if not isinstance(weights, ModelWeights) or checkpoint_path is not None:
+                raise ValueError(f"weights={type(weights).__name__}: must be None, or a "
+                                 "ModelWeights with a preset name or a ModelConfig as model")
+            weights.check(self.model)
+            if (weights.dtype, weights.device) != (dtype, self.device):
+                raise ValueError(f"weights: {weights.dtype} on {weights.device}, must be "
+                                 f"dtype={dtype} on device={self.device}")
         check_block_size(block_size)
         if attention == "vllm_v1" and block_size not in (8, 16, 32):
             raise ValueError(f"block_size={block_size}: vllm_v1 runs blocks of 8, 16 or 32")
@@ -158,9 +171,11 @@ class LLM:
         from kvlab.cache import PagedKVCache
 
         m = self.model
-        self.weights = (ModelWeights.random(m, self.seed, dtype, self.device)
-                        if checkpoint_path is None
-                        else checkpoint.load_weights(checkpoint_path, m, dtype, self.device))
+        if weights is None:
+            weights = (ModelWeights.random(m, self.seed, dtype, self.device)
+                       if checkpoint_path is None
+                       else checkpoint.load_weights(checkpoint_path, m, dtype, self.device))
+        self.weights = weights
         self.manager = BlockManager(num_blocks, block_size)
         layout = "hnd" if attention == "reference" else KERNEL_LAYOUTS[attention]
         self.caches = [PagedKVCache(num_blocks, block_size, m.num_kv_heads, m.head_dim, dtype,
@@ -186,6 +201,18 @@ class LLM:
     @property
     def dtype(self) -> torch.dtype:
         return self.weights.dtype
+
+    def with_attention(self, attention: str = "auto", *,
+                       prefetch: PrefetchConfig | None = None) -> LLM:
+        """A new LLM that runs this one's weights (the same tensors, not a copy: one model's
+        memory for several attention variants) with `attention` and `prefetch`. It has caches,
+        a manager and graphs of its own, and this LLM's model, dtype, device, seed,
+        block_size, num_blocks and cuda_graphs / graph_max_len arguments. Raises ValueError as
+        the constructor does."""
+        return LLM(self.model, attention=attention, prefetch=prefetch, dtype=self.dtype,
+                   device=self.device, seed=self.seed, block_size=self.block_size,
+                   num_blocks=self.manager.num_blocks, weights=self.weights,
+                   **self._graph_args)
 
     def generate(self, prompts, max_new_tokens: int | Sequence[int] = 16, *,
                  temperature: float = 0.0, top_p: float = 1.0, eos_token_id: int | None = None,
@@ -282,20 +309,15 @@ class LLM:
 
     def _decode(self, running: list[_Request]) -> torch.Tensor:
         seq_ids = [r.seq_id for r in running]
-        positions = [self.manager.seq_len(s) for s in seq_ids]
-        allocs = [self.manager.append(r.seq_id, 1, [r.tokens[-1]]) for r in running]
-        copies = [c for a in allocs for c in a.copies]
-        slots = [self.manager.slot_mapping(s, p, p + 1)[0]
-                 for s, p in zip(seq_ids, positions, strict=True)]
-        ids = [r.tokens[-1] for r in running]
+        token_ids = [r.tokens[-1] for r in running]
+        placed = self.manager.append_one(seq_ids, token_ids)
         if (self.graphs is not None and graphs_bucket(len(running)) is not None
-                and max(positions) < self.graphs.max_seq_len):
-            tables = [self.manager.block_table(s) for s in seq_ids]
-            return self.graphs.step(copies, slots, ids, positions, tables)
+                and max(placed.positions) < self.graphs.max_seq_len):
+            return self.graphs.step(seq_ids, token_ids, placed, self.manager.block_table)
         slots, ids, positions = (torch.tensor(xs, dtype=torch.long, device=self.device)
-                                 for xs in (slots, ids, positions))
-        return forward.decode_step(self.model, self.weights, self.caches, copies, slots, ids,
-                                   positions, self._attend(seq_ids), self.rope)
+                                 for xs in (placed.slots, token_ids, placed.positions))
+        return forward.decode_step(self.model, self.weights, self.caches, placed.copies, slots,
+                                   ids, positions, self._attend(seq_ids), self.rope)
 
     def _attend(self, seq_ids: list[int]) -> forward.Attend:
         if self.attention == "reference":

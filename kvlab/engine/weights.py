@@ -10,16 +10,27 @@ that the KVPR runtime also runs. What is added here is what only a whole model h
 - norm_weight, norm_bias [hidden_size]: the final norm (LayerNorm for OPT, RMSNorm otherwise);
 - lm_head [vocab_size, hidden_size]: the output projection; OPT ties it to embed (the same tensor),
   as HF's OPT does; Llama and Qwen2 presets have their own.
+
+Each layer's projections that share an input are stacked when the weights are made
+(`kvlab.offload.model.fuse`: the layers' own tensors become views of the stacks), so that a
+decode step runs one GEMM for Q, K and V and one for the MLP's gate and up.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from kvlab.config import ModelConfig
-from kvlab.offload.model import LayerWeights, check_layers, random_layers, resolve_device
+from kvlab.offload.model import (
+    Fused,
+    LayerWeights,
+    check_layers,
+    fuse,
+    random_layers,
+    resolve_device,
+)
 from kvlab.offload.recompute import seeded_randn
 
 OPT_POSITION_OFFSET = 2  # HF's OPT keeps two unused rows before position 0
@@ -33,6 +44,10 @@ class ModelWeights:
     norm_weight: torch.Tensor
     norm_bias: torch.Tensor | None
     lm_head: torch.Tensor
+    fused: list[Fused] = field(init=False, repr=False)
+
+    def __post_init__(self):
+        self.fused = [fuse(w) for w in self.layers]
 
     @classmethod
     def random(cls, model: ModelConfig, seed: int = 0, dtype=torch.float32,

@@ -10,7 +10,9 @@ with the token's absolute position in its sequence (so a recomputed prefix [0:l]
 positions to the embeddings before the first layer: nothing positional happens here.
 
 Shapes: x [tokens, hidden_size]; k, v [tokens, num_kv_heads, head_dim]; positions [tokens] int.
-Pure torch: the same code runs on the CPU (tests) and the GPU (the runtime).
+The same code runs on the CPU (tests) and the GPU (the runtime); on a GPU, fp16 and bf16
+RMSNorm and RoPE run as single kernels (`kvlab.kernels.layer_ops`) that equal these torch ops to
+the dtype's precision.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from kvlab.config import ModelConfig, RopeScaling
+from kvlab.kernels import layer_ops
 
 
 def seeded_randn(seed: int, dtype, device):
@@ -77,7 +80,29 @@ def norm(model: ModelConfig, hidden: torch.Tensor, weight: torch.Tensor,
     if model.norm == "layernorm":
         return torch.nn.functional.layer_norm(hidden, (model.hidden_size,), weight, bias,
                                               eps=model.norm_eps)
+    if _norm_kernel(hidden, weight):
+        return layer_ops.rms_norm(hidden, weight, model.norm_eps)[0]
     return torch.nn.functional.rms_norm(hidden, (model.hidden_size,), weight, eps=model.norm_eps)
+
+
+def add_norm(model: ModelConfig, hidden: torch.Tensor, delta: torch.Tensor,
+             weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:
+    """(hidden + delta, its norm): a sublayer's residual add and the next norm (one kernel for
+    RMSNorm on a GPU)."""
+    if model.norm == "rmsnorm" and _norm_kernel(hidden, weight, delta):
+        normed, total = layer_ops.rms_norm(hidden, weight, model.norm_eps, residual=delta)
+        return total, normed
+    hidden = hidden + delta
+    return hidden, norm(model, hidden, weight, bias)
+
+
+def _norm_kernel(*tensors: torch.Tensor) -> bool:
+    """Whether layer_ops.rms_norm takes these: the kernels' dtypes on a GPU, [rows, hidden]
+    contiguous (every caller's case on a GPU)."""
+    hidden = tensors[0]
+    return (layer_ops.usable(*tensors) and hidden.dim() == 2
+            and all(t.is_contiguous() for t in tensors)
+            and all(t.shape == hidden.shape for t in tensors[2:]))
 
 
 def attention_input(model: ModelConfig, w: AttentionWeights, hidden: torch.Tensor) -> torch.Tensor:
@@ -143,7 +168,7 @@ def project_q(model: ModelConfig, w: AttentionWeights, x: torch.Tensor,
               positions: torch.Tensor, rope: RopeTable | None = None) -> torch.Tensor:
     """Q [tokens, num_qo_heads, head_dim] of the tokens (RoPE applied where the family has it)."""
     q = torch.nn.functional.linear(x, w.w_q, w.b_q).view(-1, model.num_qo_heads, model.head_dim)
-    return _rope(model, q, positions, rope)
+    return rotate(model, q, positions, rope)
 
 
 def project_kv(model: ModelConfig, w: AttentionWeights, x: torch.Tensor,
@@ -158,13 +183,19 @@ def project_kv(model: ModelConfig, w: AttentionWeights, x: torch.Tensor,
     shape = (-1, model.num_kv_heads, model.head_dim)
     k = torch.nn.functional.linear(x, w.w_k, w.b_k).view(shape)
     v = torch.nn.functional.linear(x, w.w_v, w.b_v).view(shape)
-    return _rope(model, k, positions, rope), v
+    return rotate(model, k, positions, rope), v
 
 
-def _rope(model: ModelConfig, t: torch.Tensor, positions: torch.Tensor,
-          rope: RopeTable | None) -> torch.Tensor:
+def rotate(model: ModelConfig, t: torch.Tensor, positions: torch.Tensor,
+           rope: RopeTable | None) -> torch.Tensor:
+    """t [tokens, heads, head_dim] with RoPE applied at `positions` [tokens] (a new tensor;
+    t itself for a family without RoPE). `rope`: a table covering the positions, else cos and
+    sin are computed here. With a table on a GPU, one kernel (t may be a strided view)."""
     if model.position != "rope":
         return t
+    if (rope is not None and layer_ops.usable(t, rope.cos) and positions.is_cuda
+            and positions.dtype == torch.int64):
+        return layer_ops.rope(t, rope.cos, rope.sin, positions)
     if rope is None:
         cos, sin = rope_cos_sin(positions, model.head_dim, model.rope_theta, t.dtype,
                                 model.rope_scaling)

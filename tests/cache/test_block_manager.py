@@ -211,3 +211,99 @@ def test_a_bool_or_float_is_not_a_seq_id(seq_id):
         with pytest.raises(ValueError, match=f"seq_id={seq_id!r}: not a live sequence"):
             call(seq_id)
     assert snapshot(manager) == before
+
+
+def append_each(manager: BlockManager, seq_ids, token_ids):
+    """What append_one must equal: one append per sequence, as (positions, slots, copies)."""
+    positions, slots, copies = [], [], []
+    for seq_id, token_id in zip(seq_ids, token_ids, strict=True):
+        position = manager.seq_len(seq_id)
+        copies += manager.append(seq_id, 1, [token_id]).copies
+        positions.append(position)
+        slots += manager.slot_mapping(seq_id, position, position + 1)
+    return positions, slots, tuple(copies)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_append_one_places_tokens_as_appends_one_by_one(seed):
+    """Random adds (tiny alphabet: prefixes are shared), forks and frees, and decode steps of
+    random batches on two managers, one stepping with append_one, the other with a loop of
+    appends: the same slots, copies, block tables and free queue, and so the same blocks
+    registered for prefix sharing (later adds share them alike)."""
+    rng = np.random.default_rng(seed)
+    batched, looped = BlockManager(40, 4, seed=seed), BlockManager(40, 4, seed=seed)
+    for _ in range(60):
+        live = batched.seq_ids
+        action = rng.integers(4) if live else 0
+        if action == 0:
+            tokens = rng.integers(0, 2, rng.integers(1, 12)).tolist()
+            token_ids = tokens if rng.integers(4) else None  # without ids: never shared
+            try:
+                batched.add_sequence(len(tokens), token_ids)
+            except OutOfBlocksError:
+                continue
+            looped.add_sequence(len(tokens), token_ids)
+        elif action == 1:
+            parent = int(rng.choice(live))
+            for manager in (batched, looped):
+                manager.fork(parent)
+        elif action == 2 and len(live) > 1:
+            seq_id = int(rng.choice(live))
+            for manager in (batched, looped):
+                manager.free(seq_id)
+        else:
+            seq_ids = rng.permutation(live)[:rng.integers(1, len(live) + 1)].tolist()
+            token_ids = rng.integers(0, 2, len(seq_ids)).tolist()
+            before = snapshot(batched)
+            try:
+                placed = batched.append_one(seq_ids, token_ids)
+            except OutOfBlocksError:
+                assert snapshot(batched) == before
+                continue
+            expected = append_each(looped, seq_ids, token_ids)
+            assert (placed.positions, placed.slots, placed.copies) == expected
+        assert snapshot(batched) == snapshot(looped)
+
+
+def test_append_one_copies_a_shared_last_block_only_while_it_is_shared():
+    """A sequence and its fork share a partly filled block: the first to append copies it, the
+    second then owns it alone and writes in place, so one free block is enough."""
+    manager = BlockManager(3, 4)
+    parent = manager.add_sequence(6).seq_id
+    child = manager.fork(parent)
+    shared = manager.block_table(parent)[1]
+    placed = manager.append_one([parent, child], [1, 2])
+    copy = manager.block_table(parent)[1]
+    assert placed.copies == ((shared, copy),) and manager.block_table(child)[1] == shared
+    assert placed.positions == [6, 6]
+    assert placed.slots == [copy * 4 + 2, shared * 4 + 2]
+    assert manager.num_free_blocks == 0
+
+
+def test_append_one_starts_a_block_where_the_last_is_full_and_shares_filled_blocks():
+    manager = BlockManager(8, 4)
+    a = manager.add_sequence(4, [5, 6, 7, 8]).seq_id
+    b = manager.add_sequence(3, [1, 2, 3]).seq_id
+    placed = manager.append_one(np.array([a, b]), np.array([9, 4]))
+    assert [len(manager.block_table(s)) for s in (a, b)] == [2, 1]
+    assert placed.slots == [manager.block_table(a)[1] * 4, manager.block_table(b)[0] * 4 + 3]
+    assert manager.add_sequence(5, [1, 2, 3, 4, 0]).write_start == 4  # b's block, now full
+
+
+@pytest.mark.parametrize(("seq_ids", "token_ids", "error", "message"), [
+    ([0, 99], [1, 1], ValueError, "seq_id=99: not a live sequence"),
+    ([0, 1, 0], [1, 1, 1], ValueError, "seq_ids[2]=0: named twice"),
+    ([0, 1], [1], ValueError, "token_ids has 1 ids: must have one per token (2)"),
+    ([0, 1], [1, 2.0], ValueError, "token_ids[1]=2.0: must be an integer"),
+    ([0, 1, 2], [1, 1, 1], OutOfBlocksError, "out of KV blocks: 3 requested, 2 free"),
+])
+def test_a_failed_append_one_leaves_the_manager_unchanged(seq_ids, token_ids, error, message):
+    """In the last case the blocks run out only at the third sequence: the first two must not
+    have moved."""
+    manager = BlockManager(3, 2)
+    for _ in range(3):
+        manager.add_sequence(2, [7, 7])  # the three share one full block; two are free
+    before = snapshot(manager)
+    with pytest.raises(error, match=re.escape(message)):
+        manager.append_one(seq_ids, token_ids)
+    assert snapshot(manager) == before

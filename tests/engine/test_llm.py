@@ -8,6 +8,8 @@ import torch
 import kvlab
 from kvlab.config import MODELS
 from kvlab.engine import forward
+from kvlab.engine.weights import ModelWeights
+from kvlab.offload.model import named_tensors
 
 transformers = pytest.importorskip("transformers")
 from kvlab.engine.hf import causal_lm  # noqa: E402  (needs transformers)
@@ -155,10 +157,40 @@ def test_eos_ends_a_request_unless_ignored():
     (lambda: kvlab.LLM(device="cpu", cuda_graphs=True), "cuda_graphs=True: must be a bool, "
      "and False with attention='reference'"),
     (lambda: kvlab.LLM(device="cpu", graph_max_len=0), "graph_max_len=0: must be an integer"),
+    (lambda: kvlab.LLM(device="cpu", weights="llama.safetensors"),
+     "weights=str: must be None, or a ModelWeights with a preset name or a ModelConfig"),
+    (lambda: kvlab.LLM("tiny-opt", device="cpu", weights=seeded_weights("tiny-llama")),
+     "weights.positions: None, must be (514, 256) for tiny-opt"),
+    (lambda: kvlab.LLM(device="cpu", dtype=torch.float16, weights=seeded_weights("tiny-llama")),
+     "weights: torch.float32 on cpu, must be dtype=torch.float16 on device=cpu"),
+    (lambda: kvlab.LLM(device="cpu", num_blocks=8).with_attention("gqa"),
+     "attention='gqa': the CUDA kernels need device='cuda'"),
 ])
 def test_bad_engine_arguments_are_refused(make, message):
     with pytest.raises(ValueError, match=message.replace("(", "\\(").replace(")", "\\)")):
         make()
+
+
+def seeded_weights(name: str) -> ModelWeights:
+    return ModelWeights.random(MODELS[name], seed=0)
+
+
+def weight_tensors(w: ModelWeights) -> list[torch.Tensor]:
+    return [w.embed, w.norm_weight, w.lm_head,
+            *(t for layer in w.layers for t in named_tensors(layer).values())]
+
+
+def test_with_attention_runs_the_same_weight_tensors_on_a_cache_of_its_own():
+    llm = kvlab.LLM("tiny-llama", device="cpu", num_blocks=64, block_size=8, seed=3)
+    twin = llm.with_attention("reference")
+    assert [t.data_ptr() for t in weight_tensors(twin.weights)] == [
+        t.data_ptr() for t in weight_tensors(llm.weights)]
+    assert twin.manager is not llm.manager
+    assert twin.caches[0].k_cache.data_ptr() != llm.caches[0].k_cache.data_ptr()
+    assert (twin.model, twin.dtype, twin.device, twin.seed, twin.block_size,
+            twin.manager.num_blocks) == (llm.model, llm.dtype, llm.device, 3, 8, 64)
+    prompts = [tokens(n, seed=n) for n in (3, 17, 40)]
+    assert twin.generate(prompts, 12).tokens == llm.generate(prompts, 12).tokens
 
 
 @pytest.fixture(scope="module")
@@ -188,13 +220,6 @@ def test_bad_requests_are_refused_before_anything_runs(small, prompts, kwargs, m
     with pytest.raises(ValueError, match=message):
         small.generate(prompts, **kwargs)
     assert small.manager.num_free_blocks == 4 and not small.manager.seq_ids
-
-
-def test_graph_buckets_are_powers_of_two_up_to_256():
-    from kvlab.engine.graphs import bucket
-
-    assert [bucket(n) for n in (1, 2, 3, 5, 64, 65, 256)] == [1, 2, 4, 8, 64, 128, 256]
-    assert bucket(257) is None
 
 
 def test_llm_is_exported_lazily_and_reads_its_preset():

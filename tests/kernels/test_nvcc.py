@@ -9,13 +9,13 @@ import subprocess
 
 import pytest
 
-from kvlab.kernels import gqa, vllm_v1
+from kvlab.kernels import gqa, layer_ops, vllm_v1
 from kvlab.kernels.loader import compile_options, source_dir
 
 NVCC = shutil.which("nvcc")
 pytestmark = [pytest.mark.compile,
               pytest.mark.skipif(NVCC is None, reason="nvcc not found")]
-FAMILIES = {family.SOURCE: family for family in (vllm_v1, gqa)}
+FAMILIES = {family.SOURCE: family for family in (vllm_v1, gqa, layer_ops)}
 SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 
 

@@ -1,0 +1,180 @@
+"""Launchers for `kernels/layer_ops.cu`: a decoder layer's small decode-step ops as one CUDA
+kernel each (RMSNorm with its residual add, RoPE from a cos/sin table, the paged-cache write,
+SwiGLU's product), where torch composes them from several.
+
+The layer code (`kvlab.offload.recompute`, `kvlab.offload.model`, `kvlab.engine.forward`)
+calls these where `usable` says so: fp16 or bf16 tensors on a CUDA device, with CuPy present.
+Elsewhere it runs its torch ops, which these equal to the dtype's precision (checked by
+tests/kernels/test_layer_ops.py on a GPU). Every launcher checks its tensors before launching.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+
+from kvlab.kernels.launch import launch, ptr
+from kvlab.kernels.vllm_v1 import CUDA_TYPES
+
+SOURCE = "layer_ops.cu"
+VEC = 8  # elements of a 16-byte vector
+ROPE_THREADS = 128
+MAX_THREADS = 1024
+NORM_VECS = (1, 2, 4)  # vectors per thread the rms_norm instantiations keep in registers
+
+
+@functools.cache
+def _cupy_present() -> bool:
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def usable(*tensors: torch.Tensor) -> bool:
+    """Whether these kernels can take the tensors: fp16 or bf16, on a CUDA device, CuPy
+    importable."""
+    return all(t.is_cuda and t.dtype in CUDA_TYPES for t in tensors) and _cupy_present()
+
+
+def default_instances() -> list[str]:
+    """Every instantiation the launchers use (CI compiles them all with nvcc)."""
+    names = []
+    for t in CUDA_TYPES.values():
+        names += [f"kvlab::rms_norm<{t}, {vecs}>" for vecs in NORM_VECS]
+        names += [f"kvlab::rope<{t}>", f"kvlab::silu_mul<{t}>"]
+        names += [f"kvlab::write_kv<{t}, {layout}>" for layout in ("false", "true")]
+    return names
+
+
+@functools.cache
+def _kernels(device_index: int) -> dict:
+    from kvlab.kernels.loader import load
+
+    names = default_instances()  # few and small: compiled together on first use
+    return dict(zip(names, load(SOURCE, names, device_index), strict=True))
+
+
+def _kernel(name: str, device: torch.device):
+    return _kernels(device.index)[name]
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+def _rows_of(t: torch.Tensor, name: str, width: int) -> None:
+    """t is [rows, width] with contiguous rows, 16-byte aligned, width a multiple of VEC."""
+    _check(t.dim() == 2 and t.shape[1] == width and t.stride(1) == 1
+           and t.stride(0) % VEC == 0 and t.data_ptr() % 16 == 0 and width % VEC == 0,
+           f"{name}: {t.dtype} {tuple(t.shape)} strides {t.stride()}: must be [rows, {width}] "
+           f"with contiguous, 16-byte aligned rows ({VEC} | {width})")
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(normed, h): h = x + residual (rounded to x's dtype; x itself when residual is None) and
+    normed = weight * RMSNorm(h), as HF's LlamaRMSNorm rounds it. x, residual: [rows, hidden]
+    contiguous; weight [hidden]."""
+    _check(x.dim() == 2, f"x: shape {tuple(x.shape)}, must be [rows, hidden]")
+    rows, hidden = x.shape
+    for name, t in (("x", x), ("residual", residual)):
+        if t is not None:
+            _check(t.is_contiguous(), f"{name}: must be contiguous")
+            _rows_of(t, name, hidden)
+    _check(weight.shape == (hidden,) and weight.is_contiguous(),
+           f"weight: shape {tuple(weight.shape)}, must be ({hidden},) and contiguous")
+    tensors = [x, weight, *([] if residual is None else [residual])]
+    _check(usable(*tensors) and len({t.dtype for t in tensors}) == 1
+           and len({t.device for t in tensors}) == 1,
+           "x, weight and residual: one dtype (fp16 or bf16) on one CUDA device")
+    threads = min(MAX_THREADS, -(-hidden // VEC // 32) * 32)
+    vecs = next((v for v in NORM_VECS if v * VEC * threads >= hidden), None)
+    _check(vecs is not None, f"hidden={hidden}: at most {NORM_VECS[-1] * VEC * MAX_THREADS}")
+    normed = torch.empty_like(x)
+    total = x if residual is None else torch.empty_like(x)
+    if rows:
+        launch(_kernel(f"kvlab::rms_norm<{CUDA_TYPES[x.dtype]}, {vecs}>", x.device), (rows,),
+               (threads,), (ptr(normed), ptr(total), ptr(x), ptr(residual), ptr(weight),
+                            np.float32(eps), np.int32(hidden)), x.device)
+    return normed, total
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+         positions: torch.Tensor) -> torch.Tensor:
+    """x [rows, heads, head_dim] (rows of any stride, heads and elements contiguous: a view
+    into a fused QKV output will do) rotated at `positions` [rows] (int64) by the tables cos,
+    sin [max_positions, head_dim]: a new contiguous tensor. A position outside the tables
+    (which RopeTable makes for the model's whole context) gives a row of zeros."""
+    _check(x.dim() == 3, f"x: shape {tuple(x.shape)}, must be [rows, heads, head_dim]")
+    rows, heads, head_dim = x.shape
+    _check(x.stride(2) == 1 and x.stride(1) == head_dim and head_dim % 2 == 0,
+           f"x: shape {tuple(x.shape)} strides {x.stride()}: heads and elements contiguous")
+    _check(cos.shape == sin.shape and cos.dim() == 2 and cos.shape[1] == head_dim
+           and cos.is_contiguous() and sin.is_contiguous(),
+           f"cos, sin: {tuple(cos.shape)}, {tuple(sin.shape)}: must be contiguous "
+           f"[max_positions, {head_dim}]")
+    _check(positions.shape == (rows,) and positions.dtype == torch.int64
+           and positions.device == x.device,
+           f"positions: must be int64 [{rows}] on {x.device}")
+    _check(usable(x, cos, sin) and len({x.dtype, cos.dtype, sin.dtype}) == 1,
+           "x, cos, sin: one dtype (fp16 or bf16) on a CUDA device")
+    out = torch.empty(rows, heads, head_dim, dtype=x.dtype, device=x.device)
+    if rows:
+        pairs = heads * head_dim // 2
+        launch(_kernel(f"kvlab::rope<{CUDA_TYPES[x.dtype]}>", x.device),
+               (rows, -(-pairs // ROPE_THREADS)), (ROPE_THREADS,),
+               (ptr(out), ptr(x), ptr(cos), ptr(sin), ptr(positions), np.int64(cos.shape[0]),
+                np.int32(heads), np.int32(head_dim), np.int64(x.stride(0)),
+                np.int64(out.stride(0))), x.device)
+    return out
+
+
+def write_kv(cache, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """`cache.write_slots(slots, k, v)` in one kernel: k, v [n, num_kv_heads, head_dim] (rows
+    of any stride) into a PagedKVCache of fp16 or bf16, either layout, at int64 `slots` [n].
+    Slots outside the cache are skipped (the caller's manager gives valid ones)."""
+    _check(k.dim() == 3, f"k: shape {tuple(k.shape)}, must be [n, num_kv_heads, head_dim]")
+    n, heads, head_dim = k.shape
+    _check(v.shape == k.shape and heads == cache.num_kv_heads and head_dim == cache.head_dim,
+           f"k, v: {tuple(k.shape)}, {tuple(v.shape)}: must both be [n, {cache.num_kv_heads}, "
+           f"{cache.head_dim}]")
+    for name, t in (("k", k), ("v", v)):
+        _check(t.stride(2) == 1 and t.stride(1) == head_dim and t.stride(0) % VEC == 0
+               and t.data_ptr() % 16 == 0,
+               f"{name}: strides {t.stride()}: heads and elements contiguous, rows 16-byte "
+               "aligned")
+    _check(slots.shape == (n,) and slots.dtype == torch.int64 and slots.device == cache.device,
+           f"slots: must be int64 [{n}] on {cache.device}")
+    _check(usable(k, v, cache.k_cache) and len({k.dtype, v.dtype, cache.dtype}) == 1,
+           f"k, v: {k.dtype}, {v.dtype}: must be the cache's dtype ({cache.dtype}), fp16 or "
+           "bf16, on its CUDA device")
+    if n:
+        name = f"kvlab::write_kv<{CUDA_TYPES[k.dtype]}, {str(cache.layout == 'vllm').lower()}>"
+        launch(_kernel(name, k.device), (n,), (min(MAX_THREADS, heads * head_dim // VEC),),
+               (ptr(cache.k_cache), ptr(cache.v_cache), ptr(k), ptr(v), ptr(slots),
+                np.int64(cache.num_blocks), np.int32(cache.block_size), np.int32(heads),
+                np.int32(head_dim), np.int64(k.stride(0)), np.int64(v.stride(0))), k.device)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU's product silu(gate) * up of gate_up [rows, 2 n] (gate then up in each row, one
+    GEMM's output; contiguous): [rows, n], as torch's F.silu(gate) * up rounds it."""
+    _check(gate_up.dim() == 2, f"gate_up: shape {tuple(gate_up.shape)}, must be [rows, 2 n]")
+    rows, width = gate_up.shape
+    _check(gate_up.is_contiguous() and width % (2 * VEC) == 0,
+           f"gate_up: shape {tuple(gate_up.shape)}: must be contiguous [rows, 2 n], "
+           f"{VEC} | n")
+    _check(usable(gate_up), "gate_up: fp16 or bf16 on a CUDA device")
+    n = width // 2
+    out = torch.empty(rows, n, dtype=gate_up.dtype, device=gate_up.device)
+    if rows:
+        threads = 256
+        launch(_kernel(f"kvlab::silu_mul<{CUDA_TYPES[gate_up.dtype]}>", gate_up.device),
+               (rows, -(-n // VEC // threads)), (threads,),
+               (ptr(out), ptr(gate_up), np.int32(n)), gate_up.device)
+    return out

@@ -1,0 +1,145 @@
+"""kernels/layer_ops.cu against the torch ops they replace (GPU), and where they are not used."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kvlab.cache import PagedKVCache
+from kvlab.config import MODELS
+from kvlab.kernels import layer_ops
+from kvlab.offload.recompute import apply_rope, rope_cos_sin
+
+DTYPES = [torch.float16, torch.bfloat16]
+gpu = pytest.mark.gpu
+
+
+def close(got, expected):
+    """Equal to the dtype's precision: at most one rounding step apart, relative to the values'
+    size (the kernels compute in fp32 where torch rounds between some ops)."""
+    eps = torch.finfo(expected.dtype).eps
+    scale = expected.float().abs().amax().clamp(min=1.0)
+    err = (got.float() - expected.float()).abs().amax()
+    assert err <= 4 * eps * scale, f"max error {err.item():.3g}, scale {scale.item():.3g}"
+
+
+def tables(max_positions: int, head_dim: int, dtype):
+    """cos, sin [max_positions, head_dim] with Llama 3's frequencies (rope scaling)."""
+    m = MODELS["llama3-8b"]
+    return rope_cos_sin(torch.arange(max_positions, device="cuda"), head_dim, m.rope_theta,
+                        dtype, m.rope_scaling)
+
+
+def randn(*shape, dtype, seed=0):
+    gen = torch.Generator("cuda").manual_seed(seed)
+    return torch.randn(*shape, generator=gen, device="cuda").to(dtype)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hidden", [8, 4096, 5120, 8192, 20000, 32768])
+@pytest.mark.parametrize("rows", [1, 3, 64])
+def test_rms_norm_and_residual_add(dtype, hidden, rows):
+    x, delta = randn(rows, hidden, dtype=dtype), randn(rows, hidden, dtype=dtype, seed=1)
+    weight = 1 + randn(hidden, dtype=dtype, seed=2) / 10
+    normed, same = layer_ops.rms_norm(x, weight, 1e-5)
+    assert same is x
+    close(normed, weight * F.rms_norm(x.float(), (hidden,), eps=1e-5).to(dtype))
+    normed, total = layer_ops.rms_norm(x, weight, 1e-5, residual=delta)
+    assert torch.equal(total, x + delta)
+    close(normed, weight * F.rms_norm(total.float(), (hidden,), eps=1e-5).to(dtype))
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads, head_dim", [(32, 128), (4, 64), (1, 256), (40, 128)])
+def test_rope_of_a_strided_view(dtype, heads, head_dim):
+    """A view into a fused QKV output (rows strided), at scattered positions."""
+    cos, sin = tables(4096, head_dim, dtype)
+    rows = 9
+    qkv = randn(rows, heads * head_dim + 96, dtype=dtype)
+    x = qkv[:, 32:32 + heads * head_dim].view(rows, heads, head_dim)
+    positions = torch.tensor([0, 1, 7, 100, 511, 4095, 2, 3000, 64], device="cuda")
+    got = layer_ops.rope(x, cos, sin, positions)
+    assert got.is_contiguous() and got.shape == x.shape
+    expected = apply_rope(x, cos[positions, None], sin[positions, None])
+    close(got, expected)
+
+
+@gpu
+def test_rope_at_a_position_outside_its_table_gives_zeros():
+    cos, sin = tables(16, 64, torch.float16)
+    x = randn(2, 4, 64, dtype=torch.float16)
+    got = layer_ops.rope(x, cos, sin, torch.tensor([3, 16], device="cuda"))
+    assert torch.equal(got[1], torch.zeros_like(got[1])) and got[0].abs().sum() > 0
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["hnd", "vllm"])
+@pytest.mark.parametrize("block_size", [8, 16, 32])
+def test_write_kv_equals_write_slots(dtype, layout, block_size):
+    heads, head_dim, n = 4, 128, 11
+    caches = [PagedKVCache(20, block_size, heads, head_dim, dtype, "cuda", layout)
+              for _ in range(2)]
+    kv = randn(n, 3 * heads * head_dim, dtype=dtype)  # rows strided, as from a fused GEMM
+    k = kv[:, heads * head_dim:2 * heads * head_dim].view(n, heads, head_dim)
+    v = kv[:, 2 * heads * head_dim:].view(n, heads, head_dim)
+    slots = torch.randperm(20 * block_size, device="cuda")[:n]
+    caches[0].write_slots(slots, k, v)
+    layer_ops.write_kv(caches[1], slots, k, v)
+    assert torch.equal(caches[1].k_cache, caches[0].k_cache)
+    assert torch.equal(caches[1].v_cache, caches[0].v_cache)
+
+
+@gpu
+def test_write_kv_skips_slots_outside_the_cache():
+    cache = PagedKVCache(2, 16, 2, 64, torch.float16, "cuda")
+    k = randn(2, 2, 64, dtype=torch.float16)
+    layer_ops.write_kv(cache, torch.tensor([-1, 32], device="cuda"), k, k)
+    assert cache.k_cache.abs().sum() == 0 and cache.v_cache.abs().sum() == 0
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows, n", [(1, 14336), (64, 13824), (5, 8)])
+def test_silu_mul(dtype, rows, n):
+    gate_up = randn(rows, 2 * n, dtype=dtype) * 3
+    gate, up = gate_up.chunk(2, dim=-1)
+    close(layer_ops.silu_mul(gate_up), F.silu(gate) * up)
+
+
+@gpu
+@pytest.mark.parametrize("call, message", [
+    (lambda: layer_ops.rms_norm(torch.zeros(2, 12, dtype=torch.float16, device="cuda"),
+                                torch.ones(12, dtype=torch.float16, device="cuda"), 1e-5),
+     r"x: .*\[rows, 12\] with contiguous, 16-byte aligned rows \(8 \| 12\)"),
+    (lambda: layer_ops.rms_norm(torch.zeros(2, 16, device="cuda"),
+                                torch.ones(16, device="cuda"), 1e-5),
+     "one dtype .fp16 or bf16. on one CUDA device"),
+    (lambda: layer_ops.rope(torch.zeros(2, 4, 8, dtype=torch.float16, device="cuda"),
+                            torch.zeros(10, 8, dtype=torch.float16, device="cuda"),
+                            torch.zeros(10, 8, dtype=torch.float16, device="cuda"),
+                            torch.zeros(2, dtype=torch.int32, device="cuda")),
+     r"positions: must be int64 \[2\]"),
+    (lambda: layer_ops.silu_mul(torch.zeros(2, 24, dtype=torch.float16, device="cuda")),
+     r"gate_up: shape \(2, 24\): must be contiguous \[rows, 2 n\], 8 \| n"),
+    (lambda: layer_ops.write_kv(PagedKVCache(2, 16, 2, 64, torch.float16, "cuda"),
+                                torch.tensor([0], device="cuda"),
+                                torch.zeros(1, 2, 64, dtype=torch.bfloat16, device="cuda"),
+                                torch.zeros(1, 2, 64, dtype=torch.bfloat16, device="cuda")),
+     r"must be the cache's dtype \(torch.float16\)"),
+])
+def test_bad_tensors_are_refused_before_a_launch(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_the_torch_ops_run_where_the_kernels_cannot():
+    assert not layer_ops.usable(torch.zeros(8, dtype=torch.float16))  # on the CPU
+    if torch.cuda.is_available():
+        assert not layer_ops.usable(torch.zeros(8, device="cuda"))  # fp32
+
+
+def test_every_instantiation_is_named_once():
+    names = layer_ops.default_instances()
+    assert len(names) == len(set(names)) == 2 * (len(layer_ops.NORM_VECS) + 4)

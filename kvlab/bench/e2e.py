@@ -3,16 +3,18 @@ transformers' `generate` with its static cache on the same weights.
 
 For each model, batch and attention variant: `batch` prompts of `--prompt` seeded random tokens
 decode `--new-tokens` tokens each (ignore EOS; CUDA graphs as `kvlab.LLM` uses them). The
-variants share one copy of the weights (`LLM.with_attention`) and run in turn, `--rounds`
-times each (variant 1, 2, ..., then again), so that drifts of clock and temperature fall on
-all alike. Every decode step's wall time is recorded (the GPU synchronised at its end: what a
-caller waits); the reported step time is the median of every round's steps from the first at
-steady state (two successive steps within 5%, `kvlab.bench.steps.is_warm`) on. A row keeps
-the last round's steps (`step_ms_runs`) and each round's median (`round_step_ms`). The
-roofline step time is what one step must read, the weights (the LM head whole, the
-embedding's rows aside) and the batch's K, V at the run's mean context, over the copy roofline
-measured in the same run. HF's peer runs `generate(cache_implementation="static")` on the same
-tensors, in turn with the variants, its steps timed the same way.
+variants share one copy of the weights, and those of one cache layout one cache sized for the
+batch (`LLM.with_attention`); they run in turn, `--rounds` times each (variant 1, 2, ..., then
+again), so that drifts of clock and temperature fall on all alike. Every decode step's wall time
+is recorded (the GPU synchronised at its end: what a caller waits); the reported step time is
+the median of every round's steps from the first at steady state (two successive steps within
+5%, `kvlab.bench.steps.is_warm`) on. A row keeps the last round's steps (`step_ms_runs`) and
+each round's median (`round_step_ms`). The roofline step time is what one step must read, the
+weights (the LM head whole, the embedding's rows aside) and the batch's K, V at the run's mean
+context, over the copy roofline measured in the same run. HF's peer runs
+`generate(cache_implementation="static")` on the same tensors after them (`--rounds` times; its
+static cache and the variants' caches of a 7B MHA model at batch 128 would not fit together),
+its steps timed the same way.
 With `--serve-rates`, a serving run per rate: `--serve-requests` requests of lognormal prompt
 and output lengths (`kvlab.workload.lognormal`: medians 256 and 128 tokens, sigma 1, clipped to
 2,048 in all) arriving as a Poisson process (seeded), on one attention variant; it reports
@@ -141,6 +143,37 @@ def _row(name, variant, batch, args, rounds, prefill_ms, roofline_ms) -> dict:
             "ratio_to_roofline": ms / roofline_ms}
 
 
+def _in_turn(label: str, prompts, rounds: int, runners: dict) -> dict:
+    """{variant: (each round's steps, every prefill)}: each runner of prompts, in turn, `rounds`
+    times over."""
+    runs = {variant: ([], []) for variant in runners}
+    for turn in range(rounds):
+        for variant, runner in runners.items():
+            print(f"{label} round {turn + 1}/{rounds}: {variant}", file=sys.stderr)
+            steps, prefills = runner(prompts)
+            runs[variant][0].append(steps)
+            runs[variant][1].extend(prefills)
+    return runs
+
+
+def _kvlab_runners(name: str, weights, num_blocks: int, args) -> dict:
+    """A runner per variant of args.variants: LLMs on `weights`, with caches of `num_blocks`,
+    one per layout (variants that differ in prefetch alone share it)."""
+    import kvlab
+    from kvlab.engine.llm import KERNEL_LAYOUTS
+
+    first_of_layout, runners = {}, {}
+    for variant in args.variants:
+        kernel, prefetch = VARIANTS[variant]
+        first = first_of_layout.get(KERNEL_LAYOUTS[kernel])
+        llm = (first.with_attention(kernel, prefetch=prefetch, share_cache=True) if first
+               else kvlab.LLM(name, attention=kernel, prefetch=prefetch, num_blocks=num_blocks,
+                              weights=weights))
+        first_of_layout.setdefault(KERNEL_LAYOUTS[kernel], llm)
+        runners[variant] = _kvlab_runner(llm, args.new_tokens)
+    return runners
+
+
 def _kvlab_runner(llm, new_tokens: int):
     """prompts -> (each decode step's ms, each prompt's prefill ms) of llm.generate."""
     def run(prompts):
@@ -187,47 +220,40 @@ def run(args) -> dict:
     import torch
 
     import kvlab
+    from kvlab.engine.weights import ModelWeights
     from kvlab.timing import Timer, copy_roofline_gbps
 
     timer = Timer("cuda")
     result = {"benchmark": "e2e", **run_info(), **gpu_info(), "command": args.command,
               "dtype": "float16", "timing": "wall clock per decode step, the GPU synchronised "
               "at its end; median of every round's steps from steady state (two within 5%) "
-              "on; the variants and HF in turn", "rounds": args.rounds,
+              "on; the variants in turn, then HF", "rounds": args.rounds,
               "roofline_copy_gbps": round(copy_roofline_gbps(timer), 1), "rows": [],
               "serving": []}
     gbps = result["roofline_copy_gbps"]
     context = args.prompt + args.new_tokens / 2
     for name in args.models:
         model = MODELS[name]
-        blocks = -(-max(args.batches) * (args.prompt + args.new_tokens) // 16) + 16
-        llms = {}
-        for variant in args.variants:
-            kernel, prefetch = VARIANTS[variant]
-            llms[variant] = (kvlab.LLM(name, attention=kernel, prefetch=prefetch,
-                                       num_blocks=blocks) if not llms else
-                             next(iter(llms.values())).with_attention(kernel, prefetch=prefetch))
-        weights = next(iter(llms.values())).weights
-        runners = {variant: _kvlab_runner(llm, args.new_tokens) for variant, llm in llms.items()}
+        weights = ModelWeights.random(model, 0, torch.float16, "cuda")
+        hf = None
         if args.hf:
             from kvlab.engine.hf import causal_lm
 
-            runners[HF_VARIANT] = _hf_runner(causal_lm(model, weights), args.new_tokens)
+            hf = causal_lm(model, weights)
         for batch in args.batches:
             prompts = _prompts(model, batch, args.prompt)
             roofline_ms = step_bytes(model, weights, batch, context) / gbps / 1e6
-            runs = {variant: ([], []) for variant in runners}  # each round's steps; prefills
-            for turn in range(args.rounds):
-                for variant, runner in runners.items():
-                    print(f"{name} batch={batch} round {turn + 1}/{args.rounds}: {variant}",
-                          file=sys.stderr)
-                    steps, prefills = runner(prompts)
-                    runs[variant][0].append(steps)
-                    runs[variant][1].extend(prefills)
+            blocks = -(-batch * (args.prompt + args.new_tokens) // 16) + 16
+            runs = _in_turn(f"{name} batch={batch}", prompts, args.rounds,
+                            _kvlab_runners(name, weights, blocks, args))
+            torch.cuda.empty_cache()  # the variants' caches, before HF's static cache
+            if hf is not None:
+                runs |= _in_turn(f"{name} batch={batch}", prompts, args.rounds,
+                                 {HF_VARIANT: _hf_runner(hf, args.new_tokens)})
             for variant, (rounds, prefills) in runs.items():
                 result["rows"].append(_row(name, variant, batch, args, rounds,
                                            statistics.median(prefills), roofline_ms))
-        del llms, runners, weights
+        del weights, hf
         torch.cuda.empty_cache()
         if args.serve_rates:
             kernel, prefetch = VARIANTS[args.serve_variant]

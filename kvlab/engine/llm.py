@@ -114,7 +114,8 @@ class LLM:
                  prefetch: PrefetchConfig | None = None, dtype: torch.dtype | None = None,
                  device=None, seed: int = 0, block_size: int = 16,
                  num_blocks: int | None = None, cuda_graphs: bool | None = None,
-                 graph_max_len: int | None = None, weights: ModelWeights | None = None):
+                 graph_max_len: int | None = None, weights: ModelWeights | None = None,
+                 _cache_of: LLM | None = None):
         self._graph_args = {"cuda_graphs": cuda_graphs, "graph_max_len": graph_max_len}
         checkpoint_path = model if checkpoint.is_checkpoint(model) else None
         self.model = (checkpoint.model_config(model) if checkpoint_path is not None
@@ -176,11 +177,16 @@ class LLM:
                        if checkpoint_path is None
                        else checkpoint.load_weights(checkpoint_path, m, dtype, self.device))
         self.weights = weights
-        self.manager = BlockManager(num_blocks, block_size)
         layout = "hnd" if attention == "reference" else KERNEL_LAYOUTS[attention]
-        self.caches = [PagedKVCache(num_blocks, block_size, m.num_kv_heads, m.head_dim, dtype,
-                                    self.device, layout, manager=self.manager)
-                       for _ in range(m.num_layers)]
+        if _cache_of is not None:  # with_attention(share_cache=True), which checked the layout
+            self.manager, self.caches = _cache_of.manager, _cache_of.caches
+            self._scratch_ids = _cache_of._scratch_ids
+        else:
+            self.manager = BlockManager(num_blocks, block_size)
+            self.caches = [PagedKVCache(num_blocks, block_size, m.num_kv_heads, m.head_dim,
+                                        dtype, self.device, layout, manager=self.manager)
+                           for _ in range(m.num_layers)]
+            self._scratch_ids: list[int] = []  # the graphs' scratch sequences in the manager
         self.rope = (RopeTable.build(m, m.max_position, dtype, self.device)
                      if m.position == "rope" else None)
         self.graphs = None
@@ -188,10 +194,10 @@ class LLM:
             from kvlab.engine.graphs import DecodeGraphs
 
             scratch = self.manager.add_sequence(1).seq_id
+            self._scratch_ids.append(scratch)
             self.graphs = DecodeGraphs(
                 m, self.weights, self.caches, self.rope, attention, prefetch, int(graph_max_len),
                 (self.manager.block_table(scratch)[0], self.manager.slot_mapping(scratch, 0, 1)[0]))
-        self.usable_blocks = self.manager.num_free_blocks
 
     def __repr__(self):
         return (f"LLM({self.model.name!r}, attention={self.attention!r}, dtype={self.dtype}, "
@@ -202,17 +208,31 @@ class LLM:
     def dtype(self) -> torch.dtype:
         return self.weights.dtype
 
+    @property
+    def usable_blocks(self) -> int:
+        """The cache's blocks that requests may take: all but the graphs' scratch blocks."""
+        return self.manager.num_blocks - len(self._scratch_ids)
+
     def with_attention(self, attention: str = "auto", *,
-                       prefetch: PrefetchConfig | None = None) -> LLM:
+                       prefetch: PrefetchConfig | None = None, share_cache: bool = False) -> LLM:
         """A new LLM that runs this one's weights (the same tensors, not a copy: one model's
-        memory for several attention variants) with `attention` and `prefetch`. It has caches,
-        a manager and graphs of its own, and this LLM's model, dtype, device, seed,
-        block_size, num_blocks and cuda_graphs / graph_max_len arguments. Raises ValueError as
-        the constructor does."""
+        memory for several attention variants) with `attention` and `prefetch`. It has graphs
+        of its own, and this LLM's model, dtype, device, seed, block_size, num_blocks and
+        cuda_graphs / graph_max_len arguments. Its caches and their manager are its own, or
+        with share_cache this LLM's (an attention of the same cache layout; the two must not
+        generate at once: each generate starts from, and leaves, an empty cache). Raises
+        ValueError as the constructor does."""
+        if share_cache is not False and share_cache is not True:
+            raise ValueError(f"share_cache={share_cache!r}: must be a bool")
+        if share_cache:
+            layout = "hnd" if attention == "reference" else KERNEL_LAYOUTS.get(attention)
+            if layout != self.caches[0].layout:
+                raise ValueError(f"share_cache=True: attention={attention!r} does not read "
+                                 f"this LLM's {self.caches[0].layout!r} cache layout")
         return LLM(self.model, attention=attention, prefetch=prefetch, dtype=self.dtype,
                    device=self.device, seed=self.seed, block_size=self.block_size,
                    num_blocks=self.manager.num_blocks, weights=self.weights,
-                   **self._graph_args)
+                   _cache_of=self if share_cache else None, **self._graph_args)
 
     def generate(self, prompts, max_new_tokens: int | Sequence[int] = 16, *,
                  temperature: float = 0.0, top_p: float = 1.0, eos_token_id: int | None = None,

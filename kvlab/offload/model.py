@@ -184,7 +184,9 @@ def layer_head(model: ModelConfig, w: LayerWeights, hidden: torch.Tensor,
     qkv = F.linear(x, fused.qkv, fused.b_qkv)
     q, k, v = (t.view(-1, t.shape[1] // model.head_dim, model.head_dim) for t in
                qkv.split([model.q_size, model.kv_size, model.kv_size], dim=1))
-    return x, rotate(model, q, positions, rope), rotate(model, k, positions, rope), v
+    # Q contiguous, as the decode kernels take it (RoPE's output is; OPT's view is not)
+    q = rotate(model, q, positions, rope).contiguous()
+    return x, q, rotate(model, k, positions, rope), v
 
 
 def layer_tail(model: ModelConfig, w: LayerWeights, hidden: torch.Tensor,

@@ -193,6 +193,21 @@ def test_with_attention_runs_the_same_weight_tensors_on_a_cache_of_its_own():
     assert twin.generate(prompts, 12).tokens == llm.generate(prompts, 12).tokens
 
 
+def test_with_attention_can_share_the_cache_of_its_layout():
+    llm = kvlab.LLM("tiny-llama", device="cpu", num_blocks=64)
+    twin = llm.with_attention("reference", share_cache=True)
+    assert twin.manager is llm.manager and twin.caches is llm.caches
+    assert twin.usable_blocks == llm.usable_blocks == 64
+    prompts = [tokens(n, seed=n) for n in (3, 17, 40)]
+    assert twin.generate(prompts, 12).tokens == llm.generate(prompts, 12).tokens
+    assert llm.manager.num_free_blocks == 64  # each generate leaves the cache empty
+    with pytest.raises(ValueError, match="share_cache=True: attention='vllm_v1' does not read "
+                                         "this LLM's 'hnd' cache layout"):
+        llm.with_attention("vllm_v1", share_cache=True)
+    with pytest.raises(ValueError, match="share_cache=1: must be a bool"):
+        llm.with_attention("reference", share_cache=1)
+
+
 @pytest.fixture(scope="module")
 def small():
     return kvlab.LLM("tiny-llama", device="cpu", num_blocks=4, block_size=16)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 
 from kvlab.config import MODELS
-from kvlab.results import load_result
+from kvlab.results import load_result, load_results
 
 # The decode-attention points of the README's headline table: (model, batch, context).
 DECODE_POINTS = [(model, batch, context) for model in ("llama2-7b", "llama3-8b", "qwen2.5-7b",
@@ -292,10 +292,16 @@ def vllm_table(attention_vllm: dict, vllm_own: dict) -> list[str]:
     return lines
 
 
+# The recorded end-to-end runs of 256 new tokens (`load_results("h200", E2E_RESULTS)`).
+E2E_RESULTS = ("e2e", "e2e_qwen7b")
+PREFETCH_PAIRS = (("vllm_v1+prefetch", "vllm_v1"), ("gqa+prefetch", "gqa"))
+
+
 def e2e_table(result: dict) -> list[str]:
-    """Decode steps of whole models (results/h200/e2e.json), per model and batch: each
+    """Decode steps of whole models (results/h200/e2e*.json), per model and batch: each
     variant's ms per step (tokens/s), HF's static cache, the roofline step, and the fastest
-    variant over HF and over the roofline."""
+    variant over HF and over the roofline; then, per model, the speed of each variant with the
+    paper's prefetch over the same variant without it at each batch."""
     rows = result["rows"]
     variants = list(dict.fromkeys(r["variant"] for r in rows))
     lines = ["| model | batch | " + " | ".join(variants) + " | roofline | fastest kvlab / HF | "
@@ -308,6 +314,14 @@ def e2e_table(result: dict) -> list[str]:
         lines.append(f"| {model} | {batch} | " + " | ".join(cells) + f" | {roofline:.2f} ms | "
                      f"{mine['hf-static']['step_ms'] / best['step_ms']:.2f}x | "
                      f"{best['step_ms'] / roofline:.2f}x |")
+    for model in dict.fromkeys(r["model"] for r in rows):
+        ms = {(r["variant"], r["batch"]): r["step_ms"] for r in rows if r["model"] == model}
+        batches = sorted({b for _, b in ms})
+        gains = [f"{with_} over {without} " + ", ".join(
+            f"{ms[without, b] / ms[with_, b]:.2f}x" for b in batches)
+            for with_, without in PREFETCH_PAIRS if (with_, batches[0]) in ms]
+        lines.append(f"- {model}, batch {', '.join(map(str, batches))}: " + "; ".join(gains)
+                     + ".")
     return lines
 
 
@@ -380,7 +394,8 @@ def main() -> None:
     print("\n".join(regime_summary_table(*sms)), end="\n\n")
     print("\n".join(regime_table(*sms)), end="\n\n")
     print("\n".join(fp8_table(load_result("h200", "attention_fp8"))), end="\n\n")
-    print("\n".join(e2e_table(load_result("h200", "e2e"))), end="\n\n")
+    print("\n".join(e2e_table(load_results("h200", E2E_RESULTS))), end="\n\n")
+    print("\n".join(e2e_table(load_result("h200", "e2e_2048"))), end="\n\n")
     print("\n".join(vllm_table(load_result("h200", "attention_vllm"),
                                load_result("h200", "vllm_own"))), end="\n\n")
     print("\n".join(mixed_table(load_result("h200", "attention_mixed"))), end="\n\n")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kvlab.results import load_result
+from kvlab.results import load_result, load_results
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,7 +28,8 @@ def tables():
         ("benchmarks/README.md", lambda t: t.fp8_table(load_result("h200", "attention_fp8"))),
         ("benchmarks/README.md", lambda t: t.vllm_table(load_result("h200", "attention_vllm"),
                                                         load_result("h200", "vllm_own"))),
-        ("benchmarks/README.md", lambda t: t.e2e_table(load_result("h200", "e2e"))),
+        ("benchmarks/README.md", lambda t: t.e2e_table(load_results("h200", t.E2E_RESULTS))),
+        ("benchmarks/README.md", lambda t: t.e2e_table(load_result("h200", "e2e_2048"))),
         ("benchmarks/README.md", lambda t: t.mixed_table(
             load_result("h200", "attention_mixed"))),
         ("benchmarks/README.md", lambda t: t.l2_validation_table(

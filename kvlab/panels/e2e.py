@@ -1,10 +1,10 @@
 """The "End-to-end" tab: decode tokens/s of whole models against batch, per attention variant,
 beside HF transformers' static cache and the roofline; and the time of each decode step.
 
-Wiring only. The recorded H200 results (`results/h200/e2e.json`) are shown on any machine,
-labelled so. On a GPU a Generate button runs `kvlab.LLM` (seeded random weights of the model,
-attention "auto", CUDA graphs) on the chosen batch of 512-token prompts and adds its steps,
-labelled "measured on <GPU>"; torch loads only then.
+Wiring only. The recorded H200 results (`results/h200/e2e.json`, `e2e_qwen7b.json`) are shown
+on any machine, labelled so. On a GPU a Generate button runs `kvlab.LLM` (seeded random weights
+of the model, attention "auto", CUDA graphs) on the chosen batch of 512-token prompts and adds
+its steps, labelled "measured on <GPU>"; torch loads only then.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from kvlab.results import label, load_results, recorded_models
 from kvlab.viz.e2e import steps_figure, throughput_figure
 from kvlab.viz.layout import note_figure
 
-RECORDED = ("h200", ("e2e",))
+RECORDED = ("h200", ("e2e", "e2e_qwen7b"))  # 256 new tokens (e2e_2048: 2,048)
 FIGURE_HEIGHTS = {"throughput": 420, "steps": 360}
 PROMPT_TOKENS = 512
 RECORD_COMMAND = "python -m kvlab bench e2e --json benchmarks/results/h200/e2e.json"

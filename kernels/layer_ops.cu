@@ -11,27 +11,15 @@
 // Template parameter T: __half or __nv_bfloat16. Launch contracts are in kvlab/kernels/layer_ops.py,
 // which checks shapes, strides and alignment before launching.
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
+#include "dtypes.cuh"
 
 namespace kvlab {
 
 constexpr int VEC = 8;  // elements of T in one 16-byte vector
 
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-
+// x rounded to T and back: where the torch ops these replace round between two steps.
 template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-    return __float2bfloat16_rn(x);
-}
-
-template <typename T>
-__device__ __forceinline__ float rounded(float x) { return to_float(from_float<T>(x)); }
+__device__ __forceinline__ float rounded(float x) { return to_float(float_to<T>(x)); }
 
 // Sum of `value` over the CTA (blockDim.x a multiple of 32, at most 1024), returned to all.
 __device__ float cta_sum(float value) {
@@ -67,7 +55,7 @@ __global__ void rms_norm(T* __restrict__ out, T* __restrict__ sum, const T* __re
             uint4 raw_b = *reinterpret_cast<const uint4*>(b + row + i);
             const T* y = reinterpret_cast<const T*>(&raw_b);
 #pragma unroll
-            for (int k = 0; k < VEC; ++k) x[k] = from_float<T>(to_float(x[k]) + to_float(y[k]));
+            for (int k = 0; k < VEC; ++k) x[k] = float_to<T>(to_float(x[k]) + to_float(y[k]));
             *reinterpret_cast<uint4*>(sum + row + i) = raw;
         }
 #pragma unroll
@@ -86,7 +74,7 @@ __global__ void rms_norm(T* __restrict__ out, T* __restrict__ sum, const T* __re
         uint4 result;
         T* o = reinterpret_cast<T*>(&result);
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) o[k] = from_float<T>(to_float(w[k]) * rounded<T>(h[j][k] * inv_rms));
+        for (int k = 0; k < VEC; ++k) o[k] = float_to<T>(to_float(w[k]) * rounded<T>(h[j][k] * inv_rms));
         *reinterpret_cast<uint4*>(out + row + i) = result;
     }
 }
@@ -110,14 +98,14 @@ __global__ void rope(T* out, const T* x, const T* __restrict__ cos, const T* __r
     T* dst = out + blockIdx.x * out_row_stride + head * head_dim;
     const long long position = positions[blockIdx.x];
     if (position < 0 || position >= max_positions) {
-        dst[i] = dst[i + half] = from_float<T>(0.0f);
+        dst[i] = dst[i + half] = float_to<T>(0.0f);
         return;
     }
     const long long table = position * head_dim;
     const float x1 = to_float(src[i]), x2 = to_float(src[i + half]);
     // torch: x * cos (rounded), then + rotated * sin
-    dst[i] = from_float<T>(rounded<T>(x1 * to_float(cos[table + i])) - x2 * to_float(sin[table + i]));
-    dst[i + half] = from_float<T>(rounded<T>(x2 * to_float(cos[table + i + half])) +
+    dst[i] = float_to<T>(rounded<T>(x1 * to_float(cos[table + i])) - x2 * to_float(sin[table + i]));
+    dst[i + half] = float_to<T>(rounded<T>(x2 * to_float(cos[table + i + half])) +
                                   x1 * to_float(sin[table + i + half]));
 }
 
@@ -176,7 +164,7 @@ __global__ void silu_mul(T* __restrict__ out, const T* __restrict__ gate_up, int
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
         const float x = to_float(g[k]);
-        o[k] = from_float<T>(rounded<T>(x / (1.0f + __expf(-x))) * to_float(u[k]));
+        o[k] = float_to<T>(rounded<T>(x / (1.0f + __expf(-x))) * to_float(u[k]));
     }
     *reinterpret_cast<uint4*>(out + row * n + i) = result;
 }

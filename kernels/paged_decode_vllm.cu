@@ -91,6 +91,7 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
+#include "dtypes.cuh"
 #include "prefetch.cuh"
 
 namespace kvlab {
@@ -129,17 +130,6 @@ __device__ __forceinline__ float2 word_to_float2<__half>(uint32_t w) {
 template <>
 __device__ __forceinline__ float2 word_to_float2<__nv_bfloat16>(uint32_t w) {
   return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
-}
-
-template <typename T>
-__device__ __forceinline__ T float_to(float f);
-
-template <>
-__device__ __forceinline__ __half float_to<__half>(float f) { return __float2half_rn(f); }
-
-template <>
-__device__ __forceinline__ __nv_bfloat16 float_to<__nv_bfloat16>(float f) {
-  return __float2bfloat16_rn(f);
 }
 
 // Two floats rounded to T and packed (the low half first).

@@ -1,8 +1,9 @@
 """Decode steps replayed as CUDA graphs, one per batch-size bucket.
 
-An eager decode step of a real-size model launches some 20 kernels a layer from Python: the host,
-not the GPU, sets its pace (Llama-3-8B on the H200: 24-34 ms a step against a roofline of 3.5-4.6
-ms, observed in a session probe). A graph replays a whole step's launches at once.
+An eager decode step of a real-size model launches 15 or more kernels a layer from Python: the
+host, not the GPU, sets its pace (Llama-3-8B on the H200, when it took 36 a layer: 24-34 ms a step
+against a roofline of 3.5-4.6 ms, observed in a session probe). A graph replays a whole step's
+launches at once.
 
 For each bucket B (1, 2, 4, ... up to MAX_BUCKET) the first step of at most B sequences captures
 `forward.decode_step` on static buffers: token ids, positions, cache slots and lengths [B], and a

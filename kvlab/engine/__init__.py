@@ -8,6 +8,7 @@
 - `graphs`: decode steps captured and replayed as CUDA graphs, one per batch bucket.
 - `checkpoint`: a local Hugging Face checkpoint (config.json, safetensors) as weights.
 - `hf`: the HF transformers model with the same weights (tests and the end-to-end peer).
+- `tp`: tensor parallelism, each rank a shard of the heads and the MLP (`LLM(tensor_parallel=)`).
 """
 
 from kvlab.engine.llm import LLM, Generation

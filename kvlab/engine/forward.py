@@ -24,6 +24,8 @@ from kvlab.offload.recompute import RopeTable, norm
 
 # attend(layer index, q [batch, num_qo_heads, head_dim]) -> [batch, num_qo_heads, head_dim]
 Attend = Callable[[int, torch.Tensor], torch.Tensor]
+# reduce(partial output): with tensor parallelism, the sum over the ranks (kvlab.engine.tp)
+Reduce = Callable[[torch.Tensor], torch.Tensor]
 
 
 def embed(model: ModelConfig, w: ModelWeights, token_ids: torch.Tensor,
@@ -52,7 +54,8 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
 
 @torch.no_grad()
 def prefill(model: ModelConfig, w: ModelWeights, caches: Sequence, alloc: Allocation,
-            token_ids: torch.Tensor, rope: RopeTable | None) -> torch.Tensor:
+            token_ids: torch.Tensor, rope: RopeTable | None,
+            reduce: Reduce | None = None) -> torch.Tensor:
     """Run a whole prompt `token_ids` [n] (positions 0..n-1) through the model, writing each
     layer's K, V into `caches` at `alloc` (the manager's placement of all n tokens; blocks of a
     shared prefix are not rewritten). Returns the fp32 logits [vocab_size] of its last token."""
@@ -61,14 +64,15 @@ def prefill(model: ModelConfig, w: ModelWeights, caches: Sequence, alloc: Alloca
     for layer, fused, cache in zip(w.layers, w.fused, caches, strict=True):
         _, q, k, v = layer_head(model, layer, hidden, positions, rope, fused)
         cache.write(alloc, k, v)
-        hidden = layer_tail(model, layer, hidden, causal_attention(q, k, v), fused)
+        hidden = layer_tail(model, layer, hidden, causal_attention(q, k, v), fused, reduce)
     return logits(model, w, hidden[-1:])[0]
 
 
 @torch.no_grad()
 def decode_step(model: ModelConfig, w: ModelWeights, caches: Sequence,
                 copies: Sequence[tuple[int, int]], slots: torch.Tensor, token_ids: torch.Tensor,
-                positions: torch.Tensor, attend: Attend, rope: RopeTable | None) -> torch.Tensor:
+                positions: torch.Tensor, attend: Attend, rope: RopeTable | None,
+                reduce: Reduce | None = None) -> torch.Tensor:
     """One decode step of a batch: token_ids [batch] at `positions` [batch], one per sequence,
     already placed by the manager: `slots` [batch] (int64, on the caches' device) are their
     cache slots, `copies` the copy-on-write block copies their placement asked for. Each layer
@@ -84,5 +88,5 @@ def decode_step(model: ModelConfig, w: ModelWeights, caches: Sequence,
         else:
             cache.write_slots(slots, k, v)
         out = attend(i, q).reshape(batch, model.q_size).to(hidden.dtype)
-        hidden = layer_tail(model, layer, hidden, out, fused)
+        hidden = layer_tail(model, layer, hidden, out, fused, reduce)
     return logits(model, w, hidden)

@@ -150,11 +150,13 @@ class _Captured:
 class DecodeGraphs:
     """Captured decode steps of one LLM's model and caches (see the module's docstring).
 
-    scratch: (block id, slot) of a block reserved for the padding rows."""
+    scratch: (block id, slot) of a block reserved for the padding rows. model: the shape this
+    rank computes (LLM.local); reduce: forward.Reduce with tensor parallelism."""
 
     def __init__(self, model, weights, caches, rope, kernel: str, prefetch, max_seq_len: int,
-                 scratch: tuple[int, int]):
+                 scratch: tuple[int, int], reduce=None):
         self.model, self.weights, self.caches, self.rope = model, weights, caches, rope
+        self.reduce = reduce  # forward.Reduce with tensor parallelism
         self.kernel, self.prefetch, self.max_seq_len = kernel, prefetch, max_seq_len
         self.scratch_block, self.scratch_slot = scratch
         self.device = caches[0].device
@@ -210,7 +212,7 @@ class DecodeGraphs:
             return forward.decode_step(
                 self.model, self.weights, self.caches, [], slots, token_ids, positions,
                 lambda i, q: plan.run(q, self.caches[i].k_cache, self.caches[i].v_cache),
-                self.rope)
+                self.rope, self.reduce)
 
         side = torch.cuda.Stream(self.device)  # warm up off the default stream, as torch asks
         side.wait_stream(torch.cuda.current_stream(self.device))

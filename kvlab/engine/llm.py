@@ -34,7 +34,7 @@ import torch
 from kvlab.cache import BlockManager
 from kvlab.checks import check_block_size, check_positive_int, is_int
 from kvlab.config import MODELS, ModelConfig
-from kvlab.engine import checkpoint, forward
+from kvlab.engine import checkpoint, forward, tp
 from kvlab.engine.graphs import bucket as graphs_bucket
 from kvlab.engine.weights import ModelWeights
 from kvlab.kernels.prefetch import PrefetchConfig
@@ -106,7 +106,12 @@ class LLM:
             whichever is less.
         weights: a ModelWeights of `model` in `dtype` on `device` to run as they are (the same
             tensors, not a copy; see `with_attention`) instead of seeded random ones; `model`
-            is then a preset name or a ModelConfig.
+            is then a preset name or a ModelConfig. With tensor_parallel, this rank's shard.
+        tensor_parallel: run this rank's shard of the model (kvlab.engine.tp) in a
+            torch.distributed group that the caller has initialised, one process per device
+            (`torchrun --nproc-per-node N ...`); every rank then calls generate alike and
+            gets the same tokens. `local` is the shape this rank computes (`model` itself
+            without tensor parallelism).
     Raises ValueError, before allocating anything, for anything it cannot run.
     """
 
@@ -115,8 +120,9 @@ class LLM:
                  device=None, seed: int = 0, block_size: int = 16,
                  num_blocks: int | None = None, cuda_graphs: bool | None = None,
                  graph_max_len: int | None = None, weights: ModelWeights | None = None,
-                 _cache_of: LLM | None = None):
-        self._graph_args = {"cuda_graphs": cuda_graphs, "graph_max_len": graph_max_len}
+                 tensor_parallel: bool = False, _cache_of: LLM | None = None):
+        self._graph_args = {"cuda_graphs": cuda_graphs, "graph_max_len": graph_max_len,
+                            "tensor_parallel": tensor_parallel}
         checkpoint_path = model if checkpoint.is_checkpoint(model) else None
         self.model = (checkpoint.model_config(model) if checkpoint_path is not None
                       else _resolve_model(model))
@@ -143,11 +149,14 @@ class LLM:
             raise ValueError(f"dtype={dtype!r}: must be torch.float16, bfloat16 or float32")
         if attention != "reference" and dtype == torch.float32:
             raise ValueError("dtype=torch.float32: the CUDA kernels read fp16 or bf16 caches")
+        rank, world = _tensor_parallel_rank(tensor_parallel)
+        self.local = tp.shard_config(self.model, world) if world > 1 else self.model
+        self._reduce = tp.all_reduce if world > 1 else None
         if weights is not None:
             if not isinstance(weights, ModelWeights) or checkpoint_path is not None:
                 raise ValueError(f"weights={type(weights).__name__}: must be None, or a "
                                  "ModelWeights with a preset name or a ModelConfig as model")
-            weights.check(self.model)
+            weights.check(self.local)
             if (weights.dtype, weights.device) != (dtype, self.device):
                 raise ValueError(f"weights: {weights.dtype} on {weights.device}, must be "
                                  f"dtype={dtype} on device={self.device}")
@@ -171,11 +180,13 @@ class LLM:
 
         from kvlab.cache import PagedKVCache
 
-        m = self.model
+        m = self.local
         if weights is None:
-            weights = (ModelWeights.random(m, self.seed, dtype, self.device)
-                       if checkpoint_path is None
-                       else checkpoint.load_weights(checkpoint_path, m, dtype, self.device))
+            weights = (ModelWeights.random(self.model, self.seed, dtype, self.device)
+                       if checkpoint_path is None else
+                       checkpoint.load_weights(checkpoint_path, self.model, dtype, self.device))
+            if world > 1:
+                weights = tp.shard_weights(self.model, weights, rank, world)
         self.weights = weights
         layout = "hnd" if attention == "reference" else KERNEL_LAYOUTS[attention]
         if _cache_of is not None:  # with_attention(share_cache=True), which checked the layout
@@ -197,7 +208,8 @@ class LLM:
             self._scratch_ids.append(scratch)
             self.graphs = DecodeGraphs(
                 m, self.weights, self.caches, self.rope, attention, prefetch, int(graph_max_len),
-                (self.manager.block_table(scratch)[0], self.manager.slot_mapping(scratch, 0, 1)[0]))
+                (self.manager.block_table(scratch)[0], self.manager.slot_mapping(scratch, 0, 1)[0]),
+                self._reduce)
 
     def __repr__(self):
         return (f"LLM({self.model.name!r}, attention={self.attention!r}, dtype={self.dtype}, "
@@ -325,7 +337,8 @@ class LLM:
         alloc = self.manager.add_sequence(len(context), context)
         request.seq_id = alloc.seq_id
         ids = torch.tensor(context, dtype=torch.long, device=self.device)
-        return forward.prefill(self.model, self.weights, self.caches, alloc, ids, self.rope)
+        return forward.prefill(self.local, self.weights, self.caches, alloc, ids, self.rope,
+                               self._reduce)
 
     def _decode(self, running: list[_Request]) -> torch.Tensor:
         seq_ids = [r.seq_id for r in running]
@@ -336,8 +349,9 @@ class LLM:
             return self.graphs.step(seq_ids, token_ids, placed, self.manager.block_table)
         slots, ids, positions = (torch.tensor(xs, dtype=torch.long, device=self.device)
                                  for xs in (placed.slots, token_ids, placed.positions))
-        return forward.decode_step(self.model, self.weights, self.caches, placed.copies, slots,
-                                   ids, positions, self._attend(seq_ids), self.rope)
+        return forward.decode_step(self.local, self.weights, self.caches, placed.copies, slots,
+                                   ids, positions, self._attend(seq_ids), self.rope,
+                                   self._reduce)
 
     def _attend(self, seq_ids: list[int]) -> forward.Attend:
         if self.attention == "reference":
@@ -346,7 +360,7 @@ class LLM:
             return lambda i, q: decode_attention(q, self.caches[i], seq_ids)
         from kvlab.kernels.decode import DecodePlan
 
-        plan = DecodePlan(self.caches[0], seq_ids, self.model.num_qo_heads,
+        plan = DecodePlan(self.caches[0], seq_ids, self.local.num_qo_heads,
                           kernel=self.attention, prefetch=self.prefetch)
         return lambda i, q: plan.run(q, self.caches[i].k_cache, self.caches[i].v_cache)
 
@@ -434,6 +448,19 @@ class LLM:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return time.perf_counter() * 1e3
+
+
+def _tensor_parallel_rank(tensor_parallel) -> tuple[int, int]:
+    """(rank, world size) of this process: (0, 1) without tensor parallelism."""
+    if tensor_parallel is not False and tensor_parallel is not True:
+        raise ValueError(f"tensor_parallel={tensor_parallel!r}: must be a bool")
+    if not tensor_parallel:
+        return 0, 1
+    distributed = torch.distributed
+    if not (distributed.is_available() and distributed.is_initialized()):
+        raise ValueError("tensor_parallel=True: needs an initialised torch.distributed process "
+                         "group, one process per device (torchrun --nproc-per-node N ...)")
+    return distributed.get_rank(), distributed.get_world_size()
 
 
 def _resolve_model(model) -> ModelConfig:

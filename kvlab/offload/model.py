@@ -17,6 +17,7 @@ H200 at batch 1: 3.23 TB/s apart, 3.59 TB/s stacked; session probe).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -190,19 +191,22 @@ def layer_head(model: ModelConfig, w: LayerWeights, hidden: torch.Tensor,
 
 
 def layer_tail(model: ModelConfig, w: LayerWeights, hidden: torch.Tensor,
-               attn: torch.Tensor, fused: Fused | None = None) -> torch.Tensor:
+               attn: torch.Tensor, fused: Fused | None = None,
+               reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """A layer's decode work after the attention: W_O, the residual, the MLP norm and the MLP
     (gate and up by one GEMM with `fused`, w's stacks). attn [batch, num_qo_heads * head_dim]
-    -> the layer's output [batch, hidden_size]."""
-    hidden, y = add_norm(model, hidden, F.linear(attn, w.attn.w_o, w.b_o), w.mlp_norm_weight,
-                         w.mlp_norm_bias)
+    -> the layer's output [batch, hidden_size]. reduce: with tensor parallelism
+    (`kvlab.engine.tp`), the sum over the ranks of W_O's and W_down's partial outputs."""
+    reduce = reduce or (lambda t: t)
+    hidden, y = add_norm(model, hidden, reduce(F.linear(attn, w.attn.w_o, w.b_o)),
+                         w.mlp_norm_weight, w.mlp_norm_bias)
     if w.w_gate is None:
         y = F.relu(F.linear(y, w.w_up, w.b_up))
     elif fused is None:
         y = F.silu(F.linear(y, w.w_gate)) * F.linear(y, w.w_up)
     else:
         y = swiglu(F.linear(y, fused.gate_up))
-    return hidden + F.linear(y, w.w_down, w.b_down)
+    return hidden + reduce(F.linear(y, w.w_down, w.b_down))
 
 
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:

@@ -234,6 +234,9 @@ def _add_e2e(parser: argparse.ArgumentParser) -> None:
                         help="attention kernels (+prefetch: the paper's bulk L2 prefetch, d=1)")
     parser.add_argument("--rounds", type=positive_int, default=2,
                         help="generate runs of each variant per batch, the variants in turn")
+    parser.add_argument("--tp", type=positive_int, default=1,
+                        help="tensor parallel over this many GPUs (under torchrun "
+                             "--nproc-per-node N); no HF peer")
     parser.add_argument("--no-hf", dest="hf", action="store_false",
                         help="leave out HF transformers' generate with the static cache")
     parser.add_argument("--serve-rates", nargs="*", type=positive_float, default=[],
@@ -309,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         refuse(args.name, str(err))
     result = module.run(args)
+    if result is None:  # a tensor-parallel rank but the first: rank 0 reports
+        return 0
     result["command"] = args.command
     print(module.report(result))
     if args.json:

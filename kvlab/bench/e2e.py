@@ -15,6 +15,9 @@ context, over the copy roofline measured in the same run. HF's peer runs
 `generate(cache_implementation="static")` on the same tensors after them (`--rounds` times; its
 static cache and the variants' caches of a 7B MHA model at batch 128 would not fit together),
 its steps timed the same way.
+With `--tp N`, under `torchrun --nproc-per-node N`: tensor parallelism over N GPUs
+(kvlab.engine.tp), one process each; rank 0 reports its steps and its own roofline (its shard of
+the weights and of the K, V at its copy roofline); no HF peer.
 With `--serve-rates`, a serving run per rate: `--serve-requests` requests of lognormal prompt
 and output lengths (`kvlab.workload.lognormal`: medians 256 and 128 tokens, sigma 1, clipped to
 2,048 in all) arriving as a Poisson process (seeded), on one attention variant; it reports
@@ -107,16 +110,27 @@ def serving_workload(num_requests: int, rate: float, model: ModelConfig, seed: i
 
 def check(args) -> None:
     """Raise ValueError unless this machine can run the benchmark."""
+    import os
+
     from kvlab.device import backend
 
     for name in args.models:
         if args.prompt + args.new_tokens > MODELS[name].max_position:
             raise ValueError(f"--prompt {args.prompt} + --new-tokens {args.new_tokens}: beyond "
                              f"{name}'s context limit of {MODELS[name].max_position}")
+    if args.tp > 1:
+        from kvlab.engine.tp import shard_config
+
+        if os.environ.get("WORLD_SIZE") != str(args.tp):
+            raise ValueError(f"--tp {args.tp}: one process per GPU, launched as torchrun "
+                             f"--nproc-per-node {args.tp} -m kvlab bench e2e --tp {args.tp} "
+                             f"(WORLD_SIZE is {os.environ.get('WORLD_SIZE', 'unset')})")
+        for name in args.models:
+            shard_config(MODELS[name], args.tp)
     if backend() != "cuda":
         raise ValueError("python -m kvlab bench e2e needs a CUDA GPU usable through torch and "
                          "CuPy (kvlab.backend() is 'sim' here)")
-    if args.hf:
+    if args.hf and args.tp == 1:
         try:
             import transformers  # noqa: F401
         except ImportError as err:
@@ -168,7 +182,7 @@ def _kvlab_runners(name: str, weights, num_blocks: int, args) -> dict:
         first = first_of_layout.get(KERNEL_LAYOUTS[kernel])
         llm = (first.with_attention(kernel, prefetch=prefetch, share_cache=True) if first
                else kvlab.LLM(name, attention=kernel, prefetch=prefetch, num_blocks=num_blocks,
-                              weights=weights))
+                              weights=weights, tensor_parallel=args.tp > 1))
         first_of_layout.setdefault(KERNEL_LAYOUTS[kernel], llm)
         runners[variant] = _kvlab_runner(llm, args.new_tokens)
     return runners
@@ -216,33 +230,55 @@ def _hf_steps(hf, prompts: list[list[int]], new_tokens: int) -> tuple[list[float
     return [b - a for a, b in itertools.pairwise(stamps)], stamps[0] - start
 
 
-def run(args) -> dict:
+def _start_tensor_parallel() -> tuple[int, int]:
+    """(rank, world size) of a process that torchrun started: its NCCL group joined, its GPU
+    (LOCAL_RANK) made current. NVLink multicast (NVLS) stays off."""
+    import os
+
+    import torch
+
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    torch.distributed.init_process_group("nccl")
+    return torch.distributed.get_rank(), torch.distributed.get_world_size()
+
+
+def run(args) -> dict | None:
+    """The result (None on the ranks of a tensor-parallel run but rank 0, which reports)."""
     import torch
 
     import kvlab
+    from kvlab.engine import tp
     from kvlab.engine.weights import ModelWeights
     from kvlab.timing import Timer, copy_roofline_gbps
 
+    rank, world = _start_tensor_parallel() if args.tp > 1 else (0, 1)
     timer = Timer("cuda")
     result = {"benchmark": "e2e", **run_info(), **gpu_info(), "command": args.command,
               "dtype": "float16", "timing": "wall clock per decode step, the GPU synchronised "
               "at its end; median of every round's steps from steady state (two within 5%) "
               "on; the variants in turn, then HF", "rounds": args.rounds,
               "roofline_copy_gbps": round(copy_roofline_gbps(timer), 1), "rows": [],
-              "serving": []}
+              "serving": [], "tp": world}
+    if world > 1:
+        result["tp_note"] = ("one process per GPU; rank 0's steps and roofline (its shard of "
+                             "the weights and of the K, V); no HF peer")
     gbps = result["roofline_copy_gbps"]
     context = args.prompt + args.new_tokens / 2
     for name in args.models:
         model = MODELS[name]
+        local = tp.shard_config(model, world) if world > 1 else model
         weights = ModelWeights.random(model, 0, torch.float16, "cuda")
+        if world > 1:
+            weights = tp.shard_weights(model, weights, rank, world)
         hf = None
-        if args.hf:
+        if args.hf and world == 1:
             from kvlab.engine.hf import causal_lm
 
             hf = causal_lm(model, weights)
         for batch in args.batches:
             prompts = _prompts(model, batch, args.prompt)
-            roofline_ms = step_bytes(model, weights, batch, context) / gbps / 1e6
+            roofline_ms = step_bytes(local, weights, batch, context) / gbps / 1e6
             blocks = -(-batch * (args.prompt + args.new_tokens) // 16) + 16
             runs = _in_turn(f"{name} batch={batch}", prompts, args.rounds,
                             _kvlab_runners(name, weights, blocks, args))
@@ -251,13 +287,15 @@ def run(args) -> dict:
                 runs |= _in_turn(f"{name} batch={batch}", prompts, args.rounds,
                                  {HF_VARIANT: _hf_runner(hf, args.new_tokens)})
             for variant, (rounds, prefills) in runs.items():
-                result["rows"].append(_row(name, variant, batch, args, rounds,
-                                           statistics.median(prefills), roofline_ms))
+                result["rows"].append({**_row(name, variant, batch, args, rounds,
+                                              statistics.median(prefills), roofline_ms),
+                                       "tp": world})
         del weights, hf
         torch.cuda.empty_cache()
         if args.serve_rates:
             kernel, prefetch = VARIANTS[args.serve_variant]
-            llm = kvlab.LLM(name, attention=kernel, prefetch=prefetch)
+            llm = kvlab.LLM(name, attention=kernel, prefetch=prefetch,
+                            tensor_parallel=world > 1)
             for rate in args.serve_rates:
                 prompts, limits, arrivals = serving_workload(args.serve_requests, rate, model)
 
@@ -273,7 +311,9 @@ def run(args) -> dict:
             del llm
             torch.cuda.empty_cache()
     result["clocks_end"] = gpu_state()
-    return result
+    if world > 1:
+        torch.distributed.destroy_process_group()
+    return result if rank == 0 else None
 
 
 def report(result: dict) -> str:

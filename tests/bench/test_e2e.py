@@ -38,6 +38,18 @@ def test_context_beyond_the_models_limit_is_refused(capsys):
         capsys.readouterr().err
 
 
+def test_tensor_parallel_runs_under_torchrun_over_heads_that_divide(capsys, monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(SystemExit):
+        main(["bench", "e2e", "--models", "llama3-8b", "--tp", "2"])
+    assert ("--tp 2: one process per GPU, launched as torchrun --nproc-per-node 2 -m kvlab "
+            "bench e2e --tp 2 (WORLD_SIZE is unset)") in capsys.readouterr().err
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(SystemExit):
+        main(["bench", "e2e", "--models", "llama3-8b", "--tp", "3"])
+    assert "llama3-8b's num_kv_heads=8 does not divide by 3" in capsys.readouterr().err
+
+
 @pytest.mark.gpu
 def test_a_small_run_times_every_variant_and_hf(tmp_path):
     out = tmp_path / "e2e.json"

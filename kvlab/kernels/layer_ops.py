@@ -121,8 +121,9 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     _check(positions.shape == (rows,) and positions.dtype == torch.int64
            and positions.device == x.device,
            f"positions: must be int64 [{rows}] on {x.device}")
-    _check(usable(x, cos, sin) and len({x.dtype, cos.dtype, sin.dtype}) == 1,
-           "x, cos, sin: one dtype (fp16 or bf16) on a CUDA device")
+    _check(usable(x, cos, sin) and len({x.dtype, cos.dtype, sin.dtype}) == 1
+           and len({x.device, cos.device, sin.device}) == 1,
+           "x, cos, sin: one dtype (fp16 or bf16) on one CUDA device")
     out = torch.empty(rows, heads, head_dim, dtype=x.dtype, device=x.device)
     if rows:
         pairs = heads * head_dim // 2
@@ -150,7 +151,8 @@ def write_kv(cache, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> No
                "aligned")
     _check(slots.shape == (n,) and slots.dtype == torch.int64 and slots.device == cache.device,
            f"slots: must be int64 [{n}] on {cache.device}")
-    _check(usable(k, v, cache.k_cache) and len({k.dtype, v.dtype, cache.dtype}) == 1,
+    _check(usable(k, v, cache.k_cache) and len({k.dtype, v.dtype, cache.dtype}) == 1
+           and len({k.device, v.device, cache.device}) == 1,
            f"k, v: {k.dtype}, {v.dtype}: must be the cache's dtype ({cache.dtype}), fp16 or "
            "bf16, on its CUDA device")
     if n:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import statistics
 
+from kvlab.bench.e2e import prefetch_pairs
 from kvlab.config import MODELS
 from kvlab.results import load_result, load_results
 
@@ -294,7 +295,6 @@ def vllm_table(attention_vllm: dict, vllm_own: dict) -> list[str]:
 
 # The recorded end-to-end runs of 256 new tokens (`load_results("h200", E2E_RESULTS)`).
 E2E_RESULTS = ("e2e", "e2e_qwen7b")
-PREFETCH_PAIRS = (("vllm_v1+prefetch", "vllm_v1"), ("gqa+prefetch", "gqa"))
 
 
 def e2e_table(result: dict) -> list[str]:
@@ -319,7 +319,7 @@ def e2e_table(result: dict) -> list[str]:
         batches = sorted({b for _, b in ms})
         gains = [f"{with_} over {without} " + ", ".join(
             f"{ms[without, b] / ms[with_, b]:.2f}x" for b in batches)
-            for with_, without in PREFETCH_PAIRS if (with_, batches[0]) in ms]
+            for with_, without in prefetch_pairs(variants)]
         lines.append(f"- {model}, batch {', '.join(map(str, batches))}: " + "; ".join(gains)
                      + ".")
     return lines

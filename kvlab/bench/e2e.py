@@ -48,6 +48,14 @@ HF_VARIANT = "hf-static"
 SERVING_MAX_LEN = 2048  # a serving request's prompt and output together
 
 
+def prefetch_pairs(variants) -> list[tuple[str, str]]:
+    """(variant with the paper's prefetch, the same kernel without it) for each such pair among
+    `variants`: what the paper's end-to-end claim compares."""
+    variants = list(variants)
+    return [(v, v.removesuffix("+prefetch")) for v in variants
+            if v.endswith("+prefetch") and v.removesuffix("+prefetch") in variants]
+
+
 def steady_steps(step_ms: list[float]) -> list[float]:
     """The steps from the first at steady state on (the later of two successive steps within
     5%); all of them if none is."""

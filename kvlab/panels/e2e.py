@@ -14,6 +14,7 @@ import statistics
 
 import ipywidgets as widgets
 
+from kvlab.bench.e2e import prefetch_pairs
 from kvlab.config import MODELS
 from kvlab.device import backend, device_label
 from kvlab.panels.widgets import control_grid, figure_widget, labeled, show_figure
@@ -124,6 +125,11 @@ class EndToEndTab:
         hf = next((r for r in rows if r["batch"] == batch and r["variant"] == "hf-static"), None)
         versus = (f", {hf['step_ms'] / best['step_ms']:.2f}x HF's static cache"
                   if hf is not None else "")
+        at_batch = {r["variant"]: r["step_ms"] for r in rows if r["batch"] == batch}
+        gains = [f"{html.escape(with_)} {at_batch[without] / at_batch[with_]:.2f}x "
+                 f"{html.escape(without)}'s speed" for with_, without in prefetch_pairs(at_batch)]
+        if gains:
+            lines.append("The paper's prefetch at this batch: " + ", ".join(gains))
         self.status.value = "<br>".join([
             f"{html.escape(model)} batch {batch} ({html.escape(provenance)}): fastest "
             f"{html.escape(best['variant'])} {best['step_ms']:.2f} ms a step, "

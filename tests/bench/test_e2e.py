@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kvlab.bench.cli import main
-from kvlab.bench.e2e import HF_VARIANT, VARIANTS, steady_steps, step_bytes
+from kvlab.bench.e2e import HF_VARIANT, VARIANTS, prefetch_pairs, steady_steps, step_bytes
 from kvlab.config import MODELS
 from kvlab.engine.weights import ModelWeights
 
@@ -15,6 +15,12 @@ def test_steady_steps_start_where_two_successive_steps_agree_within_5_percent():
     assert steady_steps([50.0, 20.0, 12.0, 10.4, 10.0, 10.1]) == [10.0, 10.1]
     assert steady_steps([3.0, 9.0]) == [3.0, 9.0]  # never steady: every step
     assert steady_steps([5.0]) == [5.0]
+
+
+def test_prefetch_pairs_each_variant_with_its_kernel_alone():
+    assert prefetch_pairs([*VARIANTS, HF_VARIANT]) == [("vllm_v1+prefetch", "vllm_v1"),
+                                                       ("gqa+prefetch", "gqa")]
+    assert prefetch_pairs(["gqa+prefetch", HF_VARIANT]) == []
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-opt"])

@@ -26,6 +26,9 @@ def test_the_recorded_run_is_shown_with_its_provenance(tab):
     assert {t.name for t in steps.data} == set(variants)
     assert "batch 64" in steps.layout.title.text and tab.generate_button is None
     assert "x HF's static cache" in tab.status.value and "fastest" in tab.status.value
+    at_64 = {r["variant"]: r["step_ms"] for r in rows if r["batch"] == 64}
+    assert (f"gqa+prefetch {at_64['gqa'] / at_64['gqa+prefetch']:.2f}x gqa's speed"
+            in tab.status.value)
 
 
 def test_the_batch_control_picks_the_recorded_steps(tab):

@@ -83,8 +83,8 @@ def decode_step(model: ModelConfig, w: ModelWeights, caches: Sequence,
     for i, (layer, fused, cache) in enumerate(zip(w.layers, w.fused, caches, strict=True)):
         _, q, k, v = layer_head(model, layer, hidden, positions, rope, fused)
         cache.copy_blocks(copies)
-        if layer_ops.usable(k, cache.k_cache):
-            layer_ops.write_kv(cache, slots, k, v)
+        if layer_ops.usable(k, cache.k_cache):  # here, not in the cache: kvlab.cache sits
+            layer_ops.write_kv(cache, slots, k, v)  # below the kernels that read it
         else:
             cache.write_slots(slots, k, v)
         out = attend(i, q).reshape(batch, model.q_size).to(hidden.dtype)

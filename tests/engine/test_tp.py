@@ -1,7 +1,9 @@
 """Tensor parallelism (kvlab.engine.tp) on the CPU: two gloo processes compute what one does."""
 
 import dataclasses
+import os
 import socket
+from pathlib import Path
 
 import pytest
 import torch
@@ -57,8 +59,12 @@ def free_port() -> int:
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen", "tiny-opt"])
-def test_two_ranks_compute_the_logits_and_tokens_of_one(name, tmp_path):
+def test_two_ranks_compute_the_logits_and_tokens_of_one(name, tmp_path, monkeypatch):
     out = str(tmp_path / "rank")
+    # the spawned interpreters import rank_main from this file: the checkout must be on their path
+    root = str(Path(__file__).resolve().parents[2])
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        p for p in (root, os.environ.get("PYTHONPATH")) if p))
     mp.spawn(rank_main, args=(2, free_port(), name, out), nprocs=2, join=True)
     ranks = [torch.load(f"{out}.{r}", weights_only=False) for r in range(2)]
     alone = run(name, tensor_parallel=False)

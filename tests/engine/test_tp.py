@@ -1,55 +1,16 @@
 """Tensor parallelism (kvlab.engine.tp) on the CPU: two gloo processes compute what one does."""
 
 import dataclasses
-import os
 import socket
-from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
+from tp_ranks import rank_main, run
 
 import kvlab
 from kvlab.config import MODELS
-from kvlab.engine import forward, tp
-
-PROMPT = [(37 * i + 11) % 1000 for i in range(21)]
-FED = [5, 900, 17, 256, 3, 3]  # decode steps fed these tokens
-
-
-def forced_logits(llm) -> torch.Tensor:
-    """fp32 logits [7, vocab]: PROMPT's prefill, then a decode step per token of FED."""
-    alloc = llm.manager.add_sequence(len(PROMPT), PROMPT)
-    seq = alloc.seq_id
-    rows = [forward.prefill(llm.local, llm.weights, llm.caches, alloc, torch.tensor(PROMPT),
-                            llm.rope, llm._reduce)]
-    for token in FED:
-        position = llm.manager.seq_len(seq)
-        llm.manager.append(seq, 1, [token])
-        slot = torch.tensor(llm.manager.slot_mapping(seq, position, position + 1))
-        rows.append(forward.decode_step(
-            llm.local, llm.weights, llm.caches, [], slot, torch.tensor([token]),
-            torch.tensor([position]), llm._attend([seq]), llm.rope, llm._reduce)[0])
-    llm.manager.free(seq)
-    return torch.stack(rows)
-
-
-def run(name: str, tensor_parallel: bool) -> dict:
-    llm = kvlab.LLM(name, device="cpu", num_blocks=64, tensor_parallel=tensor_parallel)
-    prompts = [PROMPT, PROMPT[:9], [4] * 40]
-    return {"logits": forced_logits(llm), "local": llm.local,
-            "tokens": llm.generate(prompts, max_new_tokens=24).tokens,
-            "sampled": llm.generate(prompts, max_new_tokens=8, temperature=1.0).tokens}
-
-
-def rank_main(rank: int, world: int, port: int, name: str, out: str) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
-    try:
-        torch.save(run(name, tensor_parallel=True), f"{out}.{rank}")
-    finally:
-        dist.destroy_process_group()
+from kvlab.engine import tp
 
 
 def free_port() -> int:
@@ -59,12 +20,8 @@ def free_port() -> int:
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen", "tiny-opt"])
-def test_two_ranks_compute_the_logits_and_tokens_of_one(name, tmp_path, monkeypatch):
+def test_two_ranks_compute_the_logits_and_tokens_of_one(name, tmp_path):
     out = str(tmp_path / "rank")
-    # the spawned interpreters import rank_main from this file: the checkout must be on their path
-    root = str(Path(__file__).resolve().parents[2])
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-        p for p in (root, os.environ.get("PYTHONPATH")) if p))
     mp.spawn(rank_main, args=(2, free_port(), name, out), nprocs=2, join=True)
     ranks = [torch.load(f"{out}.{r}", weights_only=False) for r in range(2)]
     alone = run(name, tensor_parallel=False)

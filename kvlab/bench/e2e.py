@@ -182,16 +182,16 @@ def _kvlab_runners(name: str, weights, num_blocks: int, args) -> dict:
     """A runner per variant of args.variants: LLMs on `weights`, with caches of `num_blocks`,
     one per layout (variants that differ in prefetch alone share it)."""
     import kvlab
-    from kvlab.engine.llm import KERNEL_LAYOUTS
+    from kvlab.engine.llm import cache_layout
 
     first_of_layout, runners = {}, {}
     for variant in args.variants:
         kernel, prefetch = VARIANTS[variant]
-        first = first_of_layout.get(KERNEL_LAYOUTS[kernel])
+        first = first_of_layout.get(cache_layout(kernel))
         llm = (first.with_attention(kernel, prefetch=prefetch, share_cache=True) if first
                else kvlab.LLM(name, attention=kernel, prefetch=prefetch, num_blocks=num_blocks,
                               weights=weights, tensor_parallel=args.tp > 1))
-        first_of_layout.setdefault(KERNEL_LAYOUTS[kernel], llm)
+        first_of_layout.setdefault(cache_layout(kernel), llm)
         runners[variant] = _kvlab_runner(llm, args.new_tokens)
     return runners
 

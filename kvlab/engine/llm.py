@@ -43,6 +43,11 @@ from kvlab.offload.recompute import RopeTable
 
 ATTENTIONS = ("auto", "reference", "vllm_v1", "gqa")
 KERNEL_LAYOUTS = {"vllm_v1": "vllm", "gqa": "hnd", "auto": "hnd"}
+
+
+def cache_layout(attention: str) -> str:
+    """The cache layout that `attention` (one of ATTENTIONS) reads."""
+    return "hnd" if attention == "reference" else KERNEL_LAYOUTS[attention]
 DEFAULT_CACHED_TOKENS = 65536
 
 
@@ -188,7 +193,7 @@ class LLM:
             if world > 1:
                 weights = tp.shard_weights(self.model, weights, rank, world)
         self.weights = weights
-        layout = "hnd" if attention == "reference" else KERNEL_LAYOUTS[attention]
+        layout = cache_layout(attention)
         if _cache_of is not None:  # with_attention(share_cache=True), which checked the layout
             self.manager, self.caches = _cache_of.manager, _cache_of.caches
             self._scratch_ids = _cache_of._scratch_ids
@@ -237,8 +242,8 @@ class LLM:
         if share_cache is not False and share_cache is not True:
             raise ValueError(f"share_cache={share_cache!r}: must be a bool")
         if share_cache:
-            layout = "hnd" if attention == "reference" else KERNEL_LAYOUTS.get(attention)
-            if layout != self.caches[0].layout:
+            # (an unknown attention is the constructor's to refuse)
+            if attention in ATTENTIONS and cache_layout(attention) != self.caches[0].layout:
                 raise ValueError(f"share_cache=True: attention={attention!r} does not read "
                                  f"this LLM's {self.caches[0].layout!r} cache layout")
         return LLM(self.model, attention=attention, prefetch=prefetch, dtype=self.dtype,

@@ -39,7 +39,9 @@ def shard_config(model: ModelConfig, world: int) -> ModelConfig:
 
 
 def shard_weights(model: ModelConfig, w: ModelWeights, rank: int, world: int) -> ModelWeights:
-    """Rank `rank`'s shard of the whole model's weights `w` (copies: `w` may be freed)."""
+    """Rank `rank`'s shard of the whole model's weights `w`: copies of the cut tensors, so that
+    the whole ones may be freed; what every rank holds whole (embeddings, norms, LM head) is
+    shared with `w`."""
     local = shard_config(model, world)
 
     def rows(t, size):
@@ -49,7 +51,7 @@ def shard_weights(model: ModelConfig, w: ModelWeights, rank: int, world: int) ->
         return t[:, rank * size:(rank + 1) * size].contiguous()
 
     def once(t):
-        return None if t is None else (t.clone() if rank == 0 else torch.zeros_like(t))
+        return t if t is None or rank == 0 else torch.zeros_like(t)
 
     layers = []
     for layer in w.layers:
@@ -58,15 +60,12 @@ def shard_weights(model: ModelConfig, w: ModelWeights, rank: int, world: int) ->
             a, w_q=rows(a.w_q, local.q_size), w_k=rows(a.w_k, local.kv_size),
             w_v=rows(a.w_v, local.kv_size), w_o=cols(a.w_o, local.q_size),
             b_q=rows(a.b_q, local.q_size), b_k=rows(a.b_k, local.kv_size),
-            b_v=rows(a.b_v, local.kv_size), norm_weight=a.norm_weight.clone(),
-            norm_bias=None if a.norm_bias is None else a.norm_bias.clone())
+            b_v=rows(a.b_v, local.kv_size))
         ffn = local.intermediate_size
         layers.append(dataclasses.replace(
             layer, attn=attn, b_o=once(layer.b_o), w_gate=rows(layer.w_gate, ffn),
             w_up=rows(layer.w_up, ffn), b_up=rows(layer.b_up, ffn),
-            w_down=cols(layer.w_down, ffn), b_down=once(layer.b_down),
-            mlp_norm_weight=layer.mlp_norm_weight.clone(),
-            mlp_norm_bias=None if layer.mlp_norm_bias is None else layer.mlp_norm_bias.clone()))
+            w_down=cols(layer.w_down, ffn), b_down=once(layer.b_down)))
     tied = w.lm_head is w.embed
     return ModelWeights(embed=w.embed, positions=w.positions, layers=layers,
                         norm_weight=w.norm_weight, norm_bias=w.norm_bias,

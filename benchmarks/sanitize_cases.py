@@ -28,6 +28,9 @@ def main() -> None:
             q = torch.randn(len(lens), 6, head_dim, device="cuda", dtype=torch.float16)
             for prefetch in PREFETCHES:
                 kvlab.decode_attention(q, cache, seq_ids, kernel=kernel, prefetch=prefetch)
+            if dtype == torch.float8_e4m3fn:  # a bf16 q, converted to fp16 by the kernel
+                kvlab.decode_attention(q.bfloat16(), cache, seq_ids, kernel=kernel,
+                                       prefetch=PREFETCHES[0])
     for model, attention in (("tiny-qwen", "gqa"), ("tiny-llama", "vllm_v1")):
         llm = kvlab.LLM(model, attention=attention, device="cuda", num_blocks=16,
                         cuda_graphs=False)

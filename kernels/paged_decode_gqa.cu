@@ -5,8 +5,9 @@
 // GROUP times).
 //
 //   gqa_decode<T, KV, HEAD_DIM, BLOCK_SIZE, GROUP, PF_MODE, PF_K, PF_V, PF_DIST, PF_EVICT_LAST>
-//     T           __half or __nv_bfloat16 (q, out, and the math); softmax and accumulation in fp32.
-//     KV          the caches' element: T, or kvlab::fp8_e4m3 (with T = __half; see "fp8" below).
+//     T           __half or __nv_bfloat16: q, out, and the mmas' inputs (fp16 for an fp8 cache);
+//                 softmax and accumulation in fp32.
+//     KV          the caches' element: T, or kvlab::fp8_e4m3 (with T either; see "fp8" below).
 //     HEAD_DIM    64, 80, 96, 112, 128, 256.
 //     BLOCK_SIZE  tokens per cache block, a power of two in [8, 256].
 //     GROUP       num_qo_heads / num_kv_heads, 1..8.
@@ -64,14 +65,18 @@
 // fp8 (KV = fp8_e4m3, e4m3 with one float scale per KV head): the same pipeline on rows of half
 // the bytes, with 5 stages instead of 3 (4 tiles in flight: as many bytes as fp16's 2). Values
 // are widened to fp16 in registers (cvt.rn.f16x2.e4m3x2, exact: every e4m3 value is an fp16
-// value) and the mma runs in fp16; the K scale folds into the softmax scale and the V scale
-// multiplies the output once. The ldmatrix tiles are read as b16 pairs of fp8 values, so a lane
-// holds other dims than the fp16 path's: for K, 4 consecutive dims 4(lane%4)..+3 of a token,
-// whose two halves serve as the fragment's k and k + 8 (Q's fragment takes the same dims, so the
-// dot product is unchanged); for V (ldmatrix .trans), dims 2(lane/4) and 2(lane/4) + 1 of two
-// tokens, which become output rows lane/4 and lane/4 + 8 (the dims are mapped back when the
-// warps merge). One ldmatrix.x4 covers 32 dims; for head_dim 80 and 112 the last one reads 16
-// bytes of the row's padding, never used.
+// value) and both mmas run in fp16 whatever T is; the K scale folds into the softmax scale and
+// the V scale multiplies the output once. A bf16 q is converted to fp16 once, when the CTA loads
+// it: each query head is first multiplied by the power of two 2^-s that puts its largest |entry|
+// in [2^14, 2^15), and 2^s joins that head's softmax scale. That conversion is exact (bf16's 8
+// significant bits fit fp16's 11) for every entry within 2^28 of its head's largest; smaller ones
+// become fp16 subnormals or zero, each moved by at most 2^-39 of its head's largest entry.
+// The ldmatrix tiles are read as b16 pairs of fp8 values, so a lane holds other dims than the fp16
+// path's: for K, 4 consecutive dims 4(lane%4)..+3 of a token, whose two halves serve as the
+// fragment's k and k + 8 (Q's fragment takes the same dims, so the dot product is unchanged); for
+// V (ldmatrix .trans), dims 2(lane/4) and 2(lane/4) + 1 of two tokens, which become output rows
+// lane/4 and lane/4 + 8 (the dims are mapped back when the warps merge). One ldmatrix.x4 covers
+// 32 dims; for head_dim 80 and 112 the last one reads 16 bytes of the row's padding, never used.
 //
 // Prefetch (arXiv 2504.06319, Algorithm 1, adapted): when a warp issues the cp.async of tile L it
 // also prefetches into L2 its part of tile L + PF_DIST (if that tile exists in the partition), i.e.
@@ -132,8 +137,10 @@ constexpr int MAX_GROUP = 8;                           // the n-width of one mma
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.6931471805599453f;
 
-template <typename T> struct IsHalf { static constexpr bool value = false; };
-template <> struct IsHalf<__half> { static constexpr bool value = true; };
+template <bool C, typename A, typename B> struct Select { using type = A; };
+template <typename A, typename B> struct Select<false, A, B> { using type = B; };
+template <typename A, typename B> struct Same { static constexpr bool value = false; };
+template <typename A> struct Same<A, A> { static constexpr bool value = true; };
 
 // Shared-memory geometry, in bytes. One warp's K (or V) rows of one stage: [WARP_TOKENS][ROW_BYTES],
 // rows padded (16 or 32 bytes) to an odd multiple of 16 bytes, so that every ldmatrix phase
@@ -190,6 +197,10 @@ __device__ __forceinline__ unsigned e4m3x2_to_half2(unsigned short pair) {
   unsigned out;
   asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(out) : "h"(pair));
   return out;
+}
+
+__device__ __forceinline__ float2 bf16x2_to_float2(unsigned pair) {  // the low half is .x
+  return make_float2(__uint_as_float(pair << 16), __uint_as_float(pair & 0xffff0000u));
 }
 
 __device__ __forceinline__ float fast_exp2(float x) {  // ex2.approx: exp2(-inf) = +0
@@ -282,7 +293,7 @@ __device__ __forceinline__ void decode_body(
   static_assert(sizeof(T) == 2, "T: __half or __nv_bfloat16");
   constexpr bool FP8 = sizeof(KV) == 1;
   static_assert(sizeof(KV) == sizeof(T) || FP8, "KV: T or fp8_e4m3");
-  static_assert(!FP8 || IsHalf<T>::value, "fp8 caches need T = __half (the mma widens to fp16)");
+  using MT = typename Select<FP8, __half, T>::type;  // the mmas' inputs: fp8 widens to fp16
   using S = Smem<HEAD_DIM, sizeof(KV)>;
   constexpr int STAGES = S::STAGES;
   constexpr int K_STEPS = HEAD_DIM / 16;           // 16-dim k-steps of QK = 16-dim m-tiles of PV
@@ -309,7 +320,7 @@ __device__ __forceinline__ void decode_body(
   const int* __restrict__ table_row =
       block_tables + static_cast<long long>(seq) * max_num_blocks_per_seq;  // this seq's row
   // fp8: stored K = K / k_scale, so the logits take k_scale; the output takes v_scale (below)
-  const float scale_log2 = scale * LOG2E * (FP8 ? k_scale[kv_head] : 1.f);
+  float scale_log2 = scale * LOG2E * (FP8 ? k_scale[kv_head] : 1.f);
 
   unsigned long long policy = 0;
   if constexpr (PREFETCH && PF_EVICT_LAST) policy = make_evict_last_policy();
@@ -339,6 +350,30 @@ __device__ __forceinline__ void decode_body(
     for (int s = 0; s < K_STEPS; ++s) {
       q_frag[s][0] = g < GROUP ? *reinterpret_cast<const unsigned*>(qg + 16 * s) : 0u;
       q_frag[s][1] = g < GROUP ? *reinterpret_cast<const unsigned*>(qg + 16 * s + HI) : 0u;
+    }
+    if constexpr (FP8 && !Same<T, __half>::value) {  // bf16 q to fp16 (see the header)
+      float amax = 0.f;
+#pragma unroll
+      for (int s = 0; s < K_STEPS; ++s)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float2 f = bf16x2_to_float2(q_frag[s][h]);
+          amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
+        }
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));  // the quad holds head g
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+      // amax in [2^e, 2^(e+1)): q * 2^-shift has its largest |entry| in [2^14, 2^15)
+      const int e = ((__float_as_int(amax) >> 23) & 0xff) - 127;
+      const int shift = min(max(e - 14, -126), 126);
+      const float down = __int_as_float((127 - shift) << 23);
+#pragma unroll
+      for (int s = 0; s < K_STEPS; ++s)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float2 f = bf16x2_to_float2(q_frag[s][h]);
+          q_frag[s][h] = Mma<__half>::pack(f.x * down, f.y * down);
+        }
+      scale_log2 *= __int_as_float((127 + shift) << 23);  // this lane's logits are head g's
     }
   }
 
@@ -414,10 +449,10 @@ __device__ __forceinline__ void decode_body(
 #pragma unroll
         for (int j = 0; j < 2 && s + j < K_STEPS; ++j) {
           const unsigned lo = kb[j], hi = kb[2 + j];  // tokens 0-7, 8-15
-          Mma<T>::run(s_acc[0], q_frag[s + j][0], 0u, q_frag[s + j][1], 0u,
-                      e4m3x2_to_half2(lo & 0xffff), e4m3x2_to_half2(lo >> 16));
-          Mma<T>::run(s_acc[1], q_frag[s + j][0], 0u, q_frag[s + j][1], 0u,
-                      e4m3x2_to_half2(hi & 0xffff), e4m3x2_to_half2(hi >> 16));
+          Mma<MT>::run(s_acc[0], q_frag[s + j][0], 0u, q_frag[s + j][1], 0u,
+                       e4m3x2_to_half2(lo & 0xffff), e4m3x2_to_half2(lo >> 16));
+          Mma<MT>::run(s_acc[1], q_frag[s + j][0], 0u, q_frag[s + j][1], 0u,
+                       e4m3x2_to_half2(hi & 0xffff), e4m3x2_to_half2(hi >> 16));
         }
       }
     } else {
@@ -425,8 +460,8 @@ __device__ __forceinline__ void decode_body(
       for (int s = 0; s < K_STEPS; ++s) {
         unsigned kb[4];  // B fragments: tokens 0-7 {kb0, kb1}, tokens 8-15 {kb2, kb3}
         ldmatrix_x4(kb, ks + 32 * s);
-        Mma<T>::run(s_acc[0], q_frag[s][0], 0u, q_frag[s][1], 0u, kb[0], kb[1]);
-        Mma<T>::run(s_acc[1], q_frag[s][0], 0u, q_frag[s][1], 0u, kb[2], kb[3]);
+        Mma<MT>::run(s_acc[0], q_frag[s][0], 0u, q_frag[s][1], 0u, kb[0], kb[1]);
+        Mma<MT>::run(s_acc[1], q_frag[s][0], 0u, q_frag[s][1], 0u, kb[2], kb[3]);
       }
     }
 
@@ -455,8 +490,8 @@ __device__ __forceinline__ void decode_body(
     m = m_new;
 
     // P^T as the mma B fragment: (tokens 2(lane%4) + {0,1}, head lane/4) and tokens + 8.
-    const unsigned pb0 = Mma<T>::pack(p[0][0], p[0][1]);
-    const unsigned pb1 = Mma<T>::pack(p[1][0], p[1][1]);
+    const unsigned pb0 = Mma<MT>::pack(p[0][0], p[0][1]);
+    const unsigned pb1 = Mma<MT>::pack(p[1][0], p[1][1]);
     // O^T columns of this lane are heads 2(lane%4) and 2(lane%4) + 1: fetch their alpha.
     const float alpha0 = __shfl_sync(0xffffffffu, alpha, 8 * (lane % 4));
     const float alpha1 = __shfl_sync(0xffffffffu, alpha, 8 * (lane % 4) + 4);
@@ -475,7 +510,7 @@ __device__ __forceinline__ void decode_body(
           const unsigned a3 = e4m3x2_to_half2(__byte_perm(hi, 0u, 0x0031) & 0xffff);
           float* const acc = o[s + j];
           acc[0] *= alpha0; acc[1] *= alpha1; acc[2] *= alpha0; acc[3] *= alpha1;
-          Mma<T>::run(o[s + j], a0, a1, a2, a3, pb0, pb1);
+          Mma<MT>::run(o[s + j], a0, a1, a2, a3, pb0, pb1);
         }
       }
     } else {
@@ -484,32 +519,34 @@ __device__ __forceinline__ void decode_body(
         unsigned va[4];  // A fragment of V^T[dims 16s.., tokens 0-15]
         ldmatrix_x4_trans(va, vs + 32 * s);
         o[s][0] *= alpha0; o[s][1] *= alpha1; o[s][2] *= alpha0; o[s][3] *= alpha1;
-        Mma<T>::run(o[s], va[0], va[1], va[2], va[3], pb0, pb1);
+        Mma<MT>::run(o[s], va[0], va[1], va[2], va[3], pb0, pb1);
       }
     }
   };
 
-  // ---- main loop: per-warp 3-stage pipeline -------------------------------------------------
-  RowBlocks<BLOCK_SIZE> blocks, pf_blocks;
+  // ---- main loop: per-warp pipeline of STAGES stages ----------------------------------------
+  // The block ids of the first STAGES tiles (and of the tiles they prefetch) are read together,
+  // so the prologue waits for one block-table round trip, not one per tile.
+  RowBlocks<BLOCK_SIZE> first[STAGES], pf_first[STAGES];
+#pragma unroll
+  for (int tile = 0; tile < STAGES; ++tile) {
+    first[tile].lookup(table_row, warp_row0(tile), partition_end);
+    if constexpr (PREFETCH)
+      pf_first[tile].lookup(table_row, warp_row0(tile + PF_DIST), partition_end);
+  }
 #pragma unroll
   for (int tile = 0; tile < STAGES - 1; ++tile) {
     if (tile < num_tiles) {
-      blocks.lookup(table_row, warp_row0(tile), partition_end);
-      load_tile(tile, tile, blocks);
+      load_tile(tile, tile, first[tile]);
       if constexpr (PREFETCH) {
-        if (tile + PF_DIST < num_tiles) {
-          pf_blocks.lookup(table_row, warp_row0(tile + PF_DIST), partition_end);
-          prefetch_tile(tile + PF_DIST, pf_blocks);
-        }
+        if (tile + PF_DIST < num_tiles) prefetch_tile(tile + PF_DIST, pf_first[tile]);
       }
     }
     cp_async_commit();
   }
   // Block ids for the next load (and its prefetch) are looked up one iteration early, so the
   // block-table read overlaps the math instead of stalling the cp.async issue.
-  blocks.lookup(table_row, warp_row0(STAGES - 1), partition_end);
-  if constexpr (PREFETCH)
-    pf_blocks.lookup(table_row, warp_row0(STAGES - 1 + PF_DIST), partition_end);
+  RowBlocks<BLOCK_SIZE> blocks = first[STAGES - 1], pf_blocks = pf_first[STAGES - 1];
 
   int read_stage = 0, write_stage = STAGES - 1;
   for (int tile = 0; tile < num_tiles; ++tile) {
@@ -630,8 +667,10 @@ __global__ void __launch_bounds__(128, gqa::Smem<HEAD_DIM, sizeof(KV)>::CTAS_PER
 // ceil(seq_lens[s] / partition_size) partitions (at most
 // max_num_partitions). grid (num_qo_heads, num_seqs), block 128, no dynamic shared memory.
 // The partial rows are read as float4: VECS = HEAD_DIM / 4 threads cover one partition's row and
-// the block reads ROWS = 128 / VECS partitions at a time (unrolled), so many L2 loads are in flight
-// instead of one partition after another; the ROWS partial sums then meet in shared memory.
+// the block reads ROWS = 128 / VECS partitions at a time; the ROWS partial sums then meet in shared
+// memory. Each thread loads its first LOADS rows before it reads any lse (they do not need the
+// weights), so up to ROWS x LOADS partitions (64 at head_dim 128) cross from L2 in one round trip
+// together with the lse values, instead of one round trip per pass and per unrolled group.
 template <typename T, int HEAD_DIM>
 __global__ void __launch_bounds__(128) gqa_merge(
     T* __restrict__ out, const float* __restrict__ partial_out,
@@ -652,6 +691,18 @@ __global__ void __launch_bounds__(128) gqa_merge(
   const float* __restrict__ lse = partial_lse + row * max_num_partitions;  // [max_num_partitions]
   const float4* __restrict__ po =
       reinterpret_cast<const float4*>(partial_out + row * max_num_partitions * HEAD_DIM);
+
+  // The first LOADS partial rows of this thread (pass 2's), in flight during pass 1.
+  constexpr int LOADS = 16;
+  const int slot = threadIdx.x / VECS, vec = threadIdx.x % VECS;
+  const bool reads = slot < ROWS;  // 128 % VECS threads idle for head_dim 80, 96, 112
+  float4 first[LOADS];
+#pragma unroll
+  for (int i = 0; i < LOADS; ++i) {
+    const int c = slot + i * ROWS;
+    first[i] = reads && c < num_partitions ? po[static_cast<long long>(c) * VECS + vec]
+                                           : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
 
   // Pass 1: the largest lse and the sum of the weights, each reduced over the block.
   __shared__ float warp_red[THREADS / 32];
@@ -678,15 +729,18 @@ __global__ void __launch_bounds__(128) gqa_merge(
 
   // Pass 2: thread (slot, vec) sums dims 4 vec .. 4 vec + 3 over partitions slot, slot + ROWS, ...
   __shared__ float4 red[ROWS][VECS];
-  const int slot = threadIdx.x / VECS, vec = threadIdx.x % VECS;
-  if (slot < ROWS) {  // 128 % VECS threads idle for head_dim 80, 96, 112
+  if (reads) {
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 4
-    for (int c = slot; c < num_partitions; c += ROWS) {
+    auto add = [&](int c, float4 p) {
       const float w = __expf(lse[c] - shift);
-      const float4 p = po[static_cast<long long>(c) * VECS + vec];
       acc.x += w * p.x; acc.y += w * p.y; acc.z += w * p.z; acc.w += w * p.w;
-    }
+    };
+#pragma unroll
+    for (int i = 0; i < LOADS; ++i)
+      if (slot + i * ROWS < num_partitions) add(slot + i * ROWS, first[i]);
+#pragma unroll 4
+    for (int c = slot + LOADS * ROWS; c < num_partitions; c += ROWS)
+      add(c, po[static_cast<long long>(c) * VECS + vec]);
     red[slot][vec] = acc;
   }
   __syncthreads();

@@ -188,7 +188,7 @@ def loop_variants(model, batch: int, context, block_size: int, args, dtype) -> d
         if family == "gqa" and mixed:  # the split planned as if every sequence were the longest
             plan = DecodePlan(cache, seq_ids, model.num_qo_heads, family)
             plan.launcher = gqa.Gqa(cache, model.num_qo_heads, [plan.max_seq_len] * batch,
-                                    plan.prefetch, plan.num_sms)
+                                    plan.prefetch, plan.num_sms, plan.q_dtype)
             plans["gqa_split_longest", "none"] = ({"kernel": "gqa_split_longest",
                                                    "prefetch": "none"}, plan)
         if family == "gqa" and args.fp8:

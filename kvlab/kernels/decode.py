@@ -68,6 +68,18 @@ def _check_cache(cache) -> None:
         )
 
 
+def _check_q_dtype(cache, q_dtype):
+    """The dtype of q and out: q_dtype, or the default for the cache; ValueError unless the
+    kernels take it over the cache's dtype."""
+    allowed = gqa.query_dtypes(cache.dtype)
+    if q_dtype is None:
+        return allowed[0]
+    if q_dtype not in allowed:
+        raise ValueError(f"q_dtype={q_dtype}: over a cache of {cache.dtype} q and out must be one "
+                         f"of {allowed}")
+    return q_dtype
+
+
 def _check_tensor(name: str, t, shape: tuple, dtype, device) -> None:
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name}: must be a torch.Tensor, got {type(t).__name__}")
@@ -86,7 +98,7 @@ class DecodePlan:
 
     Args:
         cache: a PagedKVCache on a CUDA device, fp16, bf16 or fp8 (float8_e4m3fn: kernel "gqa"
-            only; q and out are then fp16, and the kernel dequantises in registers).
+            only, which dequantises in registers).
         seq_ids: the B live sequences to decode, in the order of q's rows.
         num_qo_heads: query heads, a multiple of cache.num_kv_heads.
         kernel: "auto", "vllm_v1" (layout "vllm", block sizes 8/16/32) or "gqa" (layout "hnd",
@@ -99,6 +111,8 @@ class DecodePlan:
         scale: softmax scale, default 1 / sqrt(head_dim).
         num_sms: the SMs the launches will have, for the split policies; None: those of the
             enclosing `kvlab.kernels.green.sm_limit` block, else the whole GPU's.
+        q_dtype: the dtype of q and out. None: the cache's, fp16 over an fp8 cache. Over an fp8
+            cache it may be float16 or bfloat16; over others it is the cache's.
     The plan captures the sequences' block tables and lengths now: make a new plan after the
     cache changes (once per decode step), and reuse it for every layer of that step.
     Raises ValueError, before any launch, for anything the kernels cannot run.
@@ -106,20 +120,22 @@ class DecodePlan:
 
     def __init__(self, cache, seq_ids, num_qo_heads: int, kernel: str = "auto",
                  prefetch: PrefetchConfig | None = None, scale: float | None = None,
-                 num_sms: int | None = None):
+                 num_sms: int | None = None, q_dtype=None):
         chosen = _check_plan(cache, num_qo_heads, kernel, prefetch)
+        q_dtype = _check_q_dtype(cache, q_dtype)
         seq_ids = list(seq_ids)
         if not seq_ids:
             raise ValueError("seq_ids=[]: must name at least one sequence")
         self._setup(cache, cache.block_tables(seq_ids), cache.seq_lens(seq_ids),
                     [cache.manager.seq_len(s) for s in seq_ids], num_qo_heads, chosen,
-                    kernel == "auto" and prefetch is None, prefetch, scale, num_sms,
+                    kernel == "auto" and prefetch is None, prefetch, scale, num_sms, q_dtype,
                     tune_here=True)
 
     @classmethod
     def for_capture(cls, cache, num_seqs: int, max_seq_len: int, num_qo_heads: int,
                     kernel: str = "auto", prefetch: PrefetchConfig | None = None,
-                    scale: float | None = None, num_sms: int | None = None) -> "DecodePlan":
+                    scale: float | None = None, num_sms: int | None = None,
+                    q_dtype=None) -> "DecodePlan":
         """A plan to capture in a CUDA graph and replay for changing batches of at most
         num_seqs sequences of at most max_seq_len tokens. Its `block_tables` (int32 [num_seqs,
         ceil(max_seq_len / block_size)]) and `seq_lens` (int32 [num_seqs]) are device buffers
@@ -129,6 +145,7 @@ class DecodePlan:
         CTAs with nothing to do. With kernel="auto" and prefetch None the prefetch setting is
         the recorded choice (nothing is timed)."""
         chosen = _check_plan(cache, num_qo_heads, kernel, prefetch)
+        q_dtype = _check_q_dtype(cache, q_dtype)
         for name, value in (("num_seqs", num_seqs), ("max_seq_len", max_seq_len)):
             if not is_int(value) or value < 1:
                 raise ValueError(f"{name}={value!r}: must be an integer >= 1")
@@ -137,18 +154,19 @@ class DecodePlan:
         plan._setup(cache, torch.zeros(num_seqs, width, dtype=torch.int32, device=cache.device),
                     torch.ones(num_seqs, dtype=torch.int32, device=cache.device),
                     [int(max_seq_len)] * num_seqs, num_qo_heads, chosen,
-                    kernel == "auto" and prefetch is None, prefetch, scale, num_sms,
+                    kernel == "auto" and prefetch is None, prefetch, scale, num_sms, q_dtype,
                     tune_here=False)
         return plan
 
     def _setup(self, cache, block_tables, seq_lens, host_seq_lens, num_qo_heads, chosen: str,
-               choose_prefetch: bool, prefetch, scale, num_sms, tune_here: bool) -> None:
+               choose_prefetch: bool, prefetch, scale, num_sms, q_dtype,
+               tune_here: bool) -> None:
         self.block_tables = block_tables  # int32 [B, max_num_blocks]
         self.seq_lens = seq_lens  # int32 [B]
         self.host_seq_lens = host_seq_lens  # what the split plans
         self.max_seq_len = max(self.host_seq_lens)
         self.cache, self.kernel, self.num_qo_heads = cache, chosen, num_qo_heads
-        self.q_dtype = gqa.query_dtype(cache.dtype)  # of q and out
+        self.q_dtype = q_dtype  # of q and out
         self.scale = 1.0 / math.sqrt(cache.head_dim) if scale is None else float(scale)
         total = green.device_sms(cache.device)
         if num_sms is not None and (not is_int(num_sms) or not 1 <= num_sms <= total):
@@ -162,7 +180,7 @@ class DecodePlan:
 
     def _launcher(self, prefetch: PrefetchConfig):
         return LAUNCHERS[self.kernel](self.cache, self.num_qo_heads, self.host_seq_lens, prefetch,
-                                     self.num_sms)
+                                     self.num_sms, self.q_dtype)
 
     def _recorded_prefetch(self) -> PrefetchConfig:
         return select.best_prefetch(self.kernel, self.num_qo_heads, self.cache.num_kv_heads,
@@ -194,7 +212,7 @@ class DecodePlan:
             v_cache: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
         """Attention of q against one layer's paged K/V (default: the cache's own tensors).
 
-        q: [B, num_qo_heads, head_dim] in the cache's dtype (fp16 for an fp8 cache), contiguous.
+        q: [B, num_qo_heads, head_dim] in the plan's q_dtype, contiguous.
         k_cache, v_cache: the shapes, dtype and device of cache.k_cache / cache.v_cache (an fp8
         cache's scales go with them: other layers need plans of their own caches). out: where to
         write, like q (default: a new tensor). Returns out.
@@ -218,10 +236,13 @@ def decode_attention(q: torch.Tensor, cache, seq_ids, kernel: str = "auto",
                  num_sms: int | None = None):
     """One decode step of attention with a CUDA kernel: `DecodePlan(...).run(q)`.
 
-    q: [B, num_qo_heads, head_dim], the cache's dtype (fp16 for an fp8 cache), on its device.
+    q: [B, num_qo_heads, head_dim], the cache's dtype (fp16 or bf16 over an fp8 cache), on its
+    device.
     Returns the same shape and dtype. See DecodePlan for the arguments and errors.
     """
     if not isinstance(q, torch.Tensor) or q.dim() != 3:
         shape = tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__
         raise ValueError(f"q: must be a 3-d torch.Tensor [B, num_qo_heads, head_dim], got {shape}")
-    return DecodePlan(cache, seq_ids, q.shape[1], kernel, prefetch, scale).run(q)
+    q_dtype = q.dtype if cache.dtype == FP8_DTYPE else None  # otherwise run() names q's dtype
+    return DecodePlan(cache, seq_ids, q.shape[1], kernel, prefetch, scale,
+                      q_dtype=q_dtype).run(q)

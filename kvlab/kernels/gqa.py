@@ -29,7 +29,7 @@ NUM_THREADS = 128
 def name_expressions(dtype, head_dim: int, block_size: int, group: int,
                      prefetch: PrefetchConfig, kv_dtype=None) -> tuple[str, str]:
     """The decode kernel's instantiation and the merge kernel's: q and out in `dtype`, the caches
-    in `kv_dtype` (default: `dtype`; FP8_DTYPE with dtype float16)."""
+    in `kv_dtype` (default: `dtype`; or FP8_DTYPE, with dtype float16 or bfloat16)."""
     t = CUDA_TYPES[dtype]
     kv = FP8_TYPE if kv_dtype == FP8_DTYPE else t
     return (
@@ -39,15 +39,17 @@ def name_expressions(dtype, head_dim: int, block_size: int, group: int,
     )
 
 
-def query_dtype(cache_dtype):
-    """The dtype of q and out for a cache of `cache_dtype`: the same, float16 for fp8."""
-    return torch.float16 if cache_dtype == FP8_DTYPE else cache_dtype
+def query_dtypes(cache_dtype) -> tuple:
+    """The dtypes q and out may have over a cache of `cache_dtype`, the default first: the cache's
+    own; float16 or bfloat16 over fp8."""
+    return (torch.float16, torch.bfloat16) if cache_dtype == FP8_DTYPE else (cache_dtype,)
 
 
 def default_instances() -> list[str]:
     """What CI compiles with nvcc: every dtype and head_dim, MHA and GQA 4:1, with and without
     prefetch, at block size 16, and every block size at head_dim 128; fp8 caches at every
-    head_dim, MHA and GQA 4:1, without prefetch and with the bulk one."""
+    head_dim, MHA and GQA 4:1, without prefetch and with the bulk one, and without prefetch
+    for a bf16 q."""
     configs = [
         (dtype, head_dim, 16, group, prefetch)
         for dtype in CUDA_TYPES
@@ -59,6 +61,8 @@ def default_instances() -> list[str]:
     configs += [(torch.float16, head_dim, 16, group, prefetch, FP8_DTYPE)
                 for head_dim in HEAD_DIMS for group in (1, 4)
                 for prefetch in (PrefetchConfig(), PrefetchConfig("bulk"))]
+    configs += [(torch.bfloat16, head_dim, 16, group, PrefetchConfig(), FP8_DTYPE)
+                for head_dim in HEAD_DIMS for group in (1, 4)]
     return list(dict.fromkeys(n for config in configs for n in name_expressions(*config)))
 
 
@@ -69,7 +73,7 @@ class Gqa:
     layout, block_sizes = LAYOUT, BLOCK_SIZES
 
     def __init__(self, cache, num_qo_heads: int, seq_lens: list[int], prefetch: PrefetchConfig,
-                 num_sms: int):
+                 num_sms: int, q_dtype):
         from kvlab.kernels.loader import load
 
         num_seqs, max_seq_len = len(seq_lens), max(seq_lens)
@@ -88,8 +92,7 @@ class Gqa:
             self.work = torch.from_numpy(work_list(seq_lens, self.partition_size)).to(
                 cache.device)
         d, group = cache.head_dim, num_qo_heads // cache.num_kv_heads
-        names = name_expressions(query_dtype(cache.dtype), d, cache.block_size, group, prefetch,
-                                 cache.dtype)
+        names = name_expressions(q_dtype, d, cache.block_size, group, prefetch, cache.dtype)
         self.decode, self.merge = load(SOURCE, names, cache.device.index)
         # fp8: the per-head scales, read at launch (a later first write may still set them)
         self.scales = (cache.k_scale, cache.v_scale) if cache.k_scale is not None else None

@@ -56,7 +56,8 @@ class VllmV1:
     layout, block_sizes = LAYOUT, BLOCK_SIZES
 
     def __init__(self, cache, num_qo_heads: int, seq_lens: list[int], prefetch: PrefetchConfig,
-                 num_sms: int):  # num_sms: vLLM's v1/v2 rule does not use it
+                 num_sms: int, q_dtype):
+        # vLLM's v1/v2 rule does not use num_sms; q_dtype is the cache's (DecodePlan checks it)
         from kvlab.kernels.loader import load
 
         num_seqs, max_seq_len = len(seq_lens), max(seq_lens)

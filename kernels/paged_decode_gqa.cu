@@ -650,61 +650,23 @@ __device__ __forceinline__ void decode_body(
   __syncthreads();
   if (!is_last) return;
   __threadfence();  // the other partitions' partials, read below through L2 (ld.global.cg)
-  // Thread t merges elements (head, dim) t, t + 128, ...: ELEMS of them. The partitions are read
-  // CHUNK at a time, every load of a chunk in flight at once, and merged by an online log-sum-exp.
-  constexpr int ELEMS = (GROUP * HEAD_DIM + NUM_THREADS - 1) / NUM_THREADS;  // 1 .. 16
-  constexpr int CHUNK = ELEMS <= 8 ? 8 : 64 / ELEMS;                          // 4 .. 8
-  __shared__ float chunk_lse[MAX_GROUP * 8];
-  const long long head0 = static_cast<long long>(seq) * num_qo_heads + kv_head * GROUP;
-  float m_run[ELEMS], l_run[ELEMS], acc[ELEMS];
-#pragma unroll
-  for (int e = 0; e < ELEMS; ++e) m_run[e] = neg_inf(), l_run[e] = acc[e] = 0.f;
-  for (int c0 = 0; c0 < num_partitions; c0 += CHUNK) {
-    float p[ELEMS][CHUNK];
-#pragma unroll
-    for (int e = 0; e < ELEMS; ++e) {
-      const int idx = threadIdx.x + e * NUM_THREADS, g = idx / HEAD_DIM, d = idx % HEAD_DIM;
-#pragma unroll
-      for (int j = 0; j < CHUNK; ++j)
-        p[e][j] = idx < GROUP * HEAD_DIM && c0 + j < num_partitions
-                      ? __ldcg(partial_out + ((head0 + g) * max_num_partitions + c0 + j) *
-                                                 HEAD_DIM + d)
-                      : 0.f;
+  for (int idx = threadIdx.x; idx < GROUP * HEAD_DIM; idx += NUM_THREADS) {
+    const int g = idx / HEAD_DIM, d = idx % HEAD_DIM;
+    const long long head = static_cast<long long>(seq) * num_qo_heads + kv_head * GROUP + g;
+    const float* const lse = partial_lse + head * max_num_partitions;
+    const float* const po = partial_out + head * max_num_partitions * HEAD_DIM + d;
+    float lse_max = neg_inf();
+#pragma unroll 8
+    for (int c = 0; c < num_partitions; ++c) lse_max = fmaxf(lse_max, __ldcg(lse + c));
+    const float shift = lse_max == neg_inf() ? 0.f : lse_max;  // no token at all: output 0
+    float weights = 0.f, acc = 0.f;
+#pragma unroll 8
+    for (int c = 0; c < num_partitions; ++c) {
+      const float w = __expf(__ldcg(lse + c) - shift);
+      weights += w;
+      acc += w * __ldcg(po + c * HEAD_DIM);
     }
-    if (threadIdx.x < GROUP * CHUNK) {
-      const int g = threadIdx.x / CHUNK, c = c0 + threadIdx.x % CHUNK;
-      chunk_lse[threadIdx.x] =
-          c < num_partitions ? __ldcg(partial_lse + (head0 + g) * max_num_partitions + c)
-                             : neg_inf();
-    }
-    __syncthreads();
-#pragma unroll
-    for (int e = 0; e < ELEMS; ++e) {
-      const int g = (threadIdx.x + e * NUM_THREADS) / HEAD_DIM;
-      if (g >= GROUP) continue;
-      float m_new = m_run[e];
-#pragma unroll
-      for (int j = 0; j < CHUNK; ++j) m_new = fmaxf(m_new, chunk_lse[g * CHUNK + j]);
-      if (m_new == neg_inf()) continue;  // no token yet
-      const float rescale = __expf(m_run[e] - m_new);  // exp(-inf) = 0 on the first chunk
-      l_run[e] *= rescale;
-      acc[e] *= rescale;
-#pragma unroll
-      for (int j = 0; j < CHUNK; ++j) {
-        const float w = __expf(chunk_lse[g * CHUNK + j] - m_new);
-        l_run[e] += w;
-        acc[e] += w * p[e][j];
-      }
-      m_run[e] = m_new;
-    }
-    __syncthreads();  // chunk_lse is read before the next chunk overwrites it
-  }
-#pragma unroll
-  for (int e = 0; e < ELEMS; ++e) {
-    const int idx = threadIdx.x + e * NUM_THREADS;
-    if (idx < GROUP * HEAD_DIM)
-      out[(head0 + idx / HEAD_DIM) * HEAD_DIM + idx % HEAD_DIM] =
-          Mma<T>::from_float(l_run[e] > 0.f ? acc[e] / l_run[e] : 0.f);
+    out[head * HEAD_DIM + d] = Mma<T>::from_float(weights > 0.f ? acc / weights : 0.f);
   }
 }
 

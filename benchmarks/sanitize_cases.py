@@ -20,12 +20,9 @@ def main() -> None:
             ("vllm_v1", "vllm", 16, torch.float16, 128), ("gqa", "hnd", 16, torch.float16, 128),
             ("gqa", "hnd", 128, torch.float16, 128), ("gqa", "hnd", 16, torch.float8_e4m3fn, 128),
             ("gqa", "hnd", 8, torch.float8_e4m3fn, 80)):  # fp8 80: the odd ldmatrix step
-        # single-CTA paths; split-KV merged by the decode launch (few partitions), then by a
-        # merge kernel (many)
-        for lens in ([1, 17, 97], [700, 5], [3000, 5]):
-            num_blocks = sum(-(-n // block_size) for n in lens) + 4
-            cache = PagedKVCache(num_blocks, block_size, 2, head_dim, dtype=dtype,
-                                 device="cuda", layout=layout, seed=1)
+        for lens in ([1, 17, 97], [700, 5]):  # single-CTA paths, then partitions / split-KV
+            cache = PagedKVCache(96, block_size, 2, head_dim, dtype=dtype, device="cuda",
+                                 layout=layout, seed=1)
             seq_ids = [cache.add_sequence(*torch.randn(2, n, 2, head_dim, device="cuda").half())
                        for n in lens]
             q = torch.randn(len(lens), 6, head_dim, device="cuda", dtype=torch.float16)

@@ -36,14 +36,7 @@
 //     partition_size: a multiple of 256 (64 suffices). When max_num_partitions == 1 the one
 //     partition is the whole sequence whatever partition_size says, and the CTA writes `out`;
 //     otherwise it writes partial_out (fp32, normalised by its own sum) and partial_lse (natural
-//     log, scaled-logit domain), and either gqa_merge writes `out` (counters null), or the
-//     decode launch merges them itself (counters: int32 [num_seqs, num_kv_heads], all 0 before
-//     the launch and again after it; launches that share a counters buffer must not overlap).
-//     Fused merge: each partition's CTA counts itself on its (sequence, KV head) counter once
-//     its partials are written (__threadfence, then atomicAdd); the one that counts last merges
-//     the GROUP heads' partitions, one (head, dim) element per thread, and resets the counter.
-//     That serialises a (sequence, KV head)'s merge on one CTA, which pays for few partitions
-//     (the wrapper's threshold), not for many.
+//     log, scaled-logit domain), and gqa_merge writes `out`.
 //   gqa_merge: grid (num_qo_heads, num_seqs), block 128 threads, no dynamic shared memory.
 //     Launched as a programmatic dependent of gqa_decode (sm_90: every decode CTA signals
 //     griddepcontrol.launch_dependents at its start, the merge's griddepcontrol.wait returns once
@@ -288,8 +281,8 @@ __device__ __forceinline__ void decode_body(
     const T* __restrict__ q, const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,
     const float* __restrict__ k_scale, const float* __restrict__ v_scale,
     const int* __restrict__ block_tables, const int* __restrict__ seq_lens,
-    const int* __restrict__ work, int* __restrict__ counters, int max_num_blocks_per_seq,
-    int num_kv_heads, int partition_size, int max_num_partitions, float scale) {
+    const int* __restrict__ work, int max_num_blocks_per_seq, int num_kv_heads,
+    int partition_size, int max_num_partitions, float scale) {
   static_assert(HEAD_DIM == 64 || HEAD_DIM == 80 || HEAD_DIM == 96 || HEAD_DIM == 112 ||
                 HEAD_DIM == 128 || HEAD_DIM == 256, "HEAD_DIM: 64, 80, 96, 112, 128 or 256");
   static_assert(BLOCK_SIZE >= 8 && BLOCK_SIZE <= 256 && (BLOCK_SIZE & (BLOCK_SIZE - 1)) == 0,
@@ -633,56 +626,19 @@ __device__ __forceinline__ void decode_body(
             sum > 0.f ? (m_max + __log2f(sum)) * LN2 : neg_inf();
     }
   }
-  if (max_num_partitions == 1 || counters == nullptr) return;
-
-  // ---- fused merge: the last partition of (seq, kv_head) to finish merges them all --------
-  // The partitions of this sequence that run (partition 0 always does, see above).
-  const int num_partitions =
-      max(1, min((seq_len + partition_size - 1) / partition_size, max_num_partitions));
-  __shared__ bool is_last;
-  __threadfence();  // this CTA's partials are visible to the GPU before it counts itself ...
-  __syncthreads();  // ... for every thread of the CTA
-  if (threadIdx.x == 0) {
-    int* const counter = counters + static_cast<long long>(seq) * num_kv_heads + kv_head;
-    is_last = atomicAdd(counter, 1) == num_partitions - 1;
-    if (is_last) *counter = 0;  // every other partition has counted: ready for the next launch
-  }
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();  // the other partitions' partials, read below through L2 (ld.global.cg)
-  for (int idx = threadIdx.x; idx < GROUP * HEAD_DIM; idx += NUM_THREADS) {
-    const int g = idx / HEAD_DIM, d = idx % HEAD_DIM;
-    const long long head = static_cast<long long>(seq) * num_qo_heads + kv_head * GROUP + g;
-    const float* const lse = partial_lse + head * max_num_partitions;
-    const float* const po = partial_out + head * max_num_partitions * HEAD_DIM + d;
-    float lse_max = neg_inf();
-#pragma unroll 8
-    for (int c = 0; c < num_partitions; ++c) lse_max = fmaxf(lse_max, __ldcg(lse + c));
-    const float shift = lse_max == neg_inf() ? 0.f : lse_max;  // no token at all: output 0
-    float weights = 0.f, acc = 0.f;
-#pragma unroll 8
-    for (int c = 0; c < num_partitions; ++c) {
-      const float w = __expf(__ldcg(lse + c) - shift);
-      weights += w;
-      acc += w * __ldcg(po + c * HEAD_DIM);
-    }
-    out[head * HEAD_DIM + d] = Mma<T>::from_float(weights > 0.f ? acc / weights : 0.f);
-  }
 }
 
 }  // namespace gqa
 
 // ---- entry points (instantiated through CuPy name_expressions) ----------------------------
 
-// out [num_seqs, num_qo_heads, HEAD_DIM] T (written when max_num_partitions == 1, or by the fused
-// merge);
+// out [num_seqs, num_qo_heads, HEAD_DIM] T (written when max_num_partitions == 1);
 // partial_out [num_seqs, num_qo_heads, max_num_partitions, HEAD_DIM] fp32;
 // partial_lse [num_seqs, num_qo_heads, max_num_partitions] fp32;
 // q [num_seqs, num_qo_heads, HEAD_DIM] T; k_cache, v_cache [num_blocks, num_kv_heads, BLOCK_SIZE,
 // HEAD_DIM] KV; k_scale, v_scale [num_kv_heads] float (fp8) or null; block_tables [num_seqs,
 // max_num_blocks_per_seq] int32; seq_lens [num_seqs] int32; work null, or [num_items, 2] int32
-// (sequence, partition) pairs, one per CTA: grid (num_items, num_kv_heads, 1); counters null (the
-// gqa_merge launch merges a split) or int32 [num_seqs, num_kv_heads] of zeros (the fused merge).
+// (sequence, partition) pairs, one per CTA: grid (num_items, num_kv_heads, 1).
 // grid (max_num_partitions, num_kv_heads, num_seqs) without a work list, block 128,
 // dynamic smem gqa::Smem<HEAD_DIM, sizeof(KV)>::BYTES.
 // (__launch_bounds__ adds the shared-memory occupancy as min blocks; the launch is unchanged.)
@@ -693,8 +649,8 @@ __global__ void __launch_bounds__(128, gqa::Smem<HEAD_DIM, sizeof(KV)>::CTAS_PER
     const T* __restrict__ q, const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,
     const float* __restrict__ k_scale, const float* __restrict__ v_scale,
     const int* __restrict__ block_tables, const int* __restrict__ seq_lens,
-    const int* __restrict__ work, int* __restrict__ counters, int max_num_blocks_per_seq,
-    int num_kv_heads, int partition_size, int max_num_partitions, float scale) {
+    const int* __restrict__ work, int max_num_blocks_per_seq, int num_kv_heads,
+    int partition_size, int max_num_partitions, float scale) {
 #if __CUDA_ARCH__ >= 900
   // the merge (a programmatic dependent launch) may start now: it waits for this grid's results
   asm volatile("griddepcontrol.launch_dependents;");
@@ -702,8 +658,8 @@ __global__ void __launch_bounds__(128, gqa::Smem<HEAD_DIM, sizeof(KV)>::CTAS_PER
   gqa::decode_body<T, KV, HEAD_DIM, BLOCK_SIZE, GROUP, PF_MODE, PF_K, PF_V, PF_DIST,
                    PF_EVICT_LAST>(
       out, partial_out, partial_lse, q, k_cache, v_cache, k_scale, v_scale, block_tables,
-      seq_lens, work, counters, max_num_blocks_per_seq, num_kv_heads, partition_size,
-      max_num_partitions, scale);
+      seq_lens, work, max_num_blocks_per_seq, num_kv_heads, partition_size, max_num_partitions,
+      scale);
 }
 
 // Combine the partitions of each (sequence, query head):

@@ -3,11 +3,9 @@ layout, with split-KV and the optional L2 prefetch of arXiv 2504.06319.
 
 One CTA handles one (sequence partition, KV head) and all query heads of that head's group, so each
 KV byte is read from HBM once. When num_seqs x num_kv_heads CTAs cannot fill the GPU, each
-sequence is cut into partitions (multiples of 256 tokens) spread over more CTAs, whose partial
-outputs are combined by their log-sum-exp: by the decode launch itself when there are at most
-FUSED_MERGE_MAX_PARTITIONS (the last partition of each sequence and KV head to finish merges),
-else by a merge kernel. A split batch of mixed lengths is split by the partitions its sequences
-fill, and launched as a work list of them, longest first.
+sequence is cut into partitions (multiples of 256 tokens) spread over more CTAs, and a merge kernel
+combines the partitions' partial outputs by their log-sum-exp. A split batch of mixed lengths is
+split by the partitions its sequences fill, and launched as a work list of them, longest first.
 """
 
 import numpy as np
@@ -26,9 +24,6 @@ SOURCE = "paged_decode_gqa.cu"
 FP8_TYPE = "kvlab::fp8_e4m3"
 LAYOUT = "hnd"
 NUM_THREADS = 128
-# The most partitions the decode launch merges itself; more go to the merge kernel, since the
-# fused merge runs on one CTA per (sequence, KV head).
-FUSED_MERGE_MAX_PARTITIONS = 8
 
 
 def name_expressions(dtype, head_dim: int, block_size: int, group: int,
@@ -103,16 +98,13 @@ class Gqa:
         self.scales = (cache.k_scale, cache.v_scale) if cache.k_scale is not None else None
         self.smem = smem_bytes(d, kv_bytes)
         reserve_shared_memory(self.decode, self.smem)
-        self.partials = self.counters = None
+        self.partials = None
         if self.num_partitions > 1:
             shape = (num_seqs, num_qo_heads, self.num_partitions)
             self.partials = (
                 torch.empty(*shape, d, dtype=torch.float32, device=cache.device),
                 torch.empty(shape, dtype=torch.float32, device=cache.device),
             )
-            if self.num_partitions <= FUSED_MERGE_MAX_PARTITIONS:  # zeros between launches
-                self.counters = torch.zeros(num_seqs, self.num_kv_heads, dtype=torch.int32,
-                                            device=cache.device)
 
     def __call__(self, out, q, k_cache, v_cache, block_tables, seq_lens, scale: float) -> None:
         partial_out, partial_lse = map(ptr, self.partials) if self.partials else (NULL, NULL)
@@ -123,11 +115,11 @@ class Gqa:
         k_scale, v_scale = map(ptr, self.scales) if self.scales else (NULL, NULL)
         launch(self.decode, grid, (NUM_THREADS,), (
             ptr(out), partial_out, partial_lse, ptr(q), ptr(k_cache), ptr(v_cache), k_scale,
-            v_scale, ptr(block_tables), ptr(seq_lens), work, ptr(self.counters),
-            np.int32(block_tables.shape[1]), np.int32(self.num_kv_heads),
-            np.int32(self.partition_size), np.int32(self.num_partitions), np.float32(scale),
+            v_scale, ptr(block_tables), ptr(seq_lens), work, np.int32(block_tables.shape[1]),
+            np.int32(self.num_kv_heads), np.int32(self.partition_size),
+            np.int32(self.num_partitions), np.float32(scale),
         ), out.device, self.smem)
-        if self.partials and self.counters is None:  # starts while the decode launch ends
+        if self.partials:  # starts while the decode launch ends (it waits for its results)
             launch_dependent(self.merge, (self.num_qo_heads, self.num_seqs), (NUM_THREADS,), (
                 ptr(out), partial_out, partial_lse, ptr(seq_lens), np.int32(self.partition_size),
                 np.int32(self.num_partitions),

@@ -100,7 +100,7 @@
 //       of 30-45 us batch-1 calls. Recorded: GB/s and % of the roofline at every point, against
 //       SDPA timed in the same loop, and L2 prefetch against none (it keeps enough bytes in
 //       flight already: prefetch does not pay).
-//   v3  this file: fp8 caches; mixed lengths split by their work and launched as a work list.
+//   v3  fp8 caches; mixed lengths split by their work and launched as a work list.
 //       Tried and dropped (observed, not recorded): the merge inside the decode launch, by the
 //       last CTA of each (sequence, KV head) to arrive on a counter, merging its GROUP heads one
 //       after another. It saves the second launch but serialises the merge on one CTA per KV
@@ -115,6 +115,19 @@
 //       503 us) and 1.55x slower on fp8 rows of 128 bytes; a row is too small a request. A
 //       whole (block, KV head) tile in one copy needs unpadded rows, which the ldmatrix reads
 //       would then hit with 8-way bank conflicts (a swizzled layout needs TMA tensor maps).
+//   v5  this file: a bf16 q over an fp8 cache; the prologue reads the block ids of its STAGES
+//       tiles together (one block-table round trip, not one per tile); the merge loads its first
+//       rows together with the lse. Observed in one session probe (not recorded; each variant
+//       timed in turn against v4): 1 x 32k qwen2.5-7b 29.5 -> 28.0 us, llama3-8b on fp8 29.5 ->
+//       28.1 us, 1 x 8k llama3-8b 19.1 -> 18.3 us; from 16 x 1k up, within +-1 us. In the same
+//       probe the decode launch alone (no merge) took 2-4 us less than decode plus merge, and
+//       a paged cache whose blocks lie in order ran 1% slower to 4% faster than a scattered one
+//       (the most at 16 x 1k): paging is not what keeps gqa below SDPA at large shapes.
+//       Tried and dropped (observed, not recorded): the merge inside the decode launch again,
+//       for splits of at most 8 partitions, the last CTA of each (sequence, KV head) merging
+//       with every load of a chunk of partitions in flight: -0.5 to +0.8 us against gqa_merge
+//       at 2-8 partitions (16 x 1k, 16 x 4k, 4 x 8k), and 2-13 us slower at 16-64. Its
+//       __threadfence and counter round trip cost what the merge launch does.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

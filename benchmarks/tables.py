@@ -61,6 +61,29 @@ def decode_table(result: dict, points=DECODE_POINTS) -> list[str]:
     return lines
 
 
+# The small points of benchmarks/README.md's table of `attention_small.json`: (batch, context).
+SMALL_POINTS = [(1, 32768), (1, 8192), (16, 1024)]
+
+
+def small_table(result: dict, points=SMALL_POINTS) -> list[str]:
+    """gqa (no prefetch) at small points, per model (results/h200/attention_small.json, gqa and
+    SDPA in one loop per point): its % of the copy roofline and its speed over SDPA's."""
+    def row(model, batch, context, kernel):
+        return next(r for r in result["rows"] if r["kernel"] == kernel and
+                    r["prefetch"] == "none" and (r["model"], r["batch"], r["context"]) == (
+                        model, batch, context))
+
+    lines = ["| model (q:kv) | " + " | ".join(f"{b} x {_context(c)}" for b, c in points) + " |",
+             "|---|" + "---|" * len(points)]
+    for model in dict.fromkeys(r["model"] for r in result["rows"]):
+        cells = []
+        for batch, context in points:
+            gqa, sdpa = (row(model, batch, context, k) for k in ("gqa", "sdpa"))
+            cells.append(f"{gqa['pct_roofline']:.1f}% ({sdpa['ms'] / gqa['ms']:.3f}x SDPA)")
+        lines.append(f"| {model} ({_heads(model)}) | " + " | ".join(cells) + " |")
+    return lines
+
+
 def kvpr_table(results: dict[str, dict], points=KVPR_POINTS) -> list[str]:
     """Per point: full transfer, the pipelined model's KVPR split, its speedup over full
     transfer and ratio to the lower bound, and HF's offloaded cache (median steps, all timed in
@@ -294,7 +317,7 @@ def vllm_table(attention_vllm: dict, vllm_own: dict) -> list[str]:
 
 
 # The recorded end-to-end runs of 256 new tokens (`load_results("h200", E2E_RESULTS)`).
-E2E_RESULTS = ("e2e", "e2e_qwen7b")
+E2E_RESULTS = ("e2e", "e2e_qwen7b", "e2e_qwen14b")
 
 
 def e2e_table(result: dict) -> list[str]:
@@ -322,6 +345,20 @@ def e2e_table(result: dict) -> list[str]:
             for with_, without in prefetch_pairs(variants)]
         lines.append(f"- {model}, batch {', '.join(map(str, batches))}: " + "; ".join(gains)
                      + ".")
+    return lines
+
+
+def serving_table(result: dict) -> list[str]:
+    """The serving runs of a bench e2e result (`--serve-rates`, results/h200/e2e_serving.json):
+    per model, variant and arrival rate, output tokens/s, time to first token and time per output
+    token (p50, p99), and preemptions."""
+    lines = ["| model | variant | requests | rate | output tokens/s | TTFT p50 / p99 | "
+             "TPOT p50 / p99 | preemptions |", "|---|---|---|---|---|---|---|---|"]
+    for r in result["serving"]:
+        lines.append(
+            f"| {r['model']} | {r['variant']} | {r['requests']} | {r['rate']:g}/s | "
+            f"{r['output_tokens_per_s']:,.0f} | {r['ttft_ms_p50']:,.1f} / {r['ttft_ms_p99']:,.1f} "
+            f"ms | {r['tpot_ms_p50']:.2f} / {r['tpot_ms_p99']:.2f} ms | {r['preemptions']} |")
     return lines
 
 
@@ -396,6 +433,8 @@ def main() -> None:
     print("\n".join(fp8_table(load_result("h200", "attention_fp8"))), end="\n\n")
     print("\n".join(e2e_table(load_results("h200", E2E_RESULTS))), end="\n\n")
     print("\n".join(e2e_table(load_result("h200", "e2e_2048"))), end="\n\n")
+    print("\n".join(serving_table(load_result("h200", "e2e_serving"))), end="\n\n")
+    print("\n".join(small_table(load_result("h200", "attention_small"))), end="\n\n")
     print("\n".join(vllm_table(load_result("h200", "attention_vllm"),
                                load_result("h200", "vllm_own"))), end="\n\n")
     print("\n".join(mixed_table(load_result("h200", "attention_mixed"))), end="\n\n")

@@ -91,8 +91,9 @@ def _result_path(machine: str, name: str) -> Path:
 
 def load_results(machine: str, names) -> dict:
     """Several recorded results of one machine as one: the first one's metadata (gpu, roofline,
-    ...), the dates of all (`dates`, sorted: `label` names each), and the rows of all, in order,
-    each tagged `source` = its result's name (and so their `timelines`, where they have any).
+    ...), the dates of all (`dates`, sorted: `label` names each; `source_dates`: each result's),
+    and the rows of all, in order, each tagged `source` = its result's name (and so their
+    `timelines`, where they have any). `label(merged, rows)` names the dates of those rows.
 
     NOTE: every run measures its own no-prefetch baseline, so a row can appear once per run.
     Compare times only within one source (`speedups`): tiny kernels vary more between runs
@@ -106,7 +107,9 @@ def load_results(machine: str, names) -> dict:
     if not loaded:
         return load_result(machine, names[0])
     merged = {**next(iter(loaded.values()))}
-    merged["dates"] = sorted({str(r.get("date", "unknown date"))[:10] for r in loaded.values()})
+    merged["source_dates"] = {n: str(r.get("date", "unknown date"))[:10]
+                              for n, r in loaded.items()}
+    merged["dates"] = sorted(set(merged["source_dates"].values()))
     for key in ("rows", "timelines"):
         entries = [{**e, "source": n} for n, result in loaded.items() for e in result.get(key, [])]
         if key == "rows" or entries:
@@ -129,11 +132,14 @@ def speedups(rows) -> list[tuple[dict, float]]:
     return pairs
 
 
-def label(result: dict) -> str:
+def label(result: dict, rows=None) -> str:
     """Where and when `result` was recorded, e.g. "recorded on NVIDIA H200, 2026-11-29"; for
-    results merged by `load_results`, every date: "..., 2026-11-29 and 2026-12-01"."""
+    results merged by `load_results`, every date: "..., 2026-11-29 and 2026-12-01", or with
+    `rows` (some of its rows) the dates of the results those rows came from."""
     where = result.get("gpu") or result.get("cpu") or "unknown machine"
     dates = result.get("dates") or [str(result.get("date", "unknown date"))[:10]]
+    if rows is not None and "source_dates" in result:
+        dates = sorted({result["source_dates"][r["source"]] for r in rows}) or dates
     when = dates[0] if len(dates) == 1 else f"{', '.join(dates[:-1])} and {dates[-1]}"
     return f"recorded on {where}, {when}"
 

@@ -30,6 +30,9 @@ def tables():
                                                         load_result("h200", "vllm_own"))),
         ("benchmarks/README.md", lambda t: t.e2e_table(load_results("h200", t.E2E_RESULTS))),
         ("benchmarks/README.md", lambda t: t.e2e_table(load_result("h200", "e2e_2048"))),
+        ("benchmarks/README.md", lambda t: t.serving_table(load_result("h200", "e2e_serving"))),
+        ("benchmarks/README.md", lambda t: t.small_table(
+            load_result("h200", "attention_small"))),
         ("benchmarks/README.md", lambda t: t.mixed_table(
             load_result("h200", "attention_mixed"))),
         ("benchmarks/README.md", lambda t: t.l2_validation_table(

@@ -95,6 +95,9 @@ def test_merged_results_are_labelled_with_every_date(tmp_path, monkeypatch):
     assert label(load_results("h200", ["b", "a", "c"])) == (
         "recorded on NVIDIA H200, 2026-11-29 and 2026-12-01")
     assert label(load_results("h200", ["a", "c"])) == "recorded on NVIDIA H200, 2026-11-29"
+    merged = load_results("h200", ["b", "a", "c"])
+    rows_of_a = [r for r in merged["rows"] if r["source"] == "a"]
+    assert label(merged, rows_of_a) == "recorded on NVIDIA H200, 2026-11-29"
 
 
 def test_load_results_needs_a_name():

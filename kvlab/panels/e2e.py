@@ -1,8 +1,9 @@
 """The "End-to-end" tab: decode tokens/s of whole models against batch, per attention variant,
 beside HF transformers' static cache and the roofline; and the time of each decode step.
 
-Wiring only. The recorded H200 results (`results/h200/e2e.json`, `e2e_qwen7b.json`) are shown
-on any machine, labelled so. On a GPU a Generate button runs `kvlab.LLM` (seeded random weights
+Wiring only. The recorded H200 results (`results/h200/e2e.json`, `e2e_qwen7b.json`,
+`e2e_qwen14b.json`, and the serving runs of `e2e_serving.json` in the status line) are shown on
+any machine, labelled so. On a GPU a Generate button runs `kvlab.LLM` (seeded random weights
 of the model, attention "auto", CUDA graphs) on the chosen batch of 512-token prompts and adds
 its steps, labelled "measured on <GPU>"; torch loads only then.
 """
@@ -18,11 +19,12 @@ from kvlab.bench.e2e import prefetch_pairs
 from kvlab.config import MODELS
 from kvlab.device import backend, device_label
 from kvlab.panels.widgets import control_grid, figure_widget, labeled, show_figure
-from kvlab.results import label, load_results, recorded_models
+from kvlab.results import label, load_result, load_results, recorded_models
 from kvlab.viz.e2e import steps_figure, throughput_figure
 from kvlab.viz.layout import note_figure
 
-RECORDED = ("h200", ("e2e", "e2e_qwen7b"))  # 256 new tokens (e2e_2048: 2,048)
+RECORDED = ("h200", ("e2e", "e2e_qwen7b", "e2e_qwen14b"))  # 256 new tokens (e2e_2048: 2,048)
+SERVING = ("h200", "e2e_serving")  # its `serving` entries; its one row only loads the model
 FIGURE_HEIGHTS = {"throughput": 420, "steps": 360}
 PROMPT_TOKENS = 512
 RECORD_COMMAND = "python -m kvlab bench e2e --json benchmarks/results/h200/e2e.json"
@@ -46,6 +48,10 @@ class EndToEndTab:
             self.recorded = load_results(*RECORDED)
         except ValueError:  # nothing recorded
             self.recorded = {"rows": []}
+        try:
+            self.serving = load_result(*SERVING)
+        except ValueError:
+            self.serving = {"serving": []}
         recorded = recorded_models(self.recorded)
         models = [*recorded, *(m for m in MODELS if m not in recorded)]
         batches = sorted({r["batch"] for r in self.recorded["rows"]}) or [batch]
@@ -92,6 +98,15 @@ class EndToEndTab:
         self.generated = (model, batch, llm.generate(prompts, new_tokens, ignore_eos=True))
         self.refresh()
 
+    def _serving_lines(self, model: str) -> list[str]:
+        """The recorded serving runs of `model`, one line each."""
+        runs = [r for r in self.serving["serving"] if r["model"] == model]
+        return [f"Serving {r['requests']} requests arriving at {r['rate']:g}/s "
+                f"({html.escape(r['variant'])}, {html.escape(label(self.serving))}): "
+                f"{r['output_tokens_per_s']:,.0f} output tokens/s, time per output token p50 "
+                f"{r['tpot_ms_p50']:.1f} ms, p99 {r['tpot_ms_p99']:.1f} ms, first token p50 "
+                f"{r['ttft_ms_p50']:,.0f} ms, {r['preemptions']} preemptions" for r in runs]
+
     def refresh(self, change=None) -> None:
         model, batch = self.controls["model"].value, self.controls["batch"].value
         rows = [r for r in self.recorded["rows"] if r["model"] == model]
@@ -103,7 +118,7 @@ class EndToEndTab:
                     f"<code>{RECORD_COMMAND}</code>", height))
             self.status.value = "No end-to-end run recorded."
             return
-        provenance = label(self.recorded)
+        provenance = label(self.recorded, rows)
         show_figure(self.figures["throughput"],
                     throughput_figure(rows, model, provenance, FIGURE_HEIGHTS["throughput"]))
         steps = {r["variant"]: r["step_ms_runs"] for r in rows if r["batch"] == batch}
@@ -130,6 +145,7 @@ class EndToEndTab:
                  f"{html.escape(without)}'s speed" for with_, without in prefetch_pairs(at_batch)]
         if gains:
             lines.append("The paper's prefetch at this batch: " + ", ".join(gains))
+        lines += self._serving_lines(model)
         self.status.value = "<br>".join([
             f"{html.escape(model)} batch {batch} ({html.escape(provenance)}): fastest "
             f"{html.escape(best['variant'])} {best['step_ms']:.2f} ms a step, "

@@ -31,6 +31,17 @@ def test_the_recorded_run_is_shown_with_its_provenance(tab):
             in tab.status.value)
 
 
+def test_the_recorded_serving_runs_are_in_the_status_line(tab):
+    runs = load_result("h200", "e2e_serving")["serving"]
+    assert runs and all(r["model"] == "llama3-8b" for r in runs)
+    for r in runs:
+        assert (f"Serving {r['requests']} requests arriving at {r['rate']:g}/s (gqa, recorded on "
+                in tab.status.value)
+        assert f"{r['output_tokens_per_s']:,.0f} output tokens/s" in tab.status.value
+    tab.controls["model"].value = "qwen2.5-14b"
+    assert "Serving" not in tab.status.value and "qwen2.5-14b batch 64" in tab.status.value
+
+
 def test_the_batch_control_picks_the_recorded_steps(tab):
     tab.controls["batch"].value = 1
     rows = load_result("h200", "e2e")["rows"]

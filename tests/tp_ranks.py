@@ -16,8 +16,8 @@ def forced_logits(llm) -> torch.Tensor:
     """fp32 logits [7, vocab]: PROMPT's prefill, then a decode step per token of FED."""
     alloc = llm.manager.add_sequence(len(PROMPT), PROMPT)
     seq = alloc.seq_id
-    rows = [forward.prefill(llm.local, llm.weights, llm.caches, alloc, torch.tensor(PROMPT),
-                            llm.rope, llm._reduce)]
+    rows = [forward.prefill(llm.local, llm.weights, llm.caches, [alloc], [torch.tensor(PROMPT)],
+                            llm.rope, llm._reduce)[0]]
     for token in FED:
         position = llm.manager.seq_len(seq)
         llm.manager.append(seq, 1, [token])

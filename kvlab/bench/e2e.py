@@ -23,9 +23,10 @@ and output lengths (`kvlab.workload.lognormal`: medians 256 and 128 tokens, sigm
 2,048 in all) arriving as a Poisson process (seeded), on one attention variant; it reports
 output tokens/s over the run, time to first token and time per output token (p50, p99) and
 preemptions, in `serving`.
-A row's prefill_ms is, for kvlab, the median prefill of one prompt (prompts are prefilled one
-at a time); for HF, the whole batch's prefill with its first token and the static cache's
-set-up.
+A row's prefill_ms is, for kvlab, the median over the prompts of the prefill pass that ran each
+(the prompts admitted together share a pass of up to `LLM.max_prefill_tokens` tokens, and each
+gets the whole pass's time); for HF, the whole batch's prefill with its first token and the
+static cache's set-up.
 """
 
 from __future__ import annotations
@@ -197,7 +198,7 @@ def _kvlab_runners(name: str, weights, num_blocks: int, args) -> dict:
 
 
 def _kvlab_runner(llm, new_tokens: int):
-    """prompts -> (each decode step's ms, each prompt's prefill ms) of llm.generate."""
+    """prompts -> (each decode step's ms, each prompt's prefill pass's ms) of llm.generate."""
     def run(prompts):
         out = llm.generate(prompts, new_tokens, ignore_eos=True)
         return out.step_ms, out.prefill_ms

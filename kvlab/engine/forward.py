@@ -1,5 +1,5 @@
-"""A decoder's forward passes over a paged KV cache: the prefill of one prompt and one decode
-step of a batch. The layer math is `kvlab.offload`'s (the KVPR runtime's); the attention of a
+"""A decoder's forward passes over a paged KV cache: the prefill of a batch of prompts and one
+decode step of a batch. The layer math is `kvlab.offload`'s (the KVPR runtime's); the attention of a
 decode step is passed in, so that the same pass runs kvlab's CUDA kernels or the reference.
 
 Caches: one `PagedKVCache` per layer, all sharing one BlockManager. The caller places a
@@ -53,19 +53,28 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
 
 
 @torch.no_grad()
-def prefill(model: ModelConfig, w: ModelWeights, caches: Sequence, alloc: Allocation,
-            token_ids: torch.Tensor, rope: RopeTable | None,
-            reduce: Reduce | None = None) -> torch.Tensor:
-    """Run a whole prompt `token_ids` [n] (positions 0..n-1) through the model, writing each
-    layer's K, V into `caches` at `alloc` (the manager's placement of all n tokens; blocks of a
-    shared prefix are not rewritten). Returns the fp32 logits [vocab_size] of its last token."""
-    positions = torch.arange(token_ids.shape[0], device=token_ids.device)
+def prefill(model: ModelConfig, w: ModelWeights, caches: Sequence,
+            allocs: Sequence[Allocation], prompts: Sequence[torch.Tensor],
+            rope: RopeTable | None, reduce: Reduce | None = None) -> torch.Tensor:
+    """Run whole prompts through the model together: prompt i, token ids [n_i] at positions
+    0..n_i-1, writes each layer's K, V into `caches` at allocs[i] (the manager's placement of its
+    n_i tokens; blocks of a shared prefix are not rewritten). The projections and the MLP run
+    on all the prompts' tokens at once, attention is causal within each prompt. Returns the fp32
+    logits [len(prompts), vocab_size] of each prompt's last token."""
+    lens = [p.shape[0] for p in prompts]
+    token_ids = torch.cat(list(prompts))
+    positions = torch.cat([torch.arange(n, device=token_ids.device) for n in lens])
     hidden = embed(model, w, token_ids, positions)
     for layer, fused, cache in zip(w.layers, w.fused, caches, strict=True):
         _, q, k, v = layer_head(model, layer, hidden, positions, rope, fused)
-        cache.write(alloc, k, v)
-        hidden = layer_tail(model, layer, hidden, causal_attention(q, k, v), fused, reduce)
-    return logits(model, w, hidden[-1:])[0]
+        outs = []
+        for alloc, qi, ki, vi in zip(allocs, q.split(lens), k.split(lens), v.split(lens),
+                                     strict=True):
+            cache.write(alloc, ki, vi)
+            outs.append(causal_attention(qi, ki, vi))
+        hidden = layer_tail(model, layer, hidden, torch.cat(outs), fused, reduce)
+    last = torch.tensor(lens, device=token_ids.device).cumsum(0) - 1
+    return logits(model, w, hidden[last])
 
 
 @torch.no_grad()

@@ -5,20 +5,21 @@
     out.tokens, out.step_ms                                  # new tokens; ms per decode step
     v1 = llm.with_attention("vllm_v1")                     # the same weight tensors, own cache
 
-Scheduling (continuous batching): requests wait in order; the head of the queue is admitted,
-and prefilled, when the free blocks hold its prompt and leave one for each running request.
-Admitted requests decode together, one token each per step; a finished one frees its blocks at
-once, and waiting ones join at the next step. When a step's new blocks do not fit, the most
-recently admitted requests are preempted: they give their blocks back and wait at the head of
-the queue with the tokens they have, to be recomputed (prefilled again) later, so a full cache
-slows requests down instead of failing them. A request that the whole cache cannot hold is
-refused before anything runs. Prompts that share whole blocks of tokens with a live request
-share those blocks (the manager's prefix sharing), with their K, V written once.
+Scheduling (continuous batching): requests wait in order; the head of the queue is admitted when
+the free blocks hold its prompt and leave one for each running request. The requests admitted
+between two decode steps are prefilled together (up to max_prefill_tokens tokens in one forward
+pass; a longer prompt alone). Admitted requests decode together, one token each per step; a
+finished one frees its blocks at once, and waiting ones join at the next step. When a step's new
+blocks do not fit, the most recently admitted requests are preempted: they give their blocks back
+and wait at the head of the queue with the tokens they have, to be recomputed (prefilled again)
+later, so a full cache slows requests down instead of failing them. A request that the whole cache
+cannot hold is refused before anything runs. Prompts that share whole blocks of tokens with a live
+request share those blocks (the manager's prefix sharing), with their K, V written once.
 
 Attention of a decode step: "reference" (kvlab.reference, fp32, any device), or on a GPU the CUDA
 kernels "vllm_v1", "gqa" or "auto" (kvlab.DecodePlan; "auto" takes the fastest for the cache's
 layout). attention="auto" means the kernels' auto on a GPU and the reference elsewhere. Prefill
-runs causal SDPA on each prompt.
+runs causal SDPA on each prompt, and the layers' GEMMs on all the prompts of a prefill at once.
 """
 
 from __future__ import annotations
@@ -48,14 +49,18 @@ KERNEL_LAYOUTS = {"vllm_v1": "vllm", "gqa": "hnd", "auto": "hnd"}
 def cache_layout(attention: str) -> str:
     """The cache layout that `attention` (one of ATTENTIONS) reads."""
     return "hnd" if attention == "reference" else KERNEL_LAYOUTS[attention]
+
+
 DEFAULT_CACHED_TOKENS = 65536
+DEFAULT_PREFILL_TOKENS = 8192
 
 
 @dataclass
 class Generation:
     """What `LLM.generate` returns. tokens[i]: request i's new tokens; finish_reasons[i]:
-    "length" (max_new_tokens reached) or "eos"; prefill_ms[i]: its prefill (one prompt, wall
-    clock, the GPU synchronised; a preempted request's prefills add up); step_ms[s],
+    "length" (max_new_tokens reached) or "eos"; prefill_ms[i]: the prefill that ran its prompt
+    (wall clock, the GPU synchronised; prompts prefilled together each get the whole pass's
+    time; a preempted request's prefills add up); step_ms[s],
     step_batch[s]: decode step s's time and how many requests it decoded; preemptions: how many
     times a request gave its blocks back to be recomputed later; attention: what decoded them;
     arrival_s[i], first_token_s[i], finish_s[i]: when request i arrived, got its first token and
@@ -86,7 +91,18 @@ class _Request:
     max_new_tokens: int
     tokens: list[int] = field(default_factory=list)
     seq_id: int | None = None
+    alloc: object = None  # the manager's placement of its context, until it is prefilled
     finish_reason: str | None = None
+
+
+def _context(request: _Request) -> list[int]:
+    """What a request's prefill runs: its prompt, and after a preemption also the tokens it had
+    decoded but the last (which the next decode step feeds)."""
+    return request.prompt + request.tokens[:-1]
+
+
+def _context_len(request: _Request) -> int:
+    return len(request.prompt) + max(len(request.tokens) - 1, 0)
 
 
 class LLM:
@@ -109,6 +125,8 @@ class LLM:
         graph_max_len: the longest sequence a graph serves (its kernels are planned for it;
             like vLLM's max_seq_len_to_capture), default the model's context limit or 8192,
             whichever is less.
+        max_prefill_tokens: the most prompt tokens one prefill pass takes (the requests admitted
+            together, in order; a longer prompt is prefilled alone), default 8192.
         weights: a ModelWeights of `model` in `dtype` on `device` to run as they are (the same
             tensors, not a copy; see `with_attention`) instead of seeded random ones; `model`
             is then a preset name or a ModelConfig. With tensor_parallel, this rank's shard.
@@ -125,9 +143,12 @@ class LLM:
                  device=None, seed: int = 0, block_size: int = 16,
                  num_blocks: int | None = None, cuda_graphs: bool | None = None,
                  graph_max_len: int | None = None, weights: ModelWeights | None = None,
-                 tensor_parallel: bool = False, _cache_of: LLM | None = None):
+                 tensor_parallel: bool = False,
+                 max_prefill_tokens: int = DEFAULT_PREFILL_TOKENS, _cache_of: LLM | None = None):
         self._graph_args = {"cuda_graphs": cuda_graphs, "graph_max_len": graph_max_len,
                             "tensor_parallel": tensor_parallel}
+        check_positive_int("max_prefill_tokens", max_prefill_tokens)
+        self.max_prefill_tokens = int(max_prefill_tokens)
         checkpoint_path = model if checkpoint.is_checkpoint(model) else None
         self.model = (checkpoint.model_config(model) if checkpoint_path is not None
                       else _resolve_model(model))
@@ -234,9 +255,9 @@ class LLM:
                        prefetch: PrefetchConfig | None = None, share_cache: bool = False) -> LLM:
         """A new LLM that runs this one's weights (the same tensors, not a copy: one model's
         memory for several attention variants) with `attention` and `prefetch`. It has graphs
-        of its own, and this LLM's model, dtype, device, seed, block_size, num_blocks and
-        cuda_graphs / graph_max_len arguments. Its caches and their manager are its own, or
-        with share_cache this LLM's (an attention of the same cache layout; the two must not
+        of its own, and this LLM's model, dtype, device, seed, block_size, num_blocks,
+        cuda_graphs, graph_max_len and max_prefill_tokens. Its caches and their manager are its
+        own, or with share_cache this LLM's (an attention of the same cache layout; the two must not
         generate at once: each generate starts from, and leaves, an empty cache). Raises
         ValueError as the constructor does."""
         if share_cache is not False and share_cache is not True:
@@ -249,6 +270,7 @@ class LLM:
         return LLM(self.model, attention=attention, prefetch=prefetch, dtype=self.dtype,
                    device=self.device, seed=self.seed, block_size=self.block_size,
                    num_blocks=self.manager.num_blocks, weights=self.weights,
+                   max_prefill_tokens=self.max_prefill_tokens,
                    _cache_of=self if share_cache else None, **self._graph_args)
 
     def generate(self, prompts, max_new_tokens: int | Sequence[int] = 16, *,
@@ -309,15 +331,24 @@ class LLM:
                     on_finish(sum(f > 0 for f in finish_s), len(requests))
 
         while waiting or running:
+            admitted, prompt_tokens = [], 0
             while (waiting and arrival_s[waiting[0].index] <= now()
-                   and self._admissible(waiting[0], running)):
+                   and self._admissible(waiting[0], running + admitted)
+                   and (not admitted or prompt_tokens + _context_len(waiting[0])
+                        <= self.max_prefill_tokens)):
                 request = waiting.popleft()
+                self._place(request)  # before the next admission check counts the free blocks
+                admitted.append(request)
+                prompt_tokens += _context_len(request)
+            if admitted:
                 start = self._clock()
-                last_logits = self._prefill(request)
-                running.append(request)
-                if not request.tokens:  # a new request: its first token ends its prefill
-                    take(request, sample(last_logits[None])[0])
-                prefill_ms[request.index] += self._clock() - start
+                last_logits = self._prefill(admitted)
+                running += admitted
+                for request, row in zip(admitted, last_logits, strict=True):
+                    if not request.tokens:  # a new request: its first token ends its prefill
+                        take(request, sample(row[None])[0])
+                for request in admitted:
+                    prefill_ms[request.index] += self._clock() - start
             preemptions += self._make_room(running, waiting)
             if not running:
                 if waiting:  # the next request has not arrived yet
@@ -335,14 +366,21 @@ class LLM:
 
     # ---- the steps ------------------------------------------------------------------------
 
-    def _prefill(self, request: _Request) -> torch.Tensor:
-        """Place and run the request's context: its prompt, and after a preemption also the
-        tokens it had decoded but the last (which the next decode step feeds)."""
-        context = request.prompt + request.tokens[:-1]
-        alloc = self.manager.add_sequence(len(context), context)
-        request.seq_id = alloc.seq_id
-        ids = torch.tensor(context, dtype=torch.long, device=self.device)
-        return forward.prefill(self.local, self.weights, self.caches, alloc, ids, self.rope,
+    def _place(self, request: _Request) -> None:
+        """Give the request's context blocks (the manager's add_sequence)."""
+        context = _context(request)
+        request.alloc = self.manager.add_sequence(len(context), context)
+        request.seq_id = request.alloc.seq_id
+
+    def _prefill(self, requests: list[_Request]) -> torch.Tensor:
+        """Run the placed requests' contexts in one pass; the fp32 logits [len(requests),
+        vocab_size] of each one's last context token."""
+        prompts = [torch.tensor(_context(r), dtype=torch.long, device=self.device)
+                   for r in requests]
+        allocs = [r.alloc for r in requests]
+        for r in requests:
+            r.alloc = None
+        return forward.prefill(self.local, self.weights, self.caches, allocs, prompts, self.rope,
                                self._reduce)
 
     def _decode(self, running: list[_Request]) -> torch.Tensor:
@@ -390,8 +428,7 @@ class LLM:
     def _admissible(self, request: _Request, running: list[_Request]) -> bool:
         """Whether the free blocks hold the request's context and still leave one for each
         running request (the most the next step takes from each)."""
-        context = len(request.prompt) + max(len(request.tokens) - 1, 0)
-        return self._blocks(context) + len(running) <= self.manager.num_free_blocks
+        return self._blocks(_context_len(request)) + len(running) <= self.manager.num_free_blocks
 
     def _make_room(self, running: list[_Request], waiting: deque) -> int:
         """Preempt the most recently admitted requests until the next decode step's new blocks

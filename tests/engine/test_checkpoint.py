@@ -50,8 +50,8 @@ def prompt(n: int = 100) -> list[int]:
 def last_logits(llm, ids, model=None):
     alloc = llm.manager.add_sequence(len(ids), ids)
     try:
-        return forward.prefill(model or llm.model, llm.weights, llm.caches, alloc,
-                               torch.tensor(ids), llm.rope)
+        return forward.prefill(model or llm.model, llm.weights, llm.caches, [alloc],
+                               [torch.tensor(ids)], llm.rope)[0]
     finally:
         llm.manager.free(alloc.seq_id)
 

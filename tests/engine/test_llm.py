@@ -35,8 +35,8 @@ def test_prefill_and_decode_logits_equal_hf(name):
     ids = tokens(15, seed=1)
     expected = hf_logits(hf, ids)
     alloc = llm.manager.add_sequence(9, ids[:9])
-    got = forward.prefill(llm.model, llm.weights, llm.caches, alloc,
-                          torch.tensor(ids[:9]), llm.rope)
+    (got,) = forward.prefill(llm.model, llm.weights, llm.caches, [alloc],
+                             [torch.tensor(ids[:9])], llm.rope)
     torch.testing.assert_close(got, expected[8], rtol=1e-4, atol=1e-4)
     seq = alloc.seq_id
     for pos in range(9, 15):
@@ -76,14 +76,56 @@ def test_prompts_with_a_common_prefix_share_its_blocks_and_decode_alike():
     prefix = tokens(40, seed=5)  # two whole blocks of 16 are shared
     prompts = [prefix + tokens(5, seed=6), prefix + tokens(9, seed=7)]
     first, second = (llm._requests([p], 1)[0] for p in prompts)
-    llm._prefill(first)
-    llm._prefill(second)
+    for r in (first, second):
+        llm._place(r)
+    llm._prefill([first, second])  # one pass: the second's shared blocks are not rewritten
     tables = [llm.manager.block_table(r.seq_id) for r in (first, second)]
     assert tables[0][:2] == tables[1][:2] and tables[0][2] != tables[1][2]
     for r in (first, second):
         llm.manager.free(r.seq_id)
     shared = llm.generate(prompts, max_new_tokens=10)
     assert shared.tokens == [llm.generate(p, max_new_tokens=10).tokens[0] for p in prompts]
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_a_batched_prefill_gives_each_prompt_its_own_logits(name):
+    """Prompts of 1, 9 and 23 tokens in one pass (the GEMMs over all 33 tokens, attention causal
+    within each prompt): the logits and cache of each prompt prefilled alone."""
+    llm = kvlab.LLM(name, device="cpu", num_blocks=64, block_size=8)
+    prompts = [tokens(n, seed=20 + n) for n in (1, 9, 23)]
+    allocs = [llm.manager.add_sequence(len(p), p) for p in prompts]
+    together = forward.prefill(llm.model, llm.weights, llm.caches, allocs,
+                               [torch.tensor(p) for p in prompts], llm.rope)
+    cached = [llm.caches[-1].gather(a.seq_id) for a in allocs]
+    for a in allocs:
+        llm.manager.free(a.seq_id)
+    for i, p in enumerate(prompts):
+        alloc = llm.manager.add_sequence(len(p), p)
+        (alone,) = forward.prefill(llm.model, llm.weights, llm.caches, [alloc],
+                                   [torch.tensor(p)], llm.rope)
+        torch.testing.assert_close(together[i], alone, rtol=1e-5, atol=1e-5)
+        for got, want in zip(cached[i], llm.caches[-1].gather(alloc.seq_id), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        llm.manager.free(alloc.seq_id)
+
+
+def test_prefill_passes_take_at_most_max_prefill_tokens(monkeypatch):
+    """Requests admitted together share a prefill pass up to max_prefill_tokens tokens, in
+    order; a longer prompt runs alone; the tokens are those of prompts run one at a time."""
+    passes = []
+    prefill = forward.prefill
+
+    def recording(model, w, caches, allocs, prompts, *args):
+        passes.append([p.shape[0] for p in prompts])
+        return prefill(model, w, caches, allocs, prompts, *args)
+
+    llm = kvlab.LLM("tiny-llama", device="cpu", num_blocks=64, max_prefill_tokens=50)
+    prompts = [tokens(n, seed=30 + i) for i, n in enumerate((20, 25, 10, 60, 5, 5))]
+    alone = [llm.generate(p, max_new_tokens=4).tokens[0] for p in prompts]
+    monkeypatch.setattr(forward, "prefill", recording)
+    assert llm.generate(prompts, max_new_tokens=4).tokens == alone
+    assert passes == [[20, 25], [10], [60], [5, 5]]
+    assert llm.with_attention("reference").max_prefill_tokens == 50
 
 
 def test_requests_wait_for_blocks_and_join_as_others_finish():
@@ -157,6 +199,8 @@ def test_eos_ends_a_request_unless_ignored():
     (lambda: kvlab.LLM(device="cpu", cuda_graphs=True), "cuda_graphs=True: must be a bool, "
      "and False with attention='reference'"),
     (lambda: kvlab.LLM(device="cpu", graph_max_len=0), "graph_max_len=0: must be an integer"),
+    (lambda: kvlab.LLM(device="cpu", max_prefill_tokens=0),
+     "max_prefill_tokens=0: must be an integer >= 1"),
     (lambda: kvlab.LLM(device="cpu", weights="llama.safetensors"),
      "weights=str: must be None, or a ModelWeights with a preset name or a ModelConfig"),
     (lambda: kvlab.LLM("tiny-opt", device="cpu", weights=seeded_weights("tiny-llama")),

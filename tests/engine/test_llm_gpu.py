@@ -18,8 +18,8 @@ def forced_logits(llm, prompts, fed):
     for prompt in prompts:
         alloc = llm.manager.add_sequence(len(prompt), prompt)
         seqs.append(alloc.seq_id)
-        rows.append(forward.prefill(llm.model, llm.weights, llm.caches, alloc,
-                                    torch.tensor(prompt, device="cuda"), llm.rope))
+        rows.append(forward.prefill(llm.model, llm.weights, llm.caches, [alloc],
+                                    [torch.tensor(prompt, device="cuda")], llm.rope)[0])
     steps = [torch.stack(rows)]
     for tokens in fed:
         positions = [llm.manager.seq_len(s) for s in seqs]

@@ -2,15 +2,19 @@
 
 - `weights`: a whole model's weights (embeddings, the `kvlab.offload` decoder layers, final norm,
   LM head), seeded random of any preset's shapes.
-- `forward`: the prefill of a prompt and a decode step of a batch over the paged cache; the layer
-  math is `kvlab.offload`'s, shared with the KVPR runtime.
+- `forward`: the prefill of a batch of prompts and a decode step of a batch over the paged
+  cache; the layer math is `kvlab.offload`'s, shared with the KVPR runtime.
 - `llm`: `LLM`, continuous batching with preemption by recompute, greedy and top-p sampling.
+- `generation`: `Generation`, what `LLM.generate` returns.
+- `offloaded`: `LLM(offload=True)`, the K, V in host memory and each decode step through the
+  KVPR runtime (`kvlab.offload.runtime`).
 - `graphs`: decode steps captured and replayed as CUDA graphs, one per batch bucket.
 - `checkpoint`: a local Hugging Face checkpoint (config.json, safetensors) as weights.
 - `hf`: the HF transformers model with the same weights (tests and the end-to-end peer).
 - `tp`: tensor parallelism, each rank a shard of the heads and the MLP (`LLM(tensor_parallel=)`).
 """
 
-from kvlab.engine.llm import LLM, Generation
+from kvlab.engine.generation import Generation
+from kvlab.engine.llm import LLM
 
 __all__ = ["LLM", "Generation"]

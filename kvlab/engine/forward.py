@@ -26,6 +26,9 @@ from kvlab.offload.recompute import RopeTable, norm
 Attend = Callable[[int, torch.Tensor], torch.Tensor]
 # reduce(partial output): with tensor parallelism, the sum over the ranks (kvlab.engine.tp)
 Reduce = Callable[[torch.Tensor], torch.Tensor]
+# keep(layer index, X [T, hidden_size], K, V [T, num_kv_heads, head_dim]): where a prefill puts
+# each layer's attention inputs and K, V of its T prompt tokens (the prompts one after another)
+Keep = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None]
 
 
 def embed(model: ModelConfig, w: ModelWeights, token_ids: torch.Tensor,
@@ -53,28 +56,40 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
 
 
 @torch.no_grad()
-def prefill(model: ModelConfig, w: ModelWeights, caches: Sequence,
-            allocs: Sequence[Allocation], prompts: Sequence[torch.Tensor],
-            rope: RopeTable | None, reduce: Reduce | None = None) -> torch.Tensor:
-    """Run whole prompts through the model together: prompt i, token ids [n_i] at positions
-    0..n_i-1, writes each layer's K, V into `caches` at allocs[i] (the manager's placement of its
-    n_i tokens; blocks of a shared prefix are not rewritten). The projections and the MLP run
-    on all the prompts' tokens at once, attention is causal within each prompt. Returns the fp32
-    logits [len(prompts), vocab_size] of each prompt's last token."""
+def run_prompts(model: ModelConfig, w: ModelWeights, prompts: Sequence[torch.Tensor],
+                rope: RopeTable | None, keep: Keep, reduce: Reduce | None = None) -> torch.Tensor:
+    """Run whole prompts through the model together, prompt i's token ids [n_i] at positions
+    0..n_i-1: the projections and the MLP on all the prompts' tokens at once, attention causal
+    within each prompt, each layer's X, K, V handed to `keep`. Returns the fp32 logits
+    [len(prompts), vocab_size] of each prompt's last token."""
     lens = [p.shape[0] for p in prompts]
     token_ids = torch.cat(list(prompts))
     positions = torch.cat([torch.arange(n, device=token_ids.device) for n in lens])
     hidden = embed(model, w, token_ids, positions)
-    for layer, fused, cache in zip(w.layers, w.fused, caches, strict=True):
-        _, q, k, v = layer_head(model, layer, hidden, positions, rope, fused)
-        outs = []
-        for alloc, qi, ki, vi in zip(allocs, q.split(lens), k.split(lens), v.split(lens),
-                                     strict=True):
-            cache.write(alloc, ki, vi)
-            outs.append(causal_attention(qi, ki, vi))
-        hidden = layer_tail(model, layer, hidden, torch.cat(outs), fused, reduce)
+    for i, (layer, fused) in enumerate(zip(w.layers, w.fused, strict=True)):
+        x, q, k, v = layer_head(model, layer, hidden, positions, rope, fused)
+        keep(i, x, k, v)
+        out = torch.cat([causal_attention(*t) for t in zip(q.split(lens), k.split(lens),
+                                                           v.split(lens), strict=True)])
+        hidden = layer_tail(model, layer, hidden, out, fused, reduce)
     last = torch.tensor(lens, device=token_ids.device).cumsum(0) - 1
     return logits(model, w, hidden[last])
+
+
+def prefill(model: ModelConfig, w: ModelWeights, caches: Sequence,
+            allocs: Sequence[Allocation], prompts: Sequence[torch.Tensor],
+            rope: RopeTable | None, reduce: Reduce | None = None) -> torch.Tensor:
+    """`run_prompts` into paged caches: prompt i's K, V of each layer go into that layer's cache
+    at allocs[i] (the manager's placement of its n_i tokens; blocks of a shared prefix are not
+    rewritten). Returns the fp32 logits [len(prompts), vocab_size] of each prompt's last
+    token."""
+    lens = [p.shape[0] for p in prompts]
+
+    def keep(i, x, k, v):
+        for alloc, ki, vi in zip(allocs, k.split(lens), v.split(lens), strict=True):
+            caches[i].write(alloc, ki, vi)
+
+    return run_prompts(model, w, prompts, rope, keep, reduce)
 
 
 @torch.no_grad()

@@ -20,6 +20,10 @@ Attention of a decode step: "reference" (kvlab.reference, fp32, any device), or 
 kernels "vllm_v1", "gqa" or "auto" (kvlab.DecodePlan; "auto" takes the fastest for the cache's
 layout). attention="auto" means the kernels' auto on a GPU and the reference elsewhere. Prefill
 runs causal SDPA on each prompt, and the layers' GEMMs on all the prompts of a prefill at once.
+
+With offload=True there is no paged cache: the K, V live in host memory and each decode step runs
+the KVPR runtime (kvlab.engine.offloaded: a batch of one prompt length, started and ended
+together).
 """
 
 from __future__ import annotations
@@ -35,12 +39,14 @@ import torch
 from kvlab.cache import BlockManager
 from kvlab.checks import check_block_size, check_positive_int, is_int
 from kvlab.config import MODELS, ModelConfig
-from kvlab.engine import checkpoint, forward, tp
+from kvlab.engine import checkpoint, forward, offloaded, tp
+from kvlab.engine.generation import Generation, clock_ms
 from kvlab.engine.graphs import bucket as graphs_bucket
 from kvlab.engine.weights import ModelWeights
 from kvlab.kernels.prefetch import PrefetchConfig
 from kvlab.offload.model import resolve_device
 from kvlab.offload.recompute import RopeTable
+from kvlab.offload.scheduler import LinkAndCompute
 
 ATTENTIONS = ("auto", "reference", "vllm_v1", "gqa")
 KERNEL_LAYOUTS = {"vllm_v1": "vllm", "gqa": "hnd", "auto": "hnd"}
@@ -53,35 +59,6 @@ def cache_layout(attention: str) -> str:
 
 DEFAULT_CACHED_TOKENS = 65536
 DEFAULT_PREFILL_TOKENS = 8192
-
-
-@dataclass
-class Generation:
-    """What `LLM.generate` returns. tokens[i]: request i's new tokens; finish_reasons[i]:
-    "length" (max_new_tokens reached) or "eos"; prefill_ms[i]: the prefill that ran its prompt
-    (wall clock, the GPU synchronised; prompts prefilled together each get the whole pass's
-    time; a preempted request's prefills add up); step_ms[s],
-    step_batch[s]: decode step s's time and how many requests it decoded; preemptions: how many
-    times a request gave its blocks back to be recomputed later; attention: what decoded them;
-    arrival_s[i], first_token_s[i], finish_s[i]: when request i arrived, got its first token and
-    its last, in seconds after generate() began."""
-
-    tokens: list[list[int]]
-    finish_reasons: list[str]
-    prefill_ms: list[float]
-    step_ms: list[float]
-    step_batch: list[int]
-    preemptions: int
-    attention: str
-    arrival_s: list[float]
-    first_token_s: list[float]
-    finish_s: list[float]
-
-    @property
-    def decode_tokens_per_s(self) -> float:
-        """Tokens decoded per second of decode steps (prefill excluded); 0 without a step."""
-        total_s = sum(self.step_ms) / 1e3
-        return sum(self.step_batch) / total_s if total_s > 0 else 0.0
 
 
 @dataclass
@@ -127,6 +104,13 @@ class LLM:
             whichever is less.
         max_prefill_tokens: the most prompt tokens one prefill pass takes (the requests admitted
             together, in order; a longer prompt is prefilled alone), default 8192.
+        offload: keep the K, V in host memory and decode through the KVPR runtime
+            (kvlab.engine.offloaded) instead of on a paged cache: attention "auto", no
+            num_blocks, prefetch or tensor_parallel; cuda_graphs then means the runtime's graphs
+            around the attention (default True on a GPU).
+        offload_rates: with offload, the link and GPU rates (a LinkAndCompute) that choose each
+            step's split; default None measures them on the GPU at each generate; a CPU run
+            needs them given.
         weights: a ModelWeights of `model` in `dtype` on `device` to run as they are (the same
             tensors, not a copy; see `with_attention`) instead of seeded random ones; `model`
             is then a preset name or a ModelConfig. With tensor_parallel, this rank's shard.
@@ -144,7 +128,8 @@ class LLM:
                  num_blocks: int | None = None, cuda_graphs: bool | None = None,
                  graph_max_len: int | None = None, weights: ModelWeights | None = None,
                  tensor_parallel: bool = False,
-                 max_prefill_tokens: int = DEFAULT_PREFILL_TOKENS, _cache_of: LLM | None = None):
+                 max_prefill_tokens: int = DEFAULT_PREFILL_TOKENS, offload: bool = False,
+                 offload_rates: LinkAndCompute | None = None, _cache_of: LLM | None = None):
         self._graph_args = {"cuda_graphs": cuda_graphs, "graph_max_len": graph_max_len,
                             "tensor_parallel": tensor_parallel}
         check_positive_int("max_prefill_tokens", max_prefill_tokens)
@@ -160,6 +145,14 @@ class LLM:
         cuda = self.device.type == "cuda"
         if attention not in ATTENTIONS:
             raise ValueError(f"attention={attention!r}: must be one of {ATTENTIONS}")
+        _check_offload(offload, offload_rates, attention, prefetch, num_blocks, tensor_parallel,
+                       cuda)
+        self.offload, self.offload_rates = offload, offload_rates
+        self.offload_graphs = cuda and cuda_graphs is not False
+        if offload and cuda_graphs not in (None, True, False):
+            raise ValueError(f"cuda_graphs={cuda_graphs!r}: must be None or a bool")
+        if offload:  # the runtime's attention; the paged cache's arguments do not apply
+            attention, cuda_graphs = offloaded.ATTENTION, False
         if attention == "auto" and not cuda:
             attention = "reference"
         if attention in ("vllm_v1", "gqa") and not cuda:
@@ -173,7 +166,7 @@ class LLM:
         dtype = dtype or (torch.float16 if cuda else torch.float32)
         if dtype not in (torch.float16, torch.bfloat16, torch.float32):
             raise ValueError(f"dtype={dtype!r}: must be torch.float16, bfloat16 or float32")
-        if attention != "reference" and dtype == torch.float32:
+        if attention not in ("reference", offloaded.ATTENTION) and dtype == torch.float32:
             raise ValueError("dtype=torch.float32: the CUDA kernels read fp16 or bf16 caches")
         rank, world = _tensor_parallel_rank(tensor_parallel)
         self.local = tp.shard_config(self.model, world) if world > 1 else self.model
@@ -214,14 +207,16 @@ class LLM:
             if world > 1:
                 weights = tp.shard_weights(self.model, weights, rank, world)
         self.weights = weights
-        layout = cache_layout(attention)
-        if _cache_of is not None:  # with_attention(share_cache=True), which checked the layout
+        if offload:
+            self.manager, self.caches, self._scratch_ids = None, [], []
+        elif _cache_of is not None:  # with_attention(share_cache=True), which checked the layout
             self.manager, self.caches = _cache_of.manager, _cache_of.caches
             self._scratch_ids = _cache_of._scratch_ids
         else:
             self.manager = BlockManager(num_blocks, block_size)
             self.caches = [PagedKVCache(num_blocks, block_size, m.num_kv_heads, m.head_dim,
-                                        dtype, self.device, layout, manager=self.manager)
+                                        dtype, self.device, cache_layout(attention),
+                                        manager=self.manager)
                            for _ in range(m.num_layers)]
             self._scratch_ids: list[int] = []  # the graphs' scratch sequences in the manager
         self.rope = (RopeTable.build(m, m.max_position, dtype, self.device)
@@ -238,9 +233,10 @@ class LLM:
                 self._reduce)
 
     def __repr__(self):
+        cache = ("offload=True" if self.offload else
+                 f"num_blocks={self.manager.num_blocks}, block_size={self.block_size}")
         return (f"LLM({self.model.name!r}, attention={self.attention!r}, dtype={self.dtype}, "
-                f"device={self.device}, num_blocks={self.manager.num_blocks}, "
-                f"block_size={self.block_size})")
+                f"device={self.device}, {cache})")
 
     @property
     def dtype(self) -> torch.dtype:
@@ -248,8 +244,9 @@ class LLM:
 
     @property
     def usable_blocks(self) -> int:
-        """The cache's blocks that requests may take: all but the graphs' scratch blocks."""
-        return self.manager.num_blocks - len(self._scratch_ids)
+        """The cache's blocks that requests may take: all but the graphs' scratch blocks (0 with
+        offload: no paged cache)."""
+        return self.manager.num_blocks - len(self._scratch_ids) if self.manager else 0
 
     def with_attention(self, attention: str = "auto", *,
                        prefetch: PrefetchConfig | None = None, share_cache: bool = False) -> LLM:
@@ -262,6 +259,10 @@ class LLM:
         ValueError as the constructor does."""
         if share_cache is not False and share_cache is not True:
             raise ValueError(f"share_cache={share_cache!r}: must be a bool")
+        if self.offload:
+            raise ValueError("with_attention: this LLM decodes through KVPR (offload=True), with "
+                             "no attention to swap; make kvlab.LLM(..., weights=llm.weights) "
+                             "for a paged one")
         if share_cache:
             # (an unknown attention is the constructor's to refuse)
             if attention in ATTENTIONS and cache_layout(attention) != self.caches[0].layout:
@@ -283,7 +284,8 @@ class LLM:
         max_new_tokens: one limit for all, or one per prompt. arrivals: when each request
         arrives, in seconds after the call (a serving run: a request waits, not admitted, until
         then); default all at once. on_finish(done, total) is called as each request finishes
-        (a progress bar).
+        (a progress bar). With offload (kvlab.engine.offloaded): one prompt length and one
+        max_new_tokens for the batch, and no arrivals.
 
         temperature 0 is greedy; above 0, tokens are sampled from softmax(logits / temperature)
         within the smallest set of top tokens whose probability reaches top_p (generator seeded
@@ -311,6 +313,11 @@ class LLM:
 
         def sample(logits):
             return _sample(logits, temperature, top_p, generator)
+
+        if self.offload:
+            offloaded.check_batch(requests, arrivals)
+            return offloaded.generate(self, requests, sample, stop, self.offload_rates,
+                                      on_finish)
 
         waiting = deque(sorted(requests, key=lambda r: arrival_s[r.index]))
         running: list[_Request] = []
@@ -341,22 +348,22 @@ class LLM:
                 admitted.append(request)
                 prompt_tokens += _context_len(request)
             if admitted:
-                start = self._clock()
+                start = clock_ms(self.device)
                 last_logits = self._prefill(admitted)
                 running += admitted
                 for request, row in zip(admitted, last_logits, strict=True):
                     if not request.tokens:  # a new request: its first token ends its prefill
                         take(request, sample(row[None])[0])
                 for request in admitted:
-                    prefill_ms[request.index] += self._clock() - start
+                    prefill_ms[request.index] += clock_ms(self.device) - start
             preemptions += self._make_room(running, waiting)
             if not running:
                 if waiting:  # the next request has not arrived yet
                     time.sleep(max(arrival_s[waiting[0].index] - now(), 0.0))
                 continue
-            start = self._clock()
+            start = clock_ms(self.device)
             tokens = sample(self._decode(running))
-            step_ms.append(self._clock() - start)
+            step_ms.append(clock_ms(self.device) - start)
             step_batch.append(len(running))
             for request, token in zip(list(running), tokens, strict=True):
                 take(request, token)
@@ -478,18 +485,36 @@ class LLM:
                 raise ValueError(f"prompts[{i}]: {len(prompt)} tokens + max_new_tokens="
                                  f"{max_new_tokens} exceed {m.name}'s context limit of "
                                  f"{m.max_position} tokens")
-            if self._blocks(total) > self.usable_blocks:
+            if self.manager is not None and self._blocks(total) > self.usable_blocks:
                 raise ValueError(f"prompts[{i}]: {total} tokens need {self._blocks(total)} "
                                  f"blocks; the cache has {self.usable_blocks} for requests "
                                  f"(num_blocks={self.manager.num_blocks})")
             requests.append(_Request(i, [int(t) for t in prompt], int(max_new_tokens)))
         return requests
 
-    def _clock(self) -> float:
-        """Wall-clock ms, after the GPU's queued work is done."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter() * 1e3
+
+
+def _check_offload(offload, rates, attention, prefetch, num_blocks, tensor_parallel,
+                   cuda: bool) -> None:
+    """ValueError unless the offload arguments fit the others."""
+    if offload is not False and offload is not True:
+        raise ValueError(f"offload={offload!r}: must be a bool")
+    if not offload:
+        if rates is not None:
+            raise ValueError(f"offload_rates={rates!r}: only with offload=True")
+        return
+    if rates is not None and not isinstance(rates, LinkAndCompute):
+        raise ValueError(f"offload_rates={rates!r}: must be None or a "
+                         "kvlab.offload.scheduler.LinkAndCompute")
+    if rates is None and not cuda:
+        raise ValueError("offload_rates=None: a CPU run needs the link and GPU rates given (a "
+                         "LinkAndCompute); on a GPU they are measured")
+    for name, value, default in (("attention", attention, "auto"), ("prefetch", prefetch, None),
+                                 ("num_blocks", num_blocks, None),
+                                 ("tensor_parallel", tensor_parallel, False)):
+        if value != default:
+            raise ValueError(f"{name}={value!r}: offload=True decodes through the KVPR runtime "
+                             f"(its own attention, no paged cache); leave {name}={default!r}")
 
 
 def _tensor_parallel_rank(tensor_parallel) -> tuple[int, int]:

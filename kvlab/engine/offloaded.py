@@ -1,0 +1,116 @@
+"""Generation with the KV cache in host memory, through the KVPR runtime (`LLM(..., offload=True)`).
+
+A batch of prompts of one length runs together. One prefill pass (`forward.run_prompts`) puts
+every layer's attention inputs X and K, V into a host store (`kvlab.offload.host.HostStore`,
+pinned on a GPU). Each decode step is then a `KVPRDecoder` step: per layer, the K, V of the
+first l cached tokens are recomputed on the GPU from their X while the K, V of the rest cross
+the link, the two overlapped, and l is chosen again at every step from the link and GPU rates
+(`kvlab.offload.loop.decode`; on a GPU the rates are measured at the start of each generate and
+again when the step times drift from their prediction).
+
+The store keeps one length for the whole batch, so its requests start and stop together: one
+prompt length and one max_new_tokens for all, no arrivals; a request that meets its EOS keeps
+decoding with the others, and its tokens after the EOS are dropped.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from kvlab.engine import forward
+from kvlab.engine.generation import Generation, clock_ms
+from kvlab.offload.host import HostStore
+from kvlab.offload.loop import decode
+from kvlab.offload.profiler import DriftMonitor, profile
+from kvlab.offload.runtime import KVPRDecoder
+from kvlab.offload.scheduler import LinkAndCompute
+
+ATTENTION = "kvpr"  # what Generation.attention says of these runs
+
+
+def check_batch(requests, arrivals) -> None:
+    """ValueError unless the requests can share one host store: one prompt length, one
+    max_new_tokens, no arrival times."""
+    lengths = sorted({len(r.prompt) for r in requests})
+    if len(lengths) > 1:
+        raise ValueError(f"prompts: lengths {lengths}; offload=True runs a batch of one prompt "
+                         "length (the KVPR store keeps one length for the batch)")
+    limits = sorted({r.max_new_tokens for r in requests})
+    if len(limits) > 1:
+        raise ValueError(f"max_new_tokens: {limits}; offload=True runs one limit for the whole "
+                         "batch")
+    if arrivals is not None:
+        raise ValueError("arrivals: offload=True runs the batch at once (no serving run)")
+
+
+@torch.no_grad()
+def generate(llm, requests, sample: Callable, stop: int | None, rates: LinkAndCompute | None,
+             on_finish: Callable[[int, int], None] | None):
+    """The batch `requests` (checked by `check_batch`) on `llm`'s weights through KVPR: returns
+    a Generation. `sample(logits [batch, vocab]) -> token ids`; `rates`: the
+    link and GPU rates that choose the split, None to measure them (GPU only)."""
+    model, w, device = llm.model, llm.weights, llm.device
+    batch, prompt_len = len(requests), len(requests[0].prompt)
+    num_new = requests[0].max_new_tokens
+    cuda = device.type == "cuda"
+    store = HostStore(model, batch, prompt_len + num_new, llm.dtype, pinned=cuda)
+    began = time.perf_counter()
+    first_token_s, finish_s = [0.0] * batch, [0.0] * batch
+
+    def take(token_ids: list[int]) -> None:
+        now = time.perf_counter() - began
+        for request, token in zip(requests, token_ids, strict=True):
+            if request.finish_reason:
+                continue
+            request.tokens.append(int(token))
+            if len(request.tokens) == 1:
+                first_token_s[request.index] = now
+            if token == stop:
+                request.finish_reason = "eos"
+            elif len(request.tokens) == request.max_new_tokens:
+                request.finish_reason = "length"
+            if request.finish_reason:
+                finish_s[request.index] = now
+                if on_finish is not None:
+                    on_finish(sum(f > 0 for f in finish_s), batch)
+
+    def keep(i, x, k, v):  # token-major: the store's [token, sequence, ...]
+        store.x[i, :prompt_len].copy_(x.view(batch, prompt_len, -1).transpose(0, 1))
+        store.k[i, :prompt_len].copy_(k.view(batch, prompt_len, *k.shape[1:]).transpose(0, 1))
+        store.v[i, :prompt_len].copy_(v.view(batch, prompt_len, *v.shape[1:]).transpose(0, 1))
+
+    start = clock_ms(device)
+    prompts = [torch.tensor(r.prompt, dtype=torch.long, device=device) for r in requests]
+    last = forward.run_prompts(model, w, prompts, llm.rope, keep)
+    store.length = prompt_len
+    take([sample(row[None])[0] for row in last])  # one draw each, as the paged engine makes
+    prefill_ms = clock_ms(device) - start
+
+    step_ms, splits = [], []
+    if num_new > 1:
+        decoder = KVPRDecoder(model, w.layers, store, device, cuda_graphs=llm.offload_graphs)
+        if rates is None:
+            rates = profile(model, batch, prompt_len, device, decoder)
+
+        def step(dec, hidden, split):
+            """A decode step, its logits, sampling and the next step's input, timed together."""
+            begin = clock_ms(device)
+            token_ids = sample(forward.logits(model, w, dec.step(hidden, split)))
+            take(token_ids)
+            positions = torch.full((batch,), store.length, dtype=torch.long, device=device)
+            ids = torch.tensor(token_ids, dtype=torch.long, device=device)
+            following = forward.embed(model, w, ids, positions)
+            return following, (clock_ms(device) - begin) / 1e3
+
+        hidden = forward.embed(model, w, torch.tensor([r.tokens[0] for r in requests],
+                                                      device=device),
+                               torch.full((batch,), prompt_len, device=device))
+        _, records, _ = decode(decoder, hidden, num_new - 1, rates, timed=step,
+                               monitor=DriftMonitor() if cuda else None)
+        step_ms, splits = [r.measured_ms for r in records], [r.l for r in records]
+    return Generation([r.tokens for r in requests], [r.finish_reason for r in requests],
+                      [prefill_ms] * batch, step_ms, [batch] * len(step_ms), 0, ATTENTION,
+                      [0.0] * batch, first_token_s, finish_s, splits)

@@ -105,7 +105,8 @@ class EndToEndTab:
                 f"({html.escape(r['variant'])}, {html.escape(label(self.serving))}): "
                 f"{r['output_tokens_per_s']:,.0f} output tokens/s, time per output token p50 "
                 f"{r['tpot_ms_p50']:.1f} ms, p99 {r['tpot_ms_p99']:.1f} ms, first token p50 "
-                f"{r['ttft_ms_p50']:,.0f} ms, {r['preemptions']} preemptions" for r in runs]
+                f"{r['ttft_ms_p50']:,.0f} ms, {r['preemptions']} "
+                f"preemption{'' if r['preemptions'] == 1 else 's'}" for r in runs]
 
     def refresh(self, change=None) -> None:
         model, batch = self.controls["model"].value, self.controls["batch"].value

@@ -1,7 +1,8 @@
 """Generation with the KV cache in host memory, through the KVPR runtime (`LLM(..., offload=True)`).
 
-A batch of prompts of one length runs together. One prefill pass (`forward.run_prompts`) puts
-every layer's attention inputs X and K, V into a host store (`kvlab.offload.host.HostStore`,
+A batch of prompts of one length runs together. Its prefill (`forward.run_prompts`, as many
+prompts a pass as `LLM.max_prefill_tokens` holds) puts every layer's attention inputs X and K, V
+into a host store (`kvlab.offload.host.HostStore`,
 pinned on a GPU). Each decode step is then a `KVPRDecoder` step: per layer, the K, V of the
 first l cached tokens are recomputed on the GPU from their X while the K, V of the rest cross
 the link, the two overlapped, and l is chosen again at every step from the link and GPU rates
@@ -77,14 +78,21 @@ def generate(llm, requests, sample: Callable, stop: int | None, rates: LinkAndCo
                 if on_finish is not None:
                     on_finish(sum(f > 0 for f in finish_s), batch)
 
-    def keep(i, x, k, v):  # token-major: the store's [token, sequence, ...]
-        store.x[i, :prompt_len].copy_(x.view(batch, prompt_len, -1).transpose(0, 1))
-        store.k[i, :prompt_len].copy_(k.view(batch, prompt_len, *k.shape[1:]).transpose(0, 1))
-        store.v[i, :prompt_len].copy_(v.view(batch, prompt_len, *v.shape[1:]).transpose(0, 1))
+    def keeper(rows: slice):
+        def keep(i, x, k, v):  # the store is token-major: [layer, token, sequence, ...]
+            for tensor, into in ((x, store.x), (k, store.k), (v, store.v)):
+                into[i, :prompt_len, rows].copy_(
+                    tensor.view(-1, prompt_len, *tensor.shape[1:]).transpose(0, 1))
+        return keep
 
     start = clock_ms(device)
-    prompts = [torch.tensor(r.prompt, dtype=torch.long, device=device) for r in requests]
-    last = forward.run_prompts(model, w, prompts, llm.rope, keep)
+    per_pass = max(1, llm.max_prefill_tokens // prompt_len)  # prompts a prefill pass takes
+    last = []
+    for first in range(0, batch, per_pass):
+        rows = slice(first, min(first + per_pass, batch))
+        prompts = [torch.tensor(r.prompt, dtype=torch.long, device=device)
+                   for r in requests[rows]]
+        last += forward.run_prompts(model, w, prompts, llm.rope, keeper(rows))
     store.length = prompt_len
     take([sample(row[None])[0] for row in last])  # one draw each, as the paged engine makes
     prefill_ms = clock_ms(device) - start

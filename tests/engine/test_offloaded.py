@@ -57,6 +57,13 @@ def test_sampling_and_eos_follow_the_paged_engine():
     assert len(stopped.tokens[1]) <= 4 and stopped.step_batch == [3] * 9
 
 
+def test_a_batch_longer_than_a_prefill_pass_is_prefilled_in_parts():
+    paged, offloaded = pair("tiny-opt", RECOMPUTE_ALL, max_prefill_tokens=20)
+    batch = prompts(5, 9, seed=2)  # two prompts a pass: three passes
+    out = offloaded.generate(batch, max_new_tokens=5)
+    assert out.tokens == paged.generate(batch, max_new_tokens=5).tokens
+
+
 def test_one_new_token_needs_no_decode_step():
     paged, offloaded = pair("tiny-llama", COPY_ALL)
     batch = prompts(2, 5)

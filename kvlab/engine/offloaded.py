@@ -1,13 +1,12 @@
 """Generation with the KV cache in host memory, through the KVPR runtime (`LLM(..., offload=True)`).
 
-A batch of prompts of one length runs together. Its prefill (`forward.run_prompts`, as many
-prompts a pass as `LLM.max_prefill_tokens` holds) puts every layer's attention inputs X and K, V
-into a host store (`kvlab.offload.host.HostStore`,
-pinned on a GPU). Each decode step is then a `KVPRDecoder` step: per layer, the K, V of the
-first l cached tokens are recomputed on the GPU from their X while the K, V of the rest cross
-the link, the two overlapped, and l is chosen again at every step from the link and GPU rates
-(`kvlab.offload.loop.decode`; on a GPU the rates are measured at the start of each generate and
-again when the step times drift from their prediction).
+A batch of prompts of one length runs together. Its prefill (`forward.run_prompts`, as many prompts
+a pass as `LLM.max_prefill_tokens` holds) puts every layer's attention inputs X and K, V into a
+host store (`kvlab.offload.host.HostStore`, pinned on a GPU). Each decode step is then a
+`KVPRDecoder` step: per layer, the K, V of the first l cached tokens are recomputed on the GPU from
+their X while the K, V of the rest cross the link, the two overlapped, and l is chosen again at
+every step from the link and GPU rates (`kvlab.offload.loop.decode`; on a GPU the rates are
+measured at the start of each generate and again when the step times drift from their prediction).
 
 The store keeps one length for the whole batch, so its requests start and stop together: one
 prompt length and one max_new_tokens for all, no arrivals; a request that meets its EOS keeps

@@ -147,11 +147,11 @@ class LLM:
             raise ValueError(f"attention={attention!r}: must be one of {ATTENTIONS}")
         _check_offload(offload, offload_rates, attention, prefetch, num_blocks, tensor_parallel,
                        cuda)
-        self.offload, self.offload_rates = offload, offload_rates
-        self.offload_graphs = cuda and cuda_graphs is not False
-        if offload and cuda_graphs not in (None, True, False):
-            raise ValueError(f"cuda_graphs={cuda_graphs!r}: must be None or a bool")
-        if offload:  # the runtime's attention; the paged cache's arguments do not apply
+        self.offload, self.offload_rates, self.offload_graphs = offload, offload_rates, False
+        if offload:  # the runtime's attention and graphs; the paged cache's do not apply
+            if cuda_graphs not in (None, True, False):
+                raise ValueError(f"cuda_graphs={cuda_graphs!r}: must be None or a bool")
+            self.offload_graphs = cuda and cuda_graphs is not False
             attention, cuda_graphs = offloaded.ATTENTION, False
         if attention == "auto" and not cuda:
             attention = "reference"
@@ -354,8 +354,9 @@ class LLM:
                 for request, row in zip(admitted, last_logits, strict=True):
                     if not request.tokens:  # a new request: its first token ends its prefill
                         take(request, sample(row[None])[0])
+                elapsed = clock_ms(self.device) - start
                 for request in admitted:
-                    prefill_ms[request.index] += clock_ms(self.device) - start
+                    prefill_ms[request.index] += elapsed
             preemptions += self._make_room(running, waiting)
             if not running:
                 if waiting:  # the next request has not arrived yet
@@ -491,7 +492,6 @@ class LLM:
                                  f"(num_blocks={self.manager.num_blocks})")
             requests.append(_Request(i, [int(t) for t in prompt], int(max_new_tokens)))
         return requests
-
 
 
 def _check_offload(offload, rates, attention, prefetch, num_blocks, tensor_parallel,

@@ -50,8 +50,8 @@ def check_batch(requests, arrivals) -> None:
 def generate(llm, requests, sample: Callable, stop: int | None, rates: LinkAndCompute | None,
              on_finish: Callable[[int, int], None] | None):
     """The batch `requests` (checked by `check_batch`) on `llm`'s weights through KVPR: returns
-    a Generation. `sample(logits [batch, vocab]) -> token ids`; `rates`: the
-    link and GPU rates that choose the split, None to measure them (GPU only)."""
+    a Generation. `sample(logits [batch, vocab]) -> token ids`; `rates`: the link and GPU rates
+    that choose the split, None to measure them (GPU only)."""
     model, w, device = llm.model, llm.weights, llm.device
     batch, prompt_len = len(requests), len(requests[0].prompt)
     num_new = requests[0].max_new_tokens

@@ -9,7 +9,8 @@ of each, then run 2 of each, ...; `kvlab.timing.Timer`):
 - torch SDPA on the same K/V gathered dense and contiguous (`enable_gqa=True`), its backend named
   from the kernels the profiler sees it launch;
 - with `--fp8`, gqa on an fp8 (e4m3) cache of the same shape at every prefetch setting (kernel
-  "gqa_fp8": q and out fp16; its GB/s count the fp8 bytes it reads, half of fp16's).
+  "gqa_fp8": q and out in --dtype; its GB/s count the fp8 bytes it reads, half of fp16's).
+`--dtype` (float16 or bfloat16) is that of q, out, the fp16/bf16 caches and SDPA's K/V.
 With `--lengths lognormal:MEAN,MAX`, each point is a batch of mixed lengths
 (kvlab.workload.lognormal_lengths) instead of one context: its rows carry `lengths` (the spec),
 `context` (the batch's mean length, rounded) and `max_context`, and no SDPA row (a dense batch of
@@ -197,7 +198,8 @@ def loop_variants(model, batch: int, context, block_size: int, args, dtype) -> d
                 layout=LAYOUTS[family], dtype=FP8_DTYPE)
             plans.update({("gqa_fp8", p.label()): (
                 {"kernel": "gqa_fp8", "prefetch": p.label(), "kv_dtype": "fp8"},
-                DecodePlan(fp8_cache, fp8_ids, model.num_qo_heads, family, prefetch=p))
+                DecodePlan(fp8_cache, fp8_ids, model.num_qo_heads, family, prefetch=p,
+                           q_dtype=dtype))
                 for p in variants})
         for key, (fields, plan) in plans.items():
             found[key] = fields, lambda plan=plan: plan.run(q, out=out)
@@ -216,9 +218,9 @@ def loop_variants(model, batch: int, context, block_size: int, args, dtype) -> d
 
 
 def run(args) -> dict:
-    dtype = torch.float16
+    dtype = getattr(torch, args.dtype)
     timer = Timer("cuda", num_runs=args.runs)
-    result = {"benchmark": "attention", **run_info(), **gpu_info(), "dtype": "float16",
+    result = {"benchmark": "attention", **run_info(), **gpu_info(), "dtype": args.dtype,
               "num_runs": args.runs, "l2_flushed": True, "timing": METHOD,
               "command": args.command}
     result["roofline_copy_gbps"] = round(copy_roofline_gbps(timer), 1)

@@ -135,6 +135,8 @@ def _add_attention(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fp8", action="store_true",
                         help="also time gqa on an fp8 (e4m3) cache of the same shape, in the same "
                              "loop (kernel 'gqa_fp8')")
+    parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"],
+                        help="of q, out, the caches (but an fp8 one) and SDPA's K/V")
     parser.add_argument("--sms", nargs="+", type=positive_int, metavar="N",
                         help="one loop per SM count at each point, on a CUDA green context of N "
                              "SMs (default: the whole GPU)")

@@ -70,6 +70,13 @@ def test_fp8_needs_gqa_among_the_kernels(capsys):
         capsys.readouterr().err)
 
 
+def test_dtype_is_float16_or_bfloat16(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "attention", "--dtype", "float32"])
+    assert exit_.value.code == 2
+    assert "--dtype: invalid choice: 'float32'" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("requested", "reason", "counts", "fell_back"),
     [
@@ -124,6 +131,17 @@ def test_tiny_attention_benchmark_times_every_variant_in_one_loop(tmp_path, caps
         assert len(r["ms_runs"]) == 3 and r["gbps"] > 0
     assert result["roofline_copy_gbps"] > 0 and "clocks_end" in result
     assert "gqa (no prefetch) / SDPA, same loop" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+def test_a_bf16_run_times_bf16_caches_and_a_bf16_q_over_fp8(tmp_path):
+    out = tmp_path / "attention.json"
+    main(["bench", "attention", "--json", str(out), "--models", "llama3-8b", "--batches", "2",
+          "--contexts", "1024", "--prefetch", "none", "--runs", "3", "--kernels", "gqa", "sdpa",
+          "--fp8", "--dtype", "bfloat16"])
+    result = json.loads(out.read_text())
+    assert result["dtype"] == "bfloat16"
+    assert {r["kernel"] for r in result["rows"]} == {"gqa", "gqa_fp8", "sdpa"}
 
 
 @pytest.mark.gpu

@@ -1,6 +1,8 @@
-"""A decoder's forward passes over a paged KV cache: the prefill of a batch of prompts and one
-decode step of a batch. The layer math is `kvlab.offload`'s (the KVPR runtime's); the attention of a
-decode step is passed in, so that the same pass runs kvlab's CUDA kernels or the reference.
+"""A decoder's forward passes: the prefill of a batch of prompts (`run_prompts`, which hands each
+layer's X, K, V to the caller; `prefill` writes them into the paged cache) and one decode step of
+a batch over the paged cache. The layer math is `kvlab.offload`'s (the KVPR runtime's); the
+attention of a decode step is passed in, so that the same pass runs kvlab's CUDA kernels or the
+reference.
 
 Caches: one `PagedKVCache` per layer, all sharing one BlockManager. The caller places a
 sequence's tokens with the manager (one Allocation for all layers) and these passes write each

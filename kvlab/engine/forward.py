@@ -21,7 +21,7 @@ from kvlab.cache import Allocation
 from kvlab.config import ModelConfig
 from kvlab.engine.weights import OPT_POSITION_OFFSET, ModelWeights
 from kvlab.kernels import layer_ops
-from kvlab.offload.model import SDPA_BACKENDS, layer_head, layer_tail
+from kvlab.offload.model import SDPA_BACKENDS, layer_head, layer_tail, linear
 from kvlab.offload.recompute import RopeTable, norm
 
 # attend(layer index, q [batch, num_qo_heads, head_dim]) -> [batch, num_qo_heads, head_dim]
@@ -44,7 +44,7 @@ def embed(model: ModelConfig, w: ModelWeights, token_ids: torch.Tensor,
 
 def logits(model: ModelConfig, w: ModelWeights, hidden: torch.Tensor) -> torch.Tensor:
     """fp32 logits [n, vocab_size] of the last layer's hidden states [n, hidden_size]."""
-    return F.linear(norm(model, hidden, w.norm_weight, w.norm_bias), w.lm_head).float()
+    return linear(norm(model, hidden, w.norm_weight, w.norm_bias), w.lm_head).float()
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

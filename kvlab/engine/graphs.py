@@ -5,12 +5,16 @@ host, not the GPU, sets its pace (Llama-3-8B on the H200, when it took 36 a laye
 against a roofline of 3.5-4.6 ms, observed in a session probe). A graph replays a whole step's
 launches at once.
 
-For each bucket B (1, 2, 4, ... up to MAX_BUCKET) the first step of at most B sequences captures
+For each bucket B (1, 2, 4, ... up to MAX_BUCKET) and span S (MIN_SPAN, 2 MIN_SPAN, ... up to
+max_seq_len) the first step of at most B sequences of at most S tokens captures
 `forward.decode_step` on static buffers: token ids, positions, cache slots and lengths [B], and a
 `DecodePlan.for_capture` whose block tables and lengths are buffers too, planned for B sequences
-of max_seq_len tokens. Each step fills the first rows of the buffers with its batch; the rows
-past it (padding) decode token 0 at position 0 into a scratch block that no sequence owns, with
-length 1 and a table of that block, and their logits are dropped.
+of S tokens. A plan made for longer sequences than a step's splits them into partitions that
+mostly hold nothing, and a small batch pays for launching and merging those (Llama-3-8B, batch 1,
+640 tokens: 0.50 ms of attention a step planned for 8,192 tokens; a session probe). Each step
+fills the first rows of the buffers with its batch; the rows past it (padding) decode token 0 at
+position 0 into a scratch block that no sequence owns, with length 1 and a table of that block,
+and their logits are dropped.
 
 The host side of a step is `HostInputs`, shared by the buckets: it fills pinned buffers and
 keeps the block tables from step to step, asking the manager for a whole table only for a
@@ -32,6 +36,7 @@ from kvlab.cache.block_manager import StepAllocation
 from kvlab.engine import forward
 
 MAX_BUCKET = 256
+MIN_SPAN = 512  # tokens the shortest span's plan is made for
 
 
 def bucket(batch: int) -> int | None:
@@ -40,6 +45,15 @@ def bucket(batch: int) -> int | None:
     while size < batch:
         size *= 2
     return size if size <= MAX_BUCKET else None
+
+
+def span(longest: int, max_seq_len: int) -> int:
+    """The tokens a step's plan is made for when its longest sequence has `longest` (<=
+    max_seq_len): the smallest MIN_SPAN x a power of two that holds them, at most max_seq_len."""
+    size = MIN_SPAN
+    while size < longest:
+        size *= 2
+    return min(size, max_seq_len)
 
 
 TOKEN_IDS, POSITIONS, SLOTS, SEQ_LENS = range(4)  # the rows of a step's int64 inputs
@@ -161,7 +175,7 @@ class DecodeGraphs:
         self.scratch_block, self.scratch_slot = scratch
         self.device = caches[0].device
         self.pool = torch.cuda.graph_pool_handle()
-        self.captured: dict[int, _Captured] = {}
+        self.captured: dict[tuple[int, int], _Captured] = {}  # by (bucket, span)
         block_size = caches[0].block_size
         max_blocks = -(-max_seq_len // block_size)  # as DecodePlan.for_capture's tables
         self.host = HostInputs(MAX_BUCKET, max_blocks, block_size, *scratch, pin_memory=True)
@@ -177,11 +191,12 @@ class DecodeGraphs:
         placed (`placed`: BlockManager.append_one's answer), and block_table(seq_id), a
         sequence's block table after the placement."""
         batch = len(seq_ids)
-        size = bucket(batch)
-        entry = self.captured.get(size) or self._capture(size)
+        key = bucket(batch), span(max(placed.positions) + 1, self.max_seq_len)
+        entry = self.captured.get(key) or self._capture(*key)
         # NOTE: the copies from pinned memory below are only queued when step returns, and the
         # next step rewrites their sources in `fill`. That is safe because the engine waits for
         # each step's logits (sampling calls .tolist()) before it places the next step.
+        size = key[0]
         inputs, tables = self.host.fill(size, seq_ids, token_ids, placed.positions,
                                         placed.slots, block_table)
         entry.inputs.copy_(inputs, non_blocking=True)
@@ -195,10 +210,10 @@ class DecodeGraphs:
         entry.graph.replay()
         return entry.logits[:batch]
 
-    def _capture(self, size: int) -> _Captured:
+    def _capture(self, size: int, tokens: int) -> _Captured:
         from kvlab.kernels.decode import DecodePlan
 
-        plan = DecodePlan.for_capture(self.caches[0], size, self.max_seq_len,
+        plan = DecodePlan.for_capture(self.caches[0], size, tokens,
                                       self.model.num_qo_heads, kernel=self.kernel,
                                       prefetch=self.prefetch)
         plan.block_tables.fill_(self.scratch_block)
@@ -223,5 +238,5 @@ class DecodeGraphs:
         with torch.cuda.graph(graph, pool=self.pool):
             logits = run()
         entry = _Captured(graph, plan, inputs, logits)
-        self.captured[size] = entry
+        self.captured[size, tokens] = entry
         return entry

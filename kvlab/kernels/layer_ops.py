@@ -1,6 +1,7 @@
 """Launchers for `kernels/layer_ops.cu`: a decoder layer's small decode-step ops as one CUDA
 kernel each (RMSNorm with its residual add, RoPE from a cos/sin table, the paged-cache write,
-SwiGLU's product), where torch composes them from several.
+SwiGLU's product), where torch composes them from several, and the linear layers of a step of
+at most LINEAR_ROWS rows, which stream their weights faster than cuBLAS there.
 
 The layer code (`kvlab.offload.recompute`, `kvlab.offload.model`, `kvlab.engine.forward`)
 calls these where `usable` says so: fp16 or bf16 tensors on a CUDA device, with CuPy present.
@@ -23,6 +24,9 @@ VEC = 8  # elements of a 16-byte vector
 ROPE_THREADS = 128
 MAX_THREADS = 1024
 NORM_VECS = (1, 2, 4)  # vectors per thread the rms_norm instantiations keep in registers
+LINEAR_ROWS = 4  # the most rows `linear` takes (one instantiation per count)
+LINEAR_COLS, LINEAR_UNROLL = 2, 4  # weight rows a warp owns; 16-byte loads a lane has in flight
+LINEAR_WARPS = 4  # warps a CTA
 
 
 @functools.cache
@@ -47,7 +51,13 @@ def default_instances() -> list[str]:
         names += [f"kvlab::rms_norm<{t}, {vecs}>" for vecs in NORM_VECS]
         names += [f"kvlab::rope<{t}>", f"kvlab::silu_mul<{t}>"]
         names += [f"kvlab::write_kv<{t}, {layout}>" for layout in ("false", "true")]
+        names += [linear_name(t, rows) for rows in range(1, LINEAR_ROWS + 1)]
     return names
+
+
+def linear_name(cuda_type: str, rows: int, cols: int = LINEAR_COLS,
+                unroll: int = LINEAR_UNROLL) -> str:
+    return f"kvlab::linear<{cuda_type}, {rows}, {cols}, {unroll}>"
 
 
 @functools.cache
@@ -179,4 +189,43 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
         launch(_kernel(f"kvlab::silu_mul<{CUDA_TYPES[gate_up.dtype]}>", gate_up.device),
                (rows, -(-n // VEC // threads)), (threads,),
                (ptr(out), ptr(gate_up), np.int32(n)), gate_up.device)
+    return out
+
+
+def linear_problem(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+                   ) -> str | None:
+    """Why `linear` would refuse these tensors, or None where it takes them."""
+    if x.dim() != 2 or not 1 <= x.shape[0] <= LINEAR_ROWS:
+        return f"x: shape {tuple(x.shape)}, must be [rows, k] with 1 <= rows <= {LINEAR_ROWS}"
+    k = x.shape[1]
+    if not (x.stride(1) == 1 and x.stride(0) % VEC == 0 and x.data_ptr() % 16 == 0
+            and k % VEC == 0):
+        return (f"x: {tuple(x.shape)} strides {x.stride()}: must have contiguous, 16-byte "
+                f"aligned rows ({VEC} | {k})")
+    if not (weight.dim() == 2 and weight.shape[1] == k and weight.is_contiguous()
+            and weight.data_ptr() % 16 == 0):
+        return f"weight: shape {tuple(weight.shape)}, must be contiguous [n, {k}], 16-byte aligned"
+    n = weight.shape[0]
+    if bias is not None and not (bias.shape == (n,) and bias.is_contiguous()):
+        return f"bias: shape {tuple(bias.shape)}, must be ({n},) and contiguous, or None"
+    tensors = [x, weight, *([] if bias is None else [bias])]
+    if not (usable(*tensors) and len({t.dtype for t in tensors}) == 1
+            and len({t.device for t in tensors}) == 1):
+        return "x, weight and bias: one dtype (fp16 or bf16) on one CUDA device"
+    return None
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias) for x [rows, k], 1 <= rows <= LINEAR_ROWS, with contiguous,
+    16-byte aligned rows, k a multiple of 8; weight [n, k] contiguous; bias [n] or None. Sums in
+    fp32 and rounds once, as cuBLAS does: only the order of the sums differs."""
+    problem = linear_problem(x, weight, bias)
+    _check(problem is None, problem)
+    (rows, k), n = x.shape, weight.shape[0]
+    out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
+    if n:
+        per_cta = LINEAR_COLS * LINEAR_WARPS
+        launch(_kernel(linear_name(CUDA_TYPES[x.dtype], rows), x.device), (-(-n // per_cta),),
+               (32 * LINEAR_WARPS,), (ptr(out), ptr(x), ptr(weight), ptr(bias), np.int32(n),
+                                      np.int32(k), np.int64(x.stride(0))), x.device)
     return out

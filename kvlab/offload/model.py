@@ -182,7 +182,7 @@ def layer_head(model: ModelConfig, w: LayerWeights, hidden: torch.Tensor,
     if fused is None:
         k, v = project_kv(model, w.attn, x, positions, rope)
         return x, project_q(model, w.attn, x, positions, rope), k, v
-    qkv = F.linear(x, fused.qkv, fused.b_qkv)
+    qkv = linear(x, fused.qkv, fused.b_qkv)
     q, k, v = (t.view(-1, t.shape[1] // model.head_dim, model.head_dim) for t in
                qkv.split([model.q_size, model.kv_size, model.kv_size], dim=1))
     # Q contiguous, as the decode kernels take it (RoPE's output is; OPT's view is not)
@@ -198,15 +198,25 @@ def layer_tail(model: ModelConfig, w: LayerWeights, hidden: torch.Tensor,
     -> the layer's output [batch, hidden_size]. reduce: with tensor parallelism
     (`kvlab.engine.tp`), the sum over the ranks of W_O's and W_down's partial outputs."""
     reduce = reduce or (lambda t: t)
-    hidden, y = add_norm(model, hidden, reduce(F.linear(attn, w.attn.w_o, w.b_o)),
+    hidden, y = add_norm(model, hidden, reduce(linear(attn, w.attn.w_o, w.b_o)),
                          w.mlp_norm_weight, w.mlp_norm_bias)
     if w.w_gate is None:
-        y = F.relu(F.linear(y, w.w_up, w.b_up))
+        y = F.relu(linear(y, w.w_up, w.b_up))
     elif fused is None:
-        y = F.silu(F.linear(y, w.w_gate)) * F.linear(y, w.w_up)
+        y = F.silu(linear(y, w.w_gate)) * linear(y, w.w_up)
     else:
-        y = swiglu(F.linear(y, fused.gate_up))
-    return hidden + reduce(F.linear(y, w.w_down, w.b_down))
+        y = swiglu(linear(y, fused.gate_up))
+    return hidden + reduce(linear(y, w.w_down, w.b_down))
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+           ) -> torch.Tensor:
+    """F.linear, by one `layer_ops.linear` kernel where it takes the tensors: a decode step of
+    at most layer_ops.LINEAR_ROWS rows on a GPU."""
+    if x.dim() == 2 and x.shape[0] <= layer_ops.LINEAR_ROWS and x.is_cuda \
+            and layer_ops.linear_problem(x, weight, bias) is None:
+        return layer_ops.linear(x, weight, bias)
+    return F.linear(x, weight, bias)
 
 
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:

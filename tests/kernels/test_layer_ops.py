@@ -109,6 +109,32 @@ def test_silu_mul(dtype, rows, n):
 
 
 @gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", range(1, layer_ops.LINEAR_ROWS + 1))
+@pytest.mark.parametrize("n, k, bias", [(4096, 4096, False), (13, 4104, True), (1, 8, True),
+                                        (152064, 3584, False), (3, 18944, True)])
+def test_linear_equals_an_fp32_matmul_rounded_once(dtype, rows, n, k, bias):
+    """Every column (n not a multiple of a warp's columns, k not of a warp's reach), with and
+    without a bias, x a view with a longer row stride."""
+    x = randn(rows, k + 16, dtype=dtype, seed=1)[:, 8:k + 8]
+    w = randn(n, k, dtype=dtype, seed=2) / k ** 0.5
+    b = randn(n, dtype=dtype, seed=3) if bias else None
+    expected = x.float() @ w.float().T + (0 if b is None else b.float())
+    close(layer_ops.linear(x, w, b), expected.to(dtype))
+
+
+@gpu
+def test_linear_is_used_for_a_few_rows_only():
+    from kvlab.offload.model import linear
+
+    w = randn(64, 128, dtype=torch.float16)
+    for rows in (1, layer_ops.LINEAR_ROWS, layer_ops.LINEAR_ROWS + 1, 300):
+        x = randn(rows, 128, dtype=torch.float16, seed=rows)
+        close(linear(x, w), (x.float() @ w.float().T).half())
+    assert layer_ops.linear_problem(randn(5, 128, dtype=torch.float16), w) is not None
+
+
+@gpu
 @pytest.mark.parametrize("call, message", [
     (lambda: layer_ops.rms_norm(torch.zeros(2, 12, dtype=torch.float16, device="cuda"),
                                 torch.ones(12, dtype=torch.float16, device="cuda"), 1e-5),
@@ -128,6 +154,22 @@ def test_silu_mul(dtype, rows, n):
                                 torch.zeros(1, 2, 64, dtype=torch.bfloat16, device="cuda"),
                                 torch.zeros(1, 2, 64, dtype=torch.bfloat16, device="cuda")),
      r"must be the cache's dtype \(torch.float16\)"),
+    (lambda: layer_ops.linear(torch.zeros(5, 16, dtype=torch.float16, device="cuda"),
+                              torch.zeros(4, 16, dtype=torch.float16, device="cuda")),
+     r"x: shape \(5, 16\), must be \[rows, k\] with 1 <= rows <= 4"),
+    (lambda: layer_ops.linear(torch.zeros(1, 12, dtype=torch.float16, device="cuda"),
+                              torch.zeros(4, 12, dtype=torch.float16, device="cuda")),
+     r"x: .* 16-byte aligned rows \(8 \| 12\)"),
+    (lambda: layer_ops.linear(torch.zeros(1, 16, dtype=torch.float16, device="cuda"),
+                              torch.zeros(16, 4, dtype=torch.float16, device="cuda").T),
+     r"weight: shape \(4, 16\), must be contiguous \[n, 16\]"),
+    (lambda: layer_ops.linear(torch.zeros(1, 16, dtype=torch.float16, device="cuda"),
+                              torch.zeros(4, 16, dtype=torch.float16, device="cuda"),
+                              torch.zeros(5, dtype=torch.float16, device="cuda")),
+     r"bias: shape \(5,\), must be \(4,\)"),
+    (lambda: layer_ops.linear(torch.zeros(1, 16, dtype=torch.float16, device="cuda"),
+                              torch.zeros(4, 16, dtype=torch.bfloat16, device="cuda")),
+     "one dtype .fp16 or bf16. on one CUDA device"),
 ])
 def test_bad_tensors_are_refused_before_a_launch(call, message):
     with pytest.raises(ValueError, match=message):
@@ -142,4 +184,5 @@ def test_the_torch_ops_run_where_the_kernels_cannot():
 
 def test_every_instantiation_is_named_once():
     names = layer_ops.default_instances()
-    assert len(names) == len(set(names)) == 2 * (len(layer_ops.NORM_VECS) + 4)
+    assert len(names) == len(set(names)) == 2 * (len(layer_ops.NORM_VECS) + 4
+                                                + layer_ops.LINEAR_ROWS)

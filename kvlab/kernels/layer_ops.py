@@ -24,9 +24,9 @@ VEC = 8  # elements of a 16-byte vector
 ROPE_THREADS = 128
 MAX_THREADS = 1024
 NORM_VECS = (1, 2, 4)  # vectors per thread the rms_norm instantiations keep in registers
-LINEAR_ROWS = 4  # the most rows `linear` takes (one instantiation per count)
-LINEAR_COLS, LINEAR_UNROLL = 2, 4  # weight rows a warp owns; 16-byte loads a lane has in flight
-LINEAR_WARPS = 4  # warps a CTA
+LINEAR_ROWS = 2  # the most rows `linear` takes (one instantiation per count)
+# weight rows a CTA owns, 16-byte loads of each a lane has in flight, and warps a CTA
+LINEAR_COLS, LINEAR_UNROLL, LINEAR_WARPS = 4, 2, 4
 
 
 @functools.cache
@@ -55,9 +55,8 @@ def default_instances() -> list[str]:
     return names
 
 
-def linear_name(cuda_type: str, rows: int, cols: int = LINEAR_COLS,
-                unroll: int = LINEAR_UNROLL) -> str:
-    return f"kvlab::linear<{cuda_type}, {rows}, {cols}, {unroll}>"
+def linear_name(cuda_type: str, rows: int) -> str:
+    return f"kvlab::linear<{cuda_type}, {rows}, {LINEAR_COLS}, {LINEAR_UNROLL}>"
 
 
 @functools.cache
@@ -224,8 +223,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     (rows, k), n = x.shape, weight.shape[0]
     out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     if n:
-        per_cta = LINEAR_COLS * LINEAR_WARPS
-        launch(_kernel(linear_name(CUDA_TYPES[x.dtype], rows), x.device), (-(-n // per_cta),),
+        launch(_kernel(linear_name(CUDA_TYPES[x.dtype], rows), x.device), (-(-n // LINEAR_COLS),),
                (32 * LINEAR_WARPS,), (ptr(out), ptr(x), ptr(weight), ptr(bias), np.int32(n),
                                       np.int32(k), np.int64(x.stride(0))), x.device)
     return out

@@ -131,7 +131,8 @@ def test_linear_is_used_for_a_few_rows_only():
     for rows in (1, layer_ops.LINEAR_ROWS, layer_ops.LINEAR_ROWS + 1, 300):
         x = randn(rows, 128, dtype=torch.float16, seed=rows)
         close(linear(x, w), (x.float() @ w.float().T).half())
-    assert layer_ops.linear_problem(randn(5, 128, dtype=torch.float16), w) is not None
+    assert layer_ops.linear_problem(randn(layer_ops.LINEAR_ROWS + 1, 128, dtype=torch.float16),
+                                    w) is not None
 
 
 @gpu
@@ -154,9 +155,9 @@ def test_linear_is_used_for_a_few_rows_only():
                                 torch.zeros(1, 2, 64, dtype=torch.bfloat16, device="cuda"),
                                 torch.zeros(1, 2, 64, dtype=torch.bfloat16, device="cuda")),
      r"must be the cache's dtype \(torch.float16\)"),
-    (lambda: layer_ops.linear(torch.zeros(5, 16, dtype=torch.float16, device="cuda"),
+    (lambda: layer_ops.linear(torch.zeros(9, 16, dtype=torch.float16, device="cuda"),
                               torch.zeros(4, 16, dtype=torch.float16, device="cuda")),
-     r"x: shape \(5, 16\), must be \[rows, k\] with 1 <= rows <= 4"),
+     rf"x: shape \(9, 16\), must be \[rows, k\] with 1 <= rows <= {layer_ops.LINEAR_ROWS}"),
     (lambda: layer_ops.linear(torch.zeros(1, 12, dtype=torch.float16, device="cuda"),
                               torch.zeros(4, 12, dtype=torch.float16, device="cuda")),
      r"x: .* 16-byte aligned rows \(8 \| 12\)"),

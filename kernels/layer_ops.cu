@@ -8,13 +8,6 @@
 // Here each is one launch. The arithmetic follows the torch ops they replace (fp32 inside, and
 // the same roundings to T where the torch composition rounds), so they agree to T's precision.
 //
-// Each kernel is launched as a programmatic dependent (kvlab/kernels/launch.py's
-// launch_dependent): it lets the next kernel launch as soon as it starts, and waits for the
-// kernel before it to complete before it reads or writes anything that kernel may touch. So a
-// step's launches overlap the tail of the kernel before them, and `linear` streams its first
-// weights meanwhile. Below sm_90, and after a kernel that does not signal, this is an ordinary
-// launch.
-//
 // Template parameter T: __half or __nv_bfloat16. Launch contracts are in kvlab/kernels/layer_ops.py,
 // which checks shapes, strides and alignment before launching.
 
@@ -23,20 +16,6 @@
 namespace kvlab {
 
 constexpr int VEC = 8;  // elements of T in one 16-byte vector
-
-// The next kernel in the stream may launch (it waits for this one's results itself).
-__device__ __forceinline__ void let_next_launch() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;");
-#endif
-}
-
-// Returns once the kernel before this one has completed and its writes are visible.
-__device__ __forceinline__ void wait_for_previous() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
 
 // x rounded to T and back: where the torch ops these replace round between two steps.
 template <typename T>
@@ -63,8 +42,6 @@ template <typename T, int VECS>
 __global__ void rms_norm(T* __restrict__ out, T* __restrict__ sum, const T* __restrict__ a,
                          const T* __restrict__ b, const T* __restrict__ weight, float eps,
                          int hidden) {
-    let_next_launch();
-    wait_for_previous();
     const size_t row = static_cast<size_t>(blockIdx.x) * hidden;
     float h[VECS][VEC];
     float squares = 0.0f;
@@ -113,8 +90,6 @@ template <typename T>
 __global__ void rope(T* out, const T* x, const T* __restrict__ cos, const T* __restrict__ sin,
                      const long long* __restrict__ positions, long long max_positions, int heads,
                      int head_dim, long long x_row_stride, long long out_row_stride) {
-    let_next_launch();
-    wait_for_previous();
     const int half = head_dim / 2;
     const int pair = blockIdx.y * blockDim.x + threadIdx.x;
     if (pair >= heads * half) return;
@@ -145,8 +120,6 @@ __global__ void write_kv(T* __restrict__ k_cache, T* __restrict__ v_cache, const
                          const T* __restrict__ v, const long long* __restrict__ slots,
                          long long num_blocks, int block_size, int num_kv_heads, int head_dim,
                          long long k_row_stride, long long v_row_stride) {
-    let_next_launch();
-    wait_for_previous();
     const long long slot = slots[blockIdx.x];
     if (slot < 0 || slot >= num_blocks * block_size) return;
     const long long block = slot / block_size;
@@ -179,8 +152,6 @@ __global__ void write_kv(T* __restrict__ k_cache, T* __restrict__ v_cache, const
 // of VEC. Grid (rows, ceil(n / VEC / blockDim.x)).
 template <typename T>
 __global__ void silu_mul(T* __restrict__ out, const T* __restrict__ gate_up, int n) {
-    let_next_launch();
-    wait_for_previous();
     const int i = (blockIdx.y * blockDim.x + threadIdx.x) * VEC;
     if (i >= n) return;
     const size_t row = blockIdx.x;
@@ -208,9 +179,8 @@ __global__ void silu_mul(T* __restrict__ out, const T* __restrict__ gate_up, int
 // flight on every SM, from the first CTA to the last. A CTA owns COLS rows of w and its warps
 // split k between them (a warp per row alone would walk a long row one memory round trip after
 // another: Llama-3-8B's W_down, 4,096 rows of 14,336, ran at 0.78x the copy roofline so); each
-// lane issues COLS * UNROLL 16-byte loads before it uses any, the first of them before it waits
-// for the kernel before it (which writes x). The loads of w skip L1, where x stays for the next
-// CTA. Many small CTAs let the block scheduler even out the SMs' shares.
+// lane issues COLS * UNROLL 16-byte loads before it uses any. The loads of w skip L1, where x
+// stays for the next CTA. Many small CTAs let the block scheduler even out the SMs' shares.
 // Grid ceil(n / COLS); blockDim.x = 32 * warps, at most 32 * MAX_WARPS.
 constexpr int LINEAR_MAX_WARPS = 8;
 
@@ -230,34 +200,23 @@ __device__ __forceinline__ float dot_vec(const uint4& a, const uint4& b, float a
     return acc;
 }
 
-// w's 16-byte vectors at `base` + u * step (u < UNROLL) of rows col0 .. col0 + COLS - 1 (the
-// last row again past n; nothing past k).
-template <typename T, int COLS, int UNROLL>
-__device__ __forceinline__ void load_tile(uint4 (&tile)[COLS][UNROLL], const T* __restrict__ w,
-                                          int col0, int n, int k, int base, int step) {
-#pragma unroll
-    for (int c = 0; c < COLS; ++c) {
-        const T* row = w + static_cast<size_t>(min(col0 + c, n - 1)) * k;
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u)
-            if (base + u * step < k) tile[c][u] = load_once(row + base + u * step);
-    }
-}
-
 template <typename T, int ROWS, int COLS, int UNROLL>
 __global__ void linear(T* __restrict__ out, const T* __restrict__ x, const T* __restrict__ w,
                        const T* __restrict__ bias, int n, int k, long long x_row_stride) {
     __shared__ float sums[LINEAR_MAX_WARPS][ROWS][COLS];
-    let_next_launch();
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
     const int col0 = blockIdx.x * COLS;
     const int step = 32 * VEC * warps;  // elements of a row one CTA-wide load covers
-    uint4 tile[COLS][UNROLL];
-    int base = threadIdx.x * VEC;
-    load_tile<T, COLS, UNROLL>(tile, w, col0, n, k, base, step);  // w is no kernel's output
-    wait_for_previous();
     float acc[ROWS][COLS] = {};
-    while (base < k) {
+    for (int base = threadIdx.x * VEC; base < k; base += step * UNROLL) {
+        uint4 wv[COLS][UNROLL];
+#pragma unroll
+        for (int c = 0; c < COLS; ++c) {
+            const T* row = w + static_cast<size_t>(min(col0 + c, n - 1)) * k;
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u)
+                if (base + u * step < k) wv[c][u] = load_once(row + base + u * step);
+        }
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             if (base + u * step >= k) break;
@@ -265,11 +224,9 @@ __global__ void linear(T* __restrict__ out, const T* __restrict__ x, const T* __
             for (int r = 0; r < ROWS; ++r) {
                 const uint4 xv = *reinterpret_cast<const uint4*>(x + r * x_row_stride + base + u * step);
 #pragma unroll
-                for (int c = 0; c < COLS; ++c) acc[r][c] = dot_vec<T>(tile[c][u], xv, acc[r][c]);
+                for (int c = 0; c < COLS; ++c) acc[r][c] = dot_vec<T>(wv[c][u], xv, acc[r][c]);
             }
         }
-        base += step * UNROLL;
-        load_tile<T, COLS, UNROLL>(tile, w, col0, n, k, base, step);
     }
 #pragma unroll
     for (int r = 0; r < ROWS; ++r)

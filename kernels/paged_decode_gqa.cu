@@ -690,8 +690,6 @@ __global__ void __launch_bounds__(128) gqa_merge(
     const float* __restrict__ partial_lse, const int* __restrict__ seq_lens, int partition_size,
     int max_num_partitions) {
 #if __CUDA_ARCH__ >= 900
-  // the next kernel may launch now, if it is a programmatic dependent (it waits for `out`)
-  asm volatile("griddepcontrol.launch_dependents;");
   // launched as a programmatic dependent of gqa_decode: wait until its partials are written
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif

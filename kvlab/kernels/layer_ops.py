@@ -6,9 +6,7 @@ at most LINEAR_ROWS rows, which stream their weights faster than cuBLAS there.
 The layer code (`kvlab.offload.recompute`, `kvlab.offload.model`, `kvlab.engine.forward`)
 calls these where `usable` says so: fp16 or bf16 tensors on a CUDA device, with CuPy present.
 Elsewhere it runs its torch ops, which these equal to the dtype's precision (checked by
-tests/kernels/test_layer_ops.py on a GPU). Every launcher checks its tensors before launching,
-and launches its kernel as a programmatic dependent of the kernel before it (kernels/layer_ops.cu
-says how each waits).
+tests/kernels/test_layer_ops.py on a GPU). Every launcher checks its tensors before launching.
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ import functools
 import numpy as np
 import torch
 
-from kvlab.kernels.launch import launch_dependent, ptr
+from kvlab.kernels.launch import launch, ptr
 from kvlab.kernels.vllm_v1 import CUDA_TYPES
 
 SOURCE = "layer_ops.cu"
@@ -69,9 +67,8 @@ def _kernels(device_index: int) -> dict:
     return dict(zip(names, load(SOURCE, names, device_index), strict=True))
 
 
-def _launch(name: str, grid, block, args, device: torch.device) -> None:
-    """Launch instantiation `name` as a programmatic dependent (see kernels/layer_ops.cu)."""
-    launch_dependent(_kernels(device.index)[name], grid, block, args, device)
+def _kernel(name: str, device: torch.device):
+    return _kernels(device.index)[name]
 
 
 def _check(condition: bool, message: str) -> None:
@@ -110,9 +107,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     normed = torch.empty_like(x)
     total = x if residual is None else torch.empty_like(x)
     if rows:
-        _launch(f"kvlab::rms_norm<{CUDA_TYPES[x.dtype]}, {vecs}>", (rows,), (threads,),
-                (ptr(normed), ptr(total), ptr(x), ptr(residual), ptr(weight), np.float32(eps),
-                 np.int32(hidden)), x.device)
+        launch(_kernel(f"kvlab::rms_norm<{CUDA_TYPES[x.dtype]}, {vecs}>", x.device), (rows,),
+               (threads,), (ptr(normed), ptr(total), ptr(x), ptr(residual), ptr(weight),
+                            np.float32(eps), np.int32(hidden)), x.device)
     return normed, total
 
 
@@ -139,11 +136,11 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     out = torch.empty(rows, heads, head_dim, dtype=x.dtype, device=x.device)
     if rows:
         pairs = heads * head_dim // 2
-        _launch(f"kvlab::rope<{CUDA_TYPES[x.dtype]}>", (rows, -(-pairs // ROPE_THREADS)),
-                (ROPE_THREADS,),
-                (ptr(out), ptr(x), ptr(cos), ptr(sin), ptr(positions), np.int64(cos.shape[0]),
-                 np.int32(heads), np.int32(head_dim), np.int64(x.stride(0)),
-                 np.int64(out.stride(0))), x.device)
+        launch(_kernel(f"kvlab::rope<{CUDA_TYPES[x.dtype]}>", x.device),
+               (rows, -(-pairs // ROPE_THREADS)), (ROPE_THREADS,),
+               (ptr(out), ptr(x), ptr(cos), ptr(sin), ptr(positions), np.int64(cos.shape[0]),
+                np.int32(heads), np.int32(head_dim), np.int64(x.stride(0)),
+                np.int64(out.stride(0))), x.device)
     return out
 
 
@@ -169,10 +166,10 @@ def write_kv(cache, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> No
            "bf16, on its CUDA device")
     if n:
         name = f"kvlab::write_kv<{CUDA_TYPES[k.dtype]}, {str(cache.layout == 'vllm').lower()}>"
-        _launch(name, (n,), (min(MAX_THREADS, heads * head_dim // VEC),),
-                (ptr(cache.k_cache), ptr(cache.v_cache), ptr(k), ptr(v), ptr(slots),
-                 np.int64(cache.num_blocks), np.int32(cache.block_size), np.int32(heads),
-                 np.int32(head_dim), np.int64(k.stride(0)), np.int64(v.stride(0))), k.device)
+        launch(_kernel(name, k.device), (n,), (min(MAX_THREADS, heads * head_dim // VEC),),
+               (ptr(cache.k_cache), ptr(cache.v_cache), ptr(k), ptr(v), ptr(slots),
+                np.int64(cache.num_blocks), np.int32(cache.block_size), np.int32(heads),
+                np.int32(head_dim), np.int64(k.stride(0)), np.int64(v.stride(0))), k.device)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -188,9 +185,9 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty(rows, n, dtype=gate_up.dtype, device=gate_up.device)
     if rows:
         threads = 256
-        _launch(f"kvlab::silu_mul<{CUDA_TYPES[gate_up.dtype]}>",
-                (rows, -(-n // VEC // threads)), (threads,),
-                (ptr(out), ptr(gate_up), np.int32(n)), gate_up.device)
+        launch(_kernel(f"kvlab::silu_mul<{CUDA_TYPES[gate_up.dtype]}>", gate_up.device),
+               (rows, -(-n // VEC // threads)), (threads,),
+               (ptr(out), ptr(gate_up), np.int32(n)), gate_up.device)
     return out
 
 
@@ -226,7 +223,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     (rows, k), n = x.shape, weight.shape[0]
     out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     if n:
-        _launch(linear_name(CUDA_TYPES[x.dtype], rows), (-(-n // LINEAR_COLS),),
-                (32 * LINEAR_WARPS,), (ptr(out), ptr(x), ptr(weight), ptr(bias), np.int32(n),
-                                       np.int32(k), np.int64(x.stride(0))), x.device)
+        launch(_kernel(linear_name(CUDA_TYPES[x.dtype], rows), x.device), (-(-n // LINEAR_COLS),),
+               (32 * LINEAR_WARPS,), (ptr(out), ptr(x), ptr(weight), ptr(bias), np.int32(n),
+                                      np.int32(k), np.int64(x.stride(0))), x.device)
     return out

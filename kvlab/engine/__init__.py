@@ -8,7 +8,8 @@
 - `generation`: `Generation`, what `LLM.generate` returns.
 - `offloaded`: `LLM(offload=True)`, the K, V in host memory and each decode step through the
   KVPR runtime (`kvlab.offload.runtime`).
-- `graphs`: decode steps captured and replayed as CUDA graphs, one per batch bucket.
+- `graphs`: decode steps captured and replayed as CUDA graphs, one per batch bucket and
+  span.
 - `checkpoint`: a local Hugging Face checkpoint (config.json, safetensors) as weights.
 - `hf`: the HF transformers model with the same weights (tests and the end-to-end peer).
 - `tp`: tensor parallelism, each rank a shard of the heads and the MLP (`LLM(tensor_parallel=)`).

@@ -1,4 +1,4 @@
-"""Decode steps replayed as CUDA graphs, one per batch-size bucket.
+"""Decode steps replayed as CUDA graphs, one per batch-size bucket and span of lengths.
 
 An eager decode step of a real-size model launches 15 or more kernels a layer from Python: the
 host, not the GPU, sets its pace (Llama-3-8B on the H200, when it took 36 a layer: 24-34 ms a step

@@ -7,7 +7,16 @@ import numpy as np
 import pytest
 
 from kvlab.cache import BlockManager
-from kvlab.engine.graphs import POSITIONS, SEQ_LENS, SLOTS, TOKEN_IDS, HostInputs, bucket
+from kvlab.engine.graphs import (
+    MIN_SPAN,
+    POSITIONS,
+    SEQ_LENS,
+    SLOTS,
+    TOKEN_IDS,
+    HostInputs,
+    bucket,
+    span,
+)
 
 BLOCK_SIZE, MAX_BLOCKS, MAX_ROWS, SCRATCH_BLOCK = 4, 8, 8, 0
 SCRATCH_SLOT = SCRATCH_BLOCK * BLOCK_SIZE
@@ -171,3 +180,11 @@ def test_random_batches_give_what_a_step_from_scratch_gives(seed):
 def test_graph_buckets_are_powers_of_two_up_to_256():
     assert [bucket(n) for n in (1, 2, 3, 5, 64, 65, 256)] == [1, 2, 4, 8, 64, 128, 256]
     assert bucket(257) is None
+
+
+def test_graph_spans_double_from_min_span_up_to_the_limit():
+    assert MIN_SPAN == 512
+    assert [span(n, 8192) for n in (1, 512, 513, 1024, 1025, 4097, 8192)] == [
+        512, 512, 1024, 1024, 2048, 8192, 8192]
+    assert span(5000, 6000) == 6000  # a limit between two spans is a span of its own
+    assert span(100, 300) == 300  # as is a limit below MIN_SPAN

@@ -10,18 +10,21 @@ max_seq_len) the first step of at most B sequences of at most S tokens captures
 `forward.decode_step` on static buffers: token ids, positions, cache slots and lengths [B], and a
 `DecodePlan.for_capture` whose block tables and lengths are buffers too, planned for B sequences
 of S tokens. A plan made for longer sequences than a step's splits them into partitions that
-mostly hold nothing, and a small batch pays for launching and merging those (Llama-3-8B, batch 1,
-640 tokens: 0.50 ms of attention a step planned for 8,192 tokens; a session probe). Each step
-fills the first rows of the buffers with its batch; the rows past it (padding) decode token 0 at
-position 0 into a scratch block that no sequence owns, with length 1 and a table of that block,
-and their logits are dropped.
+mostly hold nothing, and a small batch pays for launching and merging those: Llama-3-8B at batch
+1 and 640 tokens, planned for 8,192, launched 32 partitions a KV head, 3 of them holding tokens,
+and merged all 32; planned for 1,024, 4. Its step took 5.05-5.30 ms so and 5.00-5.20 ms with
+spans (the H200, a session probe). Each step fills the first rows of the buffers with its batch;
+the rows past it (padding) decode token 0 at position 0 into a scratch block that no sequence
+owns, with length 1 and a table of that block, and their logits are dropped.
 
 The host side of a step is `HostInputs`, shared by the buckets: it fills pinned buffers and
 keeps the block tables from step to step, asking the manager for a whole table only for a
 sequence it has not seen one token ago. Then two copies reach the GPU: the four int vectors in
 one, and the block tables' used columns, packed, in the other (unpacked there). Copy-on-write
 block copies run before the replay, outside the graph, on the steps that have any.
-All buckets share one memory pool.
+All graphs share one memory pool. Each keeps its fp32 logits [B, vocab] there: a span whose
+graphs every bucket has captured holds 511 rows of logits (311 MB at a 152k vocabulary), and
+each span's graphs are captured only when a step first needs them.
 """
 
 from __future__ import annotations

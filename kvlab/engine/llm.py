@@ -99,9 +99,9 @@ class LLM:
         cuda_graphs: replay decode steps as CUDA graphs (kvlab.engine.graphs) for batches of
             up to 256 sequences of up to graph_max_len tokens, eagerly beyond; default True
             with the CUDA kernels (they alone can be captured).
-        graph_max_len: the longest sequence a graph serves (its kernels are planned for it;
-            like vLLM's max_seq_len_to_capture), default the model's context limit or 8192,
-            whichever is less.
+        graph_max_len: the longest sequence a graph serves (the longest span a graph's kernels
+            are planned for; like vLLM's max_seq_len_to_capture), default the model's context
+            limit or 8192, whichever is less.
         max_prefill_tokens: the most prompt tokens one prefill pass takes (the requests admitted
             together, in order; a longer prompt is prefilled alone), default 8192.
         offload: keep the K, V in host memory and decode through the KVPR runtime

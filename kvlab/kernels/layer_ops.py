@@ -1,7 +1,8 @@
 """Launchers for `kernels/layer_ops.cu`: a decoder layer's small decode-step ops as one CUDA
 kernel each (RMSNorm with its residual add, RoPE from a cos/sin table, the paged-cache write,
 SwiGLU's product), where torch composes them from several, and the linear layers of a step of
-at most LINEAR_ROWS rows, which stream their weights faster than cuBLAS there.
+at most LINEAR_ROWS rows, whose weights it streams in less time than cuBLAS over the paper
+models' linears (not at every shape: kernels/layer_ops.cu has the figures).
 
 The layer code (`kvlab.offload.recompute`, `kvlab.offload.model`, `kvlab.engine.forward`)
 calls these where `usable` says so: fp16 or bf16 tensors on a CUDA device, with CuPy present.
@@ -25,7 +26,8 @@ ROPE_THREADS = 128
 MAX_THREADS = 1024
 NORM_VECS = (1, 2, 4)  # vectors per thread the rms_norm instantiations keep in registers
 LINEAR_ROWS = 2  # the most rows `linear` takes (one instantiation per count)
-# weight rows a CTA owns, 16-byte loads of each a lane has in flight, and warps a CTA
+# weight rows a CTA owns, 16-byte loads of each a lane has in flight, and warps a CTA (at most
+# the kernel's LINEAR_MAX_WARPS, 8)
 LINEAR_COLS, LINEAR_UNROLL, LINEAR_WARPS = 4, 2, 4
 
 
@@ -76,12 +78,25 @@ def _check(condition: bool, message: str) -> None:
         raise ValueError(message)
 
 
+def _rows_problem(t: torch.Tensor, name: str, width: int) -> str | None:
+    """Why t is not [rows, width] with contiguous, 16-byte aligned rows, width a multiple of
+    VEC; None where it is."""
+    if (t.dim() == 2 and t.shape[1] == width and t.stride(1) == 1 and t.stride(0) % VEC == 0
+            and t.data_ptr() % 16 == 0 and width % VEC == 0):
+        return None
+    return (f"{name}: {t.dtype} {tuple(t.shape)} strides {t.stride()}: must be [rows, {width}] "
+            f"with contiguous, 16-byte aligned rows ({VEC} | {width})")
+
+
 def _rows_of(t: torch.Tensor, name: str, width: int) -> None:
-    """t is [rows, width] with contiguous rows, 16-byte aligned, width a multiple of VEC."""
-    _check(t.dim() == 2 and t.shape[1] == width and t.stride(1) == 1
-           and t.stride(0) % VEC == 0 and t.data_ptr() % 16 == 0 and width % VEC == 0,
-           f"{name}: {t.dtype} {tuple(t.shape)} strides {t.stride()}: must be [rows, {width}] "
-           f"with contiguous, 16-byte aligned rows ({VEC} | {width})")
+    problem = _rows_problem(t, name, width)
+    _check(problem is None, problem)
+
+
+def _same_kind(tensors: list[torch.Tensor]) -> bool:
+    """One dtype (fp16 or bf16), one CUDA device."""
+    return (usable(*tensors) and len({t.dtype for t in tensors}) == 1
+            and len({t.device for t in tensors}) == 1)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
@@ -97,9 +112,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
             _rows_of(t, name, hidden)
     _check(weight.shape == (hidden,) and weight.is_contiguous(),
            f"weight: shape {tuple(weight.shape)}, must be ({hidden},) and contiguous")
-    tensors = [x, weight, *([] if residual is None else [residual])]
-    _check(usable(*tensors) and len({t.dtype for t in tensors}) == 1
-           and len({t.device for t in tensors}) == 1,
+    _check(_same_kind([x, weight, *([] if residual is None else [residual])]),
            "x, weight and residual: one dtype (fp16 or bf16) on one CUDA device")
     threads = min(MAX_THREADS, -(-hidden // VEC // 32) * 32)
     vecs = next((v for v in NORM_VECS if v * VEC * threads >= hidden), None)
@@ -130,9 +143,7 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     _check(positions.shape == (rows,) and positions.dtype == torch.int64
            and positions.device == x.device,
            f"positions: must be int64 [{rows}] on {x.device}")
-    _check(usable(x, cos, sin) and len({x.dtype, cos.dtype, sin.dtype}) == 1
-           and len({x.device, cos.device, sin.device}) == 1,
-           "x, cos, sin: one dtype (fp16 or bf16) on one CUDA device")
+    _check(_same_kind([x, cos, sin]), "x, cos, sin: one dtype (fp16 or bf16) on one CUDA device")
     out = torch.empty(rows, heads, head_dim, dtype=x.dtype, device=x.device)
     if rows:
         pairs = heads * head_dim // 2
@@ -160,8 +171,7 @@ def write_kv(cache, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> No
                "aligned")
     _check(slots.shape == (n,) and slots.dtype == torch.int64 and slots.device == cache.device,
            f"slots: must be int64 [{n}] on {cache.device}")
-    _check(usable(k, v, cache.k_cache) and len({k.dtype, v.dtype, cache.dtype}) == 1
-           and len({k.device, v.device, cache.device}) == 1,
+    _check(_same_kind([k, v, cache.k_cache]),
            f"k, v: {k.dtype}, {v.dtype}: must be the cache's dtype ({cache.dtype}), fp16 or "
            "bf16, on its CUDA device")
     if n:
@@ -197,20 +207,18 @@ def linear_problem(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     if x.dim() != 2 or not 1 <= x.shape[0] <= LINEAR_ROWS:
         return f"x: shape {tuple(x.shape)}, must be [rows, k] with 1 <= rows <= {LINEAR_ROWS}"
     k = x.shape[1]
-    if not (x.stride(1) == 1 and x.stride(0) % VEC == 0 and x.data_ptr() % 16 == 0
-            and k % VEC == 0):
-        return (f"x: {tuple(x.shape)} strides {x.stride()}: must have contiguous, 16-byte "
-                f"aligned rows ({VEC} | {k})")
+    if (problem := _rows_problem(x, "x", k)) is not None:
+        return problem
     if not (weight.dim() == 2 and weight.shape[1] == k and weight.is_contiguous()
             and weight.data_ptr() % 16 == 0):
         return f"weight: shape {tuple(weight.shape)}, must be contiguous [n, {k}], 16-byte aligned"
     n = weight.shape[0]
     if bias is not None and not (bias.shape == (n,) and bias.is_contiguous()):
         return f"bias: shape {tuple(bias.shape)}, must be ({n},) and contiguous, or None"
-    tensors = [x, weight, *([] if bias is None else [bias])]
-    if not (usable(*tensors) and len({t.dtype for t in tensors}) == 1
-            and len({t.device for t in tensors}) == 1):
+    if not _same_kind([x, weight, *([] if bias is None else [bias])]):
         return "x, weight and bias: one dtype (fp16 or bf16) on one CUDA device"
+    if max(n, k) >= 2**31:
+        return f"weight: shape {tuple(weight.shape)}, each side must be below 2**31"
     return None
 
 

@@ -213,8 +213,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
            ) -> torch.Tensor:
     """F.linear, by one `layer_ops.linear` kernel where it takes the tensors: a decode step of
     at most layer_ops.LINEAR_ROWS rows on a GPU."""
-    if x.dim() == 2 and x.shape[0] <= layer_ops.LINEAR_ROWS and x.is_cuda \
-            and layer_ops.linear_problem(x, weight, bias) is None:
+    if x.is_cuda and layer_ops.linear_problem(x, weight, bias) is None:
         return layer_ops.linear(x, weight, bias)
     return F.linear(x, weight, bias)
 

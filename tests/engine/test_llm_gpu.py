@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import kvlab
+from kvlab.engine import graphs as engine_graphs
 
 pytestmark = pytest.mark.gpu
 
@@ -76,9 +77,11 @@ def test_a_real_size_model_decodes_a_batch():
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-opt"])
 @pytest.mark.parametrize("attention", ["vllm_v1", "gqa"])
-def test_cuda_graphs_decode_the_eager_tokens(name, attention):
+def test_cuda_graphs_decode_the_eager_tokens(name, attention, monkeypatch):
     """A small cache makes requests wait, join and be preempted, so the batch changes size
-    from step to step (graph buckets 1, 2 and 4); the graphs give the eager steps' tokens."""
+    from step to step (graph buckets 1, 2 and 4), and spans from 16 tokens make the sequences
+    cross from one span's graphs to the next; the graphs give the eager steps' tokens."""
+    monkeypatch.setattr(engine_graphs, "MIN_SPAN", 16)
     prompts = [torch.randint(0, 1024, (n,), generator=torch.Generator().manual_seed(n)).tolist()
                for n in (5, 33, 70, 18)]
     runs = {}
@@ -87,7 +90,8 @@ def test_cuda_graphs_decode_the_eager_tokens(name, attention):
                         cuda_graphs=graphs)
         runs[graphs] = llm.generate(prompts, max_new_tokens=40)
         if graphs:
-            assert len(llm.graphs.captured) >= 2
+            assert len({size for size, _ in llm.graphs.captured}) >= 2
+            assert len({span for _, span in llm.graphs.captured}) >= 3
     assert runs[True].tokens == runs[False].tokens
     assert len(set(runs[True].step_batch)) > 1
 

@@ -1,5 +1,7 @@
 """kernels/layer_ops.cu against the torch ops they replace (GPU), and where they are not used."""
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -114,8 +116,8 @@ def test_silu_mul(dtype, rows, n):
 @pytest.mark.parametrize("n, k, bias", [(4096, 4096, False), (13, 4104, True), (1, 8, True),
                                         (152064, 3584, False), (3, 18944, True)])
 def test_linear_equals_an_fp32_matmul_rounded_once(dtype, rows, n, k, bias):
-    """Every column (n not a multiple of a warp's columns, k not of a warp's reach), with and
-    without a bias, x a view with a longer row stride."""
+    """Every column (n not a multiple of a CTA's LINEAR_COLS rows, k not of the 2,048 elements
+    a CTA's loads reach at once), with and without a bias, x a view with a longer row stride."""
     x = randn(rows, k + 16, dtype=dtype, seed=1)[:, 8:k + 8]
     w = randn(n, k, dtype=dtype, seed=2) / k ** 0.5
     b = randn(n, dtype=dtype, seed=3) if bias else None
@@ -124,15 +126,25 @@ def test_linear_equals_an_fp32_matmul_rounded_once(dtype, rows, n, k, bias):
 
 
 @gpu
-def test_linear_is_used_for_a_few_rows_only():
-    from kvlab.offload.model import linear
+def test_the_layers_take_linear_for_a_few_rows_only(monkeypatch):
+    """kvlab.offload.model.linear runs layer_ops.linear where it takes the tensors (and gets its
+    answer), F.linear elsewhere: more rows, or a weight it cannot stream."""
+    from kvlab.offload import model
 
+    calls = []
+
+    def counted(*args):
+        calls.append(args[0].shape[0])
+        return layer_ops.linear(*args)
+
+    monkeypatch.setattr(model.layer_ops, "linear", counted)
     w = randn(64, 128, dtype=torch.float16)
     for rows in (1, layer_ops.LINEAR_ROWS, layer_ops.LINEAR_ROWS + 1, 300):
         x = randn(rows, 128, dtype=torch.float16, seed=rows)
-        close(linear(x, w), (x.float() @ w.float().T).half())
-    assert layer_ops.linear_problem(randn(layer_ops.LINEAR_ROWS + 1, 128, dtype=torch.float16),
-                                    w) is not None
+        close(model.linear(x, w), (x.float() @ w.float().T).half())
+    assert calls == sorted({1, layer_ops.LINEAR_ROWS})
+    model.linear(randn(1, 128, dtype=torch.float16), randn(128, 64, dtype=torch.float16).T)
+    assert len(calls) == len({1, layer_ops.LINEAR_ROWS})  # a transposed weight: F.linear
 
 
 @gpu
@@ -177,6 +189,26 @@ def test_bad_tensors_are_refused_before_a_launch(call, message):
         call()
 
 
+def half(*shape):
+    return torch.zeros(*shape, dtype=torch.float16)
+
+
+@pytest.mark.parametrize("x, weight, bias, message", [
+    (half(3, 16), half(4, 16), None, r"x: shape \(3, 16\), must be \[rows, k\] with 1 <= rows"),
+    (half(1, 12), half(4, 12), None, r"x: .* 16-byte aligned rows \(8 \| 12\)"),
+    (half(1, 24)[:, 4:20], half(4, 16), None, r"x: .* strides \(24, 1\): .*16-byte aligned"),
+    (half(2, 20)[:, :16], half(4, 16), None, r"x: .* strides \(20, 1\)"),
+    (half(1, 16), half(16, 4).T, None, r"weight: shape \(4, 16\), must be contiguous"),
+    (half(1, 16), half(4, 16), half(5), r"bias: shape \(5,\), must be \(4,\)"),
+    (half(1, 16), half(4, 16), torch.zeros(4), "one dtype .fp16 or bf16. on one CUDA device"),
+    (half(1, 16), half(4, 16), None, "one dtype .fp16 or bf16. on one CUDA device"),  # the CPU
+])
+def test_linear_says_what_it_cannot_take(x, weight, bias, message):
+    """On the CPU too: every refusal but the last (the device) comes from shapes, strides and
+    alignment, so it is checked here without a GPU."""
+    assert re.search(message, layer_ops.linear_problem(x, weight, bias))
+
+
 def test_the_torch_ops_run_where_the_kernels_cannot():
     assert not layer_ops.usable(torch.zeros(8, dtype=torch.float16))  # on the CPU
     if torch.cuda.is_available():
@@ -187,3 +219,4 @@ def test_every_instantiation_is_named_once():
     names = layer_ops.default_instances()
     assert len(names) == len(set(names)) == 2 * (len(layer_ops.NORM_VECS) + 4
                                                 + layer_ops.LINEAR_ROWS)
+    assert 1 <= layer_ops.LINEAR_WARPS <= 8  # the kernel's LINEAR_MAX_WARPS

@@ -185,10 +185,9 @@ __global__ void silu_mul(T* __restrict__ out, const T* __restrict__ gate_up, int
 // in one CUDA graph, share of the copy roofline at one row): W_QKV 0.80 (cuBLAS 0.74), W_O 0.74
 // (0.57), gate and up 0.99 (0.96), W_down 0.95 (0.85), the LM head 1.04 (0.99). Over the four
 // paper models' linears: 9% less time than cuBLAS at one row, 5% at two (though W_down there
-// ran 0.73 against 0.85), 5% more at four. Tried and dropped: every layer op
-// launched as a programmatic dependent, with this kernel's first loads before its
-// griddepcontrol.wait: alone 2-6% faster, but the whole batch-1 step ran 4.71-4.99 ms against
-// 4.55-4.78 launched plainly.
+// ran 0.73 against 0.85), 5% more at four. Tried and dropped: every layer op launched as a
+// programmatic dependent, with this kernel's first loads before its griddepcontrol.wait: alone
+// 2-6% faster, but the whole batch-1 step ran 4.71-4.99 ms against 4.55-4.78 launched plainly.
 // Grid ceil(n / COLS); blockDim.x = 32 * warps, at most 32 * LINEAR_MAX_WARPS.
 constexpr int LINEAR_MAX_WARPS = 8;
 

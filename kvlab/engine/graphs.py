@@ -193,13 +193,12 @@ class DecodeGraphs:
         MAX_BUCKET, each shorter than max_seq_len with its new token): their new tokens, already
         placed (`placed`: BlockManager.append_one's answer), and block_table(seq_id), a
         sequence's block table after the placement."""
-        batch = len(seq_ids)
-        key = bucket(batch), span(max(placed.positions) + 1, self.max_seq_len)
+        size = bucket(len(seq_ids))
+        key = size, span(max(placed.positions) + 1, self.max_seq_len)
         entry = self.captured.get(key) or self._capture(*key)
         # NOTE: the copies from pinned memory below are only queued when step returns, and the
         # next step rewrites their sources in `fill`. That is safe because the engine waits for
         # each step's logits (sampling calls .tolist()) before it places the next step.
-        size = key[0]
         inputs, tables = self.host.fill(size, seq_ids, token_ids, placed.positions,
                                         placed.slots, block_table)
         entry.inputs.copy_(inputs, non_blocking=True)
@@ -211,7 +210,7 @@ class DecodeGraphs:
             for cache in self.caches:
                 cache.copy_blocks(placed.copies)
         entry.graph.replay()
-        return entry.logits[:batch]
+        return entry.logits[:len(seq_ids)]
 
     def _capture(self, size: int, tokens: int) -> _Captured:
         from kvlab.kernels.decode import DecodePlan

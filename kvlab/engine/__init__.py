@@ -5,7 +5,8 @@
 - `forward`: the prefill of a batch of prompts and a decode step of a batch over the paged
   cache; the layer math is `kvlab.offload`'s, shared with the KVPR runtime.
 - `llm`: `LLM`, continuous batching with preemption by recompute, greedy and top-p sampling.
-- `generation`: `Generation`, what `LLM.generate` returns.
+- `generation`: `Generation`, what `LLM.generate` returns, and `TokenLog`, how it records each
+  new token (shared with `offloaded`).
 - `offloaded`: `LLM(offload=True)`, the K, V in host memory and each decode step through the
   KVPR runtime (`kvlab.offload.runtime`).
 - `graphs`: decode steps captured and replayed as CUDA graphs, one per batch bucket and

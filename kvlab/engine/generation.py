@@ -1,8 +1,9 @@
-"""What `LLM.generate` returns, and the clock it times with."""
+"""What `LLM.generate` returns, the clock it times with, and how it records each new token."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -13,6 +14,36 @@ def clock_ms(device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter() * 1e3
+
+
+class TokenLog:
+    """The new tokens of a generate's requests as they come (`take`), and when each request got
+    its first token and its last (`first_token_s`, `finish_s`: seconds after `began`, a
+    time.perf_counter() reading). A request here: `index`, `tokens`, `max_new_tokens` and
+    `finish_reason`. stop: the EOS token id, or None; on_finish(done, total) is called as each
+    request finishes."""
+
+    def __init__(self, num_requests: int, stop: int | None, began: float,
+                 on_finish: Callable[[int, int], None] | None):
+        self.stop, self.began, self.on_finish = stop, began, on_finish
+        self.first_token_s, self.finish_s = [0.0] * num_requests, [0.0] * num_requests
+
+    def take(self, request, token: int) -> bool:
+        """Record the request's new token; True when it ends the request (EOS or its limit)."""
+        request.tokens.append(int(token))
+        now = time.perf_counter() - self.began
+        if len(request.tokens) == 1:
+            self.first_token_s[request.index] = now
+        if token == self.stop:
+            request.finish_reason = "eos"
+        elif len(request.tokens) == request.max_new_tokens:
+            request.finish_reason = "length"
+        if not request.finish_reason:
+            return False
+        self.finish_s[request.index] = now
+        if self.on_finish is not None:
+            self.on_finish(sum(f > 0 for f in self.finish_s), len(self.finish_s))
+        return True
 
 
 @dataclass

@@ -40,7 +40,7 @@ from kvlab.cache import BlockManager
 from kvlab.checks import check_block_size, check_positive_int, is_int
 from kvlab.config import MODELS, ModelConfig
 from kvlab.engine import checkpoint, forward, offloaded, tp
-from kvlab.engine.generation import Generation, clock_ms
+from kvlab.engine.generation import Generation, TokenLog, clock_ms
 from kvlab.engine.graphs import bucket as graphs_bucket
 from kvlab.engine.weights import ModelWeights
 from kvlab.kernels.prefetch import PrefetchConfig
@@ -322,20 +322,16 @@ class LLM:
         waiting = deque(sorted(requests, key=lambda r: arrival_s[r.index]))
         running: list[_Request] = []
         prefill_ms, step_ms, step_batch = [0.0] * len(requests), [], []
-        first_token_s, finish_s = [0.0] * len(requests), [0.0] * len(requests)
         preemptions, began = 0, time.perf_counter()
+        log = TokenLog(len(requests), stop, began, on_finish)
 
         def now() -> float:
             return time.perf_counter() - began
 
         def take(request: _Request, token: int) -> None:
-            self._take(request, token, stop, running)
-            if len(request.tokens) == 1:
-                first_token_s[request.index] = now()
-            if request.finish_reason:
-                finish_s[request.index] = now()
-                if on_finish is not None:
-                    on_finish(sum(f > 0 for f in finish_s), len(requests))
+            if log.take(request, token):  # its end: it leaves `running` and frees its blocks
+                self.manager.free(request.seq_id)
+                running.remove(request)
 
         while waiting or running:
             admitted, prompt_tokens = [], 0
@@ -370,7 +366,7 @@ class LLM:
                 take(request, token)
         return Generation([r.tokens for r in requests], [r.finish_reason for r in requests],
                           prefill_ms, step_ms, step_batch, preemptions, self.attention,
-                          arrival_s, first_token_s, finish_s)
+                          arrival_s, log.first_token_s, log.finish_s)
 
     # ---- the steps ------------------------------------------------------------------------
 
@@ -414,19 +410,6 @@ class LLM:
         plan = DecodePlan(self.caches[0], seq_ids, self.local.num_qo_heads,
                           kernel=self.attention, prefetch=self.prefetch)
         return lambda i, q: plan.run(q, self.caches[i].k_cache, self.caches[i].v_cache)
-
-    def _take(self, request: _Request, token: int, stop: int | None,
-              running: list[_Request]) -> None:
-        """Record a running request's new token; at its end it leaves `running` and frees its
-        blocks."""
-        request.tokens.append(int(token))
-        if token == stop:
-            request.finish_reason = "eos"
-        elif len(request.tokens) == request.max_new_tokens:
-            request.finish_reason = "length"
-        if request.finish_reason:
-            self.manager.free(request.seq_id)
-            running.remove(request)
 
     # ---- admission and preemption -----------------------------------------------------------
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 
 from kvlab.engine import forward
-from kvlab.engine.generation import Generation, clock_ms
+from kvlab.engine.generation import Generation, TokenLog, clock_ms
 from kvlab.offload.host import HostStore
 from kvlab.offload.loop import decode
 from kvlab.offload.profiler import DriftMonitor, profile
@@ -57,25 +57,12 @@ def generate(llm, requests, sample: Callable, stop: int | None, rates: LinkAndCo
     num_new = requests[0].max_new_tokens
     cuda = device.type == "cuda"
     store = HostStore(model, batch, prompt_len + num_new, llm.dtype, pinned=cuda)
-    began = time.perf_counter()
-    first_token_s, finish_s = [0.0] * batch, [0.0] * batch
+    log = TokenLog(batch, stop, time.perf_counter(), on_finish)
 
     def take(token_ids: list[int]) -> None:
-        now = time.perf_counter() - began
         for request, token in zip(requests, token_ids, strict=True):
-            if request.finish_reason:
-                continue
-            request.tokens.append(int(token))
-            if len(request.tokens) == 1:
-                first_token_s[request.index] = now
-            if token == stop:
-                request.finish_reason = "eos"
-            elif len(request.tokens) == request.max_new_tokens:
-                request.finish_reason = "length"
-            if request.finish_reason:
-                finish_s[request.index] = now
-                if on_finish is not None:
-                    on_finish(sum(f > 0 for f in finish_s), batch)
+            if not request.finish_reason:
+                log.take(request, token)
 
     def keeper(rows: slice):
         def keep(i, x, k, v):  # the store is token-major: [layer, token, sequence, ...]
@@ -120,4 +107,4 @@ def generate(llm, requests, sample: Callable, stop: int | None, rates: LinkAndCo
         step_ms, splits = [r.measured_ms for r in records], [r.l for r in records]
     return Generation([r.tokens for r in requests], [r.finish_reason for r in requests],
                       [prefill_ms] * batch, step_ms, [batch] * len(step_ms), 0, ATTENTION,
-                      [0.0] * batch, first_token_s, finish_s, splits)
+                      [0.0] * batch, log.first_token_s, log.finish_s, splits)

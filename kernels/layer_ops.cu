@@ -21,6 +21,12 @@ constexpr int VEC = 8;  // elements of T in one 16-byte vector
 template <typename T>
 __device__ __forceinline__ float rounded(float x) { return to_float(float_to<T>(x)); }
 
+// SwiGLU's product of one element, as torch's F.silu(gate) * up rounds it (silu to T first)
+template <typename T>
+__device__ __forceinline__ float silu_times(float gate, float up) {
+    return rounded<T>(gate / (1.0f + __expf(-gate))) * up;
+}
+
 // Sum of `value` over the CTA (blockDim.x a multiple of 32, at most 1024), returned to all.
 __device__ float cta_sum(float value) {
     __shared__ float warp_sums[32];
@@ -82,10 +88,27 @@ __global__ void rms_norm(T* __restrict__ out, T* __restrict__ sum, const T* __re
 // Rotary embedding, half-split pairs (x[i], x[i + d/2]) as Llama and Qwen2 rotate them:
 //   out[i]       = x[i] cos[p, i]             - x[i + d/2] sin[p, i]
 //   out[i + d/2] = x[i + d/2] cos[p, i + d/2] + x[i] sin[p, i + d/2]
-// at position p = positions[row], cos and sin the [max_positions, head_dim] tables (a position
-// outside them gives zeros, never a read outside). x, out:
-// [rows, heads, head_dim] with row strides of their own (x may be a view into a fused QKV
-// output), heads contiguous. out may be x. Grid (rows, ceil(heads * head_dim / 2 / blockDim.x)).
+// at position p, cos and sin the [max_positions, 2 half] tables (a position outside them gives
+// zeros, never a read outside): pair i of the head at src, into *first and *second.
+template <typename T>
+__device__ __forceinline__ void rotate_pair(T* first, T* second, const T* src, int i, int half,
+                                            const T* __restrict__ cos, const T* __restrict__ sin,
+                                            long long position, long long max_positions) {
+    if (position < 0 || position >= max_positions) {
+        *first = *second = float_to<T>(0.0f);
+        return;
+    }
+    const long long table = position * 2 * half;
+    const float x1 = to_float(src[i]), x2 = to_float(src[i + half]);
+    // torch: x * cos (rounded), then + rotated * sin
+    *first = float_to<T>(rounded<T>(x1 * to_float(cos[table + i])) - x2 * to_float(sin[table + i]));
+    *second = float_to<T>(rounded<T>(x2 * to_float(cos[table + i + half])) +
+                          x1 * to_float(sin[table + i + half]));
+}
+
+// RoPE of x [rows, heads, head_dim] at positions[row] into out, both with row strides of their
+// own (x may be a view into a fused QKV output), heads contiguous; out may be x.
+// Grid (rows, ceil(heads * head_dim / 2 / blockDim.x)).
 template <typename T>
 __global__ void rope(T* out, const T* x, const T* __restrict__ cos, const T* __restrict__ sin,
                      const long long* __restrict__ positions, long long max_positions, int heads,
@@ -96,17 +119,8 @@ __global__ void rope(T* out, const T* x, const T* __restrict__ cos, const T* __r
     const int head = pair / half, i = pair % half;
     const T* src = x + blockIdx.x * x_row_stride + head * head_dim;
     T* dst = out + blockIdx.x * out_row_stride + head * head_dim;
-    const long long position = positions[blockIdx.x];
-    if (position < 0 || position >= max_positions) {
-        dst[i] = dst[i + half] = float_to<T>(0.0f);
-        return;
-    }
-    const long long table = position * head_dim;
-    const float x1 = to_float(src[i]), x2 = to_float(src[i + half]);
-    // torch: x * cos (rounded), then + rotated * sin
-    dst[i] = float_to<T>(rounded<T>(x1 * to_float(cos[table + i])) - x2 * to_float(sin[table + i]));
-    dst[i + half] = float_to<T>(rounded<T>(x2 * to_float(cos[table + i + half])) +
-                                  x1 * to_float(sin[table + i + half]));
+    rotate_pair(dst + i, dst + i + half, src, i, half, cos, sin, positions[blockIdx.x],
+                max_positions);
 }
 
 // Write the K and V of `rows` new tokens into a paged cache at their slots (block id * block_size
@@ -147,6 +161,50 @@ __global__ void write_kv(T* __restrict__ k_cache, T* __restrict__ v_cache, const
     }
 }
 
+// A RoPE layer's decode-step QKV output into attention, one launch for three: Q rotated into
+// q_out (`rope`), K rotated and V as it is written into a paged cache at the rows' slots
+// (`write_kv`; a slot outside the cache is skipped). qkv: [rows, (q_heads + 2 kv_heads) *
+// head_dim] (the Q, K, V heads in turn) with a row stride of its own; q_out [rows, q_heads,
+// head_dim] contiguous. Grid (rows, ceil((q_heads + 2 kv_heads) * head_dim / 2 / blockDim.x)):
+// a thread per (head, pair).
+template <typename T, bool VLLM>
+__global__ void rope_write(T* __restrict__ q_out, T* __restrict__ k_cache, T* __restrict__ v_cache,
+                           const T* __restrict__ qkv, const T* __restrict__ cos,
+                           const T* __restrict__ sin, const long long* __restrict__ positions,
+                           long long max_positions, const long long* __restrict__ slots,
+                           long long num_blocks, int block_size, int q_heads, int kv_heads,
+                           int head_dim, long long qkv_row_stride) {
+    const int half = head_dim / 2;
+    const int pair = blockIdx.y * blockDim.x + threadIdx.x;
+    if (pair >= (q_heads + 2 * kv_heads) * half) return;
+    const int head = pair / half, i = pair % half;
+    const T* src = qkv + blockIdx.x * qkv_row_stride + static_cast<long long>(head) * head_dim;
+    const long long position = positions[blockIdx.x];
+    if (head < q_heads) {
+        T* dst = q_out + (static_cast<long long>(blockIdx.x) * q_heads + head) * head_dim;
+        rotate_pair(dst + i, dst + i + half, src, i, half, cos, sin, position, max_positions);
+        return;
+    }
+    const long long slot = slots[blockIdx.x];
+    if (slot < 0 || slot >= num_blocks * block_size) return;
+    const bool is_k = head < q_heads + kv_heads;
+    const long long block_head = slot / block_size * kv_heads + (head - q_heads) % kv_heads;
+    const int offset = static_cast<int>(slot % block_size);
+    // element d of this token's K or V (write_kv's layouts)
+    const auto at = [&](int d) -> long long {
+        if (!VLLM) return (block_head * block_size + offset) * head_dim + d;
+        if (is_k) return ((block_head * (head_dim / VEC) + d / VEC) * block_size + offset) * VEC + d % VEC;
+        return (block_head * head_dim + d) * block_size + offset;
+    };
+    if (is_k) {
+        rotate_pair(k_cache + at(i), k_cache + at(i + half), src, i, half, cos, sin, position,
+                    max_positions);
+    } else {
+        v_cache[at(i)] = src[i];
+        v_cache[at(i + half)] = src[i + half];
+    }
+}
+
 // SwiGLU's product: out[row, i] = T(silu(gate[row, i])) * up[row, i], where gate_up [rows,
 // 2 * n] holds gate then up in each row (one GEMM's output) and out is [rows, n]; n a multiple
 // of VEC. Grid (rows, ceil(n / VEC / blockDim.x)).
@@ -163,17 +221,22 @@ __global__ void silu_mul(T* __restrict__ out, const T* __restrict__ gate_up, int
     T* o = reinterpret_cast<T*>(&result);
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
-        const float x = to_float(g[k]);
-        o[k] = float_to<T>(rounded<T>(x / (1.0f + __expf(-x))) * to_float(u[k]));
+        o[k] = float_to<T>(silu_times<T>(to_float(g[k]), to_float(u[k])));
     }
     *reinterpret_cast<uint4*>(out + row * n + i) = result;
 }
 
 // A linear layer over a few rows, the GEMV of decode at batch 1 or 2:
-//   out[r, c] = T(sum_i x[r, i] * w[c, i] + bias[c])      (fp32 sums, one rounding, as cuBLAS)
-// for r < ROWS, c < n. w: [n, k] row-major (a torch Linear's weight), read once; x: [ROWS, k]
-// with a row stride of its own; out: [ROWS, n] contiguous; bias: [n] or null. k a multiple of
-// VEC, rows of w and x 16-byte aligned.
+//   y[r, c] = T(sum_i x[r, i] * w[c, i] + bias[c])        (fp32 sums, one rounding, as cuBLAS)
+// for r < ROWS, c < n, and what is written is EPILOGUE's:
+//   LINEAR_PLAIN     out[r, c] = y[r, c]                    out [ROWS, n]
+//   LINEAR_RESIDUAL  out[r, c] = T(y[r, c] + residual[r, c]) out, residual [ROWS, n] (a layer's
+//                    last linear and its residual add, as torch rounds `residual + linear(...)`)
+//   LINEAR_SWIGLU    out[r, j] = T(T(silu(y[r, j])) * y[r, j + n / 2])   out [ROWS, n / 2]: w
+//                    stacks W_gate over W_up, and SwiGLU's product comes out of their GEMM as
+//                    `silu_mul` rounds it; the CTA owns gate rows j.. and up rows n / 2 + j..
+// w: [n, k] row-major (a torch Linear's weight), read once; x: [ROWS, k] with a row stride of
+// its own; bias: [n] or null. k a multiple of VEC, rows of w and x 16-byte aligned.
 //
 // Such a layer only streams w from HBM, and the kernel's one job is to keep enough of w in
 // flight on every SM, from the first CTA to the last. A CTA owns COLS rows of w and its warps
@@ -188,8 +251,11 @@ __global__ void silu_mul(T* __restrict__ out, const T* __restrict__ gate_up, int
 // ran 0.73 against 0.85), 5% more at four. Tried and dropped: every layer op launched as a
 // programmatic dependent, with this kernel's first loads before its griddepcontrol.wait: alone
 // 2-6% faster, but the whole batch-1 step ran 4.71-4.99 ms against 4.55-4.78 launched plainly.
-// Grid ceil(n / COLS); blockDim.x = 32 * warps, at most 32 * LINEAR_MAX_WARPS.
+// Each epilogue saves a launch of its own (2-3 us of a batch-1 step's layer on the H200).
+// Grid ceil(n / COLS) (LINEAR_SWIGLU: ceil(n / 2 / (COLS / 2))); blockDim.x = 32 * warps, at most
+// 32 * LINEAR_MAX_WARPS.
 constexpr int LINEAR_MAX_WARPS = 8;
+constexpr int LINEAR_PLAIN = 0, LINEAR_RESIDUAL = 1, LINEAR_SWIGLU = 2;
 
 __device__ __forceinline__ uint4 load_once(const void* p) {
     uint4 v;
@@ -207,19 +273,28 @@ __device__ __forceinline__ float dot_vec(const uint4& a, const uint4& b, float a
     return acc;
 }
 
-template <typename T, int ROWS, int COLS, int UNROLL>
+template <typename T, int ROWS, int COLS, int UNROLL, int EPILOGUE>
 __global__ void linear(T* __restrict__ out, const T* __restrict__ x, const T* __restrict__ w,
-                       const T* __restrict__ bias, int n, int k, long long x_row_stride) {
+                       const T* __restrict__ bias, const T* __restrict__ residual, int n, int k,
+                       long long x_row_stride) {
+    static_assert(EPILOGUE != LINEAR_SWIGLU || COLS % 2 == 0, "SwiGLU pairs gate and up rows");
     __shared__ float sums[LINEAR_MAX_WARPS][ROWS][COLS];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-    const int col0 = blockIdx.x * COLS;
+    // the CTA's weight rows: COLS from col0, or (SwiGLU) COLS / 2 gate rows from col0 and the
+    // up rows n / 2 further
+    const int col0 = blockIdx.x * (EPILOGUE == LINEAR_SWIGLU ? COLS / 2 : COLS);
+    const auto weight_row = [&](int c) {
+        if (EPILOGUE != LINEAR_SWIGLU) return min(col0 + c, n - 1);
+        const int half = n / 2, j = min(col0 + c % (COLS / 2), half - 1);
+        return c < COLS / 2 ? j : half + j;
+    };
     const int step = 32 * VEC * warps;  // elements of a row one CTA-wide load covers
     float acc[ROWS][COLS] = {};
     for (int base = threadIdx.x * VEC; base < k; base += step * UNROLL) {
         uint4 wv[COLS][UNROLL];
 #pragma unroll
         for (int c = 0; c < COLS; ++c) {
-            const T* row = w + static_cast<size_t>(min(col0 + c, n - 1)) * k;
+            const T* row = w + static_cast<size_t>(weight_row(c)) * k;
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u)
                 if (base + u * step < k) wv[c][u] = load_once(row + base + u * step);
@@ -244,13 +319,27 @@ __global__ void linear(T* __restrict__ out, const T* __restrict__ x, const T* __
             if (lane == 0) sums[warp][r][c] = acc[r][c];
         }
     __syncthreads();
-    // thread (r, c) adds the warps' sums of out[r, col0 + c]
-    if (threadIdx.x < ROWS * COLS) {
+    // y[r, c] of this CTA's weight row c: the warps' sums and the bias, rounded to T
+    const auto y = [&](int r, int c) {
+        float total = bias != nullptr ? to_float(bias[weight_row(c)]) : 0.0f;
+        for (int i = 0; i < warps; ++i) total += sums[i][r][c];
+        return rounded<T>(total);
+    };
+    if (EPILOGUE == LINEAR_SWIGLU) {  // thread (r, c) writes out[r, col0 + c]
+        const int half = n / 2;
+        if (threadIdx.x < ROWS * COLS / 2) {
+            const int r = threadIdx.x / (COLS / 2), c = threadIdx.x % (COLS / 2);
+            if (col0 + c < half)
+                out[static_cast<size_t>(r) * half + col0 + c] =
+                    float_to<T>(silu_times<T>(y(r, c), y(r, c + COLS / 2)));
+        }
+    } else if (threadIdx.x < ROWS * COLS) {
         const int r = threadIdx.x / COLS, c = threadIdx.x % COLS;
         if (col0 + c < n) {
-            float total = bias != nullptr ? to_float(bias[col0 + c]) : 0.0f;
-            for (int i = 0; i < warps; ++i) total += sums[i][r][c];
-            out[static_cast<size_t>(r) * n + col0 + c] = float_to<T>(total);
+            const size_t at = static_cast<size_t>(r) * n + col0 + c;
+            const float value = y(r, c);
+            out[at] = float_to<T>(EPILOGUE == LINEAR_RESIDUAL ? value + to_float(residual[at])
+                                                              : value);
         }
     }
 }

@@ -231,6 +231,8 @@ struct Geometry {
   static constexpr int NUM_X_VECS = HEAD_DIM / X;            // x-vectors per token
   static constexpr int K_VEC = X / THREAD_GROUP_SIZE;        // elements per lane per x-vector
   static constexpr int K_WORDS = K_VEC / 2;
+  static constexpr int K_LOAD_BATCHES = 2;  // memory round trips for one block's K (see qk_logits)
+  static_assert(NUM_X_VECS % K_LOAD_BATCHES == 0, "whole batches of x-vectors");
 
   // p.V: V_VECS_PER_ROW lanes per row of a V tile, ROWS_PER_STEP rows per warp step.
   static constexpr int V_VEC = X;
@@ -295,31 +297,42 @@ __device__ __forceinline__ float qk_logits(float* logits, const T* q_smem, const
     const T* k_tile =
         kv_tile<G::TILE_ELEMS>(k_cache, block_table[block_idx], num_kv_heads, kv_head);
     const T* k_lane = k_tile + token_in_block * G::X + group_lane * G::K_VEC;
-    uint32_t k_words[G::NUM_X_VECS][G::K_WORDS];
-#pragma unroll
-    for (int c = 0; c < G::NUM_X_VECS; ++c) {
-      load_words(k_words[c], k_lane + c * BLOCK_SIZE * G::X);
-    }
-    if constexpr (PF_MODE != PF_NONE && PF_K) {
-      prefetch_ahead<PF_MODE, PF_EVICT_LAST, PF_DIST, G::TILE_ELEMS>(
-          k_cache, block_table, block_idx, r.end_block, num_kv_heads, kv_head, lane, policy);
-    }
-
-    // One fp32 chain per element pair, then the group's lanes summed.
+    // One fp32 chain per element pair, then the group's lanes summed. The block's K vectors are
+    // loaded in K_LOAD_BATCHES batches, as vLLM's build issues them (see the header): batch b + 1
+    // is addressed through `dep`, which is 0 but known only once batch b's products are in, so
+    // no compiler can issue its loads before batch b has arrived.
     float2 acc[G::K_WORDS];
 #pragma unroll
     for (int w = 0; w < G::K_WORDS; ++w) acc[w] = make_float2(0.f, 0.f);
+    int dep = 0;
 #pragma unroll
-    for (int c = 0; c < G::NUM_X_VECS; ++c) {
-      uint32_t q_words[G::K_WORDS];
-      load_words(q_words, q_lane + c * G::X);
+    for (int b = 0; b < G::K_LOAD_BATCHES; ++b) {
+      constexpr int PER_BATCH = G::NUM_X_VECS / G::K_LOAD_BATCHES;
+      uint32_t k_words[PER_BATCH][G::K_WORDS];
 #pragma unroll
-      for (int w = 0; w < G::K_WORDS; ++w) {
-        const float2 qf = word_to_float2<T>(q_words[w]);
-        const float2 kf = word_to_float2<T>(k_words[c][w]);
-        acc[w].x = fmaf(qf.x, kf.x, acc[w].x);
-        acc[w].y = fmaf(qf.y, kf.y, acc[w].y);
+      for (int j = 0; j < PER_BATCH; ++j) {
+        load_words(k_words[j], k_lane + dep + (b * PER_BATCH + j) * BLOCK_SIZE * G::X);
       }
+      if constexpr (PF_MODE != PF_NONE && PF_K) {
+        if (b == 0) {
+          prefetch_ahead<PF_MODE, PF_EVICT_LAST, PF_DIST, G::TILE_ELEMS>(
+              k_cache, block_table, block_idx, r.end_block, num_kv_heads, kv_head, lane, policy);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < PER_BATCH; ++j) {
+        uint32_t q_words[G::K_WORDS];
+        load_words(q_words, q_lane + (b * PER_BATCH + j) * G::X);
+#pragma unroll
+        for (int w = 0; w < G::K_WORDS; ++w) {
+          const float2 qf = word_to_float2<T>(q_words[w]);
+          const float2 kf = word_to_float2<T>(k_words[j][w]);
+          acc[w].x = fmaf(qf.x, kf.x, acc[w].x);
+          acc[w].y = fmaf(qf.y, kf.y, acc[w].y);
+        }
+      }
+      // x * 0 is 0, -0 or NaN, each converted to 0 (cvt.rzi); no compiler folds it away
+      if (b + 1 < G::K_LOAD_BATCHES) dep = __float2int_rz(acc[0].x * 0.f);
     }
     float qk = 0.f;
 #pragma unroll

@@ -21,7 +21,16 @@ from kvlab.cache import Allocation
 from kvlab.config import ModelConfig
 from kvlab.engine.weights import OPT_POSITION_OFFSET, ModelWeights
 from kvlab.kernels import layer_ops
-from kvlab.offload.model import SDPA_BACKENDS, layer_head, layer_tail, linear
+from kvlab.offload.model import (
+    SDPA_BACKENDS,
+    Fused,
+    LayerWeights,
+    layer_head,
+    layer_tail,
+    linear,
+    project_qkv,
+    qkv_heads,
+)
 from kvlab.offload.recompute import RopeTable, norm
 
 # attend(layer index, q [batch, num_qo_heads, head_dim]) -> [batch, num_qo_heads, head_dim]
@@ -107,12 +116,28 @@ def decode_step(model: ModelConfig, w: ModelWeights, caches: Sequence,
     hidden = embed(model, w, token_ids, positions)
     batch = token_ids.shape[0]
     for i, (layer, fused, cache) in enumerate(zip(w.layers, w.fused, caches, strict=True)):
-        _, q, k, v = layer_head(model, layer, hidden, positions, rope, fused)
         cache.copy_blocks(copies)
-        if layer_ops.usable(k, cache.k_cache):  # here, not in the cache: kvlab.cache sits
-            layer_ops.write_kv(cache, slots, k, v)  # below the kernels that read it
-        else:
-            cache.write_slots(slots, k, v)
+        q = query_and_write(model, layer, fused, cache, slots, hidden, positions, rope)
         out = attend(i, q).reshape(batch, model.q_size).to(hidden.dtype)
         hidden = layer_tail(model, layer, hidden, out, fused, reduce)
     return logits(model, w, hidden)
+
+
+def query_and_write(model: ModelConfig, layer: LayerWeights, fused: Fused, cache,
+                    slots: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+                    rope: RopeTable | None) -> torch.Tensor:
+    """A decode step's `layer_head` into attention: the new tokens' K, V written into `cache`
+    at `slots`, their Q [batch, num_qo_heads, head_dim] returned. On a GPU, RoPE and the write
+    are one kernel where the family rotates and the cache holds fp16 or bf16 (here, not in the
+    cache: kvlab.cache sits below the kernels that read it)."""
+    _, qkv = project_qkv(model, layer, hidden, fused)
+    if (model.position == "rope" and rope is not None
+            and layer_ops.same_kind(qkv, rope.cos, cache.k_cache)):
+        return layer_ops.rope_write(qkv, model.num_qo_heads, rope.cos, rope.sin, positions,
+                                    cache, slots)
+    q, k, v = qkv_heads(model, qkv, positions, rope)
+    if layer_ops.usable(k, cache.k_cache):
+        layer_ops.write_kv(cache, slots, k, v)
+    else:
+        cache.write_slots(slots, k, v)
+    return q

@@ -1,8 +1,10 @@
 """Launchers for `kernels/layer_ops.cu`: a decoder layer's small decode-step ops as one CUDA
 kernel each (RMSNorm with its residual add, RoPE from a cos/sin table, the paged-cache write,
-SwiGLU's product), where torch composes them from several, and the linear layers of a step of
-at most LINEAR_ROWS rows, whose weights it streams in less time than cuBLAS over the paper
-models' linears (not at every shape: kernels/layer_ops.cu has the figures).
+SwiGLU's product, and RoPE of Q and K with the cache write together), where torch composes them
+from several, and the linear layers of a step of at most LINEAR_ROWS rows, whose weights it
+streams in less time than cuBLAS over the paper models' linears (not at every shape:
+kernels/layer_ops.cu has the figures), with the residual add or SwiGLU's product that follows
+them in the same launch.
 
 The layer code (`kvlab.offload.recompute`, `kvlab.offload.model`, `kvlab.engine.forward`)
 calls these where `usable` says so: fp16 or bf16 tensors on a CUDA device, with CuPy present.
@@ -29,6 +31,10 @@ LINEAR_ROWS = 2  # the most rows `linear` takes (one instantiation per count)
 # weight rows a CTA owns, 16-byte loads of each a lane has in flight, and warps a CTA (at most
 # the kernel's LINEAR_MAX_WARPS, 8)
 LINEAR_COLS, LINEAR_UNROLL, LINEAR_WARPS = 4, 2, 4
+# what `linear` writes (the kernel's EPILOGUE): F.linear's output, plus a residual, or SwiGLU's
+# product of its two halves
+LINEAR_EPILOGUES = {"plain": "kvlab::LINEAR_PLAIN", "residual": "kvlab::LINEAR_RESIDUAL",
+                    "swiglu": "kvlab::LINEAR_SWIGLU"}
 
 
 @functools.cache
@@ -52,13 +58,16 @@ def default_instances() -> list[str]:
     for t in CUDA_TYPES.values():
         names += [f"kvlab::rms_norm<{t}, {vecs}>" for vecs in NORM_VECS]
         names += [f"kvlab::rope<{t}>", f"kvlab::silu_mul<{t}>"]
-        names += [f"kvlab::write_kv<{t}, {layout}>" for layout in ("false", "true")]
-        names += [linear_name(t, rows) for rows in range(1, LINEAR_ROWS + 1)]
+        names += [f"kvlab::{op}<{t}, {layout}>" for op in ("write_kv", "rope_write")
+                  for layout in ("false", "true")]
+        names += [linear_name(t, rows, epilogue) for rows in range(1, LINEAR_ROWS + 1)
+                  for epilogue in LINEAR_EPILOGUES]
     return names
 
 
-def linear_name(cuda_type: str, rows: int) -> str:
-    return f"kvlab::linear<{cuda_type}, {rows}, {LINEAR_COLS}, {LINEAR_UNROLL}>"
+def linear_name(cuda_type: str, rows: int, epilogue: str) -> str:
+    return (f"kvlab::linear<{cuda_type}, {rows}, {LINEAR_COLS}, {LINEAR_UNROLL}, "
+            f"{LINEAR_EPILOGUES[epilogue]}>")
 
 
 @functools.cache
@@ -93,8 +102,8 @@ def _rows_of(t: torch.Tensor, name: str, width: int) -> None:
     _check(problem is None, problem)
 
 
-def _same_kind(tensors: list[torch.Tensor]) -> bool:
-    """One dtype (fp16 or bf16), one CUDA device."""
+def same_kind(*tensors: torch.Tensor) -> bool:
+    """One dtype (fp16 or bf16), one CUDA device, CuPy importable."""
     return (usable(*tensors) and len({t.dtype for t in tensors}) == 1
             and len({t.device for t in tensors}) == 1)
 
@@ -112,7 +121,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
             _rows_of(t, name, hidden)
     _check(weight.shape == (hidden,) and weight.is_contiguous(),
            f"weight: shape {tuple(weight.shape)}, must be ({hidden},) and contiguous")
-    _check(_same_kind([x, weight, *([] if residual is None else [residual])]),
+    _check(same_kind(x, weight, *([] if residual is None else [residual])),
            "x, weight and residual: one dtype (fp16 or bf16) on one CUDA device")
     threads = min(MAX_THREADS, -(-hidden // VEC // 32) * 32)
     vecs = next((v for v in NORM_VECS if v * VEC * threads >= hidden), None)
@@ -143,7 +152,7 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     _check(positions.shape == (rows,) and positions.dtype == torch.int64
            and positions.device == x.device,
            f"positions: must be int64 [{rows}] on {x.device}")
-    _check(_same_kind([x, cos, sin]), "x, cos, sin: one dtype (fp16 or bf16) on one CUDA device")
+    _check(same_kind(x, cos, sin), "x, cos, sin: one dtype (fp16 or bf16) on one CUDA device")
     out = torch.empty(rows, heads, head_dim, dtype=x.dtype, device=x.device)
     if rows:
         pairs = heads * head_dim // 2
@@ -171,7 +180,7 @@ def write_kv(cache, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> No
                "aligned")
     _check(slots.shape == (n,) and slots.dtype == torch.int64 and slots.device == cache.device,
            f"slots: must be int64 [{n}] on {cache.device}")
-    _check(_same_kind([k, v, cache.k_cache]),
+    _check(same_kind(k, v, cache.k_cache),
            f"k, v: {k.dtype}, {v.dtype}: must be the cache's dtype ({cache.dtype}), fp16 or "
            "bf16, on its CUDA device")
     if n:
@@ -180,6 +189,42 @@ def write_kv(cache, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> No
                (ptr(cache.k_cache), ptr(cache.v_cache), ptr(k), ptr(v), ptr(slots),
                 np.int64(cache.num_blocks), np.int32(cache.block_size), np.int32(heads),
                 np.int32(head_dim), np.int64(k.stride(0)), np.int64(v.stride(0))), k.device)
+
+
+def rope_write(qkv: torch.Tensor, num_qo_heads: int, cos: torch.Tensor, sin: torch.Tensor,
+               positions: torch.Tensor, cache, slots: torch.Tensor) -> torch.Tensor:
+    """A RoPE layer's QKV output of n new tokens into attention, in one kernel: returns Q
+    rotated at `positions` (`rope`), a new contiguous [n, num_qo_heads, head_dim], and writes
+    K rotated and V into a PagedKVCache of fp16 or bf16, either layout, at `slots`
+    (`write_kv`). qkv: [n, (num_qo_heads + 2 num_kv_heads) * head_dim], the Q, K, V heads in
+    turn (the fused QKV GEMM's output), rows of any stride; positions, slots: int64 [n]."""
+    heads, head_dim = cache.num_kv_heads, cache.head_dim
+    width = (num_qo_heads + 2 * heads) * head_dim
+    _check(qkv.dim() == 2 and qkv.shape[1] == width and qkv.stride(1) == 1,
+           f"qkv: shape {tuple(qkv.shape)} strides {qkv.stride()}: must be [n, {width}] "
+           f"((num_qo_heads={num_qo_heads} + 2 x {heads}) x {head_dim}), elements contiguous")
+    n = qkv.shape[0]
+    _check(cos.shape == sin.shape == (cos.shape[0], head_dim) and cos.is_contiguous()
+           and sin.is_contiguous(),
+           f"cos, sin: {tuple(cos.shape)}, {tuple(sin.shape)}: must be contiguous "
+           f"[max_positions, {head_dim}]")
+    for name, t in (("positions", positions), ("slots", slots)):
+        _check(t.shape == (n,) and t.dtype == torch.int64 and t.device == qkv.device,
+               f"{name}: must be int64 [{n}] on {qkv.device}")
+    _check(same_kind(qkv, cos, sin, cache.k_cache),
+           f"qkv, cos, sin: {qkv.dtype}, {cos.dtype}, {sin.dtype}: must be the cache's dtype "
+           f"({cache.dtype}), fp16 or bf16, on its CUDA device")
+    q = torch.empty(n, num_qo_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+    if n:
+        pairs = (num_qo_heads + 2 * heads) * head_dim // 2
+        name = (f"kvlab::rope_write<{CUDA_TYPES[qkv.dtype]}, "
+                f"{str(cache.layout == 'vllm').lower()}>")
+        launch(_kernel(name, qkv.device), (n, -(-pairs // ROPE_THREADS)), (ROPE_THREADS,),
+               (ptr(q), ptr(cache.k_cache), ptr(cache.v_cache), ptr(qkv), ptr(cos), ptr(sin),
+                ptr(positions), np.int64(cos.shape[0]), ptr(slots), np.int64(cache.num_blocks),
+                np.int32(cache.block_size), np.int32(num_qo_heads), np.int32(heads),
+                np.int32(head_dim), np.int64(qkv.stride(0))), qkv.device)
+    return q
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -201,12 +246,12 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def linear_problem(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
-                   ) -> str | None:
-    """Why `linear` would refuse these tensors, or None where it takes them."""
+def linear_problem(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                   residual: torch.Tensor | None = None, swiglu: bool = False) -> str | None:
+    """Why `linear` would refuse these arguments, or None where it takes them."""
     if x.dim() != 2 or not 1 <= x.shape[0] <= LINEAR_ROWS:
         return f"x: shape {tuple(x.shape)}, must be [rows, k] with 1 <= rows <= {LINEAR_ROWS}"
-    k = x.shape[1]
+    (rows, k), extra = x.shape, [t for t in (bias, residual) if t is not None]
     if (problem := _rows_problem(x, "x", k)) is not None:
         return problem
     if not (weight.dim() == 2 and weight.shape[1] == k and weight.is_contiguous()
@@ -215,23 +260,38 @@ def linear_problem(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     n = weight.shape[0]
     if bias is not None and not (bias.shape == (n,) and bias.is_contiguous()):
         return f"bias: shape {tuple(bias.shape)}, must be ({n},) and contiguous, or None"
-    if not _same_kind([x, weight, *([] if bias is None else [bias])]):
-        return "x, weight and bias: one dtype (fp16 or bf16) on one CUDA device"
+    if swiglu and (residual is not None or n % 2):
+        return (f"swiglu: weight shape {tuple(weight.shape)}, residual "
+                f"{None if residual is None else tuple(residual.shape)}: takes gate and up "
+                "rows stacked (an even n) and no residual")
+    if residual is not None and not (residual.shape == (rows, n) and residual.is_contiguous()):
+        return (f"residual: shape {tuple(residual.shape)}, must be ({rows}, {n}) and "
+                "contiguous, or None")
+    if not same_kind(x, weight, *extra):
+        return "x, weight, bias and residual: one dtype (fp16 or bf16) on one CUDA device"
     if max(n, k) >= 2**31:
         return f"weight: shape {tuple(weight.shape)}, each side must be below 2**31"
     return None
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, weight, bias) for x [rows, k], 1 <= rows <= LINEAR_ROWS, with contiguous,
-    16-byte aligned rows, k a multiple of 8; weight [n, k] contiguous; bias [n] or None. Sums in
-    fp32 and rounds once, as cuBLAS does: only the order of the sums differs."""
-    problem = linear_problem(x, weight, bias)
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+           residual: torch.Tensor | None = None, swiglu: bool = False) -> torch.Tensor:
+    """y = F.linear(x, weight, bias) for x [rows, k], 1 <= rows <= LINEAR_ROWS, with
+    contiguous, 16-byte aligned rows, k a multiple of 8; weight [n, k] contiguous; bias [n] or
+    None. Returns y [rows, n]; with `residual` [rows, n], residual + y; with `swiglu`,
+    silu(gate) * up [rows, n / 2] of y's halves (weight stacks W_gate over W_up). Sums in fp32
+    and rounds once, as cuBLAS does (only the order of the sums differs), and rounds what
+    follows as the torch ops it replaces."""
+    problem = linear_problem(x, weight, bias, residual, swiglu)
     _check(problem is None, problem)
     (rows, k), n = x.shape, weight.shape[0]
-    out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
+    epilogue = "swiglu" if swiglu else "plain" if residual is None else "residual"
+    width = n // 2 if swiglu else n
+    out = torch.empty(rows, width, dtype=x.dtype, device=x.device)
     if n:
-        launch(_kernel(linear_name(CUDA_TYPES[x.dtype], rows), x.device), (-(-n // LINEAR_COLS),),
-               (32 * LINEAR_WARPS,), (ptr(out), ptr(x), ptr(weight), ptr(bias), np.int32(n),
-                                      np.int32(k), np.int64(x.stride(0))), x.device)
+        cols = LINEAR_COLS // 2 if swiglu else LINEAR_COLS  # output columns a CTA writes
+        launch(_kernel(linear_name(CUDA_TYPES[x.dtype], rows, epilogue), x.device),
+               (-(-width // cols),), (32 * LINEAR_WARPS,),
+               (ptr(out), ptr(x), ptr(weight), ptr(bias), ptr(residual), np.int32(n),
+                np.int32(k), np.int64(x.stride(0))), x.device)
     return out

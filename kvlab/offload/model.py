@@ -178,16 +178,31 @@ def layer_head(model: ModelConfig, w: LayerWeights, hidden: torch.Tensor,
     `positions` [batch]. X [batch, hidden_size] is the attention input KVPR stores; Q [batch,
     num_qo_heads, head_dim]; K, V [batch, num_kv_heads, head_dim] (views into one GEMM's output
     with `fused`, w's stacks)."""
-    x = attention_input(model, w.attn, hidden)
     if fused is None:
+        x = attention_input(model, w.attn, hidden)
         k, v = project_kv(model, w.attn, x, positions, rope)
         return x, project_q(model, w.attn, x, positions, rope), k, v
-    qkv = linear(x, fused.qkv, fused.b_qkv)
+    x, qkv = project_qkv(model, w, hidden, fused)
+    return x, *qkv_heads(model, qkv, positions, rope)
+
+
+def project_qkv(model: ModelConfig, w: LayerWeights, hidden: torch.Tensor, fused: Fused
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The attention input X [batch, hidden_size] of hidden, and its Q, K, V projections in one
+    GEMM: [batch, q_size + 2 kv_size] (before RoPE)."""
+    x = attention_input(model, w.attn, hidden)
+    return x, linear(x, fused.qkv, fused.b_qkv)
+
+
+def qkv_heads(model: ModelConfig, qkv: torch.Tensor, positions: torch.Tensor,
+              rope: RopeTable | None = None) -> tuple:
+    """Q (contiguous), K, V of `project_qkv`'s output at `positions`, as `layer_head` returns
+    them."""
     q, k, v = (t.view(-1, t.shape[1] // model.head_dim, model.head_dim) for t in
                qkv.split([model.q_size, model.kv_size, model.kv_size], dim=1))
     # Q contiguous, as the decode kernels take it (RoPE's output is; OPT's view is not)
     q = rotate(model, q, positions, rope).contiguous()
-    return x, q, rotate(model, k, positions, rope), v
+    return q, rotate(model, k, positions, rope), v
 
 
 def layer_tail(model: ModelConfig, w: LayerWeights, hidden: torch.Tensor,
@@ -197,28 +212,34 @@ def layer_tail(model: ModelConfig, w: LayerWeights, hidden: torch.Tensor,
     (gate and up by one GEMM with `fused`, w's stacks). attn [batch, num_qo_heads * head_dim]
     -> the layer's output [batch, hidden_size]. reduce: with tensor parallelism
     (`kvlab.engine.tp`), the sum over the ranks of W_O's and W_down's partial outputs."""
-    reduce = reduce or (lambda t: t)
-    hidden, y = add_norm(model, hidden, reduce(linear(attn, w.attn.w_o, w.b_o)),
-                         w.mlp_norm_weight, w.mlp_norm_bias)
+    o = linear(attn, w.attn.w_o, w.b_o)
+    hidden, y = add_norm(model, hidden, o if reduce is None else reduce(o), w.mlp_norm_weight,
+                         w.mlp_norm_bias)
     if w.w_gate is None:
         y = F.relu(linear(y, w.w_up, w.b_up))
     elif fused is None:
         y = F.silu(linear(y, w.w_gate)) * linear(y, w.w_up)
     else:
-        y = swiglu(linear(y, fused.gate_up))
+        y = linear(y, fused.gate_up, swiglu=True)
+    if reduce is None:
+        return linear(y, w.w_down, w.b_down, residual=hidden)
     return hidden + reduce(linear(y, w.w_down, w.b_down))
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
-           ) -> torch.Tensor:
-    """F.linear, by one `layer_ops.linear` kernel where it takes the tensors: a decode step of
-    at most layer_ops.LINEAR_ROWS rows on a GPU."""
-    if x.is_cuda and layer_ops.linear_problem(x, weight, bias) is None:
-        return layer_ops.linear(x, weight, bias)
-    return F.linear(x, weight, bias)
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+           residual: torch.Tensor | None = None, swiglu: bool = False) -> torch.Tensor:
+    """F.linear, then residual + its output, or with `swiglu` SwiGLU's product of its halves
+    (weight stacks W_gate over W_up): one `layer_ops.linear` kernel where it takes the tensors,
+    a decode step of at most layer_ops.LINEAR_ROWS rows on a GPU."""
+    if x.is_cuda and layer_ops.linear_problem(x, weight, bias, residual, swiglu) is None:
+        return layer_ops.linear(x, weight, bias, residual=residual, swiglu=swiglu)
+    y = F.linear(x, weight, bias)
+    if swiglu:
+        return silu_mul(y)
+    return y if residual is None else residual + y
 
 
-def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up of gate_up [batch, 2 intermediate] (gate, then up in each row): one
     kernel on a GPU."""
     if layer_ops.usable(gate_up) and gate_up.is_contiguous():

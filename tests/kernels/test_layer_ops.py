@@ -103,6 +103,31 @@ def test_write_kv_skips_slots_outside_the_cache():
 
 @gpu
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["hnd", "vllm"])
+@pytest.mark.parametrize("q_heads, kv_heads, head_dim", [(32, 8, 128), (28, 4, 128), (3, 1, 64)])
+def test_rope_write_equals_rope_then_write_kv(dtype, layout, q_heads, kv_heads, head_dim):
+    """Bit for bit, from a strided QKV output: Q rotated, K rotated into the cache, V written;
+    a slot outside the cache skipped, a position outside the tables giving zeros."""
+    cos, sin = tables(512, head_dim, dtype)
+    n, width = 4, (q_heads + 2 * kv_heads) * head_dim
+    qkv = randn(n, width + 64, dtype=dtype)[:, 32:32 + width]
+    positions = torch.tensor([0, 511, 37, 512], device="cuda")
+    slots = torch.tensor([5, 40, 10 * 16, 3], device="cuda")  # 160: outside 10 blocks of 16
+    caches = [PagedKVCache(10, 16, kv_heads, head_dim, dtype, "cuda", layout) for _ in range(2)]
+    q, k, v = (t.view(n, -1, head_dim) for t in
+               qkv.split([q_heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=1))
+    expected_q = layer_ops.rope(q, cos, sin, positions)
+    layer_ops.write_kv(caches[0], slots, layer_ops.rope(k, cos, sin, positions), v)
+    got_q = layer_ops.rope_write(qkv, q_heads, cos, sin, positions, caches[1], slots)
+    assert got_q.is_contiguous() and torch.equal(got_q, expected_q)
+    assert torch.equal(got_q[3], torch.zeros_like(got_q[3]))
+    assert torch.equal(caches[1].k_cache, caches[0].k_cache)
+    assert torch.equal(caches[1].v_cache, caches[0].v_cache)
+    assert caches[1].k_cache.abs().sum() > 0 and caches[1].v_cache.abs().sum() > 0
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows, n", [(1, 14336), (64, 13824), (5, 8)])
 def test_silu_mul(dtype, rows, n):
     gate_up = randn(rows, 2 * n, dtype=dtype) * 3
@@ -126,6 +151,36 @@ def test_linear_equals_an_fp32_matmul_rounded_once(dtype, rows, n, k, bias):
 
 
 @gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", range(1, layer_ops.LINEAR_ROWS + 1))
+@pytest.mark.parametrize("n, k, bias", [(4096, 14336, False), (13, 4104, True)])
+def test_linear_with_a_residual_equals_the_add_after_it(dtype, rows, n, k, bias):
+    """Bit for bit: the epilogue rounds as `residual + linear(...)` does."""
+    x, w = randn(rows, k, dtype=dtype, seed=1), randn(n, k, dtype=dtype, seed=2) / k ** 0.5
+    b = randn(n, dtype=dtype, seed=3) if bias else None
+    residual = randn(rows, n, dtype=dtype, seed=4) * 4
+    got = layer_ops.linear(x, w, b, residual=residual)
+    assert torch.equal(got, residual + layer_ops.linear(x, w, b))
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", range(1, layer_ops.LINEAR_ROWS + 1))
+@pytest.mark.parametrize("n, k, bias", [(2 * 14336, 4096, False), (2 * 13, 4104, True),
+                                        (2, 8, False)])
+def test_linear_with_swiglu_equals_silu_mul_after_it(dtype, rows, n, k, bias):
+    """Bit for bit, n / 2 odd too (a CTA's gate and up rows clipped at the end)."""
+    x, w = randn(rows, k, dtype=dtype, seed=1), randn(n, k, dtype=dtype, seed=2) * 3 / k ** 0.5
+    b = randn(n, dtype=dtype, seed=3) if bias else None
+    got = layer_ops.linear(x, w, b, swiglu=True)
+    assert got.shape == (rows, n // 2)
+    y = layer_ops.linear(x, w, b)
+    gate, up = y.chunk(2, dim=-1)
+    assert torch.equal(got, layer_ops.silu_mul(y))
+    close(got, F.silu(gate) * up)
+
+
+@gpu
 def test_the_layers_take_linear_for_a_few_rows_only(monkeypatch):
     """kvlab.offload.model.linear runs layer_ops.linear where it takes the tensors (and gets its
     answer), F.linear elsewhere: more rows, or a weight it cannot stream."""
@@ -133,9 +188,9 @@ def test_the_layers_take_linear_for_a_few_rows_only(monkeypatch):
 
     calls = []
 
-    def counted(*args):
+    def counted(*args, **kwargs):
         calls.append(args[0].shape[0])
-        return layer_ops.linear(*args)
+        return layer_ops.linear(*args, **kwargs)
 
     monkeypatch.setattr(model.layer_ops, "linear", counted)
     w = randn(64, 128, dtype=torch.float16)
@@ -183,6 +238,18 @@ def test_the_layers_take_linear_for_a_few_rows_only(monkeypatch):
     (lambda: layer_ops.linear(torch.zeros(1, 16, dtype=torch.float16, device="cuda"),
                               torch.zeros(4, 16, dtype=torch.bfloat16, device="cuda")),
      "one dtype .fp16 or bf16. on one CUDA device"),
+    (lambda: layer_ops.rope_write(torch.zeros(1, 5 * 64, dtype=torch.float16, device="cuda"), 4,
+                                  *tables(8, 64, torch.float16),
+                                  torch.zeros(1, dtype=torch.int64, device="cuda"),
+                                  PagedKVCache(2, 16, 2, 64, torch.float16, "cuda"),
+                                  torch.zeros(1, dtype=torch.int64, device="cuda")),
+     r"qkv: shape \(1, 320\) .* must be \[n, 512\] \(\(num_qo_heads=4 \+ 2 x 2\) x 64\)"),
+    (lambda: layer_ops.rope_write(torch.zeros(1, 8 * 64, dtype=torch.bfloat16, device="cuda"), 4,
+                                  *tables(8, 64, torch.bfloat16),
+                                  torch.zeros(1, dtype=torch.int64, device="cuda"),
+                                  PagedKVCache(2, 16, 2, 64, torch.float16, "cuda"),
+                                  torch.zeros(1, dtype=torch.int64, device="cuda")),
+     r"must be the cache's dtype \(torch.float16\)"),
 ])
 def test_bad_tensors_are_refused_before_a_launch(call, message):
     with pytest.raises(ValueError, match=message):
@@ -209,6 +276,29 @@ def test_linear_says_what_it_cannot_take(x, weight, bias, message):
     assert re.search(message, layer_ops.linear_problem(x, weight, bias))
 
 
+@pytest.mark.parametrize("residual, swiglu, message", [
+    (half(2, 4), False, r"residual: shape \(2, 4\), must be \(1, 4\)"),
+    (half(1, 8)[:, ::2], False, r"residual: .* contiguous"),
+    (half(1, 4), True, r"swiglu: .* and no residual"),
+    (None, True, r"swiglu: weight shape \(5, 16\)"),
+])
+def test_linear_says_which_epilogue_it_cannot_take(residual, swiglu, message):
+    weight = half(5, 16) if swiglu and residual is None else half(4, 16)
+    assert re.search(message, layer_ops.linear_problem(half(1, 16), weight, None, residual,
+                                                       swiglu))
+
+
+def test_the_layers_linear_falls_back_to_torch_with_its_epilogue():
+    """On the CPU, kvlab.offload.model.linear's residual and SwiGLU equal the torch ops."""
+    from kvlab.offload import model
+
+    x, w = torch.randn(3, 16), torch.randn(10, 16)
+    residual = torch.randn(3, 10)
+    assert torch.equal(model.linear(x, w, residual=residual), residual + F.linear(x, w))
+    gate, up = F.linear(x, w).chunk(2, dim=-1)
+    assert torch.equal(model.linear(x, w, swiglu=True), F.silu(gate) * up)
+
+
 def test_the_torch_ops_run_where_the_kernels_cannot():
     assert not layer_ops.usable(torch.zeros(8, dtype=torch.float16))  # on the CPU
     if torch.cuda.is_available():
@@ -217,6 +307,7 @@ def test_the_torch_ops_run_where_the_kernels_cannot():
 
 def test_every_instantiation_is_named_once():
     names = layer_ops.default_instances()
-    assert len(names) == len(set(names)) == 2 * (len(layer_ops.NORM_VECS) + 4
-                                                + layer_ops.LINEAR_ROWS)
+    # per dtype: the norms; rope and silu_mul; write_kv and rope_write in two layouts; linear
+    assert len(names) == len(set(names)) == 2 * (
+        len(layer_ops.NORM_VECS) + 2 + 4 + layer_ops.LINEAR_ROWS * len(layer_ops.LINEAR_EPILOGUES))
     assert 1 <= layer_ops.LINEAR_WARPS <= 8  # the kernel's LINEAR_MAX_WARPS

@@ -80,7 +80,8 @@ def test_a_real_size_model_decodes_a_batch():
 def test_cuda_graphs_decode_the_eager_tokens(name, attention, monkeypatch):
     """A small cache makes requests wait, join and be preempted, so the batch changes size
     from step to step (graph buckets 1, 2 and 4), and spans from 16 tokens make the sequences
-    cross from one span's graphs to the next; the graphs give the eager steps' tokens."""
+    cross from one span's graphs to the next (64 to 128: every batch holds a sequence of 33
+    tokens or more); the graphs give the eager steps' tokens."""
     monkeypatch.setattr(engine_graphs, "MIN_SPAN", 16)
     prompts = [torch.randint(0, 1024, (n,), generator=torch.Generator().manual_seed(n)).tolist()
                for n in (5, 33, 70, 18)]
@@ -91,7 +92,7 @@ def test_cuda_graphs_decode_the_eager_tokens(name, attention, monkeypatch):
         runs[graphs] = llm.generate(prompts, max_new_tokens=40)
         if graphs:
             assert len({size for size, _ in llm.graphs.captured}) >= 2
-            assert len({span for _, span in llm.graphs.captured}) >= 3
+            assert len({span for _, span in llm.graphs.captured}) >= 2
     assert runs[True].tokens == runs[False].tokens
     assert len(set(runs[True].step_batch)) > 1
 

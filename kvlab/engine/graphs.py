@@ -88,6 +88,11 @@ class HostInputs:
         self._tables = torch.empty(max_rows * max_blocks, dtype=torch.int32,
                                    pin_memory=pin_memory)
         self._padding = np.array([[0], [0], [scratch_slot], [1]])  # a padding row's inputs
+        # NOTE: a step's host work delays its launch, and small numpy and torch calls cost
+        # microseconds each: the views of the buffers are made once (per step size), and the
+        # arithmetic of a small batch is done in Python.
+        self._input_views: dict[int, tuple[torch.Tensor, np.ndarray]] = {}
+        self._tables_np = self._tables.numpy()
         # the sequence each row of block_tables holds (-1: none yet), and its length there
         self._row_seq_ids = np.full(max_rows, -1, dtype=np.int64)
         self._row_seq_lens = np.zeros(max_rows, dtype=np.int64)
@@ -106,28 +111,26 @@ class HostInputs:
         entries of each row's block table, enough for the longest sequence (the kernels read
         a row only up to its length). Both are views of buffers that the next fill rewrites."""
         batch, bs = len(seq_ids), self.block_size
+        if size not in self._input_views:
+            view = self._inputs[:4 * size].view(4, size)
+            self._input_views[size] = view, view.numpy()
+        inputs, values = self._input_views[size]
         seq_ids_np = np.asarray(seq_ids, dtype=np.int64)
-        positions_np = np.asarray(positions, dtype=np.int64)
-        slots_np = np.asarray(slots, dtype=np.int64)
-        inputs = self._inputs[:4 * size].view(4, size)
-        values = inputs.numpy()
-        values[TOKEN_IDS, :batch] = token_ids
-        values[POSITIONS, :batch] = positions_np
-        values[SLOTS, :batch] = slots_np
-        values[SEQ_LENS, :batch] = positions_np + 1
+        values[:, :batch] = token_ids, positions, slots, positions
+        values[SEQ_LENS, :batch] += 1
         values[:, batch:] = self._padding
-        used = int(positions_np.max()) // bs + 1
+        positions_np, slots_np = values[POSITIONS, :batch], values[SLOTS, :batch]
+        used = max(positions) // bs + 1
         self._update_tables(seq_ids, seq_ids_np, positions_np, used, block_table)
         # every row: the entry of its new token, the block of its slot
         self.block_tables[np.arange(batch), positions_np // bs] = slots_np // bs
         self._row_seq_ids[:batch] = seq_ids_np
-        self._row_seq_lens[:batch] = positions_np + 1
+        self._row_seq_lens[:batch] = values[SEQ_LENS, :batch]
         self._num_rows = batch
-        tables = self._tables[:size * used].view(size, used)
-        packed = tables.numpy()
-        np.copyto(packed[:batch], self.block_tables[:batch, :used])
+        packed = self._tables_np[:size * used].reshape(size, used)
+        packed[:batch] = self.block_tables[:batch, :used]
         packed[batch:] = self.scratch_block
-        return inputs, tables
+        return inputs, self._tables[:size * used].view(size, used)
 
     def _update_tables(self, seq_ids, seq_ids_np, positions, used, block_table) -> None:
         """Bring each row's table up to date but for its new token's entry."""

@@ -75,18 +75,23 @@
 //     bandwidth limit (GQA shapes, batch 1), loses where it is near it (MHA); nowhere near the
 //     paper's 1.84-2.15x on an H20. (A first recording with a write flush and host launch time
 //     inside the timed region showed up to 2.31x at batch 1: an artefact of the timing.)
-//   Faithful to vLLM (this file): q in shared memory instead of registers, the p.V products in T,
-//     vLLM's v1/v2 rule. Registers fell from 117-119 to 88 (v1) and 94 (v2) a thread at
-//     head_dim 128, block 16: 5 CTAs an SM instead of 4 (vLLM's own build: 96 and 126, i.e. 5 and
-//     4, by a SASS reading of its source compiled with nvcc 13 for sm_90). Against vLLM's kernels
-//     as measured on the H200 (../shared/H200.md; benchmarks/results/h200/attention_vllm.json):
-//     1.04-1.09x on MHA (32:32), 1.01-1.29x on GQA, up from 0.77-1.25x. Also tried, not kept
-//     (observed, not recorded): vLLM's address arithmetic (runtime strides, per-load offsets from
-//     the vector index), 1.03-1.33x of vLLM's figures, no slower than this; the v2 kernel held at
-//     vLLM's 4 CTAs an SM (shared memory reserved), 1.01-1.24x on GQA but 1.04-1.13x on MHA.
-//     The rest is code generation: vLLM's compiled K loop issues
-//     its 16 loads of a block in two batches (two memory round trips a block, which a
-//     latency-bound GQA shape pays in full); this kernel's issues them at once.
+//   Faithful to vLLM's design (revision e5e265a): q in shared memory instead of registers, the
+//     p.V products in T, vLLM's v1/v2 rule. Registers fell from 117-119 to 88 (v1) and 94 (v2) a
+//     thread at head_dim 128, block 16: 5 CTAs an SM instead of 4. Against vLLM's kernels as
+//     measured on the H200 (../shared/H200.md): 1.04-1.09x on MHA (32:32), 1.01-1.29x on GQA, up
+//     from 0.77-1.25x. Also tried, not kept (observed, not recorded): vLLM's address arithmetic
+//     (runtime strides, per-load offsets from the vector index), 1.03-1.33x of vLLM's figures.
+//   Faithful to vLLM's build (this file; benchmarks/results/h200/attention_vllm.json, revision
+//     0a2bb2d): two properties of vLLM's source as nvcc 13 compiles it for sm_90 (read from the
+//     SASS; vLLM's own build: 96 registers a thread for v1, 126 for v2), which this source does
+//     not get by itself, are emulated. vLLM's K loop issues a block's 16 loads in two batches, two
+//     memory round trips a block, which a latency-bound GQA shape pays in full: qk_logits
+//     addresses batch b + 1 through a value known only once batch b's products are in
+//     (K_LOAD_BATCHES; this kernel's own build issued all 16 at once). vLLM's v2 holds 4 CTAs an
+//     SM (registers) where this one, at 88 registers, would hold 5: the launcher reserves shared
+//     memory to hold it at 4 (kvlab.kernels.geometry.VLLM_V2_CTAS_PER_SM). Against vLLM's
+//     figures: 0.93-1.17x, 10 of 20 points within 7%; the two batches alone ran 1.02-1.19x (8 of
+//     20; a session run, not kept).
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>

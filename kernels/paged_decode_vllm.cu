@@ -305,7 +305,8 @@ __device__ __forceinline__ float qk_logits(float* logits, const T* q_smem, const
     // One fp32 chain per element pair, then the group's lanes summed. The block's K vectors are
     // loaded in K_LOAD_BATCHES batches, as vLLM's build issues them (see the header): batch b + 1
     // is addressed through `dep`, which is 0 but known only once batch b's products are in, so
-    // no compiler can issue its loads before batch b has arrived.
+    // its loads wait for batch b (nvcc 13's SASS keeps that order; NVRTC's builds ran slower on
+    // the H200 for it, as two round trips would).
     float2 acc[G::K_WORDS];
 #pragma unroll
     for (int w = 0; w < G::K_WORDS; ++w) acc[w] = make_float2(0.f, 0.f);
@@ -336,7 +337,8 @@ __device__ __forceinline__ float qk_logits(float* logits, const T* q_smem, const
           acc[w].y = fmaf(qf.y, kf.y, acc[w].y);
         }
       }
-      // x * 0 is 0, -0 or NaN, each converted to 0 (cvt.rzi); no compiler folds it away
+      // x * 0 is 0, -0 or NaN, each converted to 0 (cvt.rzi); a compiler may fold it to 0,
+      // which would drop the second round trip (the sums stay the same), and ours do not
       if (b + 1 < G::K_LOAD_BATCHES) dep = __float2int_rz(acc[0].x * 0.f);
     }
     float qk = 0.f;

@@ -19,6 +19,7 @@ import functools
 import numpy as np
 import torch
 
+from kvlab.checks import is_int
 from kvlab.kernels.launch import launch, ptr
 from kvlab.kernels.vllm_v1 import CUDA_TYPES
 
@@ -199,13 +200,15 @@ def rope_write(qkv: torch.Tensor, num_qo_heads: int, cos: torch.Tensor, sin: tor
     (`write_kv`). qkv: [n, (num_qo_heads + 2 num_kv_heads) * head_dim], the Q, K, V heads in
     turn (the fused QKV GEMM's output), rows of any stride; positions, slots: int64 [n]."""
     heads, head_dim = cache.num_kv_heads, cache.head_dim
+    _check(is_int(num_qo_heads) and num_qo_heads >= 1,
+           f"num_qo_heads={num_qo_heads!r}: must be a positive integer")
     width = (num_qo_heads + 2 * heads) * head_dim
     _check(qkv.dim() == 2 and qkv.shape[1] == width and qkv.stride(1) == 1,
            f"qkv: shape {tuple(qkv.shape)} strides {qkv.stride()}: must be [n, {width}] "
            f"((num_qo_heads={num_qo_heads} + 2 x {heads}) x {head_dim}), elements contiguous")
     n = qkv.shape[0]
-    _check(cos.shape == sin.shape == (cos.shape[0], head_dim) and cos.is_contiguous()
-           and sin.is_contiguous(),
+    _check(cos.dim() == 2 and cos.shape == sin.shape == (cos.shape[0], head_dim)
+           and cos.is_contiguous() and sin.is_contiguous(),
            f"cos, sin: {tuple(cos.shape)}, {tuple(sin.shape)}: must be contiguous "
            f"[max_positions, {head_dim}]")
     for name, t in (("positions", positions), ("slots", slots)):

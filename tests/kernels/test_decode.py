@@ -142,24 +142,27 @@ def test_resident_ctas_are_what_the_l2_model_and_the_split_assume():
     geometry.ctas_per_sm (shared memory): the driver must agree for the models' shapes."""
     from kvlab.kernels.geometry import (
         VLLM_CTAS_PER_SM,
+        VLLM_PREFETCH_CTAS_PER_SM,
         VLLM_V2_CTAS_PER_SM,
         ctas_per_sm,
         gqa_smem_bytes,
         vllm_smem_bytes,
     )
-    from kvlab.kernels.launch import reserve_shared_memory, resident_ctas
+    from kvlab.kernels.launch import reserve_shared_memory, resident_ctas, shared_memory_per_sm
 
     device = torch.device("cuda")
-    both = [PrefetchConfig(), PrefetchConfig("bulk")]  # v1 with prefetch: 6 (80 registers)
-    v2 = vllm_v1.PARTITION_SIZE
-    for partition_size, expected, prefetches in ((0, VLLM_CTAS_PER_SM, both[:1]),
-                                                 (v2, VLLM_V2_CTAS_PER_SM, both)):
-        for prefetch in prefetches:
-            names = vllm_v1.name_expressions(torch.float16, 128, 16, partition_size, prefetch)
-            kernel = load(vllm_v1.SOURCE, names)[0]
-            smem = vllm_smem_bytes(128, 16, partition_size, 4096)
-            reserve_shared_memory(kernel, smem)
-            assert resident_ctas(kernel, 128, smem, device) == expected, (partition_size, prefetch)
+    sm_bytes = shared_memory_per_sm(torch.cuda.current_device())
+    none, bulk, line = PrefetchConfig(), PrefetchConfig("bulk"), PrefetchConfig("line")
+    for partition_size, prefetch, expected in (
+            (0, none, VLLM_CTAS_PER_SM), (0, bulk, VLLM_PREFETCH_CTAS_PER_SM),
+            (0, line, VLLM_PREFETCH_CTAS_PER_SM), (vllm_v1.PARTITION_SIZE, none,
+                                                   VLLM_V2_CTAS_PER_SM),
+            (vllm_v1.PARTITION_SIZE, bulk, VLLM_V2_CTAS_PER_SM)):
+        names = vllm_v1.name_expressions(torch.float16, 128, 16, partition_size, prefetch)
+        kernel = load(vllm_v1.SOURCE, names)[0]
+        smem = vllm_smem_bytes(128, 16, partition_size, 4096, sm_bytes)
+        reserve_shared_memory(kernel, smem)
+        assert resident_ctas(kernel, 128, smem, device) == expected, (partition_size, prefetch)
     for group in (1, 4, 7):
         names = gqa.name_expressions(torch.float16, 128, 16, group, PrefetchConfig())
         kernel = load(gqa.SOURCE, names)[0]

@@ -114,6 +114,9 @@ def test_rope_write_equals_rope_then_write_kv(dtype, layout, q_heads, kv_heads, 
     positions = torch.tensor([0, 511, 37, 512], device="cuda")
     slots = torch.tensor([5, 40, 10 * 16, 3], device="cuda")  # 160: outside 10 blocks of 16
     caches = [PagedKVCache(10, 16, kv_heads, head_dim, dtype, "cuda", layout) for _ in range(2)]
+    for cache in caches:  # not zeros: the zero K of position 512 must be written
+        cache.k_cache.copy_(randn(*cache.k_cache.shape, dtype=dtype, seed=5))
+        cache.v_cache.copy_(randn(*cache.v_cache.shape, dtype=dtype, seed=6))
     q, k, v = (t.view(n, -1, head_dim) for t in
                qkv.split([q_heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=1))
     expected_q = layer_ops.rope(q, cos, sin, positions)
@@ -123,7 +126,6 @@ def test_rope_write_equals_rope_then_write_kv(dtype, layout, q_heads, kv_heads, 
     assert torch.equal(got_q[3], torch.zeros_like(got_q[3]))
     assert torch.equal(caches[1].k_cache, caches[0].k_cache)
     assert torch.equal(caches[1].v_cache, caches[0].v_cache)
-    assert caches[1].k_cache.abs().sum() > 0 and caches[1].v_cache.abs().sum() > 0
 
 
 @gpu
@@ -288,6 +290,20 @@ def test_linear_says_which_epilogue_it_cannot_take(residual, swiglu, message):
     weight = half(5, 16) if swiglu and residual is None else half(4, 16)
     assert re.search(message, layer_ops.linear_problem(half(1, 16), weight, None, residual,
                                                        swiglu))
+
+
+@pytest.mark.parametrize("num_qo_heads, qkv_width, cos, message", [
+    (0, 4 * 64, half(8, 64), r"num_qo_heads=0: must be a positive integer"),
+    (2.0, 6 * 64, half(8, 64), r"num_qo_heads=2.0: must be a positive integer"),
+    (4, 5 * 64, half(8, 64), r"qkv: shape \(1, 320\) .* must be \[n, 512\]"),
+    (4, 8 * 64, half(()), r"cos, sin: \(\), \(\): must be contiguous \[max_positions, 64\]"),
+])
+def test_rope_write_refuses_before_a_launch(num_qo_heads, qkv_width, cos, message):
+    """On the CPU: the shape checks come before the device's."""
+    cache = PagedKVCache(2, 16, 2, 64, torch.float16, "cpu")
+    index = torch.zeros(1, dtype=torch.int64)
+    with pytest.raises(ValueError, match=message):
+        layer_ops.rope_write(half(1, qkv_width), num_qo_heads, cos, cos, index, cache, index)
 
 
 def test_the_layers_linear_falls_back_to_torch_with_its_epilogue():

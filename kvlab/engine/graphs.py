@@ -89,8 +89,8 @@ class HostInputs:
                                    pin_memory=pin_memory)
         self._padding = np.array([[0], [0], [scratch_slot], [1]])  # a padding row's inputs
         # NOTE: a step's host work delays its launch, and small numpy and torch calls cost
-        # microseconds each: the views of the buffers are made once (per step size), and the
-        # arithmetic of a small batch is done in Python.
+        # microseconds each: the views of the buffers are made once (per step size), and a
+        # step's four rows are written in one assignment.
         self._input_views: dict[int, tuple[torch.Tensor, np.ndarray]] = {}
         self._tables_np = self._tables.numpy()
         # the sequence each row of block_tables holds (-1: none yet), and its length there

@@ -241,6 +241,10 @@ def _add_e2e(parser: argparse.ArgumentParser) -> None:
                              "--nproc-per-node N); no HF peer")
     parser.add_argument("--no-hf", dest="hf", action="store_false",
                         help="leave out HF transformers' generate with the static cache")
+    parser.add_argument("--async-decode", action=argparse.BooleanOptionalAction, default=True,
+                        help="queue each decode step before the previous step's tokens reach "
+                             "the host (kvlab.LLM's async_decode; --no-async-decode: wait for "
+                             "them)")
     parser.add_argument("--serve-rates", nargs="*", type=positive_float, default=[],
                         metavar="RATE", help="a serving run per rate (requests/s, Poisson)")
     parser.add_argument("--serve-requests", type=positive_int, default=512)

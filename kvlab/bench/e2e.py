@@ -6,7 +6,9 @@ decode `--new-tokens` tokens each (ignore EOS; CUDA graphs as `kvlab.LLM` uses t
 variants share one copy of the weights, and those of one cache layout one cache sized for the
 batch (`LLM.with_attention`); they run in turn, `--rounds` times each (variant 1, 2, ..., then
 again), so that drifts of clock and temperature fall on all alike. Every decode step's wall time
-is recorded (the GPU synchronised at its end: what a caller waits); the reported step time is
+is recorded: with async decode (the default; `LLM`'s async_decode), from the previous step's
+tokens reaching the host to its own, as each step is queued before the one before it ends;
+with `--no-async-decode`, from its launch to its tokens on the host. The reported step time is
 the median of every round's steps from the first at steady state (two successive steps within
 5%, `kvlab.bench.steps.is_warm`) on. A row keeps the last round's steps (`step_ms_runs`) and
 each round's median (`round_step_ms`). The roofline step time is what one step must read, the
@@ -191,7 +193,8 @@ def _kvlab_runners(name: str, weights, num_blocks: int, args) -> dict:
         first = first_of_layout.get(cache_layout(kernel))
         llm = (first.with_attention(kernel, prefetch=prefetch, share_cache=True) if first
                else kvlab.LLM(name, attention=kernel, prefetch=prefetch, num_blocks=num_blocks,
-                              weights=weights, tensor_parallel=args.tp > 1))
+                              weights=weights, tensor_parallel=args.tp > 1,
+                              async_decode=args.async_decode))
         first_of_layout.setdefault(cache_layout(kernel), llm)
         runners[variant] = _kvlab_runner(llm, args.new_tokens)
     return runners
@@ -264,9 +267,10 @@ def run(args) -> dict | None:
     rank, world = _start_tensor_parallel() if args.tp > 1 else (0, 1)
     timer = Timer("cuda")
     result = {"benchmark": "e2e", **run_info(), **gpu_info(), "command": args.command,
-              "dtype": "float16", "timing": "wall clock per decode step, the GPU synchronised "
-              "at its end; median of every round's steps from steady state (two within 5%) "
-              "on; the variants in turn, then HF", "rounds": args.rounds,
+              "dtype": "float16", "timing": "wall clock per decode step, until its tokens are on "
+              "the host (with async_decode, from the previous step's tokens); median of every "
+              "round's steps from steady state (two within 5%) on; the variants in turn, then "
+              "HF", "async_decode": args.async_decode, "rounds": args.rounds,
               "roofline_copy_gbps": round(copy_roofline_gbps(timer), 1), "rows": [],
               "serving": [], "tp": world}
     if world > 1:
@@ -304,7 +308,7 @@ def run(args) -> dict | None:
         if args.serve_rates:
             kernel, prefetch = VARIANTS[args.serve_variant]
             llm = kvlab.LLM(name, attention=kernel, prefetch=prefetch,
-                            tensor_parallel=world > 1)
+                            tensor_parallel=world > 1, async_decode=args.async_decode)
             for rate in args.serve_rates:
                 prompts, limits, arrivals = serving_workload(args.serve_requests, rate, model)
 

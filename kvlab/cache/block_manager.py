@@ -50,6 +50,15 @@ class _Sequence:
     num_tokens: int
     # None once any token arrived without an id: later full blocks are then never prefix-shared.
     token_ids: list[int] | None = field(default=None)
+    # the last tokens placed by append_one before their ids were known (record_tokens gives them)
+    unknown: int = 0
+
+
+def _check_ids_known(name: str, seq_id: int, seq: _Sequence) -> None:
+    """ValueError while the sequence has tokens that append_one placed without ids."""
+    if seq.unknown:
+        raise ValueError(f"{name}={seq_id}: its last {seq.unknown} token(s) have no ids yet; "
+                         "record_tokens first")
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -126,6 +135,7 @@ class BlockManager:
         check_int("num_tokens", num_tokens, 0)
         num_tokens = int(num_tokens)
         token_ids = self._check_token_ids(token_ids, num_tokens)
+        _check_ids_known("seq_id", seq_id, seq)
         old_len, bs = seq.num_tokens, self.block_size
         room = len(seq.block_ids) * bs - old_len
         cow = num_tokens > 0 and room > 0 and self.pool.ref_cnt(seq.block_ids[-1]) > 1
@@ -148,13 +158,17 @@ class BlockManager:
             seq.token_ids = None
         return Allocation(seq_id, write_start=old_len, copies=copies)
 
-    def append_one(self, seq_ids, token_ids) -> StepAllocation:
+    def append_one(self, seq_ids, token_ids=None) -> StepAllocation:
         """Extend each sequence `seq_ids[i]` by the one token `token_ids[i]` (a decode step).
 
         The same placement, block for block, as `append(seq_ids[i], 1, [token_ids[i]])` for each
-        i in order, checked once for the whole batch: all or nothing. Raises ValueError for a
-        sequence that is not live or is named twice, or for token ids that are not one integer
-        per sequence; OutOfBlocksError when the new blocks do not fit.
+        i in order, checked once for the whole batch: all or nothing. token_ids None places
+        tokens whose ids are not known yet (a decode step queued before the previous step's
+        tokens reached the host): `record_tokens` gives them later, in order, and until then
+        the blocks they fill are not offered for prefix sharing. Raises ValueError for a
+        sequence that is not live or is named twice, for token ids that are not one integer
+        per sequence, or for ids given while a sequence still has tokens without them;
+        OutOfBlocksError when the new blocks do not fit.
         """
         seq_ids = list(seq_ids)
         seqs = [self._seq(seq_id) for seq_id in seq_ids]
@@ -162,7 +176,11 @@ class BlockManager:
             index, seq_id = next((i, s) for i, s in enumerate(seq_ids) if seq_ids.index(s) < i)
             raise ValueError(f"seq_ids[{index}]={seq_id!r}: named twice; a step appends one "
                              "token to each sequence once")
-        token_ids = self._check_token_ids(token_ids, len(seqs))
+        known = token_ids is not None
+        if known:
+            token_ids = self._check_token_ids(token_ids, len(seqs))
+            for i, seq in enumerate(seqs):
+                _check_ids_known(f"seq_ids[{i}]", seq_ids[i], seq)
         bs = self.block_size
         # NOTE: counted in order, as the appends one by one would: a shared last block is copied
         # only while another sequence still refers to it, so when all its sharers are in the
@@ -184,7 +202,7 @@ class BlockManager:
             raise OutOfBlocksError(num_new, self.pool.num_free_blocks)
         new_block_ids = iter(self.pool.allocate(num_new))
         positions, slots, copies = [], [], []
-        for i, (seq, token_id) in enumerate(zip(seqs, token_ids, strict=True)):
+        for i, seq in enumerate(seqs):
             position = seq.num_tokens
             if len(seq.block_ids) * bs == position:
                 seq.block_ids.append(next(new_block_ids))
@@ -195,16 +213,44 @@ class BlockManager:
                 copies.append((src, dst))
             seq.num_tokens = position + 1
             if seq.token_ids is not None:
-                seq.token_ids.append(token_id)
-                if not seq.num_tokens % bs:  # the token filled its block: now shareable
-                    self._register_full_blocks(seq, first_block=position // bs)
+                if known:
+                    self._add_token_id(seq, token_ids[i])
+                else:
+                    seq.unknown += 1
             positions.append(position)
             slots.append(seq.block_ids[position // bs] * bs + position % bs)
         return StepAllocation(positions, slots, tuple(copies))
 
+    def record_tokens(self, seq_ids, token_ids) -> None:
+        """Give the ids of tokens that `append_one` placed without them: token_ids[i] is the id
+        of the earliest such token of sequence seq_ids[i]. A block it fills becomes shareable.
+        Raises ValueError for a sequence that is not live, is named twice or has no such token,
+        or for token ids that are not one integer per sequence; nothing changes then."""
+        seq_ids = list(seq_ids)
+        seqs = [self._seq(seq_id) for seq_id in seq_ids]
+        token_ids = self._check_token_ids(token_ids, len(seqs))
+        if len(set(seq_ids)) < len(seq_ids):
+            raise ValueError(f"seq_ids={seq_ids!r:.80}: a sequence named twice")
+        # (a sequence that gave up prefix sharing keeps no ids: nothing to record for it)
+        bad = next((i for i, seq in enumerate(seqs)
+                    if seq.token_ids is not None and not seq.unknown), None)
+        if bad is not None:
+            raise ValueError(f"seq_ids[{bad}]={seq_ids[bad]}: has no token placed without an id")
+        for seq, token_id in zip(seqs, token_ids, strict=True):
+            if seq.token_ids is not None:
+                seq.unknown -= 1
+                self._add_token_id(seq, token_id)
+
+    def _add_token_id(self, seq: _Sequence, token_id: int) -> None:
+        """The id of the sequence's earliest token without one; registers the block it fills."""
+        seq.token_ids.append(token_id)
+        if not len(seq.token_ids) % self.block_size:
+            self._register_full_blocks(seq, first_block=len(seq.token_ids) // self.block_size - 1)
+
     def fork(self, seq_id: int) -> int:
         """A new sequence sharing every block of `seq_id`. Returns its id."""
         seq = self._seq(seq_id)
+        _check_ids_known("seq_id", seq_id, seq)
         self.pool.share(seq.block_ids)
         token_ids = None if seq.token_ids is None else list(seq.token_ids)
         child_id = self._new_seq_id()
@@ -266,7 +312,7 @@ class BlockManager:
     def _register_full_blocks(self, seq: _Sequence, first_block: int) -> None:
         if seq.token_ids is None:
             return
-        for index in range(first_block, seq.num_tokens // self.block_size):
+        for index in range(first_block, len(seq.token_ids) // self.block_size):
             parent = seq.block_ids[index - 1] if index else None
             key = self._block_key(seq.token_ids, parent, index)
             self.pool.register(seq.block_ids[index], key)

@@ -16,6 +16,25 @@ def clock_ms(device: torch.device) -> float:
     return time.perf_counter() * 1e3
 
 
+class SampledTokens:
+    """A decode step's sampled token ids on their way to the host. `ids` (int64 [batch], on the
+    GPU) is what a next step queued at once may read; the copy to page-locked host memory is
+    queued behind the sampling, and `wait` returns the ids when it is done."""
+
+    def __init__(self, ids: torch.Tensor):
+        self.ids = ids
+        self._host = ids.to("cpu", non_blocking=True)  # page-locked, when ids is on a GPU
+        self._copied = None
+        if ids.is_cuda:
+            self._copied = torch.cuda.Event()
+            self._copied.record()
+
+    def wait(self) -> list[int]:
+        if self._copied is not None:
+            self._copied.synchronize()
+        return self._host.tolist()
+
+
 class TokenLog:
     """The new tokens of a generate's requests as they come (`take`), and when each request got
     its first token and its last (`first_token_s`, `finish_s`: seconds after `began`, a

@@ -20,8 +20,10 @@ owns, with length 1 and a table of that block, and their logits are dropped.
 The host side of a step is `HostInputs`, shared by the buckets: it fills pinned buffers and
 keeps the block tables from step to step, asking the manager for a whole table only for a
 sequence it has not seen one token ago. Then two copies reach the GPU: the four int vectors in
-one, and the block tables' used columns, packed, in the other (unpacked there). Copy-on-write
-block copies run before the replay, outside the graph, on the steps that have any.
+one, and the block tables' used columns, packed, in the other (unpacked there). A step queued
+before the previous step's tokens reach the host (the engine's async_decode) takes its token
+ids from them on the GPU, in a third copy. Copy-on-write block copies run before the replay,
+outside the graph, on the steps that have any.
 All graphs share one memory pool. Each keeps its fp32 logits [B, vocab] there: a span whose
 graphs every bucket has captured holds 511 rows of logits (311 MB at a 152k vocabulary), and
 each span's graphs are captured only when a step first needs them.
@@ -78,45 +80,54 @@ class HostInputs:
     its new token; only a row whose sequence it has not seen at that length asks the manager
     for the whole table. All steps share it, whatever their bucket (the rows of one batch are
     the same in every bucket).
+
+    The pinned buffers come in two sets, and successive fills alternate between them: a step's
+    copies from its set may still be queued on the GPU while the host fills the next step's
+    (async_decode). The set that fill n+1 rewrites was copied from for step n-1, so the caller
+    must know that step n-1's copies are done (the engine has waited for its tokens).
     """
 
     def __init__(self, max_rows: int, max_blocks: int, block_size: int, scratch_block: int,
                  scratch_slot: int, pin_memory: bool = False):
         self.block_size, self.scratch_block = block_size, scratch_block
         self.block_tables = np.full((max_rows, max_blocks), scratch_block, dtype=np.int32)
-        self._inputs = torch.empty(4 * max_rows, dtype=torch.int64, pin_memory=pin_memory)
-        self._tables = torch.empty(max_rows * max_blocks, dtype=torch.int32,
-                                   pin_memory=pin_memory)
+        self._sets = [(torch.empty(4 * max_rows, dtype=torch.int64, pin_memory=pin_memory),
+                       torch.empty(max_rows * max_blocks, dtype=torch.int32,
+                                   pin_memory=pin_memory)) for _ in range(2)]
+        self._turn = 0  # the set the next fill writes
         self._padding = np.array([[0], [0], [scratch_slot], [1]])  # a padding row's inputs
         # NOTE: a step's host work delays its launch, and small numpy and torch calls cost
-        # microseconds each: the views of the buffers are made once (per step size), and a
-        # step's four rows are written in one assignment.
-        self._input_views: dict[int, tuple[torch.Tensor, np.ndarray]] = {}
-        self._tables_np = self._tables.numpy()
+        # microseconds each: the views of the buffers are made once (per set and step size),
+        # and a step's rows are written in two assignments.
+        self._input_views: dict[tuple[int, int], tuple[torch.Tensor, np.ndarray]] = {}
         # the sequence each row of block_tables holds (-1: none yet), and its length there
         self._row_seq_ids = np.full(max_rows, -1, dtype=np.int64)
         self._row_seq_lens = np.zeros(max_rows, dtype=np.int64)
         self._num_rows = 0  # the last step's batch: where a sequence that moved was
 
-    def fill(self, size: int, seq_ids: Sequence[int], token_ids: Sequence[int],
+    def fill(self, size: int, seq_ids: Sequence[int], token_ids: Sequence[int] | None,
              positions: Sequence[int], slots: Sequence[int],
              block_table: Callable[[int], list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """The inputs of a step of `size` rows: rows [0, len(seq_ids)) a batch of sequences,
         each already placed (its new token `token_ids[i]` at `positions[i]`, in cache slot
         `slots[i]`), the rest padding (token 0, position 0, the scratch slot, length 1 and the
-        scratch block). block_table(seq_id): a sequence's block table after the placement.
+        scratch block). token_ids None: 0 in every row (the caller fills them on the GPU).
+        block_table(seq_id): a sequence's block table after the placement.
 
         Returns (inputs, tables): inputs int64 [4, size], rows TOKEN_IDS, POSITIONS, SLOTS,
         SEQ_LENS (the lengths with the new tokens); tables int32 [size, used], the first `used`
         entries of each row's block table, enough for the longest sequence (the kernels read
-        a row only up to its length). Both are views of buffers that the next fill rewrites."""
+        a row only up to its length). Both are views of one of the two sets of buffers, which
+        the fill after next rewrites."""
         batch, bs = len(seq_ids), self.block_size
-        if size not in self._input_views:
-            view = self._inputs[:4 * size].view(4, size)
-            self._input_views[size] = view, view.numpy()
-        inputs, values = self._input_views[size]
+        turn, self._turn = self._turn, 1 - self._turn
+        if (turn, size) not in self._input_views:
+            view = self._sets[turn][0][:4 * size].view(4, size)
+            self._input_views[turn, size] = view, view.numpy()
+        inputs, values = self._input_views[turn, size]
         seq_ids_np = np.asarray(seq_ids, dtype=np.int64)
-        values[:, :batch] = token_ids, positions, slots, positions
+        values[TOKEN_IDS, :batch] = 0 if token_ids is None else token_ids
+        values[POSITIONS:, :batch] = positions, slots, positions
         values[SEQ_LENS, :batch] += 1
         values[:, batch:] = self._padding
         positions_np, slots_np = values[POSITIONS, :batch], values[SLOTS, :batch]
@@ -127,10 +138,11 @@ class HostInputs:
         self._row_seq_ids[:batch] = seq_ids_np
         self._row_seq_lens[:batch] = values[SEQ_LENS, :batch]
         self._num_rows = batch
-        packed = self._tables_np[:size * used].reshape(size, used)
+        tables = self._sets[turn][1][:size * used].view(size, used)
+        packed = tables.numpy()
         packed[:batch] = self.block_tables[:batch, :used]
         packed[batch:] = self.scratch_block
-        return inputs, self._tables[:size * used].view(size, used)
+        return inputs, tables
 
     def _update_tables(self, seq_ids, seq_ids_np, positions, used, block_table) -> None:
         """Bring each row's table up to date but for its new token's entry."""
@@ -190,21 +202,25 @@ class DecodeGraphs:
                                          device=self.device)
 
     @torch.no_grad()
-    def step(self, seq_ids: Sequence[int], token_ids: Sequence[int], placed: StepAllocation,
-             block_table: Callable[[int], list[int]]) -> torch.Tensor:
+    def step(self, seq_ids: Sequence[int], token_ids: Sequence[int] | torch.Tensor,
+             placed: StepAllocation, block_table: Callable[[int], list[int]]) -> torch.Tensor:
         """fp32 logits [batch, vocab] of one decode step of len(seq_ids) sequences (at most
-        MAX_BUCKET, each shorter than max_seq_len with its new token): their new tokens, already
-        placed (`placed`: BlockManager.append_one's answer), and block_table(seq_id), a
-        sequence's block table after the placement."""
+        MAX_BUCKET, each shorter than max_seq_len with its new token): their new tokens
+        `token_ids` (a list, or an int64 tensor [batch] on the GPU), already placed (`placed`:
+        BlockManager.append_one's answer), and block_table(seq_id), a sequence's block table
+        after the placement. Queued, not waited for."""
         size = bucket(len(seq_ids))
         key = size, span(max(placed.positions) + 1, self.max_seq_len)
         entry = self.captured.get(key) or self._capture(*key)
-        # NOTE: the copies from pinned memory below are only queued when step returns, and the
-        # next step rewrites their sources in `fill`. That is safe because the engine waits for
-        # each step's logits (sampling calls .tolist()) before it places the next step.
-        inputs, tables = self.host.fill(size, seq_ids, token_ids, placed.positions,
-                                        placed.slots, block_table)
+        # NOTE: the copies from pinned memory below are only queued when step returns; the
+        # fill after next rewrites their sources (HostInputs: the caller waits for this step's
+        # tokens before then).
+        on_gpu = isinstance(token_ids, torch.Tensor)
+        inputs, tables = self.host.fill(size, seq_ids, None if on_gpu else token_ids,
+                                        placed.positions, placed.slots, block_table)
         entry.inputs.copy_(inputs, non_blocking=True)
+        if on_gpu:
+            entry.inputs[TOKEN_IDS, :len(seq_ids)].copy_(token_ids)
         used = tables.shape[1]
         staged = self.staged_tables[:size * used].view(size, used)
         staged.copy_(tables, non_blocking=True)

@@ -16,6 +16,18 @@ later, so a full cache slows requests down instead of failing them. A request th
 cannot hold is refused before anything runs. Prompts that share whole blocks of tokens with a live
 request share those blocks (the manager's prefix sharing), with their K, V written once.
 
+Asynchronous decode (async_decode, on by default on a GPU): a decode step is queued before the
+previous step's tokens reach the host. It reads them on the GPU (its token ids are the previous
+step's sampled ids, a device tensor), so the host places it, fills its inputs and launches it
+while the GPU still runs the previous step, and the GPU does not wait for the host between
+steps. The host runs one step ahead only while the batch cannot change: no request reaches its
+max_new_tokens at the step in flight, no waiting request could be admitted, and the next step's
+blocks fit without preempting; otherwise it waits for the step's tokens first (the synchronous
+step). EOS cannot be foreseen: a request that ends with it at the step in flight has a row in
+the step queued after it, whose token is dropped, and its blocks are freed (a waiting request
+may join) a step later. Greedy tokens are the same either way; sampled tokens are too, but for
+the draws after an EOS (the dropped row draws as well).
+
 Attention of a decode step: "reference" (kvlab.reference, fp32, any device), or on a GPU the CUDA
 kernels "vllm_v1", "gqa" or "auto" (kvlab.DecodePlan; "auto" takes the fastest for the cache's
 layout). attention="auto" means the kernels' auto on a GPU and the reference elsewhere. Prefill
@@ -40,7 +52,7 @@ from kvlab.cache import BlockManager
 from kvlab.checks import check_block_size, check_positive_int, is_int
 from kvlab.config import MODELS, ModelConfig
 from kvlab.engine import checkpoint, forward, offloaded, tp
-from kvlab.engine.generation import Generation, TokenLog, clock_ms
+from kvlab.engine.generation import Generation, SampledTokens, TokenLog, clock_ms
 from kvlab.engine.graphs import bucket as graphs_bucket
 from kvlab.engine.weights import ModelWeights
 from kvlab.kernels.prefetch import PrefetchConfig
@@ -70,6 +82,17 @@ class _Request:
     seq_id: int | None = None
     alloc: object = None  # the manager's placement of its context, until it is prefilled
     finish_reason: str | None = None
+
+
+@dataclass
+class _Step:
+    """A decode step launched: its requests, in row order, and its sampled tokens. started_ms:
+    when its time began (time.perf_counter() ms): its launch, or when the tokens of the step
+    before it reached the host if it was queued before they did."""
+
+    rows: list[_Request]
+    tokens: SampledTokens
+    started_ms: float
 
 
 def _context(request: _Request) -> list[int]:
@@ -119,6 +142,8 @@ class LLM:
             (`torchrun --nproc-per-node N ...`); every rank then calls generate alike and
             gets the same tokens. `local` is the shape this rank computes (`model` itself
             without tensor parallelism).
+        async_decode: queue each decode step before the previous step's tokens reach the host
+            (see the module's docstring); default True on a GPU. Not with offload.
     Raises ValueError, before allocating anything, for anything it cannot run.
     """
 
@@ -129,9 +154,10 @@ class LLM:
                  graph_max_len: int | None = None, weights: ModelWeights | None = None,
                  tensor_parallel: bool = False,
                  max_prefill_tokens: int = DEFAULT_PREFILL_TOKENS, offload: bool = False,
-                 offload_rates: LinkAndCompute | None = None, _cache_of: LLM | None = None):
+                 offload_rates: LinkAndCompute | None = None, async_decode: bool | None = None,
+                 _cache_of: LLM | None = None):
         self._graph_args = {"cuda_graphs": cuda_graphs, "graph_max_len": graph_max_len,
-                            "tensor_parallel": tensor_parallel}
+                            "tensor_parallel": tensor_parallel, "async_decode": async_decode}
         check_positive_int("max_prefill_tokens", max_prefill_tokens)
         self.max_prefill_tokens = int(max_prefill_tokens)
         checkpoint_path = model if checkpoint.is_checkpoint(model) else None
@@ -146,7 +172,10 @@ class LLM:
         if attention not in ATTENTIONS:
             raise ValueError(f"attention={attention!r}: must be one of {ATTENTIONS}")
         _check_offload(offload, offload_rates, attention, prefetch, num_blocks, tensor_parallel,
-                       cuda)
+                       async_decode, cuda)
+        if not any(async_decode is v for v in (None, True, False)):
+            raise ValueError(f"async_decode={async_decode!r}: must be None or a bool")
+        self.async_decode = cuda and not offload if async_decode is None else async_decode
         self.offload, self.offload_rates, self.offload_graphs = offload, offload_rates, False
         if offload:  # the runtime's attention and graphs; the paged cache's do not apply
             if cuda_graphs not in (None, True, False):
@@ -333,37 +362,50 @@ class LLM:
                 self.manager.free(request.seq_id)
                 running.remove(request)
 
+        step: _Step | None = None  # the decode step in flight: launched, its tokens not taken
         while waiting or running:
-            admitted, prompt_tokens = [], 0
-            while (waiting and arrival_s[waiting[0].index] <= now()
-                   and self._admissible(waiting[0], running + admitted)
-                   and (not admitted or prompt_tokens + _context_len(waiting[0])
-                        <= self.max_prefill_tokens)):
-                request = waiting.popleft()
-                self._place(request)  # before the next admission check counts the free blocks
-                admitted.append(request)
-                prompt_tokens += _context_len(request)
-            if admitted:
-                start = clock_ms(self.device)
-                last_logits = self._prefill(admitted)
-                running += admitted
-                for request, row in zip(admitted, last_logits, strict=True):
-                    if not request.tokens:  # a new request: its first token ends its prefill
-                        take(request, sample(row[None])[0])
-                elapsed = clock_ms(self.device) - start
-                for request in admitted:
-                    prefill_ms[request.index] += elapsed
-            preemptions += self._make_room(running, waiting)
-            if not running:
-                if waiting:  # the next request has not arrived yet
-                    time.sleep(max(arrival_s[waiting[0].index] - now(), 0.0))
-                continue
-            start = clock_ms(self.device)
-            tokens = sample(self._decode(running))
-            step_ms.append(clock_ms(self.device) - start)
-            step_batch.append(len(running))
-            for request, token in zip(list(running), tokens, strict=True):
+            if step is None:  # the batch may change: admissions, preemptions, then a step
+                admitted, prompt_tokens = [], 0
+                while (waiting and arrival_s[waiting[0].index] <= now()
+                       and self._admissible(waiting[0], running + admitted)
+                       and (not admitted or prompt_tokens + _context_len(waiting[0])
+                            <= self.max_prefill_tokens)):
+                    request = waiting.popleft()
+                    self._place(request)  # before the next check counts the free blocks
+                    admitted.append(request)
+                    prompt_tokens += _context_len(request)
+                if admitted:
+                    start = clock_ms(self.device)
+                    last_logits = self._prefill(admitted)
+                    running += admitted
+                    for request, row in zip(admitted, last_logits, strict=True):
+                        if not request.tokens:  # a new request: its first token ends its prefill
+                            take(request, sample(row[None]).item())
+                    elapsed = clock_ms(self.device) - start
+                    for request in admitted:
+                        prefill_ms[request.index] += elapsed
+                preemptions += self._make_room(running, waiting)
+                if not running:
+                    if waiting:  # the next request has not arrived yet
+                        time.sleep(max(arrival_s[waiting[0].index] - now(), 0.0))
+                    continue
+                step = self._launch(list(running), [r.tokens[-1] for r in running], sample,
+                                    clock_ms(self.device))
+            ahead = None
+            if self.async_decode and self._may_run_ahead(step.rows, waiting, arrival_s, now()):
+                ahead = self._launch(step.rows, step.tokens.ids, sample)
+            tokens = step.tokens.wait()
+            done_ms = time.perf_counter() * 1e3
+            step_ms.append(done_ms - step.started_ms)
+            if ahead is not None:  # its tokens' ids, now known
+                ahead.started_ms = done_ms
+                self.manager.record_tokens([r.seq_id for r in ahead.rows], tokens)
+            # (a row of a request that ended at the step before, by EOS, is dropped)
+            live = [(r, t) for r, t in zip(step.rows, tokens, strict=True) if not r.finish_reason]
+            step_batch.append(len(live))
+            for request, token in live:
                 take(request, token)
+            step = ahead
         return Generation([r.tokens for r in requests], [r.finish_reason for r in requests],
                           prefill_ms, step_ms, step_batch, preemptions, self.attention,
                           arrival_s, log.first_token_s, log.finish_s)
@@ -387,18 +429,39 @@ class LLM:
         return forward.prefill(self.local, self.weights, self.caches, allocs, prompts, self.rope,
                                self._reduce)
 
-    def _decode(self, running: list[_Request]) -> torch.Tensor:
-        seq_ids = [r.seq_id for r in running]
-        token_ids = [r.tokens[-1] for r in running]
-        placed = self.manager.append_one(seq_ids, token_ids)
-        if (self.graphs is not None and graphs_bucket(len(running)) is not None
+    def _launch(self, rows: list[_Request], token_ids: list[int] | torch.Tensor,
+                sample: Callable[[torch.Tensor], torch.Tensor],
+                started_ms: float = 0.0) -> _Step:
+        """Queue a decode step of the requests `rows` and the sampling of its tokens, without
+        waiting for either. token_ids: the step's input tokens, one per row, a list, or a tensor
+        on the device (the previous step's sampled ids, not yet on the host: placed without
+        ids, for the caller to record)."""
+        seq_ids = [r.seq_id for r in rows]
+        known = isinstance(token_ids, list)
+        placed = self.manager.append_one(seq_ids, token_ids if known else None)
+        if (self.graphs is not None and graphs_bucket(len(rows)) is not None
                 and max(placed.positions) < self.graphs.max_seq_len):
-            return self.graphs.step(seq_ids, token_ids, placed, self.manager.block_table)
-        slots, ids, positions = (torch.tensor(xs, dtype=torch.long, device=self.device)
-                                 for xs in (placed.slots, token_ids, placed.positions))
-        return forward.decode_step(self.local, self.weights, self.caches, placed.copies, slots,
-                                   ids, positions, self._attend(seq_ids), self.rope,
-                                   self._reduce)
+            logits = self.graphs.step(seq_ids, token_ids, placed, self.manager.block_table)
+        else:
+            ids = (torch.tensor(token_ids, dtype=torch.long, device=self.device) if known
+                   else token_ids)
+            slots, positions = (torch.tensor(xs, dtype=torch.long, device=self.device)
+                                for xs in (placed.slots, placed.positions))
+            logits = forward.decode_step(self.local, self.weights, self.caches, placed.copies,
+                                         slots, ids, positions, self._attend(seq_ids),
+                                         self.rope, self._reduce)
+        return _Step(rows, SampledTokens(sample(logits)), started_ms)
+
+    def _may_run_ahead(self, rows: list[_Request], waiting: deque, arrival_s: list[float],
+                       now_s: float) -> bool:
+        """Whether the next decode step may be queued before this one's tokens (`rows`) are
+        known: whether its batch is surely the same (async_decode in the module's docstring)."""
+        if any(r.finish_reason or len(r.tokens) + 1 >= r.max_new_tokens for r in rows):
+            return False  # a row ended at the step before (its row here is dropped), or ends now
+        if (waiting and arrival_s[waiting[0].index] <= now_s
+                and self._admissible(waiting[0], rows)):
+            return False
+        return self._starting_blocks(rows) <= self.manager.num_free_blocks  # else preempt first
 
     def _attend(self, seq_ids: list[int]) -> forward.Attend:
         if self.attention == "reference":
@@ -421,6 +484,11 @@ class LLM:
         running request (the most the next step takes from each)."""
         return self._blocks(_context_len(request)) + len(running) <= self.manager.num_free_blocks
 
+    def _starting_blocks(self, running: list[_Request]) -> int:
+        """The new blocks the next decode step of `running` takes: one for each full last
+        block."""
+        return sum(self.manager.seq_len(r.seq_id) % self.block_size == 0 for r in running)
+
     def _make_room(self, running: list[_Request], waiting: deque) -> int:
         """Preempt the most recently admitted requests until the next decode step's new blocks
         fit: each gives its blocks back and waits at the head of the queue with the tokens it
@@ -428,9 +496,7 @@ class LLM:
         fits (generate checked it). Returns how many were preempted."""
         preempted = 0
         while len(running) > 1:
-            starting = sum(self.manager.seq_len(r.seq_id) % self.block_size == 0
-                           for r in running)
-            if starting <= self.manager.num_free_blocks:
+            if self._starting_blocks(running) <= self.manager.num_free_blocks:
                 break
             victim = running.pop()
             self.manager.free(victim.seq_id)
@@ -478,7 +544,7 @@ class LLM:
 
 
 def _check_offload(offload, rates, attention, prefetch, num_blocks, tensor_parallel,
-                   cuda: bool) -> None:
+                   async_decode, cuda: bool) -> None:
     """ValueError unless the offload arguments fit the others."""
     if offload is not False and offload is not True:
         raise ValueError(f"offload={offload!r}: must be a bool")
@@ -494,7 +560,8 @@ def _check_offload(offload, rates, attention, prefetch, num_blocks, tensor_paral
                          "LinkAndCompute); on a GPU they are measured")
     for name, value, default in (("attention", attention, "auto"), ("prefetch", prefetch, None),
                                  ("num_blocks", num_blocks, None),
-                                 ("tensor_parallel", tensor_parallel, False)):
+                                 ("tensor_parallel", tensor_parallel, False),
+                                 ("async_decode", async_decode, None)):
         if value != default:
             raise ValueError(f"{name}={value!r}: offload=True decodes through the KVPR runtime "
                              f"(its own attention, no paged cache); leave {name}={default!r}")
@@ -523,15 +590,16 @@ def _resolve_model(model) -> ModelConfig:
 
 
 def _sample(logits: torch.Tensor, temperature: float, top_p: float,
-            generator: torch.Generator) -> list[int]:
-    """One token per row of fp32 logits [batch, vocab]: greedy at temperature 0, else from the
-    top-p nucleus of softmax(logits / temperature)."""
+            generator: torch.Generator) -> torch.Tensor:
+    """One token id per row of fp32 logits [batch, vocab], int64 [batch] on their device (no
+    wait for the GPU): greedy at temperature 0, else from the top-p nucleus of
+    softmax(logits / temperature)."""
     if temperature == 0:
-        return logits.argmax(dim=-1).tolist()
+        return logits.argmax(dim=-1)
     probs = torch.softmax(logits / temperature, dim=-1)
     sorted_probs, order = probs.sort(dim=-1, descending=True)
     # keep the top tokens up to and including the one that brings the total to top_p
     outside = sorted_probs.cumsum(dim=-1) - sorted_probs >= top_p
     sorted_probs = sorted_probs.masked_fill(outside, 0.0)
     picks = torch.multinomial(sorted_probs, 1, generator=generator)
-    return order.gather(-1, picks)[:, 0].tolist()
+    return order.gather(-1, picks)[:, 0]

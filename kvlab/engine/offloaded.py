@@ -50,8 +50,9 @@ def check_batch(requests, arrivals) -> None:
 def generate(llm, requests, sample: Callable, stop: int | None, rates: LinkAndCompute | None,
              on_finish: Callable[[int, int], None] | None):
     """The batch `requests` (checked by `check_batch`) on `llm`'s weights through KVPR: returns
-    a Generation. `sample(logits [batch, vocab]) -> token ids`; `rates`: the link and GPU rates
-    that choose the split, None to measure them (GPU only)."""
+    a Generation. `sample(logits [batch, vocab]) -> token ids [batch]` (a tensor on the
+    logits' device); `rates`: the link and GPU rates that choose the split, None to measure
+    them (GPU only)."""
     model, w, device = llm.model, llm.weights, llm.device
     batch, prompt_len = len(requests), len(requests[0].prompt)
     num_new = requests[0].max_new_tokens
@@ -80,7 +81,7 @@ def generate(llm, requests, sample: Callable, stop: int | None, rates: LinkAndCo
                    for r in requests[rows]]
         last += forward.run_prompts(model, w, prompts, llm.rope, keeper(rows))
     store.length = prompt_len
-    take([sample(row[None])[0] for row in last])  # one draw each, as the paged engine makes
+    take([sample(row[None]).item() for row in last])  # one draw each, as the paged engine makes
     prefill_ms = clock_ms(device) - start
 
     step_ms, splits = [], []
@@ -92,10 +93,9 @@ def generate(llm, requests, sample: Callable, stop: int | None, rates: LinkAndCo
         def step(dec, hidden, split):
             """A decode step, its logits, sampling and the next step's input, timed together."""
             begin = clock_ms(device)
-            token_ids = sample(forward.logits(model, w, dec.step(hidden, split)))
-            take(token_ids)
+            ids = sample(forward.logits(model, w, dec.step(hidden, split)))
+            take(ids.tolist())
             positions = torch.full((batch,), store.length, dtype=torch.long, device=device)
-            ids = torch.tensor(token_ids, dtype=torch.long, device=device)
             following = forward.embed(model, w, ids, positions)
             return following, (clock_ms(device) - begin) / 1e3
 

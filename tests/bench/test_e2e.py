@@ -61,7 +61,9 @@ def test_a_small_run_times_every_variant_and_hf(tmp_path):
     out = tmp_path / "e2e.json"
     main(["bench", "e2e", "--models", "tiny-qwen", "--batches", "1", "3", "--prompt", "20",
           "--new-tokens", "24", "--json", str(out)])
-    rows = json.loads(out.read_text())["rows"]
+    result = json.loads(out.read_text())
+    rows = result["rows"]
+    assert result["async_decode"] is True
     assert {(r["variant"], r["batch"]) for r in rows} == {
         (v, b) for v in (*VARIANTS, HF_VARIANT) for b in (1, 3)}
     for r in rows:
@@ -101,7 +103,9 @@ def test_a_small_serving_run(tmp_path):
     out = tmp_path / "e2e.json"
     main(["bench", "e2e", "--models", "tiny-qwen", "--batches", "1", "--prompt", "20",
           "--new-tokens", "8", "--variants", "gqa", "--no-hf", "--serve-rates", "50",
-          "--serve-requests", "24", "--json", str(out)])
-    (serving,) = json.loads(out.read_text())["serving"]
+          "--serve-requests", "24", "--no-async-decode", "--json", str(out)])
+    result = json.loads(out.read_text())
+    (serving,) = result["serving"]
+    assert result["async_decode"] is False
     assert serving["requests"] == 24 and serving["rate"] == 50.0
     assert serving["output_tokens_per_s"] > 0 and serving["tpot_ms_p99"] >= serving["tpot_ms_p50"]

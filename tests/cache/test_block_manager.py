@@ -229,7 +229,8 @@ def test_append_one_places_tokens_as_appends_one_by_one(seed):
     """Random adds (tiny alphabet: prefixes are shared), forks and frees, and decode steps of
     random batches on two managers, one stepping with append_one, the other with a loop of
     appends: the same slots, copies, block tables and free queue, and so the same blocks
-    registered for prefix sharing (later adds share them alike)."""
+    registered for prefix sharing (later adds share them alike). Half of append_one's steps
+    place their tokens without ids and record them afterwards."""
     rng = np.random.default_rng(seed)
     batched, looped = BlockManager(40, 4, seed=seed), BlockManager(40, 4, seed=seed)
     for _ in range(60):
@@ -255,11 +256,14 @@ def test_append_one_places_tokens_as_appends_one_by_one(seed):
             seq_ids = rng.permutation(live)[:rng.integers(1, len(live) + 1)].tolist()
             token_ids = rng.integers(0, 2, len(seq_ids)).tolist()
             before = snapshot(batched)
+            later = bool(rng.integers(2))
             try:
-                placed = batched.append_one(seq_ids, token_ids)
+                placed = batched.append_one(seq_ids, None if later else token_ids)
             except OutOfBlocksError:
                 assert snapshot(batched) == before
                 continue
+            if later:
+                batched.record_tokens(seq_ids, token_ids)
             expected = append_each(looped, seq_ids, token_ids)
             assert (placed.positions, placed.slots, placed.copies) == expected
         assert snapshot(batched) == snapshot(looped)
@@ -306,4 +310,42 @@ def test_a_failed_append_one_leaves_the_manager_unchanged(seq_ids, token_ids, er
     before = snapshot(manager)
     with pytest.raises(error, match=re.escape(message)):
         manager.append_one(seq_ids, token_ids)
+    assert snapshot(manager) == before
+
+
+def test_a_block_filled_by_a_token_without_an_id_is_shared_once_the_id_is_recorded():
+    manager = BlockManager(8, 4)
+    a = manager.add_sequence(3, [5, 6, 7]).seq_id
+    placed = manager.append_one([a])  # the token that fills the block, its id not known yet
+    assert placed.positions == [3] and manager.seq_len(a) == 4
+    early = manager.add_sequence(4, [5, 6, 7, 8])
+    assert early.write_start == 0  # not offered yet
+    manager.free(early.seq_id)
+    manager.record_tokens([a], [8])
+    late = manager.add_sequence(4, [5, 6, 7, 8])
+    assert late.write_start == 4
+    assert manager.block_table(late.seq_id) == manager.block_table(a)
+    manager.append_one([a])
+    manager.record_tokens([a], [9])
+    manager.append_one([a], [1])  # all ids known again: a step with ids
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda m: m.append_one([0, 1], [1, 1]), "seq_ids[0]=0: its last 1 token(s) have no ids yet"),
+    (lambda m: m.append(0, 1, [1]), "seq_id=0: its last 1 token(s) have no ids yet"),
+    (lambda m: m.fork(0), "seq_id=0: its last 1 token(s) have no ids yet"),
+    (lambda m: m.record_tokens([0, 1], [1, 1]), "seq_ids[1]=1: has no token placed without an id"),
+    (lambda m: m.record_tokens([0, 0], [1, 1]), "a sequence named twice"),
+    (lambda m: m.record_tokens([0], [1, 2]), "token_ids has 2 ids: must have one per token (1)"),
+])
+def test_tokens_without_ids_are_recorded_before_anything_else(call, message):
+    """Sequence 0 has a token placed without its id; 1 has none. A call that would misplace
+    ids raises and leaves the manager unchanged."""
+    manager = BlockManager(8, 4)
+    for _ in range(2):
+        manager.add_sequence(2, [3, 4])
+    manager.append_one([0])
+    before = snapshot(manager)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        call(manager)
     assert snapshot(manager) == before

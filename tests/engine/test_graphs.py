@@ -177,6 +177,30 @@ def test_random_batches_give_what_a_step_from_scratch_gives(seed):
         step(manager, host, live)
 
 
+def test_successive_fills_alternate_between_two_sets_of_buffers():
+    """A step queued before the previous one's copies ran must not rewrite their sources: fill
+    n+1 leaves what fill n gave as it was, and fill n+2 reuses fill n's buffers. Token ids
+    None (filled on the GPU) are zeros."""
+    manager, host = make_manager(), make_host()
+    (seq_id,) = add(manager, 5)
+    given = []
+    for token in (7, None, 9):
+        placed = manager.append_one([seq_id], None if token is None else [token])
+        if token is None:
+            manager.record_tokens([seq_id], [8])
+        inputs, tables = host.fill(1, [seq_id], None if token is None else [token],
+                                   placed.positions, placed.slots, manager.block_table)
+        given.append((inputs, tables, inputs.clone(), tables.clone()))
+    (first, first_tables, first_was, first_tables_was), (second, second_tables, *_) = given[:2]
+    assert second[TOKEN_IDS].tolist() == [0]
+    assert second.data_ptr() != first.data_ptr()
+    assert second_tables.data_ptr() != first_tables.data_ptr()
+    assert given[2][0].data_ptr() == first.data_ptr()
+    assert given[1][0].tolist() == given[1][2].tolist()  # fill 3 left fill 2's buffers alone
+    assert given[1][1].tolist() == given[1][3].tolist()
+    assert first_was[TOKEN_IDS].tolist() == [7] and given[2][0][TOKEN_IDS].tolist() == [9]
+
+
 def test_graph_buckets_are_powers_of_two_up_to_256():
     assert [bucket(n) for n in (1, 2, 3, 5, 64, 65, 256)] == [1, 2, 4, 8, 64, 128, 256]
     assert bucket(257) is None

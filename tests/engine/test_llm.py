@@ -186,6 +186,44 @@ def test_eos_ends_a_request_unless_ignored():
     assert llm.generate(prompt, 8, eos_token_id=eos, ignore_eos=True).tokens[0] == greedy
 
 
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 1.0, "top_p": 0.9}])
+def test_async_decode_gives_the_steps_and_tokens_of_synchronous_decode(monkeypatch, sampling):
+    """Steps queued one ahead (async_decode; here on the CPU, where it runs the same schedule):
+    the tokens of waiting for each step's tokens, through EOS in the middle of a batch, requests
+    of different limits ending, waiting for blocks and preemption. Most steps are queued ahead;
+    the others wait. Without EOS the steps are the same, and sampling draws alike; a request
+    that ends by EOS frees its blocks a step later (its row in the step queued after it is
+    dropped), so a waiting request may join a step later."""
+    prompts = [tokens(30, seed=40 + i) for i in range(4)]
+    limits = [30, 7, 25, 30]
+    sync = kvlab.LLM("tiny-llama", device="cpu", num_blocks=8, block_size=16)
+    ahead = kvlab.LLM("tiny-llama", device="cpu", num_blocks=8, block_size=16,
+                      async_decode=True, weights=sync.weights)
+    assert not sync.async_decode and ahead.with_attention("reference").async_decode
+    greedy = sync.generate(prompts[0], 30).tokens[0]
+    eos = None if sampling else next(t for t in greedy[8:] if t not in greedy[:8])
+    queued = []
+    launch = ahead._launch
+
+    def recording(rows, token_ids, *args):
+        queued.append(not isinstance(token_ids, list))  # the previous step's tokens, on device
+        return launch(rows, token_ids, *args)
+
+    monkeypatch.setattr(ahead, "_launch", recording)
+    want, got = (llm.generate(prompts, limits, eos_token_id=eos, seed=1, **sampling)
+                 for llm in (sync, ahead))
+    assert got.tokens == want.tokens and got.finish_reasons == want.finish_reasons
+    assert len(got.step_ms) == len(got.step_batch) and got.preemptions > 0
+    # every token but each request's first (its prefill's) came from a decode step's live row
+    assert sum(got.step_batch) == sum(len(t) - 1 for t in got.tokens)
+    if sampling:
+        assert got.step_batch == want.step_batch and got.preemptions == want.preemptions
+    else:
+        assert "eos" in got.finish_reasons
+    assert len(queued) == len(got.step_ms) and len(queued) / 2 < sum(queued) < len(queued)
+    assert ahead.manager.num_free_blocks == 8 and not ahead.manager.seq_ids
+
+
 @pytest.mark.parametrize(("make", "message"), [
     (lambda: kvlab.LLM("gpt-5", device="cpu"),
      "model='gpt-5': must be a ModelConfig, a checkpoint folder"),
@@ -201,6 +239,7 @@ def test_eos_ends_a_request_unless_ignored():
     (lambda: kvlab.LLM(device="cpu", graph_max_len=0), "graph_max_len=0: must be an integer"),
     (lambda: kvlab.LLM(device="cpu", max_prefill_tokens=0),
      "max_prefill_tokens=0: must be an integer >= 1"),
+    (lambda: kvlab.LLM(device="cpu", async_decode=1), "async_decode=1: must be None or a bool"),
     (lambda: kvlab.LLM(device="cpu", weights="llama.safetensors"),
      "weights=str: must be None, or a ModelWeights with a preset name or a ModelConfig"),
     (lambda: kvlab.LLM("tiny-opt", device="cpu", weights=seeded_weights("tiny-llama")),

@@ -81,20 +81,40 @@ def test_cuda_graphs_decode_the_eager_tokens(name, attention, monkeypatch):
     """A small cache makes requests wait, join and be preempted, so the batch changes size
     from step to step (graph buckets 1, 2 and 4), and spans from 16 tokens make the sequences
     cross from one span's graphs to the next (64 to 128: every batch holds a sequence of 33
-    tokens or more); the graphs give the eager steps' tokens."""
+    tokens or more); the graphs give the eager steps' tokens, with each step waited for and
+    with steps queued one ahead (async_decode, their token ids copied on the GPU)."""
     monkeypatch.setattr(engine_graphs, "MIN_SPAN", 16)
     prompts = [torch.randint(0, 1024, (n,), generator=torch.Generator().manual_seed(n)).tolist()
                for n in (5, 33, 70, 18)]
     runs = {}
-    for graphs in (False, True):
+    for graphs, ahead in ((False, False), (True, False), (True, True)):
         llm = kvlab.LLM(name, attention=attention, device="cuda", num_blocks=16,
-                        cuda_graphs=graphs)
-        runs[graphs] = llm.generate(prompts, max_new_tokens=40)
+                        cuda_graphs=graphs, async_decode=ahead)
+        runs[graphs, ahead] = llm.generate(prompts, max_new_tokens=40)
         if graphs:
             assert len({size for size, _ in llm.graphs.captured}) >= 2
             assert len({span for _, span in llm.graphs.captured}) >= 2
-    assert runs[True].tokens == runs[False].tokens
-    assert len(set(runs[True].step_batch)) > 1
+    assert runs[True, True].tokens == runs[True, False].tokens == runs[False, False].tokens
+    assert runs[True, True].step_batch == runs[True, False].step_batch
+    assert len(set(runs[True, True].step_batch)) > 1
+
+
+def test_async_decode_stops_at_eos_with_the_tokens_of_waiting_for_each_step():
+    """EOS in the middle of a batch on the graphs: the row of the step queued after it is
+    dropped, and the tokens are those of steps waited for."""
+    sync = kvlab.LLM("tiny-llama", attention="gqa", device="cuda", num_blocks=64,
+                     async_decode=False)
+    ahead = kvlab.LLM("tiny-llama", attention="gqa", device="cuda", num_blocks=64,
+                      weights=sync.weights)
+    assert ahead.async_decode is True
+    prompts = [torch.randint(0, 1024, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+               for n in (7, 40, 21)]
+    greedy = sync.generate(prompts, 24).tokens[1]
+    eos = next(t for t in greedy[6:] if t not in greedy[:6])
+    want, got = (llm.generate(prompts, 24, eos_token_id=eos) for llm in (sync, ahead))
+    assert got.tokens == want.tokens and "eos" in got.finish_reasons
+    assert got.finish_reasons == want.finish_reasons
+    assert ahead.manager.num_free_blocks == 64 - 1  # all but the graphs' scratch block
 
 
 @pytest.mark.parametrize("name", ["llama3-8b", "qwen2.5-7b"])

@@ -71,7 +71,9 @@ class Generation:
     "length" (max_new_tokens reached) or "eos"; prefill_ms[i]: the prefill that ran its prompt
     (wall clock, the GPU synchronised; prompts prefilled together each get the whole pass's
     time; a preempted request's prefills add up); step_ms[s], step_batch[s]: decode step s's
-    time and how many requests it decoded; preemptions: how many
+    time, wall clock until its tokens were on the host (from its launch, or for a step queued
+    ahead, LLM's async_decode, from the step before's tokens), and how many requests it gave a
+    token (a row dropped after an EOS not counted); preemptions: how many
     times a request gave its blocks back to be recomputed later; attention: what decoded them;
     arrival_s[i], first_token_s[i], finish_s[i]: when request i arrived, got its first token and
     its last, in seconds after generate() began; splits[s]: with offload, KVPR's l at decode

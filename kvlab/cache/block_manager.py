@@ -48,7 +48,7 @@ class StepAllocation:
 class _Sequence:
     block_ids: list[int]
     num_tokens: int
-    # None once any token arrived without an id: later full blocks are then never prefix-shared.
+    # None once `append` added tokens without ids: later full blocks are then never shared.
     token_ids: list[int] | None = field(default=None)
     # the last tokens placed by append_one before their ids were known (record_tokens gives them)
     unknown: int = 0

@@ -25,9 +25,9 @@ class SampledTokens:
         self.ids = ids
         self._host = ids.to("cpu", non_blocking=True)  # page-locked, when ids is on a GPU
         self._copied = None
-        if ids.is_cuda:
+        if ids.is_cuda:  # the copy is queued on the current stream of ids' device
             self._copied = torch.cuda.Event()
-            self._copied.record()
+            self._copied.record(torch.cuda.current_stream(ids.device))
 
     def wait(self) -> list[int]:
         if self._copied is not None:
@@ -73,7 +73,7 @@ class Generation:
     time; a preempted request's prefills add up); step_ms[s], step_batch[s]: decode step s's
     time, wall clock until its tokens were on the host (from its launch, or for a step queued
     ahead, LLM's async_decode, from the step before's tokens), and how many requests it gave a
-    token (a row dropped after an EOS not counted); preemptions: how many
+    token (a row dropped after an EOS not counted, so possibly 0); preemptions: how many
     times a request gave its blocks back to be recomputed later; attention: what decoded them;
     arrival_s[i], first_token_s[i], finish_s[i]: when request i arrived, got its first token and
     its last, in seconds after generate() began; splits[s]: with offload, KVPR's l at decode

@@ -20,13 +20,17 @@ Asynchronous decode (async_decode, on by default on a GPU): a decode step is que
 previous step's tokens reach the host. It reads them on the GPU (its token ids are the previous
 step's sampled ids, a device tensor), so the host places it, fills its inputs and launches it
 while the GPU still runs the previous step, and the GPU does not wait for the host between
-steps. The host runs one step ahead only while the batch cannot change: no request reaches its
+steps (on the CUDA-graph path; an eager step's own copies from the host wait for the GPU).
+The host runs one step ahead only while the batch cannot change: no request reaches its
 max_new_tokens at the step in flight, no waiting request could be admitted, and the next step's
 blocks fit without preempting; otherwise it waits for the step's tokens first (the synchronous
 step). EOS cannot be foreseen: a request that ends with it at the step in flight has a row in
-the step queued after it, whose token is dropped, and its blocks are freed (a waiting request
-may join) a step later. Greedy tokens are the same either way; sampled tokens are too, but for
-the draws after an EOS (the dropped row draws as well).
+the step queued after it, whose token is dropped (a step whose rows are all dropped counts in
+step_ms with no tokens). Its blocks are freed when the EOS reaches the host; the queued step
+still writes that row's K, V into them, but on the same stream, before any later work, and
+nothing is admitted or queued ahead until that step's tokens are in, so a waiting request
+joins a step later than without async decode. Greedy tokens are the same either way; sampled
+tokens are too, but for the draws after an EOS (the dropped row draws as well).
 
 Attention of a decode step: "reference" (kvlab.reference, fp32, any device), or on a GPU the CUDA
 kernels "vllm_v1", "gqa" or "auto" (kvlab.DecodePlan; "auto" takes the fastest for the cache's
@@ -363,7 +367,7 @@ class LLM:
                 running.remove(request)
 
         step: _Step | None = None  # the decode step in flight: launched, its tokens not taken
-        while waiting or running:
+        while waiting or running or step is not None:
             if step is None:  # the batch may change: admissions, preemptions, then a step
                 admitted, prompt_tokens = [], 0
                 while (waiting and arrival_s[waiting[0].index] <= now()
@@ -400,7 +404,8 @@ class LLM:
             if ahead is not None:  # its tokens' ids, now known
                 ahead.started_ms = done_ms
                 self.manager.record_tokens([r.seq_id for r in ahead.rows], tokens)
-            # (a row of a request that ended at the step before, by EOS, is dropped)
+            # a row of a request that ended by EOS at the step before is dropped (its blocks,
+            # freed then, were reused by nothing queued before this step: the module docstring)
             live = [(r, t) for r, t in zip(step.rows, tokens, strict=True) if not r.finish_reason]
             step_batch.append(len(live))
             for request, token in live:

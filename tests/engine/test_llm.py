@@ -192,8 +192,8 @@ def test_async_decode_gives_the_steps_and_tokens_of_synchronous_decode(monkeypat
     the tokens of waiting for each step's tokens, through EOS in the middle of a batch, requests
     of different limits ending, waiting for blocks and preemption. Most steps are queued ahead;
     the others wait. Without EOS the steps are the same, and sampling draws alike; a request
-    that ends by EOS frees its blocks a step later (its row in the step queued after it is
-    dropped), so a waiting request may join a step later."""
+    that ends by EOS has a row in the step queued after it (dropped), and nothing joins before
+    that step's tokens are in, so a waiting request may join a step later."""
     prompts = [tokens(30, seed=40 + i) for i in range(4)]
     limits = [30, 7, 25, 30]
     sync = kvlab.LLM("tiny-llama", device="cpu", num_blocks=8, block_size=16)
@@ -222,6 +222,34 @@ def test_async_decode_gives_the_steps_and_tokens_of_synchronous_decode(monkeypat
         assert "eos" in got.finish_reasons
     assert len(queued) == len(got.step_ms) and len(queued) / 2 < sum(queued) < len(queued)
     assert ahead.manager.num_free_blocks == 8 and not ahead.manager.seq_ids
+
+
+def test_async_decode_waits_for_the_step_queued_after_an_eos(monkeypatch):
+    """EOS with nothing waiting: the step queued ahead keeps the ended request's row (dropped),
+    the next step is waited for, and a lone request ending by EOS leaves a step of dropped rows
+    only, which is still waited for and counted with no tokens. Every step launched is in
+    step_ms."""
+    llm = kvlab.LLM("tiny-llama", device="cpu", num_blocks=64, async_decode=True)
+    sync = kvlab.LLM("tiny-llama", device="cpu", num_blocks=64, weights=llm.weights)
+    prompts = [tokens(n, seed=50 + n) for n in (6, 13, 27)]
+    greedy = sync.generate(prompts[1], 20).tokens[0]
+    eos = next(t for t in greedy[5:] if t not in greedy[:5])
+    launched = []
+    launch = llm._launch
+
+    def counting(*args):
+        launched.append(args[1])
+        return launch(*args)
+
+    monkeypatch.setattr(llm, "_launch", counting)
+    for batch in (prompts, prompts[1:2]):
+        launched.clear()
+        want, got = (e.generate(batch, 20, eos_token_id=eos) for e in (sync, llm))
+        assert got.tokens == want.tokens and "eos" in got.finish_reasons
+        assert len(launched) == len(got.step_ms) == len(got.step_batch)
+        assert sum(got.step_batch) == sum(len(t) - 1 for t in got.tokens)
+        assert llm.manager.num_free_blocks == 64 and not llm.manager.seq_ids
+    assert got.step_batch == want.step_batch + [0]  # the lone request's last step: its row dropped
 
 
 @pytest.mark.parametrize(("make", "message"), [

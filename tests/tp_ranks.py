@@ -31,10 +31,18 @@ def forced_logits(llm) -> torch.Tensor:
 
 def run(name: str, tensor_parallel: bool) -> dict:
     llm = kvlab.LLM(name, device="cpu", num_blocks=64, tensor_parallel=tensor_parallel)
+    ahead = kvlab.LLM(name, device="cpu", num_blocks=64, tensor_parallel=tensor_parallel,
+                      async_decode=True, weights=llm.weights)
     prompts = [PROMPT, PROMPT[:9], [4] * 40]
-    return {"logits": forced_logits(llm), "local": llm.local,
-            "tokens": llm.generate(prompts, max_new_tokens=24).tokens,
-            "sampled": llm.generate(prompts, max_new_tokens=8, temperature=1.0).tokens}
+    result = {"logits": forced_logits(llm), "local": llm.local,
+              "tokens": llm.generate(prompts, max_new_tokens=24).tokens,
+              "ahead": ahead.generate(prompts, max_new_tokens=24).tokens,
+              "sampled": llm.generate(prompts, max_new_tokens=8, temperature=1.0).tokens}
+    try:
+        llm.generate(prompts, max_new_tokens=2, arrivals=[0.0, 0.0, 0.1])
+    except ValueError as err:
+        result["arrivals"] = str(err)
+    return result
 
 
 def rank_main(rank: int, world: int, port: int, name: str, out: str) -> None:

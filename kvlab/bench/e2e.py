@@ -132,6 +132,11 @@ def check(args) -> None:
     if args.tp > 1:
         from kvlab.engine.tp import shard_config
 
+        if args.serve_rates:
+            raise ValueError(f"--serve-rates with --tp {args.tp}: a serving run admits requests "
+                             "as they arrive, by each rank's own clock (kvlab.LLM.generate "
+                             "refuses arrivals with tensor parallelism); serve with --tp 1")
+
         if os.environ.get("WORLD_SIZE") != str(args.tp):
             raise ValueError(f"--tp {args.tp}: one process per GPU, launched as torchrun "
                              f"--nproc-per-node {args.tp} -m kvlab bench e2e --tp {args.tp} "

@@ -325,13 +325,18 @@ class LLM:
         with `seed`, default the LLM's). A request stops at max_new_tokens, or at eos_token_id
         unless ignore_eos. Raises ValueError, before anything runs, for a prompt that is empty,
         not token ids of the vocabulary, or longer than the context limit with its new tokens,
-        for max_new_tokens < 1, or a request the whole cache cannot hold."""
+        for max_new_tokens < 1, a request the whole cache cannot hold, or arrivals with
+        tensor_parallel (each rank would admit by its own clock)."""
         requests = self._requests(prompts, max_new_tokens)
         arrival_s = [0.0] * len(requests) if arrivals is None else list(arrivals)
         if len(arrival_s) != len(requests) or not all(
                 isinstance(t, (int, float)) and math.isfinite(t) and t >= 0 for t in arrival_s):
             raise ValueError(f"arrivals: must be {len(requests)} finite numbers >= 0 (seconds "
                              "after the call), one per prompt")
+        if arrivals is not None and self._reduce is not None:
+            raise ValueError("arrivals: with tensor_parallel=True every rank must admit the same "
+                             "requests at the same step, and arrivals are timed by each rank's "
+                             "own clock; serve without tensor parallelism")
         if not (isinstance(temperature, (int, float)) and math.isfinite(temperature)
                 and temperature >= 0):
             raise ValueError(f"temperature={temperature!r}: must be a finite number >= 0")

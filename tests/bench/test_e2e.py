@@ -54,6 +54,11 @@ def test_tensor_parallel_runs_under_torchrun_over_heads_that_divide(capsys, monk
     with pytest.raises(SystemExit):
         main(["bench", "e2e", "--models", "llama3-8b", "--tp", "3"])
     assert "llama3-8b's num_kv_heads=8 does not divide by 3" in capsys.readouterr().err
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(SystemExit):
+        main(["bench", "e2e", "--models", "llama3-8b", "--tp", "2", "--serve-rates", "8"])
+    assert "--serve-rates with --tp 2: a serving run admits requests as they arrive" in \
+        capsys.readouterr().err
 
 
 @pytest.mark.gpu

@@ -30,7 +30,9 @@ def test_two_ranks_compute_the_logits_and_tokens_of_one(name, tmp_path):
     assert ranks[0]["local"].intermediate_size == m.intermediate_size // 2
     for r in ranks:
         torch.testing.assert_close(r["logits"], alone["logits"], rtol=1e-5, atol=1e-5)
-        assert r["tokens"] == alone["tokens"]
+        assert r["tokens"] == r["ahead"] == alone["tokens"]  # async_decode too
+        assert r["arrivals"].startswith("arrivals: with tensor_parallel=True every rank")
+    assert "arrivals" not in alone  # one process serves arrivals
     assert ranks[0]["sampled"] == ranks[1]["sampled"]  # the same logits, the same draws
 
 

@@ -374,15 +374,7 @@ class LLM:
         step: _Step | None = None  # the decode step in flight: launched, its tokens not taken
         while waiting or running or step is not None:
             if step is None:  # the batch may change: admissions, preemptions, then a step
-                admitted, prompt_tokens = [], 0
-                while (waiting and arrival_s[waiting[0].index] <= now()
-                       and self._admissible(waiting[0], running + admitted)
-                       and (not admitted or prompt_tokens + _context_len(waiting[0])
-                            <= self.max_prefill_tokens)):
-                    request = waiting.popleft()
-                    self._place(request)  # before the next check counts the free blocks
-                    admitted.append(request)
-                    prompt_tokens += _context_len(request)
+                admitted = self._admit(waiting, running, arrival_s, now)
                 if admitted:
                     start = clock_ms(self.device)
                     last_logits = self._prefill(admitted)
@@ -421,6 +413,22 @@ class LLM:
                           arrival_s, log.first_token_s, log.finish_s)
 
     # ---- the steps ------------------------------------------------------------------------
+
+    def _admit(self, waiting: deque, running: list[_Request], arrival_s: list[float],
+               now: Callable[[], float]) -> list[_Request]:
+        """Take from the head of `waiting` the requests that have arrived by now() and are
+        admissible, as many as one prefill pass holds (max_prefill_tokens; a longer one alone),
+        and place them. Returns them, in order."""
+        admitted, prompt_tokens = [], 0
+        while (waiting and arrival_s[waiting[0].index] <= now()
+               and self._admissible(waiting[0], running + admitted)
+               and (not admitted or prompt_tokens + _context_len(waiting[0])
+                    <= self.max_prefill_tokens)):
+            request = waiting.popleft()
+            self._place(request)  # before the next check counts the free blocks
+            admitted.append(request)
+            prompt_tokens += _context_len(request)
+        return admitted
 
     def _place(self, request: _Request) -> None:
         """Give the request's context blocks (the manager's add_sequence)."""

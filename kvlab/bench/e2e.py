@@ -337,8 +337,12 @@ def run(args) -> dict | None:
 def report(result: dict) -> str:
     """A line per row: ms per step, tokens/s, its ratio to the roofline step, and its speed
     over HF's static cache at the same point."""
+    mode = {True: "; kvlab's steps queued ahead of the host (async decode)",
+            False: "; each kvlab step waited for (no async decode)"}.get(
+                result.get("async_decode"), "")  # (older results do not say)
     lines = [f"{result['gpu']}: decode steps of kvlab.LLM and HF generate (static cache), "
-             f"median from steady state; copy roofline {result['roofline_copy_gbps']:.0f} GB/s",
+             f"median from steady state; copy roofline {result['roofline_copy_gbps']:.0f} GB/s"
+             f"{mode}",
              f"{'model':12} {'variant':17} {'B':>4} {'ms/step':>9} {'tok/s':>8} "
              f"{'roofline ms':>11} {'x roofline':>10} {'vs HF':>7}"]
     hf = {(r["model"], r["batch"]): r["step_ms"] for r in result["rows"]

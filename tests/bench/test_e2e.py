@@ -6,7 +6,14 @@ import pytest
 import torch
 
 from kvlab.bench.cli import main
-from kvlab.bench.e2e import HF_VARIANT, VARIANTS, prefetch_pairs, steady_steps, step_bytes
+from kvlab.bench.e2e import (
+    HF_VARIANT,
+    VARIANTS,
+    prefetch_pairs,
+    report,
+    steady_steps,
+    step_bytes,
+)
 from kvlab.config import MODELS
 from kvlab.engine.weights import ModelWeights
 
@@ -74,6 +81,18 @@ def test_a_small_run_times_every_variant_and_hf(tmp_path):
     for r in rows:
         assert len(r["step_ms_runs"]) == 23 and r["step_ms"] > 0 and r["roofline_ms"] > 0
         assert r["tokens_per_s"] == pytest.approx(r["batch"] / r["step_ms"] * 1e3)
+
+
+@pytest.mark.parametrize(("async_decode", "said"), [
+    (True, "; kvlab's steps queued ahead of the host (async decode)"),
+    (False, "; each kvlab step waited for (no async decode)"),
+    (None, "GB/s"),
+])
+def test_the_report_says_whether_steps_were_queued_ahead(async_decode, said):
+    result = {"gpu": "H200", "roofline_copy_gbps": 4278.0, "rows": [], "serving": []}
+    if async_decode is not None:  # older results do not say
+        result["async_decode"] = async_decode
+    assert report(result).splitlines()[0].endswith(said)
 
 
 def test_serving_stats_from_arrival_first_and_last_tokens():

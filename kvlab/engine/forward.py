@@ -52,8 +52,10 @@ def embed(model: ModelConfig, w: ModelWeights, token_ids: torch.Tensor,
 
 
 def logits(model: ModelConfig, w: ModelWeights, hidden: torch.Tensor) -> torch.Tensor:
-    """fp32 logits [n, vocab_size] of the last layer's hidden states [n, hidden_size]."""
-    return linear(norm(model, hidden, w.norm_weight, w.norm_bias), w.lm_head).float()
+    """Logits [n, vocab_size] of the last layer's hidden states [n, hidden_size], in the weights'
+    dtype (as HF's models return them): greedy sampling takes their argmax as they are, and
+    only sampling at a temperature converts them to fp32."""
+    return linear(norm(model, hidden, w.norm_weight, w.norm_bias), w.lm_head)
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -71,7 +73,7 @@ def run_prompts(model: ModelConfig, w: ModelWeights, prompts: Sequence[torch.Ten
                 rope: RopeTable | None, keep: Keep, reduce: Reduce | None = None) -> torch.Tensor:
     """Run whole prompts through the model together, prompt i's token ids [n_i] at positions
     0..n_i-1: the projections and the MLP on all the prompts' tokens at once, attention causal
-    within each prompt, each layer's X, K, V handed to `keep`. Returns the fp32 logits
+    within each prompt, each layer's X, K, V handed to `keep`. Returns the logits
     [len(prompts), vocab_size] of each prompt's last token."""
     lens = [p.shape[0] for p in prompts]
     token_ids = torch.cat(list(prompts))
@@ -92,8 +94,7 @@ def prefill(model: ModelConfig, w: ModelWeights, caches: Sequence,
             rope: RopeTable | None, reduce: Reduce | None = None) -> torch.Tensor:
     """`run_prompts` into paged caches: prompt i's K, V of each layer go into that layer's cache
     at allocs[i] (the manager's placement of its n_i tokens; blocks of a shared prefix are not
-    rewritten). Returns the fp32 logits [len(prompts), vocab_size] of each prompt's last
-    token."""
+    rewritten). Returns the logits [len(prompts), vocab_size] of each prompt's last token."""
     lens = [p.shape[0] for p in prompts]
 
     def keep(i, x, k, v):
@@ -112,7 +113,7 @@ def decode_step(model: ModelConfig, w: ModelWeights, caches: Sequence,
     already placed by the manager: `slots` [batch] (int64, on the caches' device) are their
     cache slots, `copies` the copy-on-write block copies their placement asked for. Each layer
     writes the new tokens' K, V (one scatter), then attends over the whole cached sequences
-    with `attend`. Returns fp32 logits [batch, vocab_size]."""
+    with `attend`. Returns the logits [batch, vocab_size]."""
     hidden = embed(model, w, token_ids, positions)
     batch = token_ids.shape[0]
     for i, (layer, fused, cache) in enumerate(zip(w.layers, w.fused, caches, strict=True)):

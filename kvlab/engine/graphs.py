@@ -24,8 +24,8 @@ one, and the block tables' used columns, packed, in the other (unpacked there). 
 before the previous step's tokens reach the host (the engine's async_decode) takes its token
 ids from them on the GPU, in a third copy. Copy-on-write block copies run before the replay,
 outside the graph, on the steps that have any.
-All graphs share one memory pool. Each keeps its fp32 logits [B, vocab] there: a span whose
-graphs every bucket has captured holds 511 rows of logits (311 MB at a 152k vocabulary), and
+All graphs share one memory pool. Each keeps its logits [B, vocab] there: a span whose graphs
+every bucket has captured holds 511 rows of logits (155 MB in fp16 at a 152k vocabulary), and
 each span's graphs are captured only when a step first needs them.
 """
 
@@ -204,7 +204,7 @@ class DecodeGraphs:
     @torch.no_grad()
     def step(self, seq_ids: Sequence[int], token_ids: Sequence[int] | torch.Tensor,
              placed: StepAllocation, block_table: Callable[[int], list[int]]) -> torch.Tensor:
-        """fp32 logits [batch, vocab] of one decode step of len(seq_ids) sequences (at most
+        """Logits [batch, vocab] of one decode step of len(seq_ids) sequences (at most
         MAX_BUCKET, each shorter than max_seq_len with its new token): their new tokens
         `token_ids` (a list, or an int64 tensor [batch] on the GPU), already placed (`placed`:
         BlockManager.append_one's answer), and block_table(seq_id), a sequence's block table

@@ -59,6 +59,7 @@ from kvlab.engine import checkpoint, forward, offloaded, tp
 from kvlab.engine.generation import Generation, SampledTokens, TokenLog, clock_ms
 from kvlab.engine.graphs import bucket as graphs_bucket
 from kvlab.engine.weights import ModelWeights
+from kvlab.kernels import layer_ops
 from kvlab.kernels.prefetch import PrefetchConfig
 from kvlab.offload.model import resolve_device
 from kvlab.offload.recompute import RopeTable
@@ -437,7 +438,7 @@ class LLM:
         request.seq_id = request.alloc.seq_id
 
     def _prefill(self, requests: list[_Request]) -> torch.Tensor:
-        """Run the placed requests' contexts in one pass; the fp32 logits [len(requests),
+        """Run the placed requests' contexts in one pass; the logits [len(requests),
         vocab_size] of each one's last context token."""
         prompts = [torch.tensor(_context(r), dtype=torch.long, device=self.device)
                    for r in requests]
@@ -609,12 +610,12 @@ def _resolve_model(model) -> ModelConfig:
 
 def _sample(logits: torch.Tensor, temperature: float, top_p: float,
             generator: torch.Generator) -> torch.Tensor:
-    """One token id per row of fp32 logits [batch, vocab], int64 [batch] on their device (no
-    wait for the GPU): greedy at temperature 0, else from the top-p nucleus of
-    softmax(logits / temperature)."""
+    """One token id per row of logits [batch, vocab], int64 [batch] on their device (no wait
+    for the GPU): greedy at temperature 0, else from the top-p nucleus of
+    softmax(logits / temperature) in fp32."""
     if temperature == 0:
-        return logits.argmax(dim=-1)
-    probs = torch.softmax(logits / temperature, dim=-1)
+        return layer_ops.argmax(logits) if layer_ops.usable(logits) else logits.argmax(dim=-1)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
     sorted_probs, order = probs.sort(dim=-1, descending=True)
     # keep the top tokens up to and including the one that brings the total to top_p
     outside = sorted_probs.cumsum(dim=-1) - sorted_probs >= top_p

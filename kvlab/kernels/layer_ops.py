@@ -1,10 +1,10 @@
 """Launchers for `kernels/layer_ops.cu`: a decoder layer's small decode-step ops as one CUDA
 kernel each (RMSNorm with its residual add, RoPE from a cos/sin table, the paged-cache write,
 SwiGLU's product, and RoPE of Q and K with the cache write together), where torch composes them
-from several, and the linear layers of a step of at most LINEAR_ROWS rows, whose weights it
+from several; the linear layers of a step of at most LINEAR_ROWS rows, whose weights it
 streams in less time than cuBLAS over the paper models' linears (not at every shape:
 kernels/layer_ops.cu has the figures), with the residual add or SwiGLU's product that follows
-them in the same launch.
+them in the same launch; and greedy sampling's argmax over the logits in their own dtype.
 
 The layer code (`kvlab.offload.recompute`, `kvlab.offload.model`, `kvlab.engine.forward`)
 calls these where `usable` says so: fp16 or bf16 tensors on a CUDA device, with CuPy present.
@@ -27,6 +27,7 @@ SOURCE = "layer_ops.cu"
 VEC = 8  # elements of a 16-byte vector
 ROPE_THREADS = 128
 MAX_THREADS = 1024
+ARGMAX_THREADS = 1024
 NORM_VECS = (1, 2, 4)  # vectors per thread the rms_norm instantiations keep in registers
 LINEAR_ROWS = 2  # the most rows `linear` takes (one instantiation per count)
 # weight rows a CTA owns, 16-byte loads of each a lane has in flight, and warps a CTA (at most
@@ -63,6 +64,7 @@ def default_instances() -> list[str]:
                   for layout in ("false", "true")]
         names += [linear_name(t, rows, epilogue) for rows in range(1, LINEAR_ROWS + 1)
                   for epilogue in LINEAR_EPILOGUES]
+        names.append(f"kvlab::argmax<{t}>")
     return names
 
 
@@ -246,6 +248,26 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
         launch(_kernel(f"kvlab::silu_mul<{CUDA_TYPES[gate_up.dtype]}>", gate_up.device),
                (rows, -(-n // VEC // threads)), (threads,),
                (ptr(out), ptr(gate_up), np.int32(n)), gate_up.device)
+    return out
+
+
+def argmax(x: torch.Tensor) -> torch.Tensor:
+    """int64 [rows] on x's device: the column of the largest element of each row of x [rows,
+    cols] (fp16 or bf16, contiguous along a row, cols >= 1), as torch.argmax(x, dim=-1) picks
+    it (the first of equal ones; NaN above every number). Greedy sampling's step."""
+    _check(x.dim() == 2 and x.shape[1] >= 1 and x.stride(1) == 1,
+           f"x: shape {tuple(x.shape)} strides {x.stride()}, must be [rows, cols] with cols >= 1, "
+           "contiguous along a row")
+    _check(usable(x), "x: fp16 or bf16 on a CUDA device")
+    rows, cols = x.shape
+    _check(cols < 2**31, f"x: {cols} columns, must be below 2**31")
+    out = torch.empty(rows, dtype=torch.int64, device=x.device)
+    if rows:
+        aligned = x.data_ptr() % 16 == 0 and x.stride(0) % VEC == 0
+        launch(_kernel(f"kvlab::argmax<{CUDA_TYPES[x.dtype]}>", x.device), (rows,),
+               (ARGMAX_THREADS,), (ptr(out), ptr(x), np.int32(cols),
+                                   np.int32(cols // VEC * VEC if aligned else 0),
+                                   np.int64(x.stride(0))), x.device)
     return out
 
 

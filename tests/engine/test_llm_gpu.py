@@ -11,7 +11,7 @@ pytestmark = pytest.mark.gpu
 
 
 def forced_logits(llm, prompts, fed):
-    """fp32 logits [steps + 1, batch, vocab] of llm's model: the prefill's last token of each
+    """Logits [steps + 1, batch, vocab] of llm's model, in fp32: the prefill's last token of each
     prompt, then decode steps of the whole batch fed fed[step][i] (llm's attention)."""
     from kvlab.engine import forward
 
@@ -34,7 +34,7 @@ def forced_logits(llm, prompts, fed):
             llm._attend(seqs), llm.rope))
     for seq in seqs:
         llm.manager.free(seq)
-    return torch.stack(steps)
+    return torch.stack(steps).float()
 
 
 def check_tokens(tokens, expected, logits, tolerance):

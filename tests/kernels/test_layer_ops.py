@@ -139,6 +139,38 @@ def test_silu_mul(dtype, rows, n):
 
 @gpu
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows, cols, width, start", [
+    (1, 128256, 128256, 0), (64, 152064, 152064, 0), (3, 32000, 32000, 0),
+    (256, 50272, 50272, 0),
+    (5, 1001, 1008, 0),  # aligned rows with a tail past the last whole vector
+    (4, 4101, 4104, 3),  # rows not 16-byte aligned: element by element
+    (3, 1001, 1001, 0),  # a row stride that is no whole number of vectors
+    (2, 7, 7, 0), (1, 1, 1, 0)])
+def test_argmax_equals_torch(dtype, rows, cols, width, start):
+    """Logits of real vocabularies (rounded to integers, so that many rows hold their maximum
+    more than once), and the widths and offsets that read some or all of a row element by
+    element."""
+    x = (randn(rows, width, dtype=torch.float32, seed=cols) * 4).round().to(dtype)
+    x = x[:, start:start + cols]
+    assert torch.equal(layer_ops.argmax(x), x.argmax(dim=-1))
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_argmax_takes_the_first_of_equal_values_and_nan_above_all(dtype):
+    x = torch.zeros(6, 9000, dtype=dtype, device="cuda")
+    x[1, [8999, 4000, 17]] = 2.0                  # ties: the first
+    x[2] = float("-inf")                          # all -inf: column 0
+    x[3, 5000], x[3, 6000], x[3, 7] = float("nan"), float("nan"), float("inf")  # the first NaN
+    x[4, 8999] = float("inf")
+    x[5] = -3.0
+    x[5, 1234] = -1.0                             # all negative
+    got = layer_ops.argmax(x).tolist()
+    assert got == [0, 17, 0, 5000, 8999, 1234] == x.argmax(dim=-1).tolist()
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows", range(1, layer_ops.LINEAR_ROWS + 1))
 @pytest.mark.parametrize("n, k, bias", [(4096, 4096, False), (13, 4104, True), (1, 8, True),
                                         (152064, 3584, False), (3, 18944, True)])
@@ -254,6 +286,13 @@ def test_the_layers_take_linear_for_a_few_rows_only(monkeypatch):
                                   PagedKVCache(2, 16, 2, 64, torch.float16, "cuda"),
                                   torch.zeros(1, dtype=torch.int64, device="cuda")),
      r"must be the cache's dtype \(torch.float16\)"),
+    (lambda: layer_ops.argmax(torch.zeros(4, 8, device="cuda")), r"x: fp16 or bf16"),
+    (lambda: layer_ops.argmax(torch.zeros(4, 0, dtype=torch.float16, device="cuda")),
+     r"x: shape \(4, 0\) .* cols >= 1"),
+    (lambda: layer_ops.argmax(torch.zeros(8, 4, dtype=torch.float16, device="cuda").T),
+     r"x: shape \(4, 8\) strides \(1, 4\), .* contiguous along a row"),
+    (lambda: layer_ops.argmax(torch.zeros(8, dtype=torch.float16, device="cuda")),
+     r"x: shape \(8,\) .* must be \[rows, cols\]"),
 ])
 def test_bad_tensors_are_refused_before_a_launch(call, message):
     with pytest.raises(ValueError, match=message):
@@ -325,7 +364,9 @@ def test_the_torch_ops_run_where_the_kernels_cannot():
 
 def test_every_instantiation_is_named_once():
     names = layer_ops.default_instances()
-    # per dtype: the norms; rope and silu_mul; write_kv and rope_write in two layouts; linear
+    # per dtype: the norms; rope and silu_mul; write_kv and rope_write in two layouts; linear;
+    # argmax
     assert len(names) == len(set(names)) == 2 * (
-        len(layer_ops.NORM_VECS) + 2 + 4 + layer_ops.LINEAR_ROWS * len(layer_ops.LINEAR_EPILOGUES))
+        len(layer_ops.NORM_VECS) + 2 + 4 + layer_ops.LINEAR_ROWS * len(layer_ops.LINEAR_EPILOGUES)
+        + 1)
     assert 1 <= layer_ops.LINEAR_WARPS <= 8  # the kernel's LINEAR_MAX_WARPS

@@ -367,8 +367,8 @@ __device__ __forceinline__ bool argmax_before(float a, int i, float b, int j) {
 }
 
 template <typename T>
-__global__ void argmax(int64_t* __restrict__ out, const T* __restrict__ x, int cols,
-                       int vector_cols, int64_t row_stride) {
+__global__ void argmax(long long* __restrict__ out, const T* __restrict__ x, int cols,
+                       int vector_cols, long long row_stride) {
     const T* row = x + blockIdx.x * row_stride;
     float best = __int_as_float(0xff800000);  // -inf
     int at = 0x7fffffff;

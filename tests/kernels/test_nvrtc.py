@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvlab.kernels import gqa, vllm_v1
+from kvlab.kernels import gqa, layer_ops, vllm_v1
 from kvlab.kernels.loader import compile_options, source_dir
 
 nvrtc = pytest.importorskip("cuda.bindings.nvrtc")
@@ -51,7 +51,7 @@ def compile_log(source: str, names: list[str]) -> tuple[bool, str]:
     return result == nvrtc.nvrtcResult.NVRTC_SUCCESS, log.decode(errors="replace")
 
 
-@pytest.mark.parametrize("family", [vllm_v1, gqa], ids=lambda f: f.SOURCE)
+@pytest.mark.parametrize("family", [vllm_v1, gqa, layer_ops], ids=lambda f: f.SOURCE)
 def test_family_compiles_under_nvrtc(family):
     ok, log = compile_log((source_dir() / family.SOURCE).read_text(), family.default_instances())
     assert ok, log[-4000:]

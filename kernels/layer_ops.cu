@@ -353,12 +353,18 @@ __global__ void linear(T* __restrict__ out, const T* __restrict__ x, const T* __
 //   out[r] = the index of the largest x[r, c], c < cols: the first of equal ones, and NaN above
 //   every number (torch.argmax's order).
 // The logits stay in T: torch's path converted a step's [batch, vocab] logits to fp32 and ran a
-// reduction with few outputs over them, 11 + 36 us of a 6.2 ms Llama-3-8B step at batch 64 on
-// the H200 (a profiled step; session probe). Columns [0, vector_cols) are read in 16-byte vectors
-// (x and the row stride 16-byte aligned, vector_cols a multiple of VEC; the launcher passes 0
-// otherwise), the rest one element at a time. Each thread scans its columns in increasing order
-// with ARGMAX_UNROLL vectors in flight; blockDim.x a multiple of 32, at most 1024.
+// reduction with few outputs over them. Columns [0, vector_cols) are read in 16-byte vectors (x
+// and the row stride 16-byte aligned, vector_cols a multiple of VEC; the launcher passes 0
+// otherwise), ARGMAX_UNROLL of them in flight a thread; the rest one element at a time. A
+// thread keeps its best vector, by the vector's maximum (NaN-propagating pairwise max, a few
+// instructions for 8 elements), and looks inside it only once at the end. Each thread scans its
+// columns in increasing order, so a strict comparison keeps the first of equal ones.
+// blockDim.x a multiple of 32, at most 1024.
 constexpr int ARGMAX_UNROLL = 4;
+
+template <typename T> struct Pair;
+template <> struct Pair<__half> { using type = __half2; };
+template <> struct Pair<__nv_bfloat16> { using type = __nv_bfloat162; };
 
 // whether value a at index i comes before b at index j in argmax's order
 __device__ __forceinline__ bool argmax_before(float a, int i, float b, int j) {
@@ -366,33 +372,51 @@ __device__ __forceinline__ bool argmax_before(float a, int i, float b, int j) {
     return a > b || (a == b && i < j);
 }
 
+// the largest of a vector's VEC elements, NaN if any is NaN
+template <typename T>
+__device__ __forceinline__ float vector_max(const uint4& raw) {
+    using P = typename Pair<T>::type;
+    const P* p = reinterpret_cast<const P*>(&raw);
+    const P m = __hmax2_nan(__hmax2_nan(p[0], p[1]), __hmax2_nan(p[2], p[3]));
+    return to_float(__hmax_nan(m.x, m.y));
+}
+
 template <typename T>
 __global__ void argmax(long long* __restrict__ out, const T* __restrict__ x, int cols,
                        int vector_cols, long long row_stride) {
     const T* row = x + blockIdx.x * row_stride;
+    const uint4* vecs = reinterpret_cast<const uint4*>(row);
+    const int vectors = vector_cols / VEC;
     float best = __int_as_float(0xff800000);  // -inf
     int at = 0x7fffffff;
-    const auto take = [&](float value, int index) {
-        if (argmax_before(value, index, best, at)) best = value, at = index;
-    };
-    const int vectors = vector_cols / VEC;
+    int best_vector = -1;  // this thread's vector holding `best`, whose element is found last
     for (int first = threadIdx.x; first < vectors; first += ARGMAX_UNROLL * blockDim.x) {
         uint4 raw[ARGMAX_UNROLL];
 #pragma unroll
         for (int u = 0; u < ARGMAX_UNROLL; ++u) {
             const int v = first + u * blockDim.x;
-            if (v < vectors) raw[u] = __ldcs(reinterpret_cast<const uint4*>(row) + v);
+            if (v < vectors) raw[u] = __ldcs(vecs + v);
         }
 #pragma unroll
         for (int u = 0; u < ARGMAX_UNROLL; ++u) {
             const int v = first + u * blockDim.x;
             if (v >= vectors) break;
-            const T* e = reinterpret_cast<const T*>(&raw[u]);
-#pragma unroll
-            for (int k = 0; k < VEC; ++k) take(to_float(e[k]), v * VEC + k);
+            const float m = vector_max<T>(raw[u]);
+            if (best_vector < 0 || (isnan(m) ? !isnan(best) : m > best)) best = m, best_vector = v;
         }
     }
-    for (int c = vector_cols + threadIdx.x; c < cols; c += blockDim.x) take(to_float(row[c]), c);
+    if (best_vector >= 0) {  // the first element of the best vector that is its maximum
+        const uint4 raw = vecs[best_vector];
+        const T* e = reinterpret_cast<const T*>(&raw);
+        for (int k = VEC - 1; k >= 0; --k) {
+            const float value = to_float(e[k]);
+            if (value == best || (isnan(value) && isnan(best))) at = best_vector * VEC + k;
+        }
+    }
+    for (int c = vector_cols + threadIdx.x; c < cols; c += blockDim.x) {
+        const float value = to_float(row[c]);
+        if (argmax_before(value, c, best, at)) best = value, at = c;
+    }
     // the CTA's winner: within each warp, then across the warps
     for (int offset = 16; offset > 0; offset /= 2) {
         const float other = __shfl_xor_sync(0xffffffffu, best, offset);

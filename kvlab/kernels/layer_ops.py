@@ -6,10 +6,11 @@ streams in less time than cuBLAS over the paper models' linears (not at every sh
 kernels/layer_ops.cu has the figures), with the residual add or SwiGLU's product that follows
 them in the same launch; and greedy sampling's argmax over the logits in their own dtype.
 
-The layer code (`kvlab.offload.recompute`, `kvlab.offload.model`, `kvlab.engine.forward`)
-calls these where `usable` says so: fp16 or bf16 tensors on a CUDA device, with CuPy present.
-Elsewhere it runs its torch ops, which these equal to the dtype's precision (checked by
-tests/kernels/test_layer_ops.py on a GPU). Every launcher checks its tensors before launching.
+The layer code (`kvlab.offload.recompute`, `kvlab.offload.model`, `kvlab.engine.forward`) and
+the engine's sampling (`kvlab.engine.llm`) call these where `usable` says so: fp16 or bf16
+tensors on a CUDA device, with CuPy present. Elsewhere they run torch ops, which these equal to
+the dtype's precision (checked by tests/kernels/test_layer_ops.py on a GPU). Every launcher
+checks its tensors before launching.
 """
 
 from __future__ import annotations
@@ -260,7 +261,8 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
            "contiguous along a row")
     _check(usable(x), "x: fp16 or bf16 on a CUDA device")
     rows, cols = x.shape
-    _check(cols < 2**31, f"x: {cols} columns, must be below 2**31")
+    _check(cols <= 2**31 - 1 - ARGMAX_THREADS,  # the kernel's column index stays an int
+           f"x: {cols} columns, must be at most 2**31 - 1 - {ARGMAX_THREADS}")
     out = torch.empty(rows, dtype=torch.int64, device=x.device)
     if rows:
         aligned = x.data_ptr() % 16 == 0 and x.stride(0) % VEC == 0

@@ -157,16 +157,22 @@ def test_argmax_equals_torch(dtype, rows, cols, width, start):
 
 @gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_argmax_takes_the_first_of_equal_values_and_nan_above_all(dtype):
-    x = torch.zeros(6, 9000, dtype=dtype, device="cuda")
-    x[1, [8999, 4000, 17]] = 2.0                  # ties: the first
+@pytest.mark.parametrize("start, cols", [(0, 9000), (0, 9005), (3, 9000)],
+                         ids=["vectors", "a tail", "element by element"])
+def test_argmax_takes_the_first_of_equal_values_and_nan_above_all(dtype, start, cols):
+    x = torch.zeros(7, 9016, dtype=dtype, device="cuda")[:, start:start + cols]
+    last = cols - 1                               # in the tail, where there is one
+    x[1, [last, 4000, 17]] = 2.0                  # ties: the first
     x[2] = float("-inf")                          # all -inf: column 0
-    x[3, 5000], x[3, 6000], x[3, 7] = float("nan"), float("nan"), float("inf")  # the first NaN
-    x[4, 8999] = float("inf")
+    x[3, [5000, 5001, last]] = float("nan")       # the first NaN, two of them in one vector
+    x[3, 7] = float("inf")
+    x[4, last] = float("inf")
     x[5] = -3.0
     x[5, 1234] = -1.0                             # all negative
+    x[6] = -1.0
+    x[6, 11], x[6, 12], x[6, 30] = -0.0, 0.0, 0.0  # -0 and +0 are equal: the first
     got = layer_ops.argmax(x).tolist()
-    assert got == [0, 17, 0, 5000, 8999, 1234] == x.argmax(dim=-1).tolist()
+    assert got == [0, 17, 0, 5000, last, 1234, 11] == x.argmax(dim=-1).tolist()
 
 
 @gpu

@@ -382,7 +382,7 @@ __device__ __forceinline__ float vector_max(const uint4& raw) {
 }
 
 template <typename T>
-__global__ void __launch_bounds__(1024) argmax(long long* __restrict__ out, const T* __restrict__ x, int cols,
+__global__ void argmax(long long* __restrict__ out, const T* __restrict__ x, int cols,
                        int vector_cols, long long row_stride) {
     const T* row = x + blockIdx.x * row_stride;
     const uint4* vecs = reinterpret_cast<const uint4*>(row);

@@ -348,7 +348,6 @@ __global__ void linear(T* __restrict__ out, const T* __restrict__ x, const T* __
     }
 }
 
-
 // Greedy sampling's argmax over a decode step's logits, a CTA a row:
 //   out[r] = the index of the largest x[r, c], c < cols: the first of equal ones, and NaN above
 //   every number (torch.argmax's order).

@@ -1,11 +1,14 @@
 """The "End-to-end" tab: decode tokens/s of whole models against batch, per attention variant,
-beside HF transformers' static cache and the roofline; and the time of each decode step.
+beside HF transformers' static cache and the roofline; the time of each decode step; and
+tokens/s against the number of GPUs a tensor-parallel run splits the model over.
 
 Wiring only. The recorded H200 results (`results/h200/e2e.json`, `e2e_qwen7b.json`,
 `e2e_qwen14b.json`, and the serving runs of `e2e_serving.json` in the status line) are shown on
-any machine, labelled so. On a GPU a Generate button runs `kvlab.LLM` (seeded random weights
-of the model, attention "auto", CUDA graphs) on the chosen batch of 512-token prompts and adds
-its steps, labelled "measured on <GPU>"; torch loads only then.
+any machine, labelled so, and so are the tensor-parallel runs where they are recorded
+(`results/h200x<N>/e2e.json`, N GPUs of one machine). On a GPU a Generate button runs
+`kvlab.LLM` (seeded random weights of the model, attention "auto", CUDA graphs) on the chosen
+batch of 512-token prompts and adds its steps, labelled "measured on <GPU>"; torch loads only
+then.
 """
 
 from __future__ import annotations
@@ -20,20 +23,24 @@ from kvlab.config import MODELS
 from kvlab.device import backend, device_label
 from kvlab.panels.widgets import control_grid, figure_widget, labeled, show_figure
 from kvlab.results import label, load_result, load_results, recorded_models
-from kvlab.viz.e2e import steps_figure, throughput_figure
+from kvlab.viz.e2e import steps_figure, tensor_parallel_figure, throughput_figure
 from kvlab.viz.layout import note_figure
 
 RECORDED = ("h200", ("e2e", "e2e_qwen7b", "e2e_qwen14b"))  # 256 new tokens (e2e_2048: 2,048)
 SERVING = ("h200", "e2e_serving")  # its `serving` entries; its one row only loads the model
-FIGURE_HEIGHTS = {"throughput": 420, "steps": 360}
+# tensor-parallel runs of N GPUs (rows with "tp": N), the prefetch paper's section 5.5
+TENSOR_PARALLEL = tuple((f"h200x{n}", "e2e") for n in (2, 4, 8))
+FIGURE_HEIGHTS = {"throughput": 420, "steps": 360, "tensor_parallel": 360}
 PROMPT_TOKENS = 512
 RECORD_COMMAND = "python -m kvlab bench e2e --json benchmarks/results/h200/e2e.json"
+TP_COMMAND = ("torchrun --nproc-per-node N -m kvlab bench e2e --tp N",  # lines of a note
+              "--models llama3-8b qwen2.5-14b", "--json benchmarks/results/h200xN/e2e.json")
 
 __all__ = ["EndToEndTab"]
 
 
 class EndToEndTab:
-    """Decode throughput of whole models (figures: throughput, steps).
+    """Decode throughput of whole models (figures: throughput, steps, tensor_parallel).
 
     controls: model, batch (the recorded ones); on the "cuda" backend also new_tokens, and
     `generate_button` runs kvlab.LLM at the chosen model and batch (on "sim" it is None).
@@ -52,6 +59,12 @@ class EndToEndTab:
             self.serving = load_result(*SERVING)
         except ValueError:
             self.serving = {"serving": []}
+        self.tensor_parallel = []  # the recorded tensor-parallel results
+        for machine, name in TENSOR_PARALLEL:
+            try:
+                self.tensor_parallel.append(load_result(machine, name))
+            except ValueError:  # not recorded
+                pass
         recorded = recorded_models(self.recorded)
         models = [*recorded, *(m for m in MODELS if m not in recorded)]
         batches = sorted({r["batch"] for r in self.recorded["rows"]}) or [batch]
@@ -98,6 +111,33 @@ class EndToEndTab:
         self.generated = (model, batch, llm.generate(prompts, new_tokens, ignore_eos=True))
         self.refresh()
 
+    def _show_tensor_parallel(self, model: str, batch: int, rows: list[dict]) -> list[str]:
+        """Draw `model`'s tensor-parallel runs at `batch` beside its one-GPU `rows`, or say how
+        to record them; the status lines: the prefetch's gain at each GPU count."""
+        runs = [(result, [r for r in result["rows"] if r["model"] == model
+                          and r["batch"] == batch and r["variant"] != "hf-static"])
+                for result in self.tensor_parallel]
+        runs = [(result, tp_rows) for result, tp_rows in runs if tp_rows]
+        height = FIGURE_HEIGHTS["tensor_parallel"]
+        if not runs:
+            show_figure(self.figures["tensor_parallel"], note_figure(
+                f"Tensor parallel: {model}, batch {batch}",
+                "not recorded on the H200 with 2 to 8 GPUs",
+                "the prefetch paper's section 5.5 (2, 4 and 8 GPUs, with and without<br>"
+                "prefetch) needs a machine of 2 to 8 GPUs:<br>"
+                + "<br>".join(TP_COMMAND),
+                height))
+            return []
+        one_gpu = [r for r in rows if r["batch"] == batch]
+        provenance = "; ".join([f"1 GPU {label(self.recorded, one_gpu)}", *(
+            f"{result['tp']} GPUs recorded on {result['tp']} x {result.get('gpu', 'unknown GPU')}"
+            f", {str(result.get('date', 'unknown date'))[:10]}" for result, _ in runs)])
+        show_figure(self.figures["tensor_parallel"], tensor_parallel_figure(
+            one_gpu + [r for _, tp_rows in runs for r in tp_rows], model, batch, provenance,
+            height))
+        return [f"The paper's prefetch on {result['tp']} GPUs: " + ", ".join(gains)
+                for result, tp_rows in runs if (gains := _prefetch_gains(tp_rows))]
+
     def _serving_lines(self, model: str) -> list[str]:
         """The recorded serving runs of `model`, one line each."""
         runs = [r for r in self.serving["serving"] if r["model"] == model]
@@ -116,7 +156,7 @@ class EndToEndTab:
                 show_figure(self.figures[name], note_figure(
                     "Decode throughput", "not recorded on the H200",
                     f"no recorded run of {html.escape(model)}: record one on a GPU with<br>"
-                    f"<code>{RECORD_COMMAND}</code>", height))
+                    + RECORD_COMMAND, height))
             self.status.value = "No end-to-end run recorded."
             return
         provenance = label(self.recorded, rows)
@@ -141,14 +181,21 @@ class EndToEndTab:
         hf = next((r for r in rows if r["batch"] == batch and r["variant"] == "hf-static"), None)
         versus = (f", {hf['step_ms'] / best['step_ms']:.2f}x HF's static cache"
                   if hf is not None else "")
-        at_batch = {r["variant"]: r["step_ms"] for r in rows if r["batch"] == batch}
-        gains = [f"{html.escape(with_)} {at_batch[without] / at_batch[with_]:.2f}x "
-                 f"{html.escape(without)}'s speed" for with_, without in prefetch_pairs(at_batch)]
+        gains = _prefetch_gains([r for r in rows if r["batch"] == batch])
         if gains:
             lines.append("The paper's prefetch at this batch: " + ", ".join(gains))
+        lines += self._show_tensor_parallel(model, batch, rows)
         lines += self._serving_lines(model)
         self.status.value = "<br>".join([
             f"{html.escape(model)} batch {batch} ({html.escape(provenance)}): fastest "
             f"{html.escape(best['variant'])} {best['step_ms']:.2f} ms a step, "
             f"{best['tokens_per_s']:,.0f} tokens/s, {best['ratio_to_roofline']:.2f}x the "
             f"roofline step{versus}", *lines])
+
+
+def _prefetch_gains(rows: list[dict]) -> list[str]:
+    """Each variant with the paper's prefetch against its kernel without it among `rows` (one
+    batch of one run), as "<with> 0.98x <without>'s speed"."""
+    step_ms = {r["variant"]: r["step_ms"] for r in rows}
+    return [f"{html.escape(with_)} {step_ms[without] / step_ms[with_]:.2f}x "
+            f"{html.escape(without)}'s speed" for with_, without in prefetch_pairs(step_ms)]

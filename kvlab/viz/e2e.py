@@ -1,6 +1,6 @@
 """Figures of whole-model decoding (`python -m kvlab bench e2e` rows, or one `kvlab.LLM`
 generation): tokens/s against batch per attention variant beside HF's static cache and the
-roofline, and the time of each decode step."""
+roofline, tokens/s against the tensor-parallel degree, and the time of each decode step."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 
 from kvlab.viz.layout import style
 
-__all__ = ["steps_figure", "throughput_figure"]
+__all__ = ["steps_figure", "tensor_parallel_figure", "throughput_figure"]
 
 VARIANT_COLORS = {"vllm_v1": "#1f77b4", "vllm_v1+prefetch": "#9ecae1", "gqa": "#2ca02c",
                   "gqa+prefetch": "#98df8a", "hf-static": "#7f7f7f"}
@@ -47,6 +47,35 @@ def throughput_figure(rows: list[dict], model: str, provenance: str,
     return style(fig, f"Decode throughput: {model}", provenance,
                  f"prompt {first['prompt']} tokens, {first['new_tokens']} new each; median "
                  "step from steady state", height=height)
+
+
+def tensor_parallel_figure(rows: list[dict], model: str, batch: int, provenance: str,
+                           height: int = 360) -> go.Figure:
+    """Decode tokens/s against the tensor-parallel degree (each row's `tp`, 1 where absent) for
+    each kvlab variant of `model` at `batch`: the prefetch paper's section 5.5 experiment. HF's
+    rows (one GPU only) are left out. Raises ValueError when `rows` has no such row."""
+    mine = [r for r in rows if r["model"] == model and r["batch"] == batch
+            and r["variant"] != "hf-static"]
+    if not mine:
+        raise ValueError(f"model={model!r}, batch={batch}: no kvlab rows")
+    fig = go.Figure()
+    for variant in dict.fromkeys(r["variant"] for r in mine):
+        points = sorted((r for r in mine if r["variant"] == variant),
+                        key=lambda r: r.get("tp", 1))
+        fig.add_trace(go.Scatter(
+            x=[r.get("tp", 1) for r in points], y=[r["tokens_per_s"] for r in points],
+            name=variant, mode="lines+markers",
+            line=dict(color=VARIANT_COLORS.get(variant, "black")),
+            customdata=[[r["step_ms"]] for r in points],
+            hovertemplate=f"{variant}<br>%{{x}} GPUs: %{{y:,.0f}} tokens/s<br>"
+                          "%{customdata[0]:.2f} ms a step<extra></extra>"))
+    degrees = sorted({r.get("tp", 1) for r in mine})
+    fig.update_layout(xaxis=dict(title="GPUs (tensor-parallel degree)", type="log",
+                                 tickvals=degrees, ticktext=[str(d) for d in degrees]),
+                      yaxis=dict(title="decode tokens/s"))
+    return style(fig, f"Tensor parallel: {model}, batch {batch}", provenance,
+                 "each GPU holds 1/N of the heads and MLP columns; one process a GPU",
+                 height=height)
 
 
 def steps_figure(step_ms: dict[str, list[float]], title: str, provenance: str,

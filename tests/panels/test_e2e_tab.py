@@ -1,10 +1,14 @@
 """The "End-to-end" tab on the simulated backend: the recorded H200 run of whole models, its
 throughput against batch and its decode steps, labelled as recorded."""
 
+import json
+import shutil
+
 import pytest
 
+import kvlab.results
 from kvlab.panels.e2e import EndToEndTab
-from kvlab.results import load_result
+from kvlab.results import load_result, results_dir
 
 
 @pytest.fixture
@@ -56,6 +60,44 @@ def test_a_model_not_recorded_says_how_to_record_it(tab):
         notes = [a.text for a in pane.figure.layout.annotations]
         assert any("python -m kvlab bench e2e" in n for n in notes)
     assert tab.status.value == "No end-to-end run recorded."
+
+
+def test_tensor_parallel_says_how_to_record_it_until_it_is(tab):
+    figure = tab.figures["tensor_parallel"].figure
+    assert "not recorded" in figure.layout.title.text
+    assert any("torchrun --nproc-per-node N" in a.text for a in figure.layout.annotations)
+    assert "GPUs:" not in tab.status.value
+
+
+def test_recorded_tensor_parallel_runs_are_drawn_beside_one_gpu(monkeypatch, tmp_path):
+    """A run of 2 GPUs, made here from the one-GPU recording (every step 0.6x as long), in a
+    results folder of its own."""
+    shutil.copytree(results_dir() / "h200", tmp_path / "h200")
+    one = load_result("h200", "e2e")
+    two = {**one, "tp": 2, "date": "2027-01-02T00:00:00+00:00",
+           "rows": [{**r, "tp": 2, "step_ms": r["step_ms"] * 0.6,
+                     "tokens_per_s": r["tokens_per_s"] / 0.6}
+                    for r in one["rows"] if r["variant"] != "hf-static"]}
+    (tmp_path / "h200x2").mkdir()
+    (tmp_path / "h200x2" / "e2e.json").write_text(json.dumps(two))
+    monkeypatch.setattr(kvlab.results, "results_dir", lambda: tmp_path)
+    monkeypatch.setenv("KVLAB_BACKEND", "sim")
+    tab = EndToEndTab()  # llama3-8b, batch 64
+    figure = tab.figures["tensor_parallel"].figure
+    at_64 = {r["variant"]: r for r in one["rows"] if r["model"] == "llama3-8b"
+             and r["batch"] == 64}
+    gqa = next(t for t in figure.data if t.name == "gqa")
+    assert list(gqa.x) == [1, 2]
+    assert list(gqa.y) == pytest.approx([at_64["gqa"]["tokens_per_s"],
+                                         at_64["gqa"]["tokens_per_s"] / 0.6])
+    assert "hf-static" not in {t.name for t in figure.data}
+    assert "2 GPUs recorded on 2 x NVIDIA H200, 2027-01-02" in figure.layout.title.text
+    ratio = at_64["gqa"]["step_ms"] / at_64["gqa+prefetch"]["step_ms"]
+    assert ("The paper's prefetch on 2 GPUs: vllm_v1+prefetch" in tab.status.value
+            and f"gqa+prefetch {ratio:.2f}x gqa's speed" in tab.status.value)
+    tab.controls["model"].value = "qwen2.5-7b"  # recorded on one GPU only
+    assert "not recorded" in tab.figures["tensor_parallel"].figure.layout.title.text
+    assert "GPUs:" not in tab.status.value
 
 
 @pytest.mark.gpu

@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvlab.viz.e2e import steps_figure, throughput_figure
+from kvlab.viz.e2e import steps_figure, tensor_parallel_figure, throughput_figure
 
 
 def row(variant, batch, ms, roofline_ms=2.0):
@@ -21,6 +21,20 @@ def test_throughput_has_a_line_per_variant_and_the_roofline():
     assert "recorded on X" in fig.layout.title.text and fig.layout.xaxis.type == "log"
     with pytest.raises(ValueError, match="model='n': no rows \\(recorded: m, other\\)"):
         throughput_figure(rows, "n", "x")
+
+
+def test_tensor_parallel_has_a_line_per_kvlab_variant_against_the_gpus():
+    rows = [row("gqa", 64, 6.0), {**row("gqa", 64, 4.0), "tp": 2}, {**row("gqa", 64, 3.0), "tp": 4},
+            row("hf-static", 64, 20.0), {**row("gqa+prefetch", 64, 4.2), "tp": 2},
+            {**row("gqa", 16, 3.0), "tp": 2}]
+    fig = tensor_parallel_figure(rows, "m", 64, "recorded on X")
+    gqa, prefetch = fig.data
+    assert gqa.name == "gqa" and list(gqa.x) == [1, 2, 4]
+    assert list(gqa.y) == [64 / 6.0 * 1e3, 64 / 4.0 * 1e3, 64 / 3.0 * 1e3]
+    assert prefetch.name == "gqa+prefetch" and list(prefetch.x) == [2]
+    assert list(fig.layout.xaxis.tickvals) == [1, 2, 4] and "batch 64" in fig.layout.title.text
+    with pytest.raises(ValueError, match="model='m', batch=1: no kvlab rows"):
+        tensor_parallel_figure(rows, "m", 1, "x")
 
 
 def test_steps_has_a_line_per_run():

@@ -290,9 +290,10 @@ __device__ __forceinline__ float qk_logits(float* logits, const T* q_smem, const
                                            int num_kv_heads, int kv_head, float scale,
                                            uint64_t policy) {
   using G = Geometry<T, HEAD_DIM, BLOCK_SIZE>;
-  const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+  const int thread_idx = threadIdx.x;
+  const int warp = thread_idx / WARP_SIZE, lane = thread_idx % WARP_SIZE;
   const int token_in_block = lane / G::THREAD_GROUP_SIZE;  // this lane's thread group
-  const int group_lane = lane % G::THREAD_GROUP_SIZE;      // its slice of each x-vector
+  const int group_lane = thread_idx % G::THREAD_GROUP_SIZE;  // its slice of each x-vector
   // q slice: elements [c * X + group_lane * K_VEC, + K_VEC) for c < NUM_X_VECS.
   const T* q_lane = q_smem + group_lane * G::K_VEC;
 
@@ -301,7 +302,7 @@ __device__ __forceinline__ float qk_logits(float* logits, const T* q_smem, const
     // K tile [HEAD_DIM / X, BLOCK_SIZE, X]: this lane reads [c, token_in_block, group_lane * K_VEC:].
     const T* k_tile =
         kv_tile<G::TILE_ELEMS>(k_cache, block_table[block_idx], num_kv_heads, kv_head);
-    const T* k_lane = k_tile + token_in_block * G::X + group_lane * G::K_VEC;
+    const T* k_row = k_tile + token_in_block * G::X;
     // One fp32 chain per element pair, then the group's lanes summed. The block's K vectors are
     // loaded in K_LOAD_BATCHES batches, as vLLM's build issues them (see the header): batch b + 1
     // is addressed through `dep`, which is 0 but known only once batch b's products are in, so
@@ -317,7 +318,9 @@ __device__ __forceinline__ float qk_logits(float* logits, const T* q_smem, const
       uint32_t k_words[PER_BATCH][G::K_WORDS];
 #pragma unroll
       for (int j = 0; j < PER_BATCH; ++j) {
-        load_words(k_words[j], k_lane + dep + (b * PER_BATCH + j) * BLOCK_SIZE * G::X);
+        const int vec_idx = group_lane + (b * PER_BATCH + j) * G::THREAD_GROUP_SIZE;
+        const int offset1 = vec_idx * G::K_VEC / G::X, offset2 = vec_idx * G::K_VEC % G::X;
+        load_words(k_words[j], k_row + (dep + offset1 * BLOCK_SIZE * G::X + offset2));
       }
       if constexpr (PF_MODE != PF_NONE && PF_K) {
         if (b == 0) {
@@ -637,7 +640,7 @@ __device__ __forceinline__ void reduce_cta(T* out, const float* partial_out,
 // registers in some instantiations (head_dim 80/96, block 16) to reach a higher occupancy.
 template <typename T, int HEAD_DIM, int BLOCK_SIZE, int PARTITION_SIZE, int PF_MODE, bool PF_K,
           bool PF_V, int PF_DIST, bool PF_EVICT_LAST>
-__global__ void __launch_bounds__(128, 1) vllm_decode(
+__global__ void __launch_bounds__(128, HEAD_DIM <= 128 ? 5 : 1) vllm_decode(
     T* __restrict__ out, float* __restrict__ partial_out, float* __restrict__ partial_max,
     float* __restrict__ partial_sum, const T* __restrict__ q, const T* __restrict__ k_cache,
     const T* __restrict__ v_cache, const int* __restrict__ block_tables,

@@ -322,13 +322,10 @@ __device__ __forceinline__ void decode_body(
   const int seq = work ? work[2 * blockIdx.x] : blockIdx.z;
   const int kv_head = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // seq_len, q and the first block ids are read together: one round trip before the first
+  // cp.async, not two (the block ids do not wait for seq_len; see `first` below)
   const int seq_len = seq_lens[seq];
   const int partition_start = partition * partition_size;
-  // NOTE: partition 0 always runs, so that an empty sequence still gets (zero) outputs.
-  if (partition > 0 && partition_start >= seq_len) return;
-  const int partition_end =
-      max_num_partitions == 1 ? seq_len : min(partition_start + partition_size, seq_len);
-  const int num_tiles = (partition_end - partition_start + TILE_TOKENS - 1) / TILE_TOKENS;  // <= 0
   const int num_qo_heads = num_kv_heads * GROUP;
   const int* __restrict__ table_row =
       block_tables + static_cast<long long>(seq) * max_num_blocks_per_seq;  // this seq's row
@@ -389,6 +386,28 @@ __device__ __forceinline__ void decode_body(
       scale_log2 *= __int_as_float((127 + shift) << 23);  // this lane's logits are head g's
     }
   }
+
+  // The block ids of the first STAGES tiles (and of the tiles they prefetch), read before
+  // seq_len is known: bounded by the partition and the block table's row only, so an id past
+  // seq_len may be padding or garbage. Such ids are never used: the copies and prefetches check
+  // each row against partition_end.
+  RowBlocks<BLOCK_SIZE> first[STAGES], pf_first[STAGES] = {};
+  {
+    const int table_end = max_num_blocks_per_seq * BLOCK_SIZE;
+    const int bound = max_num_partitions == 1 ? table_end
+                                              : min(partition_start + partition_size, table_end);
+#pragma unroll
+    for (int tile = 0; tile < STAGES; ++tile) {
+      first[tile].lookup(table_row, warp_row0(tile), bound);
+      if constexpr (PREFETCH) pf_first[tile].lookup(table_row, warp_row0(tile + PF_DIST), bound);
+    }
+  }
+
+  // NOTE: partition 0 always runs, so that an empty sequence still gets (zero) outputs.
+  if (partition > 0 && partition_start >= seq_len) return;
+  const int partition_end =
+      max_num_partitions == 1 ? seq_len : min(partition_start + partition_size, seq_len);
+  const int num_tiles = (partition_end - partition_start + TILE_TOKENS - 1) / TILE_TOKENS;  // <= 0
 
   // Copy this warp's 16 K and V rows of `tile` into `stage` (rows >= partition_end zero-filled).
   auto load_tile = [&](int tile, int stage, const RowBlocks<BLOCK_SIZE>& blocks) {
@@ -538,15 +557,6 @@ __device__ __forceinline__ void decode_body(
   };
 
   // ---- main loop: per-warp pipeline of STAGES stages ----------------------------------------
-  // The block ids of the first STAGES tiles (and of the tiles they prefetch) are read together,
-  // so the prologue waits for one block-table round trip, not one per tile.
-  RowBlocks<BLOCK_SIZE> first[STAGES], pf_first[STAGES];
-#pragma unroll
-  for (int tile = 0; tile < STAGES; ++tile) {
-    first[tile].lookup(table_row, warp_row0(tile), partition_end);
-    if constexpr (PREFETCH)
-      pf_first[tile].lookup(table_row, warp_row0(tile + PF_DIST), partition_end);
-  }
 #pragma unroll
   for (int tile = 0; tile < STAGES - 1; ++tile) {
     if (tile < num_tiles) {
@@ -689,15 +699,18 @@ __global__ void __launch_bounds__(128) gqa_merge(
     T* __restrict__ out, const float* __restrict__ partial_out,
     const float* __restrict__ partial_lse, const int* __restrict__ seq_lens, int partition_size,
     int max_num_partitions) {
-#if __CUDA_ARCH__ >= 900
-  // launched as a programmatic dependent of gqa_decode: wait until its partials are written
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
   constexpr int THREADS = 128;
   constexpr int VECS = HEAD_DIM / 4;      // float4 per partial row: 16 .. 64
   constexpr int ROWS = THREADS / VECS;    // partitions read at once: 2 .. 8
   const int head = blockIdx.x, seq = blockIdx.y, num_qo_heads = gridDim.x;
+  // gqa_decode does not write seq_lens: read it while the decode grid still runs
   const int seq_len = seq_lens[seq];
+#if __CUDA_ARCH__ >= 900
+  // Launched as a programmatic dependent of gqa_decode: wait until its partials are written.
+  // The test on seq_len (never negative) keeps the load ahead of the wait: without it ptxas
+  // issues the wait first, and the load's round trip follows the decode grid's end.
+  if (seq_len >= 0) asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
   const int num_partitions =
       seq_len > 0 ? min((seq_len + partition_size - 1) / partition_size, max_num_partitions) : 0;
   const long long row = static_cast<long long>(seq) * num_qo_heads + head;

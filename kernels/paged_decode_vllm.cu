@@ -92,6 +92,14 @@
 //     memory to hold it at 4 (kvlab.kernels.geometry.VLLM_V2_CTAS_PER_SM). Against vLLM's
 //     figures: 0.93-1.17x, 10 of 20 points within 7%; the two batches alone ran 1.02-1.19x (8 of
 //     20; a session run, not kept).
+//   vLLM's K-vector indexing (this file, revision 61b76c2): qk_logits computes each K load's
+//     address as vLLM's source does (a signed thread index, the vector index split into offset1
+//     and offset2 per load), where ours had folded them into immediate offsets. Read from nvcc
+//     13's SASS (<half, 128, 16> v1): the K loop takes 339 instructions a block, vLLM's build 355,
+//     ours before 266. It needs more registers (93-96 under NVRTC at head_dim 128, vLLM's v1 96):
+//     the launch bounds ask for 5 CTAs an SM so that v1 keeps vLLM's occupancy (v1 with prefetch
+//     now holds 5 too, not 6). Against vLLM's figures: 0.90-1.12x, 13 of 20 points within 7%
+//     (benchmarks/results/h200/attention_vllm.json).
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -636,11 +644,12 @@ __device__ __forceinline__ void reduce_cta(T* out, const float* partial_out,
 // Decode: grid (num_qo_heads, num_seqs, PARTITION_SIZE ? max_num_partitions : 1), block 128,
 // dynamic shared memory vllm::decode_smem_bytes(HEAD_DIM, BLOCK_SIZE, PARTITION_SIZE, max_seq_len).
 // v1 writes `out` (partial_* may be null); v2 writes partial_* (out may be null).
-// NOTE: min 1 CTA per SM in the launch bounds is not a limit: without it ptxas spills a few
-// registers in some instantiations (head_dim 80/96, block 16) to reach a higher occupancy.
+// NOTE: the launch bounds ask ptxas for 5 CTAs an SM (at most 102 registers a thread), vLLM's v1
+// occupancy, where that costs no spills: head_dim up to 128 at blocks 8 and 16 (93-96 registers
+// at head_dim 128 under NVRTC; block 32 spilled 8 bytes). Elsewhere 1, which is no limit.
 template <typename T, int HEAD_DIM, int BLOCK_SIZE, int PARTITION_SIZE, int PF_MODE, bool PF_K,
           bool PF_V, int PF_DIST, bool PF_EVICT_LAST>
-__global__ void __launch_bounds__(128, HEAD_DIM <= 128 ? 5 : 1) vllm_decode(
+__global__ void __launch_bounds__(128, HEAD_DIM <= 128 && BLOCK_SIZE <= 16 ? 5 : 1) vllm_decode(
     T* __restrict__ out, float* __restrict__ partial_out, float* __restrict__ partial_max,
     float* __restrict__ partial_sum, const T* __restrict__ q, const T* __restrict__ k_cache,
     const T* __restrict__ v_cache, const int* __restrict__ block_tables,

@@ -12,12 +12,11 @@ VLLM_NUM_WARPS = 4  # 128 threads per CTA
 PARTITION_SIZE = 512  # tokens per CTA of v2
 MAX_V1_SEQ_LEN = 8192  # like vLLM: v1 only up to this many tokens
 V1_MIN_CTAS = 512  # like vLLM: a split v1 batch runs v1 only above this many (sequence, head) CTAs
-# CTAs an H200 SM holds (registers, at head_dim 128, block 16): v1 5 (86 registers a thread, as
-# vLLM's build's 96 allow), 6 with prefetch (78-80); v2, which vLLM's build compiles to 126
-# registers a thread (its source by nvcc 13 for sm_90, read from the SASS), 4 on any GPU:
-# `vllm_smem_bytes` reserves shared memory to hold it there
+# CTAs an H200 SM holds (registers, at head_dim 128, block 16): v1 5, with or without prefetch
+# (93-96 registers a thread under NVRTC, as vLLM's build's 96 allow); v2, which vLLM's build
+# compiles to 126 registers a thread (its source by nvcc 13 for sm_90, read from the SASS), 4 on
+# any GPU: `vllm_smem_bytes` reserves shared memory to hold it there
 VLLM_CTAS_PER_SM = 5
-VLLM_PREFETCH_CTAS_PER_SM = 6
 VLLM_V2_CTAS_PER_SM = 4
 
 # gqa (kernels/paged_decode_gqa.cu)

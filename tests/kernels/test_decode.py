@@ -142,7 +142,6 @@ def test_resident_ctas_are_what_the_l2_model_and_the_split_assume():
     geometry.ctas_per_sm (shared memory): the driver must agree for the models' shapes."""
     from kvlab.kernels.geometry import (
         VLLM_CTAS_PER_SM,
-        VLLM_PREFETCH_CTAS_PER_SM,
         VLLM_V2_CTAS_PER_SM,
         ctas_per_sm,
         gqa_smem_bytes,
@@ -154,9 +153,8 @@ def test_resident_ctas_are_what_the_l2_model_and_the_split_assume():
     sm_bytes = shared_memory_per_sm(torch.cuda.current_device())
     none, bulk, line = PrefetchConfig(), PrefetchConfig("bulk"), PrefetchConfig("line")
     for partition_size, prefetch, expected in (
-            (0, none, VLLM_CTAS_PER_SM), (0, bulk, VLLM_PREFETCH_CTAS_PER_SM),
-            (0, line, VLLM_PREFETCH_CTAS_PER_SM), (vllm_v1.PARTITION_SIZE, none,
-                                                   VLLM_V2_CTAS_PER_SM),
+            (0, none, VLLM_CTAS_PER_SM), (0, bulk, VLLM_CTAS_PER_SM), (0, line, VLLM_CTAS_PER_SM),
+            (vllm_v1.PARTITION_SIZE, none, VLLM_V2_CTAS_PER_SM),
             (vllm_v1.PARTITION_SIZE, bulk, VLLM_V2_CTAS_PER_SM)):
         names = vllm_v1.name_expressions(torch.float16, 128, 16, partition_size, prefetch)
         kernel = load(vllm_v1.SOURCE, names)[0]

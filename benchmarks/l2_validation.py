@@ -3,9 +3,11 @@
 
 For every launch recorded by `bench counters` at the points given, the model replays the launch
 as the kernels plan it (kvlab.sim.plan.launch_spec) and is set beside ncu's L2 hit rate and DRAM
-bytes, and, where `bench attention --sms` timed the same launch (results/h200/attention_sms.json:
-block 16, none / bulk / line at distance 1), beside that time. The launches (COUNTERS): four
-models, vllm_v1 and gqa, block 16, none and "bulk K+V d=1" on 132 / 80 / 32 SMs
+bytes. The plan is the current code's: where a planner or a kernel's occupancy changed after the
+counters were recorded (their git_revision), record them again before running this. Where
+`bench attention --sms` timed the same launch (results/h200/attention_sms.json: block 16, none /
+bulk / line at distance 1), the model's time is set beside that time. The launches (COUNTERS):
+four models, vllm_v1 and gqa, block 16, none and "bulk K+V d=1" on 132 / 80 / 32 SMs
 (counters_sms.json); "line K+V d=1", "bulk K+V d=2" and "bulk K+V d=4" on the whole GPU
 (counters_prefetch.json); block 32 (counters_block32.json). A launch recorded twice (each file
 profiles its own no-prefetch launches) is checked once, from the first file.

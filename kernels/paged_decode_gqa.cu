@@ -115,7 +115,7 @@
 //       503 us) and 1.55x slower on fp8 rows of 128 bytes; a row is too small a request. A
 //       whole (block, KV head) tile in one copy needs unpadded rows, which the ldmatrix reads
 //       would then hit with 8-way bank conflicts (a swizzled layout needs TMA tensor maps).
-//   v5  this file: a bf16 q over an fp8 cache; the prologue reads the block ids of its STAGES
+//   v5  a bf16 q over an fp8 cache; the prologue reads the block ids of its STAGES
 //       tiles together (one block-table round trip, not one per tile); the merge loads its first
 //       rows together with the lse. Observed in one session probe (not recorded; each variant
 //       timed in turn against v4): 1 x 32k qwen2.5-7b 29.5 -> 28.0 us, llama3-8b on fp8 29.5 ->
@@ -128,6 +128,20 @@
 //       with every load of a chunk of partitions in flight: -0.5 to +0.8 us against gqa_merge
 //       at 2-8 partitions (16 x 1k, 16 x 4k, 4 x 8k), and 2-13 us slower at 16-64. Its
 //       __threadfence and counter round trip cost what the merge launch does.
+//   v6  this file: seq_len, q and the first block ids are read in one round trip (the block
+//       ids no longer wait for seq_len), and the merge reads seq_len before it waits for the
+//       decode grid. Observed in a session probe (not recorded; v5 and v6 timed in turn, same
+//       split): 0.3-1.0 us less at 1 x 32k, 1 x 8k and 16 x 1k (llama3-8b 1 x 32k 42.2 ->
+//       41.5 us, qwen2.5-7b 16 x 1k 19.1 -> 18.5 us), unchanged from 64 x 4k. The split model
+//       (kvlab/kernels/geometry.py, partition_size) now counts an SM's turns and the merge: at
+//       16 x 1k a CTA an SM without a merge beats two an SM with one by 8-11%.
+//       What keeps gqa below SDPA at large shapes (session probes, not recorded; one loop per
+//       point): a plain read of the same bytes (one contiguous buffer, 16-byte loads) reaches
+//       104% of the copy roofline at llama3-8b 64 x 8k, SDPA 104%, gqa 98%, and gqa with its
+//       math compiled out (the same cp.async stream, nothing computed) 98.8%: the loads, not
+//       the math. Blocks in order instead of scattered gave +1.3%; V moved by 4 KB, 1 MB + 2 KB
+//       or 64 MB against K (DRAM channel camping) gave nothing. Every warp reads its own 4 KB
+//       (block, head) tiles; a dense read streams one region.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

@@ -28,7 +28,8 @@ GQA_TILE_TOKENS = GQA_NUM_WARPS * GQA_WARP_TOKENS  # 64 tokens per main-loop ite
 PARTITION_QUANTUM = 256  # gqa partition sizes are multiples of this many tokens
 PARTITION_OVERHEAD_TOKENS = 128  # a CTA's fixed cost (prologue, pipeline fill, merge), in tokens
 MIXED_TAIL_SHARE = 0.25  # mixed lengths: how much of the longest CTA the makespan waits for
-MERGE_OVERHEAD_TOKENS = 256  # mixed lengths: the merge launch's cost, in tokens of one CTA
+MERGE_OVERHEAD_TOKENS = 256  # the merge launch's cost, in tokens of one CTA
+LONE_CTA_SLOWDOWN = 1.05  # equal lengths: one CTA an SM reads a little slower than two
 SM_SHARED_BYTES = 228 * 1024  # shared memory per SM on Hopper (H100, H200)
 CTA_RESERVED_SHARED_BYTES = 1024  # what the driver reserves per resident CTA
 
@@ -82,40 +83,54 @@ def ctas_per_sm(head_dim: int, kv_bytes: int = 2) -> int:
     return SM_SHARED_BYTES // (gqa_smem_bytes(head_dim, kv_bytes) + CTA_RESERVED_SHARED_BYTES)
 
 
-def partition_size(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_slots: int,
-                   seq_lens=None) -> int:
-    """gqa's tokens per partition (a multiple of PARTITION_QUANTUM) when `num_slots` CTAs run at
-    once; ties go to fewer partitions (less merge work).
+def partition_size(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int,
+                   ctas_per_sm: int, seq_lens=None) -> int:
+    """gqa's tokens per partition (a multiple of PARTITION_QUANTUM) on `num_sms` SMs that hold
+    `ctas_per_sm` CTAs each; ties go to fewer partitions (less merge work).
 
-    Equal lengths (seq_lens None, or all equal): minimises the makespan model `waves x
-    (partition tokens + PARTITION_OVERHEAD_TOKENS)`, waves = ceil(CTAs / num_slots): CTAs of one
-    size run in waves, and a partial wave costs a whole one.
-    NOTE: observed on the H200 when this was written (not a recorded result): llama3-8b at batch
-    16 x 32k ran 93.5% of the roofline with 2 partitions (256 CTAs in 264 slots: one wave), 92.1%
-    with 9 and 87.3% with 3 (two waves).
+    Equal lengths (seq_lens None, or all equal): minimises the makespan model `turns x (partition
+    tokens + PARTITION_OVERHEAD_TOKENS) + MERGE_OVERHEAD_TOKENS if split`. Reading is bound by
+    bandwidth, and an SM reads nearly as fast with one CTA as with two, so CTAs that share an SM
+    take turns: up to one wave, an SM's turns are the CTAs it holds, ceil(CTAs / num_sms), times
+    LONE_CTA_SLOWDOWN when each SM holds at most one; beyond a wave, every wave costs
+    ctas_per_sm turns, and a partial wave a whole one.
+    NOTE: observed on the H200 in a session probe (not a recorded result; this model's choice
+    and the previous model's, which counted waves of slots alone and so split to fill both of an
+    SM's slots, timed in one loop at 21 points of the four paper models where the two differ
+    without LONE_CTA_SLOWDOWN): 1.03-1.11x faster where this choice drops the merge or halves
+    it (llama3-8b and qwen2.5-14b 16 x 1k 1.106x and 1.086x, llama3-8b 16 x 4k 1.032x,
+    qwen2.5-7b 32 x 4k 1.055x and 1 x 32k 1.030x), 0.986-1.005x elsewhere; at most 1.4% slower
+    than the faster of the two. Unsplit at 16 x 32k, one CTA an SM ran 2.2% slower than two
+    (llama3-8b: 525 us against 514 us), which LONE_CTA_SLOWDOWN keeps split. Past a wave,
+    llama3-8b at 16 x 32k ran 93.5% of the roofline in 2 partitions (one wave), 92.1% in 9 and
+    87.3% in 3 (two waves).
     Mixed lengths: CTAs of every size, launched longest first (`work_list`), fill the slots
-    unevenly but without waves, so the model is their total work spread over the slots, plus a
-    share of the longest CTA (the tail), plus the merge where it splits:
-    `(tokens + PARTITION_OVERHEAD_TOKENS x CTAs) / num_slots + MIXED_TAIL_SHARE x (partition +
-    PARTITION_OVERHEAD_TOKENS) + MERGE_OVERHEAD_TOKENS`. NOTE: the two constants were fitted to a
-    sweep of forced partition sizes on the H200 (llama3-8b and qwen2.5-7b; batches 16, 64 and 256
-    of lognormal lengths, mean 1.5k and 3.2k, max 2k to 32k; a session's probe, not a recorded
-    result): over the sizes swept, its choice ran within 0.5% of the fastest in 9 of 10 cases
-    and 3.4% in the last; the equal-length model, given the lengths, chose sizes up to 10%
-    slower (it splits short mixed batches that run best whole). `bench attention --lengths`
-    checks it on other models.
+    unevenly but without waves, so the model is their total work spread over the
+    `num_sms x ctas_per_sm` slots, plus a share of the longest CTA (the tail), plus the merge
+    where it splits: `(tokens + PARTITION_OVERHEAD_TOKENS x CTAs) / slots + MIXED_TAIL_SHARE x
+    (partition + PARTITION_OVERHEAD_TOKENS) + MERGE_OVERHEAD_TOKENS`. NOTE: the two constants
+    were fitted to a sweep of forced partition sizes on the H200 (llama3-8b and qwen2.5-7b;
+    batches 16, 64 and 256 of lognormal lengths, mean 1.5k and 3.2k, max 2k to 32k; a session's
+    probe, not a recorded result): over the sizes swept, its choice ran within 0.5% of the
+    fastest in 9 of 10 cases and 3.4% in the last; the equal-length model of the time, given
+    the lengths, chose sizes up to 10% slower (it splits short mixed batches that run best
+    whole). `bench attention --lengths` checks it on other models.
     """
     lens = None if seq_lens is None else np.asarray(seq_lens, dtype=np.int64)
     mixed = lens is not None and lens.min() != lens.max()
+    num_slots = num_sms * ctas_per_sm
 
     def makespan(size: int) -> tuple[float, int]:
+        merge = MERGE_OVERHEAD_TOKENS if size < max_seq_len else 0
         if not mixed:
-            waves = -(-num_seqs * -(-max_seq_len // size) * num_kv_heads // num_slots)
-            return waves * (size + PARTITION_OVERHEAD_TOKENS), -size
+            ctas = num_seqs * -(-max_seq_len // size) * num_kv_heads
+            turns = (-(-ctas // num_sms) if ctas <= num_slots
+                     else ctas_per_sm * -(-ctas // num_slots))
+            turns *= LONE_CTA_SLOWDOWN if ctas <= num_sms else 1
+            return turns * (size + PARTITION_OVERHEAD_TOKENS) + merge, -size
         ctas = int(np.maximum(1, -(-lens // size)).sum()) * num_kv_heads
         spread = (int(lens.sum()) * num_kv_heads + PARTITION_OVERHEAD_TOKENS * ctas) / num_slots
         tail = MIXED_TAIL_SHARE * (min(size, max_seq_len) + PARTITION_OVERHEAD_TOKENS)
-        merge = MERGE_OVERHEAD_TOKENS if size < max_seq_len else 0
         return spread + tail + merge, -size
 
     q = PARTITION_QUANTUM

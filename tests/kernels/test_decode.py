@@ -338,17 +338,22 @@ def test_autotune_setting_is_checked(monkeypatch):
 @pytest.mark.parametrize(
     ("num_seqs", "num_kv_heads", "max_seq_len", "expected"),
     [
-        (16, 8, 32768, 16384),  # 128 CTAs: 2 partitions fill one wave of 264 slots
+        # 128 (sequence, KV head) pairs, one an SM unsplit: 1.05 x (32,768 + 128) = 34,541
+        # token-times against 2 x (16,384 + 128) + 256 = 33,280 in 2 partitions (two an SM)
+        (16, 8, 32768, 16384),
+        # the same pairs at 1k: unsplit 1.05 x 1,152 = 1,210 against 2 x 640 + 256 = 1,536
+        (16, 8, 1024, 1024),
         (128, 8, 32768, 32768),  # 1024 CTAs already fill the GPU: no split
-        (1, 8, 32768, 1024),  # 32 partitions: 256 CTAs
+        (1, 8, 32768, 2048),  # 16 partitions: 128 CTAs, one an SM (32: 2 x 1,152 + 256)
+        (16, 4, 1024, 512),  # 64 pairs: 2 partitions, 128 CTAs
         (160, 2, 256, 256),  # short sequences: one partition
     ],
 )
-def test_gqa_split_fills_waves_of_resident_ctas(num_seqs, num_kv_heads, max_seq_len, expected):
-    num_slots = 132 * gqa.ctas_per_sm(128)
+def test_gqa_split_counts_the_turns_of_an_sm_and_the_merge(num_seqs, num_kv_heads, max_seq_len,
+                                                            expected):
     assert gqa.ctas_per_sm(128) == 2
-    assert gqa.partition_size(num_seqs, num_kv_heads, max_seq_len, num_slots) == expected
-    assert gqa.partition_size(num_seqs, num_kv_heads, max_seq_len, num_slots,
+    assert gqa.partition_size(num_seqs, num_kv_heads, max_seq_len, 132, 2) == expected
+    assert gqa.partition_size(num_seqs, num_kv_heads, max_seq_len, 132, 2,
                               [max_seq_len] * num_seqs) == expected
 
 
@@ -359,10 +364,9 @@ def test_gqa_splits_a_mixed_batch_by_the_work_it_holds():
     + (1024 + 128) / 4 + 256 = 3,302 token-times against 3,527 for 2k and 6,828 unsplit. A short
     mixed batch (max 2k) runs whole: the merge and the extra CTAs would cost more than the tail
     saves."""
-    num_slots = 132 * gqa.ctas_per_sm(128)
-    assert gqa.partition_size(64, 8, 16384, num_slots) == 16384
-    assert gqa.partition_size(64, 8, 16384, num_slots, [16384] + [1024] * 63) == 1024
-    assert gqa.partition_size(64, 8, 2048, num_slots, [2048] + [1024] * 63) == 2048
+    assert gqa.partition_size(64, 8, 16384, 132, 2) == 16384
+    assert gqa.partition_size(64, 8, 16384, 132, 2, [16384] + [1024] * 63) == 1024
+    assert gqa.partition_size(64, 8, 2048, 132, 2, [2048] + [1024] * 63) == 2048
 
 
 def test_gqa_work_list_holds_the_partitions_with_tokens_longest_first():

@@ -8,9 +8,9 @@ VLLM_V2_CTAS_PER_SM = 4, as vLLM's build runs it. Launches recorded before revis
 an earlier kernel, which held 4 without prefetch (ncu: launch__occupancy_limit_registers = 4 at
 119 registers; tests/profile/data/ncu_raw_h200.csv); from e5e265a until v2 reserved its shared
 memory, v2 held 5 (6 with prefetch), and until vllm_v1 took vLLM's K-vector indexing (revision
-61b76c2), v1 held 6 with prefetch. gqa's follows from
-its shared memory (kvlab.kernels.geometry.ctas_per_sm), which ncu confirms (its
-launch__occupancy_limit_shared_mem = 2 for head_dim 128, as ctas_per_sm(128) says).
+61b76c2), v1 held 6 with prefetch. gqa's follows from its shared memory
+(kvlab.kernels.geometry.ctas_per_sm), which ncu confirms (its launch__occupancy_limit_shared_mem
+= 2 for head_dim 128, as ctas_per_sm(128) says).
 """
 
 from kvlab.config import MODELS

@@ -344,7 +344,9 @@ def test_autotune_setting_is_checked(monkeypatch):
         # the same pairs at 1k: unsplit 1.05 x 1,152 = 1,210 against 2 x 640 + 256 = 1,536
         (16, 8, 1024, 1024),
         (128, 8, 32768, 32768),  # 1024 CTAs already fill the GPU: no split
-        (1, 8, 32768, 2048),  # 16 partitions: 128 CTAs, one an SM (32: 2 x 1,152 + 256)
+        # one sequence: 16 partitions, 128 CTAs one an SM, 1.05 x 2,176 + 256 = 2,541 against
+        # 2 x 1,152 + 256 = 2,560 in 32 (256 CTAs, two an SM)
+        (1, 8, 32768, 2048),
         (16, 4, 1024, 512),  # 64 pairs: 2 partitions, 128 CTAs
         (160, 2, 256, 256),  # short sequences: one partition
     ],

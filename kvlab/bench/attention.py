@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import os
 import statistics
 import sys
@@ -36,7 +35,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from kvlab.bench.env import gpu_info, gpu_state, run_info
+from kvlab.bench.env import gpu_info, gpu_state, run_info, write_checkpoint
 from kvlab.cache import filled_cache
 from kvlab.cache.fp8 import FP8_DTYPE
 from kvlab.config import MODELS
@@ -279,9 +278,7 @@ def run(args) -> dict:
             del found
             torch.cuda.empty_cache()
             loop += 1
-        if args.checkpoint:
-            with open(args.checkpoint, "w") as f:
-                json.dump(result, f)
+        write_checkpoint(args.checkpoint, result)
     result["clocks_end"] = gpu_state()
     return result
 

@@ -249,6 +249,9 @@ def _add_e2e(parser: argparse.ArgumentParser) -> None:
                         metavar="RATE", help="a serving run per rate (requests/s, Poisson)")
     parser.add_argument("--serve-requests", type=positive_int, default=512)
     parser.add_argument("--serve-variant", default="gqa", choices=list(VARIANTS))
+    parser.add_argument("--checkpoint", metavar="PATH",
+                        help="rewrite the result so far as JSON after every (model, batch) point "
+                             "and serving rate")
 
 
 BENCHMARKS = {

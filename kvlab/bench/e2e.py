@@ -38,7 +38,7 @@ import statistics
 import sys
 import time
 
-from kvlab.bench.env import gpu_info, gpu_state, run_info
+from kvlab.bench.env import gpu_info, gpu_state, run_info, write_checkpoint
 from kvlab.config import MODELS, ModelConfig
 from kvlab.kernels.prefetch import PrefetchConfig
 
@@ -308,6 +308,8 @@ def run(args) -> dict | None:
                 result["rows"].append({**_row(name, variant, batch, args, rounds,
                                               statistics.median(prefills), roofline_ms),
                                        "tp": world})
+            if rank == 0:
+                write_checkpoint(args.checkpoint, result)
         del weights, hf
         torch.cuda.empty_cache()
         if args.serve_rates:
@@ -326,6 +328,7 @@ def run(args) -> dict | None:
                                    on_finish=progress)
                 result["serving"].append({"model": name, "variant": args.serve_variant,
                                           "rate": rate, **serving_stats(gen)})
+                write_checkpoint(args.checkpoint, result)
             del llm
             torch.cuda.empty_cache()
     result["clocks_end"] = gpu_state()

@@ -10,6 +10,7 @@ resumed (`kvlab.bench.kvpr`), since nothing shows which code made it.
 
 import datetime
 import importlib.metadata
+import json
 import os
 import platform
 import re
@@ -139,3 +140,11 @@ def run_info() -> dict:
         "platform": platform.platform(),
         "cpu": cpu_name(),
     }
+
+
+def write_checkpoint(path: str | None, result: dict) -> None:
+    """Rewrite `result` as it stands as JSON at `path` (a benchmark's --checkpoint), if given: a
+    run cut short keeps what it measured."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(result, f)

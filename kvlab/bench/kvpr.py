@@ -47,7 +47,7 @@ from collections.abc import Callable
 import torch
 
 from kvlab.bench.cli import KVPR_SETTINGS as SETTINGS
-from kvlab.bench.env import git_state, gpu_info, gpu_state, run_info
+from kvlab.bench.env import git_state, gpu_info, gpu_state, run_info, write_checkpoint
 from kvlab.bench.steps import WARMUP_TOLERANCE, HFSteps, time_in_turn
 from kvlab.checks import check_positive_int
 from kvlab.config import MODELS
@@ -335,9 +335,7 @@ def run(args) -> dict:
             if point_result["timeline"] is not None:
                 result["timelines"].append(point_result["timeline"])
             result["skipped"] = list(skipped.values())
-            if args.checkpoint:
-                with open(args.checkpoint, "w") as f:
-                    json.dump(result, f)
+            write_checkpoint(args.checkpoint, result)
         del layers, host_layers
         torch.cuda.empty_cache()
     result["skipped"] = list(skipped.values())

@@ -61,6 +61,8 @@ def test_help_lists_the_benchmarks_own_options(name):
         (["bench", "attention", "--points", "2by64"], "must be BATCHxCONTEXT"),
         (["bench", "cache", "--json", "/no/such/folder/cache.json"],
          "--json /no/such/folder/cache.json: the folder /no/such/folder does not exist"),
+        (["bench", "e2e", "--checkpoint", "/no/such/folder/e2e.json"],
+         "--checkpoint /no/such/folder/e2e.json: the folder /no/such/folder does not exist"),
     ],
 )
 def test_bad_values_end_in_one_line_and_exit_status_2(argv, message):
@@ -105,3 +107,14 @@ def test_attention_variants_add_evict_last_twins_on_request():
     assert plain == ["none", "bulk K+V d=1", "bulk K+V d=2"]
     twins = [p.label() for p in prefetch_variants(["bulk"], [1], evict_last=True)]
     assert twins == ["none", "bulk K+V d=1", "bulk K+V d=1 evict_last"]
+
+
+def test_a_checkpoint_is_the_result_as_it_stands(tmp_path):
+    from kvlab.bench.env import write_checkpoint
+
+    path = tmp_path / "checkpoint.json"
+    write_checkpoint(None, {"rows": [1]})  # no --checkpoint: nothing written
+    assert not path.exists()
+    write_checkpoint(str(path), {"rows": [1]})
+    write_checkpoint(str(path), {"rows": [1, 2]})
+    assert json.loads(path.read_text()) == {"rows": [1, 2]}

@@ -70,11 +70,12 @@ def test_tensor_parallel_runs_under_torchrun_over_heads_that_divide(capsys, monk
 
 @pytest.mark.gpu
 def test_a_small_run_times_every_variant_and_hf(tmp_path):
-    out = tmp_path / "e2e.json"
+    out, checkpoint = tmp_path / "e2e.json", tmp_path / "checkpoint.json"
     main(["bench", "e2e", "--models", "tiny-qwen", "--batches", "1", "3", "--prompt", "20",
-          "--new-tokens", "24", "--json", str(out)])
+          "--new-tokens", "24", "--json", str(out), "--checkpoint", str(checkpoint)])
     result = json.loads(out.read_text())
     rows = result["rows"]
+    assert json.loads(checkpoint.read_text())["rows"] == rows  # written after the last point
     assert result["async_decode"] is True
     assert {(r["variant"], r["batch"]) for r in rows} == {
         (v, b) for v in (*VARIANTS, HF_VARIANT) for b in (1, 3)}

@@ -5,7 +5,8 @@ that revision (`benchmarks/results/`, where results are written, does not count)
 checkout without its `.git` folder (a device machine, say) takes both from the environment:
 KVLAB_GIT_REVISION (40 hex digits) and KVLAB_GIT_DIRTY ("0" or "1"), set by whoever made the
 copy. An installed kvlab has neither: the revision is then None, and such a result cannot be
-resumed (`kvlab.bench.kvpr`), since nothing shows which code made it.
+resumed (`kvlab.bench.kvpr`), since nothing shows which code made it. `write_checkpoint` saves a
+result as it stands, for the benchmarks' --checkpoint.
 """
 
 import datetime

@@ -125,12 +125,24 @@ __global__ void rope(T* out, const T* x, const T* __restrict__ cos, const T* __r
                 max_positions);
 }
 
-// Write the K and V of `rows` new tokens into a paged cache at their slots (block id * block_size
-// + offset). k, v: [rows, num_kv_heads, head_dim], heads contiguous, row strides of their own.
+// Where element d of one token's K (IS_K) or V lies in a paged cache, counted in elements:
+// block_head = block id * num_kv_heads + head, offset = the token's row in its block.
 // Layouts (kvlab.cache.paged_cache): VLLM false: "hnd", both [blocks, heads, block_size, d];
 // VLLM true: "vllm", k [blocks, heads, d / VEC, block_size, VEC] and v [blocks, heads, d,
-// block_size]. A slot outside [0, num_blocks * block_size) is skipped, never written.
-// Grid (rows), each thread one 16-byte vector of K and of V at a time.
+// block_size].
+template <bool VLLM, bool IS_K>
+__device__ __forceinline__ long long cache_at(long long block_head, int offset, int block_size,
+                                              int head_dim, int d) {
+    if (!VLLM) return (block_head * block_size + offset) * head_dim + d;
+    if (IS_K)
+        return ((block_head * (head_dim / VEC) + d / VEC) * block_size + offset) * VEC + d % VEC;
+    return (block_head * head_dim + d) * block_size + offset;
+}
+
+// Write the K and V of `rows` new tokens into a paged cache at their slots (block id * block_size
+// + offset). k, v: [rows, num_kv_heads, head_dim], heads contiguous, row strides of their own;
+// the layouts are cache_at's. A slot outside [0, num_blocks * block_size) is skipped, never
+// written. Grid (rows), each thread one 16-byte vector of K and of V at a time.
 template <typename T, bool VLLM>
 __global__ void write_kv(T* __restrict__ k_cache, T* __restrict__ v_cache, const T* __restrict__ k,
                          const T* __restrict__ v, const long long* __restrict__ slots,
@@ -142,23 +154,25 @@ __global__ void write_kv(T* __restrict__ k_cache, T* __restrict__ v_cache, const
     const int offset = static_cast<int>(slot % block_size);
     const int chunks = head_dim / VEC;
     for (int t = threadIdx.x; t < num_kv_heads * chunks; t += blockDim.x) {
-        const int head = t / chunks, chunk = t % chunks;
-        const uint4 k_vec = *reinterpret_cast<const uint4*>(k + blockIdx.x * k_row_stride +
-                                                           head * head_dim + chunk * VEC);
-        const uint4 v_vec = *reinterpret_cast<const uint4*>(v + blockIdx.x * v_row_stride +
-                                                           head * head_dim + chunk * VEC);
+        const int head = t / chunks, d = t % chunks * VEC;
+        const uint4 k_vec =
+            *reinterpret_cast<const uint4*>(k + blockIdx.x * k_row_stride + head * head_dim + d);
+        const uint4 v_vec =
+            *reinterpret_cast<const uint4*>(v + blockIdx.x * v_row_stride + head * head_dim + d);
         const long long block_head = block * num_kv_heads + head;
+        // K's VEC elements are contiguous in both layouts (d is a multiple of VEC)
+        *reinterpret_cast<uint4*>(
+            k_cache + cache_at<VLLM, true>(block_head, offset, block_size, head_dim, d)) = k_vec;
         if (!VLLM) {
-            const long long at = (block_head * block_size + offset) * head_dim + chunk * VEC;
-            *reinterpret_cast<uint4*>(k_cache + at) = k_vec;
-            *reinterpret_cast<uint4*>(v_cache + at) = v_vec;
-        } else {
-            const long long k_at = ((block_head * chunks + chunk) * block_size + offset) * VEC;
-            *reinterpret_cast<uint4*>(k_cache + k_at) = k_vec;
+            *reinterpret_cast<uint4*>(
+                v_cache + cache_at<VLLM, false>(block_head, offset, block_size, head_dim, d)) =
+                v_vec;
+        } else {  // V's are block_size apart
             const T* values = reinterpret_cast<const T*>(&v_vec);
-            const long long v_at = (block_head * head_dim + chunk * VEC) * block_size + offset;
 #pragma unroll
-            for (int e = 0; e < VEC; ++e) v_cache[v_at + e * block_size] = values[e];
+            for (int e = 0; e < VEC; ++e)
+                v_cache[cache_at<VLLM, false>(block_head, offset, block_size, head_dim, d + e)] =
+                    values[e];
         }
     }
 }
@@ -192,16 +206,16 @@ __global__ void rope_write(T* __restrict__ q_out, T* __restrict__ k_cache, T* __
     const bool is_k = head < q_heads + kv_heads;
     const long long block_head = slot / block_size * kv_heads + (head - q_heads) % kv_heads;
     const int offset = static_cast<int>(slot % block_size);
-    // element d of this token's K or V (write_kv's layouts)
-    const auto at = [&](int d) -> long long {
-        if (!VLLM) return (block_head * block_size + offset) * head_dim + d;
-        if (is_k) return ((block_head * (head_dim / VEC) + d / VEC) * block_size + offset) * VEC + d % VEC;
-        return (block_head * head_dim + d) * block_size + offset;
-    };
     if (is_k) {
+        const auto at = [&](int d) {
+            return cache_at<VLLM, true>(block_head, offset, block_size, head_dim, d);
+        };
         rotate_pair(k_cache + at(i), k_cache + at(i + half), src, i, half, cos, sin, position,
                     max_positions);
     } else {
+        const auto at = [&](int d) {
+            return cache_at<VLLM, false>(block_head, offset, block_size, head_dim, d);
+        };
         v_cache[at(i)] = src[i];
         v_cache[at(i + half)] = src[i + half];
     }

@@ -141,7 +141,12 @@
 //       math compiled out (the same cp.async stream, nothing computed) 98.8%: the loads, not
 //       the math. Blocks in order instead of scattered gave +1.3%; V moved by 4 KB, 1 MB + 2 KB
 //       or 64 MB against K (DRAM channel camping) gave nothing. Every warp reads its own 4 KB
-//       (block, head) tiles; a dense read streams one region.
+//       (block, head) tiles; a dense read streams one region. A later probe (same method) ruled
+//       out four more: blocks of 16 to 256 tokens (4 to 64 KB contiguous per (block, head)) read
+//       at 98.2-98.9% at llama3-8b 64 x 8k, SDPA 103.8%; 8 warps a CTA (one CTA an SM) 97.5%;
+//       4-6 stages at one CTA an SM 96.6-97.0% (and 1-3 points slower at 1 x 32k and 16 x 1k:
+//       more bytes in flight an SM did not help a lone CTA either); 66 x 8k, whole waves of
+//       4 CTAs an SM, 99.1% against SDPA's 105.6%.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

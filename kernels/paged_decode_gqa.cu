@@ -25,10 +25,10 @@
 //     Every sequence's partition 0 must be listed (an empty sequence still writes its zeros).
 //     dynamic shared memory = Smem<HEAD_DIM, sizeof(KV)>::BYTES
 //                           = STAGES * NUM_WARPS * 2 * WARP_TOKENS * ROW_BYTES:
-//       fp16/bf16 (3 stages, rows of 2 * HEAD_DIM + 16 bytes): head_dim 64: 55,296  80: 67,584
-//         96: 79,872  112: 92,160  128: 104,448  256: 202,752;
-//       fp8 (5 stages, rows of HEAD_DIM + 16 or + 32 bytes): 64: 51,200  80: 71,680  96: 71,680
-//         112: 92,160  128: 92,160  256: 174,080.
+//       fp16/bf16 (3 stages, rows of 160 to 544 bytes): head_dim 64: 61,440  80: 61,440
+//         96: 86,016  112: 86,016  128: 110,592  256: 208,896;
+//       fp8 (5 stages, rows of 96 to 288 bytes): 64: 61,440  80: 61,440  96: 61,440
+//         112: 102,400  128: 102,400  256: 184,320.
 //     All are above 48 KB: the wrapper must set cudaFuncAttributeMaxDynamicSharedMemorySize
 //     (CuPy: kernel.max_dynamic_shared_size_bytes = bytes) before the first launch.
 //     k_scale, v_scale: float [num_kv_heads] for an fp8 cache (value = stored * scale), else
@@ -58,8 +58,10 @@
 //     l per head, the O^T accumulator rescaled by exp2(m_old - m_new). P is rounded to T for the
 //     PV mma (the usual flash-attention trade: ~1e-4 rel. error fp16, ~1e-3 bf16). Rows 8..15 of
 //     the QK mma (and heads GROUP..7) are padding: tensor-core time is far from the bottleneck.
-//   - Shared-memory rows are padded by 16 bytes (stride 2 * HEAD_DIM + 16) so every ldmatrix phase
-//     (8 rows x 16 bytes) hits 32 distinct banks for all listed head dims.
+//   - Shared-memory rows start 32-byte aligned, their stride an odd multiple of 32 bytes (fp16,
+//     head_dim 128: 288). Aligned, each 32-byte sector of the cache lands in one sector of shared
+//     memory, and L2 serves it once; an ldmatrix phase (8 rows x 16 bytes) then meets a 2-way
+//     bank conflict, which costs less (see v7 below).
 //   - At the end the 4 warps' (m, l, O) are merged through shared memory (aliasing the stages).
 //
 // fp8 (KV = fp8_e4m3, e4m3 with one float scale per KV head): the same pipeline on rows of half
@@ -128,7 +130,7 @@
 //       with every load of a chunk of partitions in flight: -0.5 to +0.8 us against gqa_merge
 //       at 2-8 partitions (16 x 1k, 16 x 4k, 4 x 8k), and 2-13 us slower at 16-64. Its
 //       __threadfence and counter round trip cost what the merge launch does.
-//   v6  this file: seq_len, q and the first block ids are read in one round trip (the block
+//   v6  seq_len, q and the first block ids are read in one round trip (the block
 //       ids no longer wait for seq_len), and the merge reads seq_len before it waits for the
 //       decode grid. Observed in a session probe (not recorded; v5 and v6 timed in turn, same
 //       split): 0.3-1.0 us less at 1 x 32k, 1 x 8k and 16 x 1k (llama3-8b 1 x 32k 42.2 ->
@@ -147,6 +149,18 @@
 //       4-6 stages at one CTA an SM 96.6-97.0% (and 1-3 points slower at 1 x 32k and 16 x 1k:
 //       more bytes in flight an SM did not help a lone CTA either); 66 x 8k, whole waves of
 //       4 CTAs an SM, 99.1% against SDPA's 105.6%.
+//   v7  this file: shared-memory rows 32-byte aligned (stride 288 bytes at fp16 head_dim 128,
+//       was 272). Nsight Compute (llama3-8b 64 x 8k) showed why gqa read slower than SDPA: L2
+//       served 100.7M sectors to the SMs for 67.1M read from DRAM (SDPA 67.1M for 67.1M), in
+//       any cp.async size hint (none, 64B, 128B; 256B 104.9M). Each odd row started 16 bytes
+//       into a 32-byte shared-memory sector, and the two 16-byte halves of each of its cache
+//       sectors were fetched from L2 apart. With aligned rows L2 serves 67.2M sectors, DRAM
+//       throughput rose from 87.5-87.8% to 90.8-91.6% of peak and a launch took 488-493 us
+//       instead of 509-511 us (SDPA 482 us), although every ldmatrix phase now meets a 2-way bank conflict
+//       (a swizzled layout would remove it). Timed in one loop (session probe, not recorded;
+//       % of the copy roofline, before -> after, SDPA): llama3-8b 64 x 8k 98.4 -> 102.0 (103.1),
+//       16 x 4k 87.4 -> 91.1 (93.8), 1 x 32k 74.7 -> 77.4 (76.6), 16 x 1k 66.7 -> 67.9 (69.4);
+//       llama2-7b 64 x 4k 99.0 -> 103.4 (105.8); qwen2.5-7b 128 x 4k 96.0 -> 99.5 (102.0).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -175,15 +189,19 @@ template <typename A, typename B> struct Same { static constexpr bool value = fa
 template <typename A> struct Same<A, A> { static constexpr bool value = true; };
 
 // Shared-memory geometry, in bytes. One warp's K (or V) rows of one stage: [WARP_TOKENS][ROW_BYTES],
-// rows padded (16 or 32 bytes) to an odd multiple of 16 bytes, so that every ldmatrix phase
-// (8 rows x 16 bytes) hits 32 distinct banks. Whole buffer: [STAGES][NUM_WARPS][K, V][WARP_TOKENS]
-// [ROW_BYTES]. fp8 keeps 5 stages (see the header). CTAS_PER_SM is what shared memory allows on
-// sm_90 (228 KB per SM, 1 KB reserved per CTA): fp16 4 CTAs for head_dim 64, 3 for 80, 2 for
-// 96..128, 1 for 256. It is passed to __launch_bounds__ so that ptxas budgets registers for that
-// occupancy instead of guessing (its guess spilled at 96).
+// the row stride the least odd multiple of 32 bytes that holds a row (and, for fp8 at head_dim
+// 80 and 112, the 16 bytes its last ldmatrix reads past it). A multiple of 32: the two 16-byte
+// cp.async of a cache sector land in one shared-memory sector (a row 16 bytes off makes L2 serve
+// that sector twice); odd: an ldmatrix phase (8 rows x 16 bytes) meets a 2-way bank conflict, not
+// more. Whole buffer: [STAGES][NUM_WARPS][K, V][WARP_TOKENS][ROW_BYTES]. fp8 keeps 5 stages (see
+// the header). CTAS_PER_SM is what shared memory allows on sm_90 (228 KB per SM, 1 KB reserved
+// per CTA): 3 CTAs for head_dim 64 and 80, 2 for 96..128, 1 for 256 (fp8: 3, 3, 3, 2, 2, 1).
+// It is passed to __launch_bounds__ so that ptxas budgets registers for that occupancy instead of
+// guessing (its guess spilled at 96).
 template <int HEAD_DIM, int KV_BYTES> struct Smem {
-  static constexpr int ROW_BYTES =
-      HEAD_DIM * KV_BYTES + ((HEAD_DIM * KV_BYTES / 16) % 2 == 0 ? 16 : 32);
+  static constexpr int MIN_ROW_BYTES =
+      HEAD_DIM * KV_BYTES + (KV_BYTES == 1 && HEAD_DIM % 32 != 0 ? 16 : 0);
+  static constexpr int ROW_BYTES = 32 * (((MIN_ROW_BYTES + 31) / 32) | 1);
   static constexpr int STAGES = KV_BYTES == 1 ? 5 : 3;
   static constexpr int WARP_TILE_BYTES = WARP_TOKENS * ROW_BYTES;
   static constexpr int BYTES = STAGES * NUM_WARPS * 2 * WARP_TILE_BYTES;  // the dynamic smem

@@ -71,10 +71,11 @@ def gqa_stages(kv_bytes: int = 2) -> int:
 
 def gqa_smem_bytes(head_dim: int, kv_bytes: int = 2) -> int:
     """Dynamic shared memory of gqa_decode with cache elements of `kv_bytes` (2: fp16/bf16, 1:
-    fp8): stages x 4 warps x (16 K + 16 V rows), each row padded (16 or 32 bytes) to an odd
-    multiple of 16 bytes against bank conflicts."""
-    row = head_dim * kv_bytes
-    row += 16 if (row // 16) % 2 == 0 else 32
+    fp8): stages x 4 warps x (16 K + 16 V rows), each row's stride the least odd multiple of 32
+    bytes that holds it (fp8 at head_dim 80 and 112: and 16 bytes more, read by its last
+    ldmatrix). 32-byte aligned rows let L2 serve each sector once (the kernel's header)."""
+    row = head_dim * kv_bytes + (16 if kv_bytes == 1 and head_dim % 32 else 0)
+    row = 32 * (-(-row // 32) | 1)
     return gqa_stages(kv_bytes) * GQA_NUM_WARPS * 2 * GQA_WARP_TOKENS * row
 
 

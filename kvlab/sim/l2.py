@@ -17,6 +17,11 @@ The geometry is the H200's; how lines map to sets and which line leaves are assu
   and ncu counts it as a hit (`demand_promoted`; read from DRAM all the same). This is what
   makes ncu report 48.0-49.0% for gqa without prefetch at every point recorded (its loads
   share nothing), where vllm_v1's plain loads on multi-head attention get 0.3-1.1%.
+  NOTE: measured later (ncu, llama3-8b 64 x 8k, a session probe): the gqa kernel of those
+  counters asked L2 for 1.5 sectors per sector it read (its odd shared-memory rows split each
+  cache sector in two requests; 34% hits without the hint), so this assumption matched them for
+  another reason. gqa v7 asks once per sector (25.9% hits in one ncu launch): the model's gqa
+  rates describe the kernel before v7 until the counters are recorded again.
 - A bulk prefetch (`cp.async.bulk.prefetch.L2`) fills the sectors its byte range covers; a line
   prefetch (`prefetch.global.L2`) fills the whole 128-byte line of its address.
 - Time: every request comes with a time in rounds (kvlab.sim.spec: one turn of every CTA slot,

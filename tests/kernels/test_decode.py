@@ -11,6 +11,7 @@ from kvlab.cache import PagedKVCache
 from kvlab.checks import HEAD_DIMS
 from kvlab.kernels import gqa, select, tune, vllm_v1
 from kvlab.kernels.decode import check_kernel
+from kvlab.kernels.geometry import gqa_stages
 from kvlab.kernels.loader import load
 from kvlab.kernels.prefetch import PrefetchConfig
 from kvlab.reference import decode_attention as reference
@@ -377,3 +378,16 @@ def test_gqa_work_list_holds_the_partitions_with_tokens_longest_first():
     # tokens per partition of 256: seq 0: 5; seq 1: 256, 256, 188; seq 2: none; seq 3: 256, 44
     assert work_list([5, 700, 0, 300], 256).tolist() == [
         [1, 0], [1, 1], [3, 0], [1, 2], [3, 1], [0, 0], [2, 0]]
+
+
+@pytest.mark.parametrize("kv_bytes", [1, 2])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_gqa_rows_are_32_byte_aligned_with_an_odd_stride(head_dim, kv_bytes):
+    """gqa_decode's shared-memory rows: a multiple of 32 bytes, so that each cache sector lands
+    in one shared-memory sector (L2 serves it once), and an odd one, so that an ldmatrix phase
+    meets at most a 2-way bank conflict; room for the row, and for the 16 bytes fp8's last
+    ldmatrix reads past it at head_dim 80 and 112."""
+    row = gqa.smem_bytes(head_dim, kv_bytes) // (gqa_stages(kv_bytes) * 4 * 2 * 16)
+    assert row % 32 == 0 and (row // 32) % 2 == 1
+    need = head_dim * kv_bytes + (16 if kv_bytes == 1 and head_dim in (80, 112) else 0)
+    assert need <= row < need + 64

@@ -9,7 +9,9 @@ import subprocess
 
 import pytest
 
+from kvlab.checks import HEAD_DIMS
 from kvlab.kernels import gqa, layer_ops, vllm_v1
+from kvlab.kernels.geometry import ctas_per_sm, gqa_smem_bytes, gqa_stages
 from kvlab.kernels.loader import compile_options, source_dir
 
 NVCC = shutil.which("nvcc")
@@ -53,3 +55,20 @@ def test_family_compiles_without_spills(filename, tmp_path):
 )
 def test_every_other_cu_file_compiles(filename, tmp_path):
     nvcc(source_dir() / filename, tmp_path, "-rdc=true")
+
+
+def test_gqa_shared_memory_is_what_the_launcher_reserves(tmp_path):
+    """The kernel's own Smem geometry (stages, dynamic shared memory, CTAs an SM) equals the
+    Python side's (kvlab.kernels.geometry), which sizes each launch: checked by static_assert
+    in a unit nvcc compiles, for every head_dim and both element sizes."""
+    lines = [f'#include "{gqa.SOURCE}"']
+    for head_dim in HEAD_DIMS:
+        for kv_bytes in (1, 2):
+            smem = f"kvlab::gqa::Smem<{head_dim}, {kv_bytes}>"
+            for field, value in (("STAGES", gqa_stages(kv_bytes)),
+                                 ("BYTES", gqa_smem_bytes(head_dim, kv_bytes)),
+                                 ("CTAS_PER_SM", ctas_per_sm(head_dim, kv_bytes))):
+                lines.append(f'static_assert({smem}::{field} == {value}, "{smem}::{field}");')
+    unit = tmp_path / "smem.cu"
+    unit.write_text("\n".join([*lines, ""]))
+    nvcc(unit, tmp_path)

@@ -156,11 +156,13 @@
 //       into a 32-byte shared-memory sector, and the two 16-byte halves of each of its cache
 //       sectors were fetched from L2 apart. With aligned rows L2 serves 67.2M sectors, DRAM
 //       throughput rose from 87.5-87.8% to 90.8-91.6% of peak and a launch took 488-493 us
-//       instead of 509-511 us (SDPA 482 us), although every ldmatrix phase now meets a 2-way bank conflict
-//       (a swizzled layout would remove it). Timed in one loop (session probe, not recorded;
-//       % of the copy roofline, before -> after, SDPA): llama3-8b 64 x 8k 98.4 -> 102.0 (103.1),
-//       16 x 4k 87.4 -> 91.1 (93.8), 1 x 32k 74.7 -> 77.4 (76.6), 16 x 1k 66.7 -> 67.9 (69.4);
-//       llama2-7b 64 x 4k 99.0 -> 103.4 (105.8); qwen2.5-7b 128 x 4k 96.0 -> 99.5 (102.0).
+//       instead of 509-511 us (SDPA 482 us), although every ldmatrix phase now meets a 2-way
+//       bank conflict (a swizzled layout would remove it). Timed in one loop (session probe,
+//       not recorded; % of the copy roofline, before -> after, SDPA): llama3-8b 64 x 8k
+//       98.4 -> 102.0 (103.1), 16 x 4k 87.4 -> 91.1 (93.8), 1 x 32k 74.7 -> 77.4 (76.6),
+//       16 x 1k 66.7 -> 67.9 (69.4); llama2-7b 64 x 4k 99.0 -> 103.4 (105.8); qwen2.5-7b
+//       128 x 4k 96.0 -> 99.5 (102.0). Recorded: attention_small.json (summed up in
+//       benchmarks/README.md).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

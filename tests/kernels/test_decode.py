@@ -11,7 +11,7 @@ from kvlab.cache import PagedKVCache
 from kvlab.checks import HEAD_DIMS
 from kvlab.kernels import gqa, select, tune, vllm_v1
 from kvlab.kernels.decode import check_kernel
-from kvlab.kernels.geometry import gqa_stages
+from kvlab.kernels.geometry import GQA_NUM_WARPS, GQA_WARP_TOKENS, gqa_stages
 from kvlab.kernels.loader import load
 from kvlab.kernels.prefetch import PrefetchConfig
 from kvlab.reference import decode_attention as reference
@@ -387,7 +387,8 @@ def test_gqa_rows_are_32_byte_aligned_with_an_odd_stride(head_dim, kv_bytes):
     in one shared-memory sector (L2 serves it once), and an odd one, so that an ldmatrix phase
     meets at most a 2-way bank conflict; room for the row, and for the 16 bytes fp8's last
     ldmatrix reads past it at head_dim 80 and 112."""
-    row = gqa.smem_bytes(head_dim, kv_bytes) // (gqa_stages(kv_bytes) * 4 * 2 * 16)
+    row = gqa.smem_bytes(head_dim, kv_bytes) // (gqa_stages(kv_bytes) * GQA_NUM_WARPS * 2
+                                                  * GQA_WARP_TOKENS)
     assert row % 32 == 0 and (row // 32) % 2 == 1
     need = head_dim * kv_bytes + (16 if kv_bytes == 1 and head_dim in (80, 112) else 0)
     assert need <= row < need + 64

@@ -25,10 +25,10 @@
 //     Every sequence's partition 0 must be listed (an empty sequence still writes its zeros).
 //     dynamic shared memory = Smem<HEAD_DIM, sizeof(KV)>::BYTES
 //                           = STAGES * NUM_WARPS * 2 * WARP_TOKENS * ROW_BYTES:
-//       fp16/bf16 (3 stages, rows of 160 to 544 bytes): head_dim 64: 61,440  80: 61,440
-//         96: 86,016  112: 86,016  128: 110,592  256: 208,896;
-//       fp8 (5 stages, rows of 96 to 288 bytes): 64: 61,440  80: 61,440  96: 61,440
-//         112: 102,400  128: 102,400  256: 184,320.
+//       fp16/bf16 (3 stages, rows of 128 to 512 bytes): head_dim 64: 49,152  80: 61,440
+//         96: 86,016  112: 86,016  128: 98,304  256: 196,608;
+//       fp8 (5 stages, rows of 96 to 256 bytes): 64: 61,440  80: 61,440  96: 61,440
+//         112: 81,920  128: 81,920  256: 163,840.
 //     All are above 48 KB: the wrapper must set cudaFuncAttributeMaxDynamicSharedMemorySize
 //     (CuPy: kernel.max_dynamic_shared_size_bytes = bytes) before the first launch.
 //     k_scale, v_scale: float [num_kv_heads] for an fp8 cache (value = stored * scale), else
@@ -58,10 +58,11 @@
 //     l per head, the O^T accumulator rescaled by exp2(m_old - m_new). P is rounded to T for the
 //     PV mma (the usual flash-attention trade: ~1e-4 rel. error fp16, ~1e-3 bf16). Rows 8..15 of
 //     the QK mma (and heads GROUP..7) are padding: tensor-core time is far from the bottleneck.
-//   - Shared-memory rows start 32-byte aligned, their stride an odd multiple of 32 bytes (fp16,
-//     head_dim 128: 288). Aligned, each 32-byte sector of the cache lands in one sector of shared
-//     memory, and L2 serves it once; an ldmatrix phase (8 rows x 16 bytes) then meets a 2-way
-//     bank conflict, which costs less (see v7 below).
+//   - Shared-memory rows that fill whole 128-byte lines (fp16 at head_dim 128: 256 bytes) are
+//     stored unpadded, their 16-byte chunks swizzled by the row (see Smem): each 32-byte sector of
+//     the cache lands in one sector of shared memory, so L2 serves it once (see v7), and an
+//     ldmatrix phase (8 rows x 16 bytes) meets no bank conflict. Other rows are padded to an odd
+//     multiple of 32 bytes: sectors land whole, at the cost of a 2-way bank conflict.
 //   - At the end the 4 warps' (m, l, O) are merged through shared memory (aliasing the stages).
 //
 // fp8 (KV = fp8_e4m3, e4m3 with one float scale per KV head): the same pipeline on rows of half
@@ -149,7 +150,7 @@
 //       4-6 stages at one CTA an SM 96.6-97.0% (and 1-3 points slower at 1 x 32k and 16 x 1k:
 //       more bytes in flight an SM did not help a lone CTA either); 66 x 8k, whole waves of
 //       4 CTAs an SM, 99.1% against SDPA's 105.6%.
-//   v7  this file: shared-memory rows 32-byte aligned (stride 288 bytes at fp16 head_dim 128,
+//   v7  shared-memory rows 32-byte aligned (stride 288 bytes at fp16 head_dim 128,
 //       was 272). Nsight Compute (llama3-8b 64 x 8k) showed why gqa read slower than SDPA: L2
 //       served 100.7M sectors to the SMs for 67.1M read from DRAM (SDPA 67.1M for 67.1M), in
 //       any cp.async size hint (none, 64B, 128B; 256B 104.9M). Each odd row started 16 bytes
@@ -191,23 +192,36 @@ template <typename A, typename B> struct Same { static constexpr bool value = fa
 template <typename A> struct Same<A, A> { static constexpr bool value = true; };
 
 // Shared-memory geometry, in bytes. One warp's K (or V) rows of one stage: [WARP_TOKENS][ROW_BYTES],
-// the row stride the least odd multiple of 32 bytes that holds a row (and, for fp8 at head_dim
-// 80 and 112, the 16 bytes its last ldmatrix reads past it). A multiple of 32: the two 16-byte
-// cp.async of a cache sector land in one shared-memory sector (a row 16 bytes off makes L2 serve
-// that sector twice); odd: an ldmatrix phase (8 rows x 16 bytes) meets a 2-way bank conflict, not
-// more. Whole buffer: [STAGES][NUM_WARPS][K, V][WARP_TOKENS][ROW_BYTES]. fp8 keeps 5 stages (see
-// the header). CTAS_PER_SM is what shared memory allows on sm_90 (228 KB per SM, 1 KB reserved
-// per CTA): 3 CTAs for head_dim 64 and 80, 2 for 96..128, 1 for 256 (fp8: 3, 3, 3, 2, 2, 1).
+// in 16-byte chunks. A row that fills whole 128-byte lines (fp16: head_dim 64, 128, 256; fp8:
+// 112, 128, 256) is stored unpadded with its chunks swizzled: chunk c of row r sits at chunk
+// c ^ (r % 8). The 8 rows of an ldmatrix phase then read 8 different bank groups (no conflict),
+// and the two chunks of a 32-byte cache sector stay in one 32-byte shared-memory sector (the XOR
+// keeps or swaps them in place). Any other row is padded to the least odd multiple of 32 bytes
+// that holds it (and, for fp8 at head_dim 80, the 16 bytes its last ldmatrix reads past it),
+// chunks in order: a multiple of 32, so that the two chunks of a sector land in one shared-memory
+// sector (a row 16 bytes off makes L2 serve that sector twice; see v7); odd, so that an ldmatrix
+// phase meets a 2-way bank conflict, not more. Whole buffer:
+// [STAGES][NUM_WARPS][K, V][WARP_TOKENS][ROW_BYTES]. fp8 keeps 5 stages (see the header).
+// CTAS_PER_SM is what shared memory allows on sm_90 (228 KB per SM, 1 KB reserved per CTA):
+// 4 CTAs for head_dim 64, 3 for 80, 2 for 96..128, 1 for 256 (fp8: 3, 3, 3, 2, 2, 1).
 // It is passed to __launch_bounds__ so that ptxas budgets registers for that occupancy instead of
 // guessing (its guess spilled at 96).
 template <int HEAD_DIM, int KV_BYTES> struct Smem {
   static constexpr int MIN_ROW_BYTES =
       HEAD_DIM * KV_BYTES + (KV_BYTES == 1 && HEAD_DIM % 32 != 0 ? 16 : 0);
-  static constexpr int ROW_BYTES = 32 * (((MIN_ROW_BYTES + 31) / 32) | 1);
+  static constexpr bool SWIZZLE = MIN_ROW_BYTES % 128 == 0;
+  static constexpr int ROW_BYTES =
+      SWIZZLE ? MIN_ROW_BYTES : 32 * (((MIN_ROW_BYTES + 31) / 32) | 1);
   static constexpr int STAGES = KV_BYTES == 1 ? 5 : 3;
   static constexpr int WARP_TILE_BYTES = WARP_TOKENS * ROW_BYTES;
   static constexpr int BYTES = STAGES * NUM_WARPS * 2 * WARP_TILE_BYTES;  // the dynamic smem
   static constexpr int CTAS_PER_SM = (228 * 1024) / (BYTES + 1024);
+  // What row `row`'s chunk indices are XORed with (host too: tests check the layout).
+  static constexpr __host__ __device__ int key(int row) { return SWIZZLE ? row & 7 : 0; }
+  // Byte offset of chunk `chunk` of row `row` in a warp's tile.
+  static constexpr __host__ __device__ int at(int row, int chunk) {
+    return row * ROW_BYTES + 16 * (chunk ^ key(row));
+  }
 };
 
 // ---- small PTX helpers --------------------------------------------------------------------------
@@ -467,8 +481,8 @@ __device__ __forceinline__ void decode_body(
           tile_offset<HEAD_DIM, BLOCK_SIZE>(blocks.of_row(r), num_kv_heads, kv_head) +
           row_in_block * HEAD_DIM + v * VEC_ELEMS;
       const bool valid = row0 + r < partition_end;
-      cp_async_16(ks + r * ROW_BYTES + v * 16, valid ? k_cache + off : k_cache, valid);
-      cp_async_16(vs + r * ROW_BYTES + v * 16, valid ? v_cache + off : v_cache, valid);
+      cp_async_16(ks + S::at(r, v), valid ? k_cache + off : k_cache, valid);
+      cp_async_16(vs + S::at(r, v), valid ? v_cache + off : v_cache, valid);
     }
   };
 
@@ -499,16 +513,19 @@ __device__ __forceinline__ void decode_body(
 #pragma unroll
   for (int s = 0; s < K_STEPS; ++s) o[s][0] = o[s][1] = o[s][2] = o[s][3] = 0.f;
 
-  // ldmatrix row address of this lane (bytes): matrix j = lane / 8 covers tokens (j / 2) * 8 +
-  // (0..7) and bytes (j % 2) * 16 + (0..15) of the rows: dims (j % 2) * 8 + (0..7) of a 16-dim
-  // step (fp8: dims (j % 2) * 16 + (0..15), a step of its own).
-  const int lm_offset = ((lane / 16) * 8 + lane % 8) * ROW_BYTES + ((lane / 8) % 2) * 16;
+  // ldmatrix: matrix j = lane / 8 covers tokens (j / 2) * 8 + (0..7), this lane's row lm_row, and
+  // chunk (j % 2) of each pair of chunks the loop names by its even first one, c: dims (j % 2) * 8
+  // + (0..7) of a 16-dim step (fp8: dims (j % 2) * 16 + (0..15), a step of its own). Since c is
+  // even, c + j % 2 = c ^ (j % 2), and the lane's chunk is stored at c ^ lm_key (see Smem).
+  const int lm_row = (lane / 16) * 8 + lane % 8;
+  const int lm_key = ((lane / 8) % 2) ^ S::key(lm_row);
+  auto lm_at = [&](int c) { return lm_row * ROW_BYTES + 16 * (c ^ lm_key); };
 
   auto compute_tile = [&](int tile, int stage) {
     const int row0 = warp_row0(tile);
     if (row0 >= partition_end) return;  // warp-uniform
-    const unsigned char* const ks = stage_k(stage) + lm_offset;
-    const unsigned char* const vs = stage_v(stage) + lm_offset;
+    const unsigned char* const ks = stage_k(stage);
+    const unsigned char* const vs = stage_v(stage);
 
     // S[head][token] for tokens 0-7 (s_acc[0]) and 8-15 (s_acc[1]); rows 8-15 of the mma unused.
     float s_acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
@@ -516,7 +533,7 @@ __device__ __forceinline__ void decode_body(
 #pragma unroll
       for (int s = 0; s < K_STEPS; s += 2) {  // one ldmatrix: steps s (kb0, kb2), s + 1 (kb1, kb3)
         unsigned kb[4];
-        ldmatrix_x4(kb, ks + 16 * s);
+        ldmatrix_x4(kb, ks + lm_at(s));
 #pragma unroll
         for (int j = 0; j < 2 && s + j < K_STEPS; ++j) {
           const unsigned lo = kb[j], hi = kb[2 + j];  // tokens 0-7, 8-15
@@ -530,7 +547,7 @@ __device__ __forceinline__ void decode_body(
 #pragma unroll
       for (int s = 0; s < K_STEPS; ++s) {
         unsigned kb[4];  // B fragments: tokens 0-7 {kb0, kb1}, tokens 8-15 {kb2, kb3}
-        ldmatrix_x4(kb, ks + 32 * s);
+        ldmatrix_x4(kb, ks + lm_at(2 * s));
         Mma<MT>::run(s_acc[0], q_frag[s][0], 0u, q_frag[s][1], 0u, kb[0], kb[1]);
         Mma<MT>::run(s_acc[1], q_frag[s][0], 0u, q_frag[s][1], 0u, kb[2], kb[3]);
       }
@@ -570,7 +587,7 @@ __device__ __forceinline__ void decode_body(
 #pragma unroll
       for (int s = 0; s < K_STEPS; s += 2) {  // one ldmatrix: m-tiles s (vt0, vt2), s + 1 (vt1, vt3)
         unsigned vt[4];  // lane: tokens 2(lane%4), +1 (low, high half) x dims 2(lane/4), +1
-        ldmatrix_x4_trans(vt, vs + 16 * s);
+        ldmatrix_x4_trans(vt, vs + lm_at(s));
 #pragma unroll
         for (int j = 0; j < 2 && s + j < K_STEPS; ++j) {
           const unsigned lo = vt[j], hi = vt[2 + j];  // tokens 0-7, 8-15
@@ -588,7 +605,7 @@ __device__ __forceinline__ void decode_body(
 #pragma unroll
       for (int s = 0; s < K_STEPS; ++s) {
         unsigned va[4];  // A fragment of V^T[dims 16s.., tokens 0-15]
-        ldmatrix_x4_trans(va, vs + 32 * s);
+        ldmatrix_x4_trans(va, vs + lm_at(2 * s));
         o[s][0] *= alpha0; o[s][1] *= alpha1; o[s][2] *= alpha0; o[s][3] *= alpha1;
         Mma<MT>::run(o[s], va[0], va[1], va[2], va[3], pb0, pb1);
       }

@@ -69,14 +69,21 @@ def gqa_stages(kv_bytes: int = 2) -> int:
     return 5 if kv_bytes == 1 else 3
 
 
+def gqa_row_bytes(head_dim: int, kv_bytes: int = 2) -> int:
+    """gqa_decode's shared-memory row stride for one K or V row of `kv_bytes` elements: the row
+    itself (fp8 at head_dim 80 and 112: and 16 bytes more, read by its last ldmatrix) when it
+    fills whole 128-byte lines, whose 16-byte chunks are then swizzled; else the least odd
+    multiple of 32 bytes that holds it. Either way each 32-byte cache sector lands in one
+    shared-memory sector, so L2 serves it once (the kernel's header)."""
+    row = head_dim * kv_bytes + (16 if kv_bytes == 1 and head_dim % 32 else 0)
+    return row if row % 128 == 0 else 32 * (-(-row // 32) | 1)
+
+
 def gqa_smem_bytes(head_dim: int, kv_bytes: int = 2) -> int:
     """Dynamic shared memory of gqa_decode with cache elements of `kv_bytes` (2: fp16/bf16, 1:
-    fp8): stages x 4 warps x (16 K + 16 V rows), each row's stride the least odd multiple of 32
-    bytes that holds it (fp8 at head_dim 80 and 112: and 16 bytes more, read by its last
-    ldmatrix). 32-byte aligned rows let L2 serve each sector once (the kernel's header)."""
-    row = head_dim * kv_bytes + (16 if kv_bytes == 1 and head_dim % 32 else 0)
-    row = 32 * (-(-row // 32) | 1)
-    return gqa_stages(kv_bytes) * GQA_NUM_WARPS * 2 * GQA_WARP_TOKENS * row
+    fp8): stages x 4 warps x (16 K + 16 V rows) of `gqa_row_bytes`."""
+    return (gqa_stages(kv_bytes) * GQA_NUM_WARPS * 2 * GQA_WARP_TOKENS
+            * gqa_row_bytes(head_dim, kv_bytes))
 
 
 def ctas_per_sm(head_dim: int, kv_bytes: int = 2) -> int:

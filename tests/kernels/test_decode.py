@@ -11,7 +11,7 @@ from kvlab.cache import PagedKVCache
 from kvlab.checks import HEAD_DIMS
 from kvlab.kernels import gqa, select, tune, vllm_v1
 from kvlab.kernels.decode import check_kernel
-from kvlab.kernels.geometry import GQA_NUM_WARPS, GQA_WARP_TOKENS, gqa_stages
+from kvlab.kernels.geometry import GQA_NUM_WARPS, GQA_WARP_TOKENS, gqa_row_bytes, gqa_stages
 from kvlab.kernels.loader import load
 from kvlab.kernels.prefetch import PrefetchConfig
 from kvlab.reference import decode_attention as reference
@@ -382,13 +382,17 @@ def test_gqa_work_list_holds_the_partitions_with_tokens_longest_first():
 
 @pytest.mark.parametrize("kv_bytes", [1, 2])
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
-def test_gqa_rows_are_32_byte_aligned_with_an_odd_stride(head_dim, kv_bytes):
-    """gqa_decode's shared-memory rows: a multiple of 32 bytes, so that each cache sector lands
-    in one shared-memory sector (L2 serves it once), and an odd one, so that an ldmatrix phase
-    meets at most a 2-way bank conflict; room for the row, and for the 16 bytes fp8's last
-    ldmatrix reads past it at head_dim 80 and 112."""
+def test_gqa_rows_are_whole_lines_or_an_odd_multiple_of_32_bytes(head_dim, kv_bytes):
+    """gqa_decode's shared-memory rows, as the launcher sizes them: unpadded where the row fills
+    whole 128-byte lines (its chunks are swizzled), else a multiple of 32 bytes (each cache
+    sector lands in one shared-memory sector, so L2 serves it once) and an odd one (an ldmatrix
+    phase meets at most a 2-way bank conflict); room for the row, and for the 16 bytes fp8's
+    last ldmatrix reads past it at head_dim 80 and 112. test_nvcc checks the kernel's side."""
     row = gqa.smem_bytes(head_dim, kv_bytes) // (gqa_stages(kv_bytes) * GQA_NUM_WARPS * 2
                                                   * GQA_WARP_TOKENS)
-    assert row % 32 == 0 and (row // 32) % 2 == 1
+    assert row == gqa_row_bytes(head_dim, kv_bytes)
     need = head_dim * kv_bytes + (16 if kv_bytes == 1 and head_dim in (80, 112) else 0)
-    assert need <= row < need + 64
+    if need % 128 == 0:
+        assert row == need
+    else:
+        assert row % 32 == 0 and (row // 32) % 2 == 1 and need <= row < need + 64

@@ -72,3 +72,49 @@ def test_gqa_shared_memory_is_what_the_launcher_reserves(tmp_path):
     unit = tmp_path / "smem.cu"
     unit.write_text("\n".join([*lines, ""]))
     nvcc(unit, tmp_path)
+
+
+# Checks Smem<D, B>::at over one warp tile: each row's chunks fill the row (a permutation, none
+# past it); the two chunks of every 32-byte sector land in one 32-byte sector; and, for each
+# chunk, the 8 rows an ldmatrix phase reads (rows 0-7 or 8-15) fall in at most WAYS of the same
+# 16-byte bank group (8 groups make a 128-byte bank line).
+LAYOUT_CHECK = """
+template <class S> constexpr bool layout_ok(int ways) {
+  constexpr int CHUNKS = S::MIN_ROW_BYTES / 16;
+  for (int r = 0; r < 16; ++r) {
+    bool used[64] = {};
+    for (int c = 0; c < CHUNKS; ++c) {
+      const int at = S::at(r, c) - r * S::ROW_BYTES;
+      if (at < 0 || at % 16 != 0 || at >= S::ROW_BYTES || used[at / 16]) return false;
+      used[at / 16] = true;
+      if (c % 2 == 1 && S::at(r, c) / 32 != S::at(r, c - 1) / 32) return false;
+    }
+  }
+  for (int r0 = 0; r0 < 16; r0 += 8)
+    for (int c = 0; c < CHUNKS; ++c) {
+      int count[8] = {};
+      for (int i = 0; i < 8; ++i)
+        if (++count[(S::at(r0 + i, c) / 16) % 8] > ways) return false;
+    }
+  return true;
+}
+"""
+
+
+def test_gqa_shared_memory_layout_serves_sectors_whole_without_bank_conflicts(tmp_path):
+    """gqa_decode's shared-memory rows: every 32-byte cache sector lands in one 32-byte shared
+    sector (else L2 serves it twice, the kernel's v7), and an ldmatrix phase meets no bank
+    conflict where the rows are swizzled (whole 128-byte lines) and at most a 2-way one where
+    they are padded; the row holds what the kernel reads (fp8 at head_dim 80 and 112: 16 bytes
+    past the data). Checked by static_assert under nvcc, for every head_dim and element size."""
+    lines = [f'#include "{gqa.SOURCE}"', LAYOUT_CHECK]
+    for head_dim in HEAD_DIMS:
+        for kv_bytes in (1, 2):
+            smem = f"kvlab::gqa::Smem<{head_dim}, {kv_bytes}>"
+            need = head_dim * kv_bytes + (16 if kv_bytes == 1 and head_dim in (80, 112) else 0)
+            lines += [f'static_assert({smem}::MIN_ROW_BYTES == {need}, "{smem} row");',
+                      f'static_assert(layout_ok<{smem}>({smem}::SWIZZLE ? 1 : 2), "{smem}");',
+                      f'static_assert({smem}::SWIZZLE == ({need} % 128 == 0), "{smem}");']
+    unit = tmp_path / "layout.cu"
+    unit.write_text("\n".join([*lines, ""]))
+    nvcc(unit, tmp_path)

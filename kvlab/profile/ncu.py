@@ -27,6 +27,10 @@ of the L2-prefetch paper's Table 5.2 (`kvlab.profile.paper`) it answers:
 - occupancy_pct: sm__warps_active.avg.pct_of_peak_sustained_active, "Achieved Occupancy"
   (Occupancy); no row.
 - dram_read_bytes: dram__bytes_read.sum, bytes read from DRAM; no row.
+- l2_read_bytes: lts__t_sectors_srcunit_tex_op_read.sum, the sectors the SMs' loads asked of L2,
+  in bytes (32 a sector); no row. Against dram_read_bytes it shows how often L2 served each
+  byte: a kernel that reads every byte once asks as many as DRAM gives, unless the same sector
+  is asked again (gqa before v7 asked 1.5 times over; see kernels/paged_decode_gqa.cu).
 - duration_us: gpu__time_duration.sum, "Duration" (GPU Speed Of Light); 内核加速 is the ratio of
   two.
 Percentages are of the peak; durations in microseconds; bytes in bytes.
@@ -62,17 +66,19 @@ METRICS = {
     "dram_throughput_pct": ("dram__throughput.avg.pct_of_peak_sustained_elapsed", "percent"),
     "occupancy_pct": ("sm__warps_active.avg.pct_of_peak_sustained_active", "percent"),
     "dram_read_bytes": ("dram__bytes_read.sum", "bytes"),
+    "l2_read_bytes": ("lts__t_sectors_srcunit_tex_op_read.sum", "sectors"),
     "duration_us": ("gpu__time_duration.sum", "time"),
 }
 # kind -> {unit in ncu's units row: factor to ours}. ncu's prefixes are decimal. A unit not here
 # is refused: it is one this parser has not been shown, not one to scale by 1.
 # The units are those ncu 2025.3 printed on the H200 with --print-units base
 # (tests/profile/data/ncu_raw_h200.csv): "cycle" for CPI, "inst" for the long-scoreboard ratio,
-# "byte" and "ns"; the time and byte entries beside them are the same units, prefixed.
+# "byte", "sector" and "ns"; the time and byte entries beside them are the same units, prefixed.
 UNITS = {
     "percent": {"%": 1.0},
     "ratio": {"cycle": 1.0, "inst": 1.0},
     "bytes": {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12},
+    "sectors": {"sector": 32.0},  # to bytes
     "time": {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6},
 }
 REASONS = ("not_found", "refused", "timeout", "failed", "no_kernel", "output")

@@ -18,8 +18,8 @@ import pytest
 from kvlab.profile import CountersError, KernelSpec, counters, measure, measure_many
 from kvlab.profile.ncu import METRICS, SMS_MARKER, command, parse
 
-# ncu 2025.3's output on the H200 for two launches (vllm_v1 without prefetch, gqa with), recorded
-# by the command of kvlab.profile.ncu.command
+# ncu 2025.3's output on the H200 for two launches (llama3-8b, 16 x 4k: vllm_v1 without prefetch,
+# gqa with "bulk K+V d=2"), recorded by the command of kvlab.profile.ncu.command
 SAMPLE = Path(__file__).parent / "data" / "ncu_raw_h200.csv"
 REFUSAL = (
     "==PROF== Connected to process 4242 (/usr/bin/python3.12)\n"
@@ -60,13 +60,17 @@ def with_field(text: str, metric: str, row: int, value: str | None) -> str:
 def test_parse_the_recorded_sample_normalizes_units_and_separators():
     vllm, gqa = parse(sample(), expected=2)
     assert vllm["kernel_name"].startswith("void vllm_decode<__half, 128, 16, 512,")
-    assert gqa["kernel_name"].startswith("void gqa_decode<__half, 128, 16, 4,")
-    assert vllm["duration_us"] == pytest.approx(23.936)  # "23,936" ns
-    assert vllm["dram_read_bytes"] == 67_169_792  # "67,169,792" byte
-    assert vllm["l2_hit_pct"] == pytest.approx(1.29)
-    assert vllm["cpi"] == pytest.approx(9.05)  # cycle
-    assert vllm["long_scoreboard_cycles"] == pytest.approx(5.44)  # inst
-    assert gqa["l2_hit_pct"] == pytest.approx(50.45)
+    assert gqa["kernel_name"].startswith("void gqa_decode<__half, __half, 128, 16, 4,")
+    assert vllm["duration_us"] == pytest.approx(157.6)  # "157,600" ns
+    assert vllm["dram_read_bytes"] == 269_225_216  # "269,225,216" byte
+    assert vllm["l2_hit_pct"] == pytest.approx(49.01)
+    assert vllm["cpi"] == pytest.approx(6.42)  # cycle
+    assert vllm["long_scoreboard_cycles"] == pytest.approx(2.57)  # inst
+    assert vllm["l2_read_bytes"] == 22_457_383 * 32  # "22,457,383" sector
+    assert gqa["l2_hit_pct"] == pytest.approx(32.33)
+    # gqa asks L2 for each byte once: as many sectors as DRAM gives (8,400,032 of 32 bytes)
+    assert gqa["l2_read_bytes"] == 8_395_376 * 32
+    assert gqa["dram_read_bytes"] == 268_782_848
     for row in (vllm, gqa):
         assert set(row) == {"kernel_name", *METRICS}
         assert all(math.isfinite(row[c]) for c in METRICS)
@@ -137,9 +141,9 @@ def first_launch_only(text: str) -> str:
 
 def test_parse_keeps_every_launch_in_order():
     rows = parse(sample(), expected=2)
-    assert [r["duration_us"] for r in rows] == pytest.approx([23.936, 9.6])
+    assert [r["duration_us"] for r in rows] == pytest.approx([157.6, 75.392])
     (row,) = parse(first_launch_only(sample()))
-    assert row["duration_us"] == pytest.approx(23.936)
+    assert row["duration_us"] == pytest.approx(157.6)
 
 
 def fake_ncu(folder: Path, script: str) -> None:
@@ -204,7 +208,7 @@ def test_answering_ncu_gives_one_whole_row(tmp_path):
     row = frame.iloc[0]
     assert (row["kernel"], row["batch"], row["num_sms"], row["num_sms_used"]) == (
         "vllm_v1", 64, None, 132)
-    assert row["duration_us"] == pytest.approx(23.936)
+    assert row["duration_us"] == pytest.approx(157.6)
 
 
 def test_one_ncu_answers_for_many_specs_in_order(tmp_path):
@@ -213,7 +217,7 @@ def test_one_ncu_answers_for_many_specs_in_order(tmp_path):
     specs = [make_spec(), make_spec(num_sms=78)]
     rows = measure_many(specs, ncu=str(tmp_path / "ncu"))
     assert [(r["num_sms"], r["num_sms_used"]) for r in rows] == [(None, 132), (78, 80)]
-    assert [r["duration_us"] for r in rows] == pytest.approx([23.936, 9.6])
+    assert [r["duration_us"] for r in rows] == pytest.approx([157.6, 75.392])
     with pytest.raises(CountersError, match="profiled 2 launches matching .*; expected 3"):
         measure_many([*specs, make_spec()], ncu=str(tmp_path / "ncu"))
 

@@ -27,8 +27,8 @@
 //                           = STAGES * NUM_WARPS * 2 * WARP_TOKENS * ROW_BYTES:
 //       fp16/bf16 (3 stages, rows of 128 to 512 bytes): head_dim 64: 49,152  80: 61,440
 //         96: 86,016  112: 86,016  128: 98,304  256: 196,608;
-//       fp8 (5 stages, rows of 96 to 256 bytes): 64: 61,440  80: 61,440  96: 61,440
-//         112: 81,920  128: 81,920  256: 163,840.
+//       fp8 (5 stages, rows of 96 to 288 bytes): 64: 61,440  80: 61,440  96: 61,440
+//         112: 102,400  128: 102,400  256: 184,320.
 //     All are above 48 KB: the wrapper must set cudaFuncAttributeMaxDynamicSharedMemorySize
 //     (CuPy: kernel.max_dynamic_shared_size_bytes = bytes) before the first launch.
 //     k_scale, v_scale: float [num_kv_heads] for an fp8 cache (value = stored * scale), else
@@ -58,11 +58,12 @@
 //     l per head, the O^T accumulator rescaled by exp2(m_old - m_new). P is rounded to T for the
 //     PV mma (the usual flash-attention trade: ~1e-4 rel. error fp16, ~1e-3 bf16). Rows 8..15 of
 //     the QK mma (and heads GROUP..7) are padding: tensor-core time is far from the bottleneck.
-//   - Shared-memory rows that fill whole 128-byte lines (fp16 at head_dim 128: 256 bytes) are
+//   - 16-bit shared-memory rows that fill whole 128-byte lines (head_dim 128: 256 bytes) are
 //     stored unpadded, their 16-byte chunks swizzled by the row (see Smem): each 32-byte sector of
 //     the cache lands in one sector of shared memory, so L2 serves it once (see v7), and an
-//     ldmatrix phase (8 rows x 16 bytes) meets no bank conflict. Other rows are padded to an odd
-//     multiple of 32 bytes: sectors land whole, at the cost of a 2-way bank conflict.
+//     ldmatrix phase (8 rows x 16 bytes) meets no bank conflict. Other rows, fp8's among them,
+//     are padded to an odd multiple of 32 bytes: sectors land whole, at the cost of a 2-way
+//     bank conflict.
 //   - At the end the 4 warps' (m, l, O) are merged through shared memory (aliasing the stages).
 //
 // fp8 (KV = fp8_e4m3, e4m3 with one float scale per KV head): the same pipeline on rows of half
@@ -162,8 +163,21 @@
 //       not recorded; % of the copy roofline, before -> after, SDPA): llama3-8b 64 x 8k
 //       98.4 -> 102.0 (103.1), 16 x 4k 87.4 -> 91.1 (93.8), 1 x 32k 74.7 -> 77.4 (76.6),
 //       16 x 1k 66.7 -> 67.9 (69.4); llama2-7b 64 x 4k 99.0 -> 103.4 (105.8); qwen2.5-7b
-//       128 x 4k 96.0 -> 99.5 (102.0). Recorded: attention_small.json (summed up in
-//       benchmarks/README.md).
+//       128 x 4k 96.0 -> 99.5 (102.0).
+//   v8  this file: 16-bit rows of whole 128-byte lines stored unpadded, their 16-byte chunks
+//       swizzled (Smem; fp16 head_dim 128: 256 bytes, was 288), and head_dim 64 back at 4 CTAs
+//       an SM. Nsight Compute (llama3-8b 64 x 8k): shared-memory load bank conflicts 16.8M ->
+//       553, L2 sectors unchanged (67.15M), a launch 496 -> 487 us. Timed in one loop (session
+//       probe, not recorded; % of the copy roofline, v7 -> v8, SDPA): llama3-8b 64 x 8k
+//       102.0 -> 102.1 (103.7), 16 x 4k 90.5 -> 91.3 (93.4), 1 x 32k 75.9 -> 77.3 (73.4),
+//       16 x 1k 67.8 -> 68.5 (69.4); llama2-7b 64 x 4k 103.4 -> 104.7 (105.8); qwen2.5-7b
+//       128 x 4k 99.8 -> 100.7 (102.1), 1 x 32k 58.6 -> 59.3 (55.5); qwen2.5-14b 16 x 1k
+//       67.4 -> 68.1 (69.1). Swizzled, fp8 ran 1.2-1.4 points slower at 64 x 8k, 16 x 4k and
+//       128 x 4k (equal at 1 x 32k), although its conflicts fell from 8.39M to 510: the XOR
+//       addressing adds 28 instructions to its main loop of 453 (ncu: 117.2M -> 124.6M
+//       executed), and fp8's loop, with its conversions, is the busier one. fp8 keeps v7's
+//       padded rows. Recorded: attention.json, attention_small.json, attention_mixed.json,
+//       attention_fp8.json (summed up in benchmarks/README.md).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -192,15 +206,16 @@ template <typename A, typename B> struct Same { static constexpr bool value = fa
 template <typename A> struct Same<A, A> { static constexpr bool value = true; };
 
 // Shared-memory geometry, in bytes. One warp's K (or V) rows of one stage: [WARP_TOKENS][ROW_BYTES],
-// in 16-byte chunks. A row that fills whole 128-byte lines (fp16: head_dim 64, 128, 256; fp8:
-// 112, 128, 256) is stored unpadded with its chunks swizzled: chunk c of row r sits at chunk
-// c ^ (r % 8). The 8 rows of an ldmatrix phase then read 8 different bank groups (no conflict),
-// and the two chunks of a 32-byte cache sector stay in one 32-byte shared-memory sector (the XOR
-// keeps or swaps them in place). Any other row is padded to the least odd multiple of 32 bytes
-// that holds it (and, for fp8 at head_dim 80, the 16 bytes its last ldmatrix reads past it),
-// chunks in order: a multiple of 32, so that the two chunks of a sector land in one shared-memory
-// sector (a row 16 bytes off makes L2 serve that sector twice; see v7); odd, so that an ldmatrix
-// phase meets a 2-way bank conflict, not more. Whole buffer:
+// in 16-byte chunks. A 16-bit row that fills whole 128-byte lines (head_dim 64, 128, 256) is
+// stored unpadded with its chunks swizzled: chunk c of row r sits at chunk c ^ (r % 8). The 8 rows
+// of an ldmatrix phase then read 8 different bank groups (no conflict), and the two chunks of a
+// 32-byte cache sector stay in one 32-byte shared-memory sector (the XOR keeps or swaps them in
+// place). Any other row, and every fp8 row (swizzled, fp8 ran 1-1.5% slower: see v8), is padded
+// to the least odd multiple of 32 bytes that holds it (and, for fp8 at head_dim 80 and 112, the
+// 16 bytes its last ldmatrix reads past it), chunks in order: a multiple of 32, so that the two
+// chunks of a sector land in one shared-memory sector (a row 16 bytes off makes L2 serve that
+// sector twice; see v7); odd, so that an ldmatrix phase meets a 2-way bank conflict, not more.
+// Whole buffer:
 // [STAGES][NUM_WARPS][K, V][WARP_TOKENS][ROW_BYTES]. fp8 keeps 5 stages (see the header).
 // CTAS_PER_SM is what shared memory allows on sm_90 (228 KB per SM, 1 KB reserved per CTA):
 // 4 CTAs for head_dim 64, 3 for 80, 2 for 96..128, 1 for 256 (fp8: 3, 3, 3, 2, 2, 1).
@@ -209,7 +224,7 @@ template <typename A> struct Same<A, A> { static constexpr bool value = true; };
 template <int HEAD_DIM, int KV_BYTES> struct Smem {
   static constexpr int MIN_ROW_BYTES =
       HEAD_DIM * KV_BYTES + (KV_BYTES == 1 && HEAD_DIM % 32 != 0 ? 16 : 0);
-  static constexpr bool SWIZZLE = MIN_ROW_BYTES % 128 == 0;
+  static constexpr bool SWIZZLE = KV_BYTES == 2 && MIN_ROW_BYTES % 128 == 0;
   static constexpr int ROW_BYTES =
       SWIZZLE ? MIN_ROW_BYTES : 32 * (((MIN_ROW_BYTES + 31) / 32) | 1);
   static constexpr int STAGES = KV_BYTES == 1 ? 5 : 3;

@@ -70,13 +70,13 @@ def gqa_stages(kv_bytes: int = 2) -> int:
 
 
 def gqa_row_bytes(head_dim: int, kv_bytes: int = 2) -> int:
-    """gqa_decode's shared-memory row stride for one K or V row of `kv_bytes` elements: the row
-    itself (fp8 at head_dim 80 and 112: and 16 bytes more, read by its last ldmatrix) when it
-    fills whole 128-byte lines, whose 16-byte chunks are then swizzled; else the least odd
-    multiple of 32 bytes that holds it. Either way each 32-byte cache sector lands in one
-    shared-memory sector, so L2 serves it once (the kernel's header)."""
+    """gqa_decode's shared-memory row stride for one K or V row of `kv_bytes` elements: a 16-bit
+    row that fills whole 128-byte lines is stored as it is (its 16-byte chunks swizzled); any
+    other row (fp8 at head_dim 80 and 112: with 16 bytes more, read by its last ldmatrix) takes
+    the least odd multiple of 32 bytes that holds it. Either way each 32-byte cache sector lands
+    in one shared-memory sector, so L2 serves it once (the kernel's header)."""
     row = head_dim * kv_bytes + (16 if kv_bytes == 1 and head_dim % 32 else 0)
-    return row if row % 128 == 0 else 32 * (-(-row // 32) | 1)
+    return row if kv_bytes == 2 and row % 128 == 0 else 32 * (-(-row // 32) | 1)
 
 
 def gqa_smem_bytes(head_dim: int, kv_bytes: int = 2) -> int:

@@ -104,17 +104,18 @@ template <class S> constexpr bool layout_ok(int ways) {
 def test_gqa_shared_memory_layout_serves_sectors_whole_without_bank_conflicts(tmp_path):
     """gqa_decode's shared-memory rows: every 32-byte cache sector lands in one 32-byte shared
     sector (else L2 serves it twice, the kernel's v7), and an ldmatrix phase meets no bank
-    conflict where the rows are swizzled (whole 128-byte lines) and at most a 2-way one where
-    they are padded; the row holds what the kernel reads (fp8 at head_dim 80 and 112: 16 bytes
+    conflict where the rows are swizzled (16-bit rows of whole 128-byte lines) and at most a
+    2-way one where they are padded; the row holds what the kernel reads (fp8 at head_dim 80 and 112: 16 bytes
     past the data). Checked by static_assert under nvcc, for every head_dim and element size."""
     lines = [f'#include "{gqa.SOURCE}"', LAYOUT_CHECK]
     for head_dim in HEAD_DIMS:
         for kv_bytes in (1, 2):
             smem = f"kvlab::gqa::Smem<{head_dim}, {kv_bytes}>"
             need = head_dim * kv_bytes + (16 if kv_bytes == 1 and head_dim in (80, 112) else 0)
+            swizzle = kv_bytes == 2 and need % 128 == 0
             lines += [f'static_assert({smem}::MIN_ROW_BYTES == {need}, "{smem} row");',
                       f'static_assert(layout_ok<{smem}>({smem}::SWIZZLE ? 1 : 2), "{smem}");',
-                      f'static_assert({smem}::SWIZZLE == ({need} % 128 == 0), "{smem}");']
+                      f'static_assert({smem}::SWIZZLE == {str(swizzle).lower()}, "{smem}");']
     unit = tmp_path / "layout.cu"
     unit.write_text("\n".join([*lines, ""]))
     nvcc(unit, tmp_path)

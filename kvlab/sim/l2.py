@@ -11,17 +11,13 @@ The geometry is the H200's; how lines map to sets and which line leaves are assu
   address hash: a Fibonacci hash of the line address (its upper 32 bits of line * 2^64/phi),
   mapped onto the sets by a multiply-shift; "modulo" (line % num_sets) is for traces by hand.
 - A demand read fills only the sectors it missed (NVIDIA's L2 fills 32-byte sectors).
-- A load with the `.L2::128B` hint (gqa's cp.async; kind DEMAND_LINE) that misses fills its whole
-  128-byte line. ASSUMPTION, fitted to the H200's counters: the L2 serves a request in 64-byte
-  halves, so the half after the first one that misses finds the line's fill already on its way,
-  and ncu counts it as a hit (`demand_promoted`; read from DRAM all the same). This is what
-  makes ncu report 48.0-49.0% for gqa without prefetch at every point recorded (its loads
-  share nothing), where vllm_v1's plain loads on multi-head attention get 0.3-1.1%.
-  NOTE: measured later (ncu, llama3-8b 64 x 8k, a session probe): the gqa kernel of those
-  counters asked L2 for 1.5 sectors per sector it read (its odd shared-memory rows split each
-  cache sector in two requests; 34% hits without the hint), so this assumption matched them for
-  another reason. gqa v7 asks once per sector (25.9% hits in one ncu launch): the model's gqa
-  rates describe the kernel before v7 until the counters are recorded again.
+- gqa's cp.async carry the `.L2::128B` hint, but its loads ask for whole lines (each warp's rows
+  of a tile are contiguous and line-aligned), so the hint fills nothing a load does not ask for:
+  they are plain loads here. ncu read 0.5-1.6% hits for gqa v8 without prefetch (its loads share
+  nothing). NOTE: before v7 the kernel asked L2 for 1.5 sectors per sector it read (its odd
+  shared-memory rows split each cache sector in two requests), and ncu read 48-49% hits; this
+  model matched that through an assumption about the hint, fitted to those counters and
+  dropped once v8's were recorded.
 - A bulk prefetch (`cp.async.bulk.prefetch.L2`) fills the sectors its byte range covers; a line
   prefetch (`prefetch.global.L2`) fills the whole 128-byte line of its address.
 - Time: every request comes with a time in rounds (kvlab.sim.spec: one turn of every CTA slot,
@@ -60,9 +56,7 @@ FILL_LATENCY_ROUNDS = 0.5
 DEMAND = 0  # a load: sector misses are read from DRAM
 PREFETCH = 1  # a bulk L2 prefetch: fills the sectors its range covers
 PREFETCH_LINES = 2  # per-line L2 prefetches: fill the whole lines its range touches
-DEMAND_LINE = 3  # a load with the .L2::128B hint: a miss fills the whole line (see above)
-KINDS = (DEMAND, PREFETCH, PREFETCH_LINES, DEMAND_LINE)
-_LOW_HALF = 0b0011  # the sectors of a line's first 64 bytes
+KINDS = (DEMAND, PREFETCH, PREFETCH_LINES)
 
 _FULL_MASK = (1 << SECTORS_PER_LINE) - 1
 # The replay's blocking (speed only; results do not depend on it): lookups per sorted chunk, and
@@ -86,9 +80,6 @@ class L2Result:
     prefetch_used: prefetched sectors that a later load read (each counted once);
     prefetch_late: those of them whose fill the load found still in flight.
     prefetch_evicted_unused: prefetched sectors evicted before any load used them.
-    demand_promoted: sectors of DEMAND_LINE loads fetched by the miss of an earlier half of
-    their line in the same load (read from DRAM; counted as hits by ncu, as read here).
-    demand_unasked: sectors a DEMAND_LINE miss fetched that no load asked for (DRAM, no lookup).
     """
 
     demand_hits: int = 0
@@ -99,15 +90,13 @@ class L2Result:
     prefetch_used: int = 0
     prefetch_late: int = 0
     prefetch_evicted_unused: int = 0
-    demand_promoted: int = 0
-    demand_unasked: int = 0
 
     def __add__(self, other: "L2Result") -> "L2Result":
         return L2Result(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
 
     @property
     def demand_sectors(self) -> int:
-        return self.demand_hits + self.demand_pending + self.demand_misses + self.demand_promoted
+        return self.demand_hits + self.demand_pending + self.demand_misses
 
     @property
     def prefetch_sectors(self) -> int:
@@ -127,7 +116,7 @@ class L2Result:
         for gqa stays near 50% while the loads themselves hit (the prefetches' own misses are
         half the lookups). 0.0 for an empty trace."""
         lookups = self.demand_sectors + self.prefetch_sectors
-        hits = self.demand_hits + self.demand_promoted + self.prefetch_hits
+        hits = self.demand_hits + self.prefetch_hits
         return hits / lookups if lookups else 0.0
 
     @property
@@ -135,14 +124,13 @@ class L2Result:
         """`lookup_hit_rate` with loads that find their fill in flight counted as hits (the other
         reading of ncu's counter: a tag hit whose data is still on its way)."""
         lookups = self.demand_sectors + self.prefetch_sectors
-        hits = self.demand_hits + self.demand_pending + self.demand_promoted + self.prefetch_hits
+        hits = self.demand_hits + self.demand_pending + self.prefetch_hits
         return hits / lookups if lookups else 0.0
 
     @property
     def dram_bytes(self) -> int:
         """Bytes read from DRAM: every new fill, demand or prefetch (no writes in decode)."""
-        return (self.demand_misses + self.demand_promoted + self.demand_unasked
-                + self.prefetch_misses) * SECTOR_BYTES
+        return (self.demand_misses + self.prefetch_misses) * SECTOR_BYTES
 
 
 class L2Cache:
@@ -326,12 +314,6 @@ def _replay(addrs, nbytes, kinds, times, latency, tags, last_use, valid, prefetc
                 prefetched[way] = 0
             held = np.int64(valid[way])
             fresh, ready_mask = mask & (_FULL_MASK ^ held), 0  # fresh: sectors that start a fill
-            unasked = 0  # sectors a DEMAND_LINE miss fills beyond the request
-            if kind == DEMAND_LINE and fresh:
-                unasked = _FULL_MASK ^ held ^ fresh
-                for sector in range(SECTORS_PER_LINE):
-                    if unasked >> sector & 1:
-                        ready[way, sector] = t + latency
             for sector in range(SECTORS_PER_LINE):
                 if (mask & held) >> sector & 1 and ready[way, sector] <= t:
                     ready_mask |= 1 << sector
@@ -339,17 +321,11 @@ def _replay(addrs, nbytes, kinds, times, latency, tags, last_use, valid, prefetc
                     ready[way, sector] = t + latency
             hits, misses = _num_sectors(ready_mask), _num_sectors(fresh)
             pending = _num_sectors(mask & held) - hits
-            promoted = 0
-            if kind == DEMAND_LINE and fresh & _LOW_HALF and fresh & ~_LOW_HALF:
-                promoted = _num_sectors(fresh & ~_LOW_HALF)  # found the low half's fill coming
-                misses -= promoted
-            if kind == DEMAND or kind == DEMAND_LINE:
+            if kind == DEMAND:
                 used = mask & np.int64(prefetched[way])
                 counts[0] += hits
                 counts[1] += pending
                 counts[2] += misses
-                counts[8] += promoted
-                counts[9] += _num_sectors(unasked)
                 counts[5] += _num_sectors(used)
                 counts[6] += _num_sectors(used & (_FULL_MASK ^ ready_mask))
                 prefetched[way] &= _FULL_MASK ^ mask
@@ -357,7 +333,7 @@ def _replay(addrs, nbytes, kinds, times, latency, tags, last_use, valid, prefetc
                 counts[3] += hits + pending
                 counts[4] += misses
                 prefetched[way] |= fresh
-            valid[way] = held | mask | unasked
+            valid[way] = held | mask
             clock[0] += 1
             last_use[way] = clock[0]
         first = stop

@@ -25,7 +25,7 @@ import numpy as np
 from kvlab.checks import check_int
 from kvlab.kernels.geometry import GQA_TILE_TOKENS, GQA_WARP_TOKENS
 from kvlab.kernels.geometry import VLLM_NUM_WARPS as NUM_WARPS
-from kvlab.sim.l2 import DEMAND, DEMAND_LINE, PREFETCH, PREFETCH_LINES
+from kvlab.sim.l2 import DEMAND, PREFETCH, PREFETCH_LINES
 from kvlab.sim.spec import TraceSpec, block_tables, timed_schedule
 
 # Most requests per CTA iteration: per warp, vllm a load + a prefetch; gqa K + V of 2 blocks, x 2.
@@ -117,8 +117,8 @@ def _gqa_requests(cta_ids, iterations, times, tables, seq_len, num_kv_heads, num
                 offset = _row_offset(tables[seq, row // block_size], num_kv_heads, kv_head,
                                      block_size, row, row_bytes)
                 size = (run_end - row) * row_bytes
-                n = _put(out, n, offset, size, DEMAND_LINE, times[i])  # cp.async .L2::128B
-                n = _put(out, n, v_base + offset, size, DEMAND_LINE, times[i])
+                n = _put(out, n, offset, size, DEMAND, times[i])
+                n = _put(out, n, v_base + offset, size, DEMAND, times[i])
                 row = run_end
             if not (pf_k or pf_v) or tile + pf_distance >= num_tiles:
                 continue

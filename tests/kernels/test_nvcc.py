@@ -105,8 +105,9 @@ def test_gqa_shared_memory_layout_serves_sectors_whole_without_bank_conflicts(tm
     """gqa_decode's shared-memory rows: every 32-byte cache sector lands in one 32-byte shared
     sector (else L2 serves it twice, the kernel's v7), and an ldmatrix phase meets no bank
     conflict where the rows are swizzled (16-bit rows of whole 128-byte lines) and at most a
-    2-way one where they are padded; the row holds what the kernel reads (fp8 at head_dim 80 and 112: 16 bytes
-    past the data). Checked by static_assert under nvcc, for every head_dim and element size."""
+    2-way one where they are padded; the row holds what the kernel reads (fp8 at head_dim 80
+    and 112: 16 bytes past the data). Checked by static_assert under nvcc, for every head_dim
+    and element size."""
     lines = [f'#include "{gqa.SOURCE}"', LAYOUT_CHECK]
     for head_dim in HEAD_DIMS:
         for kv_bytes in (1, 2):

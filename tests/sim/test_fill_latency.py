@@ -11,7 +11,7 @@ from kvlab.kernels.prefetch import PrefetchConfig
 from kvlab.sim import L2Cache, TraceSpec, simulate
 from kvlab.sim.l2 import (
     DEMAND,
-    DEMAND_LINE,
+    KINDS,
     LINE_BYTES,
     PREFETCH,
     PREFETCH_LINES,
@@ -56,21 +56,10 @@ def reference(addrs, nbytes, kinds, times, num_sets, num_ways, set_index, latenc
                      if kind == PREFETCH_LINES or (addr < (start := line * LINE_BYTES + sector
                                                            * SECTOR_BYTES) + SECTOR_BYTES
                                                    and start < addr + size)]
-            load = kind in (DEMAND, DEMAND_LINE)
-            fresh = [sector for sector in asked if sector not in held]
-            if kind == DEMAND_LINE and fresh:  # the whole line comes; a later half rides along
-                for sector in range(LINE_BYTES // SECTOR_BYTES):
-                    if sector not in held and sector not in asked:
-                        counts["demand_unasked"] += 1
-                        held[sector] = [t + latency, False]
-            promoted = {s for s in fresh if s >= 2} if kind == DEMAND_LINE and any(
-                s < 2 for s in fresh) and any(s >= 2 for s in fresh) else set()
+            load = kind == DEMAND
             for sector in asked:
                 who = "demand" if load else "prefetch"
-                if sector in promoted:
-                    counts["demand_promoted"] += 1
-                    held[sector] = [t + latency, False]
-                elif sector not in held:
+                if sector not in held:
                     counts[f"{who}_misses"] += 1
                     held[sector] = [t + latency, not load]
                 elif not load:
@@ -89,7 +78,7 @@ def random_trace(seed, num_requests=3000, num_lines=96):
     rng = np.random.default_rng(seed)
     addrs = rng.integers(0, num_lines * LINE_BYTES, num_requests)
     nbytes = rng.integers(1, 300, num_requests)
-    kinds = rng.integers(0, 4, num_requests)
+    kinds = rng.integers(0, len(KINDS), num_requests)
     times = np.cumsum(rng.choice([0.0, 0.0, 0.0, 0.25, 1.0], num_requests))
     return addrs, nbytes, kinds, times
 

@@ -7,7 +7,7 @@ import pytest
 
 from kvlab.sim.l2 import (
     DEMAND,
-    DEMAND_LINE,
+    KINDS,
     L2_BYTES,
     LINE_BYTES,
     NUM_SETS,
@@ -55,22 +55,6 @@ def test_a_miss_fills_only_its_sector():
     assert read(cache, 0, sector=0).demand_hits == 1
     whole = read(cache, 0)
     assert (whole.demand_hits, whole.demand_misses) == (2, 2)
-
-
-def test_a_128b_hinted_load_fills_its_line_and_its_second_half_rides_along():
-    cache = make_cache()
-    whole = read(cache, 0, kind=DEMAND_LINE)  # first half misses; the second finds it coming
-    assert (whole.demand_misses, whole.demand_promoted, whole.demand_hits) == (2, 2, 0)
-    assert whole.dram_bytes == LINE_BYTES and whole.hit_rate == 0.0
-    assert whole.lookup_hit_rate == 0.5  # as ncu counts: 48-50% for gqa on the H200
-    plain = read(cache, 1)  # a load without the hint: four sectors, four misses
-    assert (plain.demand_misses, plain.demand_promoted, plain.lookup_hit_rate) == (4, 0, 0.0)
-    one = read(cache, 2, sector=2, kind=DEMAND_LINE)  # one sector asked, the line filled
-    assert (one.demand_misses, one.demand_unasked, one.dram_bytes) == (1, 3, LINE_BYTES)
-    assert read(cache, 2, sector=0).demand_hits == 1
-    high = read(cache, 3, sector=2, kind=DEMAND_LINE) + cache.access(
-        [3 * LINE_BYTES + 3 * SECTOR_BYTES], [SECTOR_BYTES], [DEMAND_LINE])
-    assert (high.demand_misses, high.demand_hits, high.demand_promoted) == (1, 1, 0)
 
 
 def test_lookups_count_prefetches_as_ncu_does():
@@ -170,13 +154,13 @@ def test_the_replay_by_set_groups_gives_what_the_requests_in_order_give(sets_per
     n = 3000
     addrs = rng.integers(0, 1 << 15, n) * SECTOR_BYTES
     nbytes = rng.integers(1, 600, n)
-    kinds = rng.integers(0, 4, n)
+    kinds = rng.integers(0, len(KINDS), n)
     times = np.cumsum(rng.random(n) < 0.05) * 0.25
     grouped, in_order = (L2Cache(16, 4, fill_latency_rounds=0.5) for _ in range(2))
     grouped._sets_per_group = sets_per_group
     result = grouped.access(addrs, nbytes, kinds, times)
     assert result.demand_hits and result.demand_pending and result.prefetch_hits
-    assert result.prefetch_evicted_unused and result.demand_promoted
+    assert result.prefetch_evicted_unused
     assert result == sum((in_order.access(addrs[i:i + 1], nbytes[i], kinds[i], times[i])
                           for i in range(n)), L2Result())
     probe = rng.integers(0, 1 << 15, 500) * SECTOR_BYTES
@@ -205,7 +189,7 @@ def test_bad_geometry(kwargs, message):
     ([0], 0, 0, "nbytes=0: must be >= 1"),
     ([0, 32], [32], 0, "nbytes: dtype=int64, shape=(1,): must be an integer or an integer "
                        "array of shape (2,)"),
-    ([0], 32, 4, "kinds=4: must be one of (0, 1, 2, 3)"),
+    ([0], 32, 3, "kinds=3: must be one of (0, 1, 2)"),
     ([0], 32, True, "kinds: dtype=bool"),
     ([2**62], 32, 0, "addrs + nbytes=4611686018427387936: must be < 2**62"),
 ])

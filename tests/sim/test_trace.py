@@ -10,7 +10,7 @@ from kvlab.kernels.geometry import GQA_TILE_TOKENS
 from kvlab.kernels.geometry import VLLM_NUM_WARPS as NUM_WARPS
 from kvlab.kernels.prefetch import PrefetchConfig
 from kvlab.sim import L2Cache, TraceSpec, simulate
-from kvlab.sim.l2 import DEMAND, DEMAND_LINE, PREFETCH, PREFETCH_LINES, SECTOR_BYTES
+from kvlab.sim.l2 import DEMAND, PREFETCH, PREFETCH_LINES, SECTOR_BYTES
 from kvlab.sim.spec import (
     block_tables,
     cta_phases,
@@ -30,9 +30,8 @@ def make_spec(**fields) -> TraceSpec:
 
 def byte_counts(spec: TraceSpec, kind=None) -> np.ndarray:
     """[2, num_seqs, blocks_per_seq, num_kv_heads, block_size, head_dim * dtype_bytes]: how often
-    each byte of K (0) and V (1) is in a request of `kind` (default: the family's loads, DEMAND
-    for vllm_v1 and DEMAND_LINE for gqa's .L2::128B cp.async), by logical block."""
-    kind = kind if kind is not None else DEMAND_LINE if spec.family == "gqa" else DEMAND
+    each byte of K (0) and V (1) is in a request of `kind` (default: loads), by logical block."""
+    kind = DEMAND if kind is None else kind
     addrs, nbytes, kinds, _ = requests(spec)
     counts = np.zeros(2 * spec.v_base, dtype=np.int64)
     for addr, size in zip(addrs[kinds == kind], nbytes[kinds == kind], strict=True):
@@ -205,7 +204,7 @@ def test_gqa_siblings_share_the_l2_in_vllm_and_not_in_gqa():
     vllm = simulate(spec, L2Cache(fill_latency_rounds=0))  # instant fills
     assert vllm.hit_rate == 3 / 4  # the first query head of a group misses, 3 siblings hit
     gqa = simulate(dataclasses.replace(spec, family="gqa"))
-    assert gqa.hit_rate == 0.0 and gqa.lookup_hit_rate == 0.5  # .L2::128B: half rides along
+    assert gqa.hit_rate == gqa.lookup_hit_rate == 0.0  # each KV byte asked once: no hit
     assert gqa.dram_bytes == 2 * spec.num_seqs * spec.context * spec.num_kv_heads * 256
     assert vllm.dram_bytes == 2 * spec.v_base  # whole tiles, padding included
 

@@ -111,10 +111,11 @@ class L2Result:
     @property
     def lookup_hit_rate(self) -> float:
         """Hits over every sector the L2 looked up, loads AND prefetches, pending loads counted
-        as misses: how ncu's lts__t_sector_hit_rate counts, as far as the H200's counters tell
-        (benchmarks/README.md, "The L2 model against ncu"): with the bulk prefetch, ncu's rate
-        for gqa stays near 50% while the loads themselves hit (the prefetches' own misses are
-        half the lookups). 0.0 for an empty trace."""
+        as misses: the closest of the three readings to ncu's lts__t_sector_hit_rate on the
+        H200 (benchmarks/README.md, "The L2 model against ncu"). NOTE: with a prefetch whose
+        loads then hit, this gives one hit in two lookups; ncu reads about one in three (gqa v8,
+        and vllm_v1 on multi-head attention), so it counts lookups this model does not know
+        of. 0.0 for an empty trace."""
         lookups = self.demand_sectors + self.prefetch_sectors
         hits = self.demand_hits + self.prefetch_hits
         return hits / lookups if lookups else 0.0

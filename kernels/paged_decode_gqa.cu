@@ -210,13 +210,13 @@ template <typename A> struct Same<A, A> { static constexpr bool value = true; };
 // stored unpadded with its chunks swizzled: chunk c of row r sits at chunk c ^ (r % 8). The 8 rows
 // of an ldmatrix phase then read 8 different bank groups (no conflict), and the two chunks of a
 // 32-byte cache sector stay in one 32-byte shared-memory sector (the XOR keeps or swaps them in
-// place). Any other row, and every fp8 row (swizzled, fp8 ran 1-1.5% slower: see v8), is padded
-// to the least odd multiple of 32 bytes that holds it (and, for fp8 at head_dim 80 and 112, the
-// 16 bytes its last ldmatrix reads past it), chunks in order: a multiple of 32, so that the two
-// chunks of a sector land in one shared-memory sector (a row 16 bytes off makes L2 serve that
-// sector twice; see v7); odd, so that an ldmatrix phase meets a 2-way bank conflict, not more.
-// Whole buffer:
-// [STAGES][NUM_WARPS][K, V][WARP_TOKENS][ROW_BYTES]. fp8 keeps 5 stages (see the header).
+// place). Any other row, and every fp8 row (swizzled, fp8 ran 1.2-1.4 points slower: see v8), is
+// padded to the least odd multiple of 32 bytes that holds it (and, for fp8 at head_dim 80 and
+// 112, the 16 bytes its last ldmatrix reads past it), chunks in order: a multiple of 32, so that
+// the two chunks of a sector land in one shared-memory sector (a row 16 bytes off makes L2 serve
+// that sector twice; see v7); odd, so that an ldmatrix phase meets a 2-way bank conflict, not
+// more. Whole buffer: [STAGES][NUM_WARPS][K, V][WARP_TOKENS][ROW_BYTES]. fp8 keeps 5 stages (see
+// the header).
 // CTAS_PER_SM is what shared memory allows on sm_90 (228 KB per SM, 1 KB reserved per CTA):
 // 4 CTAs for head_dim 64, 3 for 80, 2 for 96..128, 1 for 256 (fp8: 3, 3, 3, 2, 2, 1).
 // It is passed to __launch_bounds__ so that ptxas budgets registers for that occupancy instead of

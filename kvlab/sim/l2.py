@@ -13,7 +13,7 @@ The geometry is the H200's; how lines map to sets and which line leaves are assu
 - A demand read fills only the sectors it missed (NVIDIA's L2 fills 32-byte sectors).
 - gqa's cp.async carry the `.L2::128B` hint, but its loads ask for whole lines (each warp's rows
   of a tile are contiguous and line-aligned), so the hint fills nothing a load does not ask for:
-  they are plain loads here. ncu read 0.5-1.6% hits for gqa v8 without prefetch (its loads share
+  they are plain loads here. ncu read 0.2-2.0% hits for gqa v8 without prefetch (its loads share
   nothing). NOTE: before v7 the kernel asked L2 for 1.5 sectors per sector it read (its odd
   shared-memory rows split each cache sector in two requests), and ncu read 48-49% hits; this
   model matched that through an assumption about the hint, fitted to those counters and

@@ -68,7 +68,7 @@ def test_parse_the_recorded_sample_normalizes_units_and_separators():
     assert vllm["long_scoreboard_cycles"] == pytest.approx(2.57)  # inst
     assert vllm["l2_read_bytes"] == 22_457_383 * 32  # "22,457,383" sector
     assert gqa["l2_hit_pct"] == pytest.approx(32.33)
-    # gqa asks L2 for each byte once: as many sectors as DRAM gives (8,400,032 of 32 bytes)
+    # gqa asks L2 for each byte once: about as many sectors as DRAM gives (8,399,464 of 32 bytes)
     assert gqa["l2_read_bytes"] == 8_395_376 * 32
     assert gqa["dram_read_bytes"] == 268_782_848
     for row in (vllm, gqa):

@@ -29,7 +29,13 @@ PARTITION_QUANTUM = 256  # gqa partition sizes are multiples of this many tokens
 PARTITION_OVERHEAD_TOKENS = 128  # a CTA's fixed cost (prologue, pipeline fill, epilogue), in tokens
 MIXED_TAIL_SHARE = 0.25  # mixed lengths: how much of the longest CTA the makespan waits for
 MERGE_OVERHEAD_TOKENS = 256  # the merge launch's cost, in tokens of one CTA
-LONE_CTA_SLOWDOWN = 1.05  # equal lengths: one CTA an SM reads a little slower than two
+# Read rates of gqa_decode on the H200 (fp16, head_dim 128, 32 SMs of a green context, where HBM
+# is not the limit; session probe at revision af1c220, not a recorded result): one CTA alone on
+# an SM 44 GB/s (llama3-8b 1 x 32k, 32 CTAs: 1,413 GB/s), two CTAs an SM 58 GB/s (64 CTAs:
+# 1,853 GB/s; the copy roofline of those 32 SMs: 2,274 GB/s).
+HBM_GBPS = 4280.0  # the copy roofline of the whole GPU
+LONE_CTA_GBPS = 44.0
+SM_GBPS = 58.0
 SM_SHARED_BYTES = 228 * 1024  # shared memory per SM on Hopper (H100, H200)
 CTA_RESERVED_SHARED_BYTES = 1024  # what the driver reserves per resident CTA
 
@@ -91,6 +97,14 @@ def ctas_per_sm(head_dim: int, kv_bytes: int = 2) -> int:
     return SM_SHARED_BYTES // (gqa_smem_bytes(head_dim, kv_bytes) + CTA_RESERVED_SHARED_BYTES)
 
 
+def lone_cta_slowdown(num_sms: int) -> float:
+    """How many times longer a launch of at most one CTA an SM reads than one of two an SM on
+    `num_sms` SMs: a lone CTA reads LONE_CTA_GBPS, two SM_GBPS, and together the SMs read at
+    most HBM_GBPS. 1.0 on the whole H200 (132 x 44 GB/s exceeds HBM's 4.28 TB/s), 1.22 on 80
+    SMs, 1.32 on 32 or fewer."""
+    return min(HBM_GBPS, num_sms * SM_GBPS) / min(HBM_GBPS, num_sms * LONE_CTA_GBPS)
+
+
 def partition_size(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int,
                    ctas_per_sm: int, seq_lens=None) -> int:
     """gqa's tokens per partition (a multiple of PARTITION_QUANTUM) on `num_sms` SMs that hold
@@ -134,7 +148,7 @@ def partition_size(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: 
             ctas = num_seqs * -(-max_seq_len // size) * num_kv_heads
             turns = (-(-ctas // num_sms) if ctas <= num_slots
                      else ctas_per_sm * -(-ctas // num_slots))
-            turns *= LONE_CTA_SLOWDOWN if ctas <= num_sms else 1
+            turns *= lone_cta_slowdown(num_sms) if ctas <= num_sms else 1
             return turns * (size + PARTITION_OVERHEAD_TOKENS) + merge, -size
         ctas = int(np.maximum(1, -(-lens // size)).sum()) * num_kv_heads
         spread = (int(lens.sum()) * num_kv_heads + PARTITION_OVERHEAD_TOKENS * ctas) / num_slots

@@ -114,18 +114,22 @@ def partition_size(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: 
     tokens + PARTITION_OVERHEAD_TOKENS) + MERGE_OVERHEAD_TOKENS if split`. Reading is bound by
     bandwidth, and an SM reads nearly as fast with one CTA as with two, so CTAs that share an SM
     take turns: up to one wave, an SM's turns are the CTAs it holds, ceil(CTAs / num_sms), times
-    LONE_CTA_SLOWDOWN when each SM holds at most one; beyond a wave, every wave costs
+    `lone_cta_slowdown(num_sms)` when each SM holds at most one; beyond a wave, every wave costs
     ctas_per_sm turns, and a partial wave a whole one.
-    NOTE: observed on the H200 in a session probe (not a recorded result; this model's choice
-    and the previous model's, which counted waves of slots alone and so split to fill both of an
-    SM's slots, timed in one loop at 21 points of the four paper models where the two differ
-    without LONE_CTA_SLOWDOWN): 1.03-1.11x faster where this choice drops the merge or halves
-    it (llama3-8b and qwen2.5-14b 16 x 1k 1.106x and 1.086x, llama3-8b 16 x 4k 1.032x,
-    qwen2.5-7b 32 x 4k 1.055x and 1 x 32k 1.030x), 0.986-1.005x elsewhere; at most 1.4% slower
-    than the faster of the two. Unsplit at 16 x 32k, one CTA an SM ran 2.2% slower than two
-    (llama3-8b: 525 us against 514 us), which LONE_CTA_SLOWDOWN keeps split. Past a wave,
-    llama3-8b at 16 x 32k ran 93.5% of the roofline in 2 partitions (one wave), 92.1% in 9 and
-    87.3% in 3 (two waves).
+    NOTE: observed on the H200 in session probes (not recorded results; the choices of two
+    models timed in one loop where they differ):
+    - against the model before it, which counted waves of slots alone and so split to fill both
+      of an SM's slots (21 points of the four paper models, gqa v2 and a constant lone-CTA
+      slowdown): 1.03-1.11x faster where this choice drops the merge or halves it (llama3-8b
+      and qwen2.5-14b 16 x 1k 1.106x and 1.086x, llama3-8b 16 x 4k 1.032x, qwen2.5-7b 32 x 4k
+      1.055x and 1 x 32k 1.030x), 0.986-1.005x elsewhere;
+    - `lone_cta_slowdown` against the constant 1.05 it replaced (gqa v8, revision af1c220): on
+      80 SMs 1.05-1.18x faster at all 12 points tried and on 32 SMs 1.06-1.23x at all 8 (it
+      splits where a lone CTA an SM cannot keep up: llama3-8b 8 x 4k on 80 SMs 51.4 -> 43.5
+      us); on the whole GPU, where it keeps one CTA an SM, 0.984-1.020x at 15 points (llama3-8b
+      16 x 8k 1.019x, llama2-7b 1 x 32k 0.984x).
+    Past a wave (gqa v1), llama3-8b at 16 x 32k ran 93.5% of the roofline in 2 partitions (one
+    wave), 92.1% in 9 and 87.3% in 3 (two waves).
     Mixed lengths: CTAs of every size, launched longest first (`work_list`), fill the slots
     unevenly but without waves, so the model is their total work spread over the
     `num_sms x ctas_per_sm` slots, plus a share of the longest CTA (the tail), plus the merge

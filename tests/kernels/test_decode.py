@@ -339,13 +339,14 @@ def test_autotune_setting_is_checked(monkeypatch):
 @pytest.mark.parametrize(
     ("num_seqs", "num_kv_heads", "max_seq_len", "expected"),
     [
-        # 128 (sequence, KV head) pairs, one an SM unsplit: 1.05 x (32,768 + 128) = 34,541
-        # token-times against 2 x (16,384 + 128) + 256 = 33,280 in 2 partitions (two an SM)
-        (16, 8, 32768, 16384),
-        # the same pairs at 1k: unsplit 1.05 x 1,152 = 1,210 against 2 x 640 + 256 = 1,536
+        # 128 (sequence, KV head) pairs, one an SM unsplit (a lone CTA keeps up on 132 SMs):
+        # 32,768 + 128 = 32,896 token-times against 2 x (16,384 + 128) + 256 = 33,280 in 2
+        # partitions (two an SM)
+        (16, 8, 32768, 32768),
+        # the same pairs at 1k: unsplit 1,152 against 2 x 640 + 256 = 1,536
         (16, 8, 1024, 1024),
         (128, 8, 32768, 32768),  # 1024 CTAs already fill the GPU: no split
-        # one sequence: 16 partitions, 128 CTAs one an SM, 1.05 x 2,176 + 256 = 2,541 against
+        # one sequence: 16 partitions, 128 CTAs one an SM, 2,176 + 256 = 2,432 against
         # 2 x 1,152 + 256 = 2,560 in 32 (256 CTAs, two an SM)
         (1, 8, 32768, 2048),
         (16, 4, 1024, 512),  # 64 pairs: 2 partitions, 128 CTAs
@@ -358,6 +359,19 @@ def test_gqa_split_counts_the_turns_of_an_sm_and_the_merge(num_seqs, num_kv_head
     assert gqa.partition_size(num_seqs, num_kv_heads, max_seq_len, 132, 2) == expected
     assert gqa.partition_size(num_seqs, num_kv_heads, max_seq_len, 132, 2,
                               [max_seq_len] * num_seqs) == expected
+
+
+def test_gqa_split_splits_where_a_lone_cta_cannot_keep_up():
+    """On 80 SMs a lone CTA an SM (44 GB/s) reads 1.22x slower than two (58 GB/s, and HBM's
+    4.28 TB/s then limits): llama3-8b 8 x 4k, unsplit 64 CTAs, 1.22 x 4,224 = 5,136 token-times
+    against 2 x 2,176 + 256 = 4,608 in 2 partitions (the test above: on the whole GPU 132 lone
+    CTAs outrun HBM, no slowdown)."""
+    from kvlab.kernels.geometry import lone_cta_slowdown
+
+    assert lone_cta_slowdown(132) == 1.0
+    assert lone_cta_slowdown(80) == pytest.approx(4280 / (80 * 44))
+    assert lone_cta_slowdown(32) == pytest.approx(58 / 44)
+    assert gqa.partition_size(8, 8, 4096, 80, 2) == 2048
 
 
 def test_gqa_splits_a_mixed_batch_by_the_work_it_holds():

@@ -61,16 +61,20 @@ def test_parse_the_recorded_sample_normalizes_units_and_separators():
     vllm, gqa = parse(sample(), expected=2)
     assert vllm["kernel_name"].startswith("void vllm_decode<__half, 128, 16, 512,")
     assert gqa["kernel_name"].startswith("void gqa_decode<__half, __half, 128, 16, 4,")
-    assert vllm["duration_us"] == pytest.approx(157.6)  # "157,600" ns
-    assert vllm["dram_read_bytes"] == 269_225_216  # "269,225,216" byte
-    assert vllm["l2_hit_pct"] == pytest.approx(49.01)
-    assert vllm["cpi"] == pytest.approx(6.42)  # cycle
-    assert vllm["long_scoreboard_cycles"] == pytest.approx(2.57)  # inst
-    assert vllm["l2_read_bytes"] == 22_457_383 * 32  # "22,457,383" sector
-    assert gqa["l2_hit_pct"] == pytest.approx(32.33)
-    # gqa asks L2 for each byte once: about as many sectors as DRAM gives (8,399,464 of 32 bytes)
-    assert gqa["l2_read_bytes"] == 8_395_376 * 32
-    assert gqa["dram_read_bytes"] == 268_782_848
+    assert vllm["duration_us"] == pytest.approx(159.008)  # "159,008" ns
+    assert vllm["dram_read_bytes"] == 269_218_560  # "269,218,560" byte
+    assert vllm["l2_hit_pct"] == pytest.approx(47.32)
+    assert vllm["cpi"] == pytest.approx(6.56)  # cycle
+    assert vllm["long_scoreboard_cycles"] == pytest.approx(2.74)  # inst
+    assert vllm["l2_read_bytes"] == 22_547_891 * 32  # "22,547,891" sector
+    assert vllm["l2_read_hit_bytes"] == 10_567_548 * 32
+    assert gqa["l2_hit_pct"] == pytest.approx(32.34)
+    # gqa asks L2 for each byte once: about as many sectors as DRAM gives (8,400,536 of 32 bytes)
+    assert gqa["l2_read_bytes"] == 8_395_467 * 32
+    assert gqa["dram_read_bytes"] == 268_817_152
+    # its loads hit 47% where every lookup (the prefetches' and the L2 fabric's too) hits 32%
+    assert gqa["l2_read_hit_bytes"] == 3_949_219 * 32
+    assert gqa["l2_read_hit_bytes"] / gqa["l2_read_bytes"] == pytest.approx(0.4704, abs=1e-4)
     for row in (vllm, gqa):
         assert set(row) == {"kernel_name", *METRICS}
         assert all(math.isfinite(row[c]) for c in METRICS)
@@ -141,9 +145,9 @@ def first_launch_only(text: str) -> str:
 
 def test_parse_keeps_every_launch_in_order():
     rows = parse(sample(), expected=2)
-    assert [r["duration_us"] for r in rows] == pytest.approx([157.6, 75.392])
+    assert [r["duration_us"] for r in rows] == pytest.approx([159.008, 75.232])
     (row,) = parse(first_launch_only(sample()))
-    assert row["duration_us"] == pytest.approx(157.6)
+    assert row["duration_us"] == pytest.approx(159.008)
 
 
 def fake_ncu(folder: Path, script: str) -> None:
@@ -208,7 +212,7 @@ def test_answering_ncu_gives_one_whole_row(tmp_path):
     row = frame.iloc[0]
     assert (row["kernel"], row["batch"], row["num_sms"], row["num_sms_used"]) == (
         "vllm_v1", 64, None, 132)
-    assert row["duration_us"] == pytest.approx(157.6)
+    assert row["duration_us"] == pytest.approx(159.008)
 
 
 def test_one_ncu_answers_for_many_specs_in_order(tmp_path):
@@ -217,7 +221,7 @@ def test_one_ncu_answers_for_many_specs_in_order(tmp_path):
     specs = [make_spec(), make_spec(num_sms=78)]
     rows = measure_many(specs, ncu=str(tmp_path / "ncu"))
     assert [(r["num_sms"], r["num_sms_used"]) for r in rows] == [(None, 132), (78, 80)]
-    assert [r["duration_us"] for r in rows] == pytest.approx([157.6, 75.392])
+    assert [r["duration_us"] for r in rows] == pytest.approx([159.008, 75.232])
     with pytest.raises(CountersError, match="profiled 2 launches matching .*; expected 3"):
         measure_many([*specs, make_spec()], ncu=str(tmp_path / "ncu"))
 

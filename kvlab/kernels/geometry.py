@@ -29,13 +29,17 @@ PARTITION_QUANTUM = 256  # gqa partition sizes are multiples of this many tokens
 PARTITION_OVERHEAD_TOKENS = 128  # a CTA's fixed cost (prologue, pipeline fill, epilogue), in tokens
 MIXED_TAIL_SHARE = 0.25  # mixed lengths: how much of the longest CTA the makespan waits for
 MERGE_OVERHEAD_TOKENS = 256  # the merge launch's cost, in tokens of one CTA
-# Read rates of gqa_decode on the H200 (fp16, head_dim 128, 32 SMs of a green context, where HBM
-# is not the limit; session probe at revision af1c220, not a recorded result): one CTA alone on
-# an SM 44 GB/s (llama3-8b 1 x 32k, 32 CTAs: 1,413 GB/s), two CTAs an SM 58 GB/s (64 CTAs:
-# 1,853 GB/s; the copy roofline of those 32 SMs: 2,274 GB/s).
+# Read rates of gqa_decode on the H200 (fp16, head_dim 128: 512 bytes of K and V a token; 32 SMs
+# of a green context, where HBM is not the limit; session probe at revision af1c220, not a
+# recorded result): one CTA alone on an SM 86M tokens/s (llama3-8b 1 x 32k in 32 CTAs:
+# 1,413 GB/s), two CTAs an SM 113M tokens/s (64 CTAs: 1,853 GB/s; the copy roofline of those 32
+# SMs: 2,274 GB/s). In tokens, not bytes: a lone CTA is bound by the tokens it handles, and on
+# an fp8 cache (256 bytes a token) it read 24.7 GB/s, 97M tokens/s (llama3-8b 16 x 32k unsplit,
+# 128 CTAs on the whole GPU: 74% of the roofline, against 94% split in two; attention_fp8.json
+# at revision 2967426).
 HBM_GBPS = 4280.0  # the copy roofline of the whole GPU
-LONE_CTA_GBPS = 44.0
-SM_GBPS = 58.0
+LONE_CTA_TOKENS_PER_S = 86e6
+SM_TOKENS_PER_S = 113e6
 SM_SHARED_BYTES = 228 * 1024  # shared memory per SM on Hopper (H100, H200)
 CTA_RESERVED_SHARED_BYTES = 1024  # what the driver reserves per resident CTA
 
@@ -97,25 +101,28 @@ def ctas_per_sm(head_dim: int, kv_bytes: int = 2) -> int:
     return SM_SHARED_BYTES // (gqa_smem_bytes(head_dim, kv_bytes) + CTA_RESERVED_SHARED_BYTES)
 
 
-def lone_cta_slowdown(num_sms: int) -> float:
+def lone_cta_slowdown(num_sms: int, token_bytes: int) -> float:
     """How many times longer a launch of at most one CTA an SM reads than one of two an SM on
-    `num_sms` SMs: a lone CTA reads LONE_CTA_GBPS, two SM_GBPS, and together the SMs read at
-    most HBM_GBPS. 1.0 on the whole H200 (132 x 44 GB/s exceeds HBM's 4.28 TB/s), 1.22 on 80
-    SMs, 1.32 on 32 or fewer."""
-    return min(HBM_GBPS, num_sms * SM_GBPS) / min(HBM_GBPS, num_sms * LONE_CTA_GBPS)
+    `num_sms` SMs, for K and V of `token_bytes` a token: a lone CTA handles
+    LONE_CTA_TOKENS_PER_S, two SM_TOKENS_PER_S, and together the SMs read at most HBM_GBPS.
+    fp16 at head_dim 128 (512 bytes): 1.0 on the whole H200 (132 lone CTAs outrun HBM), 1.22 on
+    80 SMs, 1.32 on 32 or fewer; fp8 (256 bytes): 1.31 on the whole GPU."""
+    hbm = HBM_GBPS * 1e9 / token_bytes
+    return min(hbm, num_sms * SM_TOKENS_PER_S) / min(hbm, num_sms * LONE_CTA_TOKENS_PER_S)
 
 
 def partition_size(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int,
-                   ctas_per_sm: int, seq_lens=None) -> int:
+                   ctas_per_sm: int, token_bytes: int, seq_lens=None) -> int:
     """gqa's tokens per partition (a multiple of PARTITION_QUANTUM) on `num_sms` SMs that hold
-    `ctas_per_sm` CTAs each; ties go to fewer partitions (less merge work).
+    `ctas_per_sm` CTAs each, for K and V of `token_bytes` a token and KV head (2 x head_dim x
+    the element's bytes); ties go to fewer partitions (less merge work).
 
     Equal lengths (seq_lens None, or all equal): minimises the makespan model `turns x (partition
     tokens + PARTITION_OVERHEAD_TOKENS) + MERGE_OVERHEAD_TOKENS if split`. Reading is bound by
     bandwidth, and an SM reads nearly as fast with one CTA as with two, so CTAs that share an SM
     take turns: up to one wave, an SM's turns are the CTAs it holds, ceil(CTAs / num_sms), times
-    `lone_cta_slowdown(num_sms)` when each SM holds at most one; beyond a wave, every wave costs
-    ctas_per_sm turns, and a partial wave a whole one.
+    `lone_cta_slowdown(num_sms, token_bytes)` when each SM holds at most one; beyond a wave,
+    every wave costs ctas_per_sm turns, and a partial wave a whole one.
     NOTE: observed on the H200 in session probes (not recorded results; the choices of two
     models timed in one loop where they differ):
     - against the model before it, which counted waves of slots alone and so split to fill both
@@ -127,7 +134,8 @@ def partition_size(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: 
       80 SMs 1.05-1.18x faster at all 12 points tried and on 32 SMs 1.06-1.23x at all 8 (it
       splits where a lone CTA an SM cannot keep up: llama3-8b 8 x 4k on 80 SMs 51.4 -> 43.5
       us); on the whole GPU, where it keeps one CTA an SM, 0.984-1.020x at 15 points (llama3-8b
-      16 x 8k 1.019x, llama2-7b 1 x 32k 0.984x).
+      16 x 8k 1.019x, llama2-7b 1 x 32k 0.984x). Counted in bytes (as first written), it also
+      ran fp8 caches one CTA an SM on the whole GPU, 1.2-1.3x slower (see LONE_CTA_TOKENS_PER_S).
     Past a wave (gqa v1), llama3-8b at 16 x 32k ran 93.5% of the roofline in 2 partitions (one
     wave), 92.1% in 9 and 87.3% in 3 (two waves).
     Mixed lengths: CTAs of every size, launched longest first (`work_list`), fill the slots
@@ -152,7 +160,7 @@ def partition_size(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: 
             ctas = num_seqs * -(-max_seq_len // size) * num_kv_heads
             turns = (-(-ctas // num_sms) if ctas <= num_slots
                      else ctas_per_sm * -(-ctas // num_slots))
-            turns *= lone_cta_slowdown(num_sms) if ctas <= num_sms else 1
+            turns *= lone_cta_slowdown(num_sms, token_bytes) if ctas <= num_sms else 1
             return turns * (size + PARTITION_OVERHEAD_TOKENS) + merge, -size
         ctas = int(np.maximum(1, -(-lens // size)).sum()) * num_kv_heads
         spread = (int(lens.sum()) * num_kv_heads + PARTITION_OVERHEAD_TOKENS * ctas) / num_slots

@@ -84,6 +84,7 @@ class Gqa:
         mixed = min(seq_lens) != max_seq_len
         self.partition_size = partition_size(num_seqs, cache.num_kv_heads, max_seq_len, num_sms,
                                              ctas_per_sm(cache.head_dim, kv_bytes),
+                                             2 * cache.head_dim * kv_bytes,
                                              seq_lens if mixed else None)
         self.num_partitions = -(-max_seq_len // self.partition_size)
         # mixed lengths, split: only the partitions that hold tokens, longest first

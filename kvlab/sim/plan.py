@@ -42,7 +42,8 @@ def launch_spec(model: str, kernel: str, batch: int, context: int, num_sms: int,
         slots = VLLM_V2_CTAS_PER_SM if part else VLLM_CTAS_PER_SM
     else:
         slots = ctas_per_sm(m.head_dim)
-        part = partition_size(batch, m.num_kv_heads, context, num_sms, slots)
+        part = partition_size(batch, m.num_kv_heads, context, num_sms, slots,
+                              2 * m.head_dim * 2)  # fp16 K and V
         part = 0 if part >= context else part
     return TraceSpec(family=kernel, num_seqs=batch, context=context, num_qo_heads=m.num_qo_heads,
                      num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, partition_size=part,

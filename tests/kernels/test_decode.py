@@ -356,22 +356,27 @@ def test_autotune_setting_is_checked(monkeypatch):
 def test_gqa_split_counts_the_turns_of_an_sm_and_the_merge(num_seqs, num_kv_heads, max_seq_len,
                                                             expected):
     assert gqa.ctas_per_sm(128) == 2
-    assert gqa.partition_size(num_seqs, num_kv_heads, max_seq_len, 132, 2) == expected
-    assert gqa.partition_size(num_seqs, num_kv_heads, max_seq_len, 132, 2,
+    assert gqa.partition_size(num_seqs, num_kv_heads, max_seq_len, 132, 2, 512) == expected
+    assert gqa.partition_size(num_seqs, num_kv_heads, max_seq_len, 132, 2, 512,
                               [max_seq_len] * num_seqs) == expected
 
 
 def test_gqa_split_splits_where_a_lone_cta_cannot_keep_up():
-    """On 80 SMs a lone CTA an SM (44 GB/s) reads 1.22x slower than two (58 GB/s, and HBM's
-    4.28 TB/s then limits): llama3-8b 8 x 4k, unsplit 64 CTAs, 1.22 x 4,224 = 5,136 token-times
-    against 2 x 2,176 + 256 = 4,608 in 2 partitions (the test above: on the whole GPU 132 lone
-    CTAs outrun HBM, no slowdown)."""
+    """A lone CTA an SM handles 86M tokens/s, two 113M. On 80 SMs with fp16 K and V (512 bytes a
+    token at head_dim 128) lone CTAs read 1.22x slower than pairs, whom HBM's 4.28 TB/s then
+    limits: llama3-8b 8 x 4k, unsplit 64 CTAs, 1.22 x 4,224 = 5,136 token-times against 2 x 2,176
+    + 256 = 4,608 in 2 partitions. On the whole GPU 132 lone CTAs outrun HBM (the test above),
+    unless the cache is fp8: at 256 bytes a token HBM gives twice the tokens, and 16 x 32k
+    splits in two."""
     from kvlab.kernels.geometry import lone_cta_slowdown
 
-    assert lone_cta_slowdown(132) == 1.0
-    assert lone_cta_slowdown(80) == pytest.approx(4280 / (80 * 44))
-    assert lone_cta_slowdown(32) == pytest.approx(58 / 44)
-    assert gqa.partition_size(8, 8, 4096, 80, 2) == 2048
+    assert lone_cta_slowdown(132, 512) == 1.0
+    assert lone_cta_slowdown(80, 512) == pytest.approx(4280e9 / 512 / (80 * 86e6))
+    assert lone_cta_slowdown(32, 512) == pytest.approx(113 / 86)
+    assert lone_cta_slowdown(132, 256) == pytest.approx(113 / 86)
+    assert gqa.partition_size(8, 8, 4096, 80, 2, 512) == 2048
+    assert gqa.partition_size(16, 8, 32768, 132, 2, 512) == 32768
+    assert gqa.partition_size(16, 8, 32768, 132, 2, 256) == 16384
 
 
 def test_gqa_splits_a_mixed_batch_by_the_work_it_holds():
@@ -381,9 +386,9 @@ def test_gqa_splits_a_mixed_batch_by_the_work_it_holds():
     + (1024 + 128) / 4 + 256 = 3,302 token-times against 3,527 for 2k and 6,828 unsplit. A short
     mixed batch (max 2k) runs whole: the merge and the extra CTAs would cost more than the tail
     saves."""
-    assert gqa.partition_size(64, 8, 16384, 132, 2) == 16384
-    assert gqa.partition_size(64, 8, 16384, 132, 2, [16384] + [1024] * 63) == 1024
-    assert gqa.partition_size(64, 8, 2048, 132, 2, [2048] + [1024] * 63) == 2048
+    assert gqa.partition_size(64, 8, 16384, 132, 2, 512) == 16384
+    assert gqa.partition_size(64, 8, 16384, 132, 2, 512, [16384] + [1024] * 63) == 1024
+    assert gqa.partition_size(64, 8, 2048, 132, 2, 512, [2048] + [1024] * 63) == 2048
 
 
 def test_gqa_work_list_holds_the_partitions_with_tokens_longest_first():

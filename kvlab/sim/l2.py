@@ -5,7 +5,8 @@ The geometry is the H200's; how lines map to sets and which line leaves are assu
 
 - One unified cache. NOTE: the H100/H200 L2 is two partitions, and an SM's reads from the far
   partition may be duplicated in the near one; the model ignores this, so it is an upper bound
-  on the capacity that a kernel sees.
+  on the capacity that a kernel sees. The partitions' fabric does show in ncu's hit rate,
+  which counts its lookups too: `L2Result.ncu_hit_rate` adds them (FABRIC_LOOKUP_SHARE).
 - NUM_WAYS = 16 ways, LRU within a set: the associativity and the policy are assumptions.
 - SET_INDEXES: "hash" (the default) spreads lines over the sets like the GPU's undisclosed
   address hash: a Fibonacci hash of the line address (its upper 32 bits of line * 2^64/phi),
@@ -23,8 +24,9 @@ The geometry is the H200's; how lines map to sets and which line leaves are assu
 - Time: every request comes with a time in rounds (kvlab.sim.spec: one turn of every CTA slot,
   about one loop iteration of the kernel). A miss, demand or prefetch, starts a fill that is ready
   `fill_latency_rounds` later (0: at once). A request before then finds the sector "pending": it
-  reads no DRAM (merged with the fill in flight) but is no hit. NOTE: this is how ncu's
-  lts__t_sector_hit_rate is read here (pending = miss), an assumption to check on the GPU.
+  reads no DRAM (merged with the fill in flight) but is no hit. NOTE: this is how ncu's hit
+  counters are read here (pending = miss), an assumption that benchmarks/l2_validation.py checks
+  against the other reading.
   A prefetch of a pending sector does nothing. A pending sector may be evicted: its fill is
   dropped and a later request misses again.
 - Prefetched lines enter at the MRU end like demand lines (no evict-first/evict-last classes).
@@ -51,6 +53,14 @@ SET_INDEXES = ("hash", "modulo")
 # (TraceSpec.jitter_rounds = 0) requests come at whole rounds and every value in (0, 1] acts
 # alike; with the CTAs' phases spread, siblings' hits fall as the latency grows.
 FILL_LATENCY_ROUNDS = 0.5
+
+# Measured (ncu on the H200, gqa v8 at llama3-8b 16 x 4k, without prefetch and with a bulk one at
+# distance 1; a session probe at revision af1c220, not a recorded result): for every sector the
+# SMs ask of L2, loads and prefetches alike, the fabric between the two L2 partitions looks up
+# 0.50 more (lts__t_sectors_srcunit_ltcfabric: 4.22M for 8.40M, and 8.27M for 16.55M), and those
+# lookups hit about as often as the loads do (49.6% against the loads' 48.2% with the prefetch,
+# 0.6% against 0.0% without).
+FABRIC_LOOKUP_SHARE = 0.5
 
 # Request kinds: what one (address, bytes) request of a trace does.
 DEMAND = 0  # a load: sector misses are read from DRAM
@@ -104,29 +114,42 @@ class L2Result:
 
     @property
     def hit_rate(self) -> float:
-        """Ready hits over the sectors of loads (prefetches excluded; pending loads are not hits,
-        as ncu's lts__t_sector_hit_rate is read here: an assumption); 0.0 for an empty trace."""
+        """Ready hits over the sectors of loads, prefetches excluded: what ncu reads as
+        lts__t_sectors_srcunit_tex_op_read_lookup_hit over lts__t_sectors_srcunit_tex_op_read
+        (`bench counters`: l2_read_hit_bytes / l2_read_bytes), with pending loads not hits (an
+        assumption; `hit_rate_pending_as_hits` is the other reading). 0.0 for an empty trace."""
         return self.demand_hits / self.demand_sectors if self.demand_sectors else 0.0
 
     @property
+    def hit_rate_pending_as_hits(self) -> float:
+        """`hit_rate` with loads that find their fill in flight counted as hits (a tag hit whose
+        data is still on its way)."""
+        hits = self.demand_hits + self.demand_pending
+        return hits / self.demand_sectors if self.demand_sectors else 0.0
+
+    @property
     def lookup_hit_rate(self) -> float:
-        """Hits over every sector the L2 looked up, loads AND prefetches, pending loads counted
-        as misses: the closest of the three readings to ncu's lts__t_sector_hit_rate on the
-        H200 (benchmarks/README.md, "The L2 model against ncu"). NOTE: with a prefetch whose
-        loads then hit, this gives one hit in two lookups; ncu reads about one in three (gqa v8,
-        and vllm_v1 on multi-head attention), so it counts lookups this model does not know
-        of. 0.0 for an empty trace."""
+        """Hits over every sector the SMs asked of L2, loads AND prefetches, pending loads
+        counted as misses (a prefetch's lookups miss: it comes first). 0.0 for an empty
+        trace."""
         lookups = self.demand_sectors + self.prefetch_sectors
         hits = self.demand_hits + self.prefetch_hits
         return hits / lookups if lookups else 0.0
 
     @property
-    def lookup_hit_rate_pending_as_hits(self) -> float:
-        """`lookup_hit_rate` with loads that find their fill in flight counted as hits (the other
-        reading of ncu's counter: a tag hit whose data is still on its way)."""
+    def ncu_hit_rate(self) -> float:
+        """The hit rate as ncu's lts__t_sector_hit_rate counts it on the H200: `lookup_hit_rate`
+        with the L2 fabric's lookups added, FABRIC_LOOKUP_SHARE of every SM lookup, hitting at
+        the loads' `hit_rate` (measured; see the constant). Without prefetch it is `hit_rate`.
+        With a prefetch of every sector, for each load's sector: a load, a prefetch and a
+        fabric lookup; where half the loads hit (gqa at distance 1), 0.5 + 0.5 hits in 3
+        lookups, a third. 0.0 for an empty trace."""
         lookups = self.demand_sectors + self.prefetch_sectors
-        hits = self.demand_hits + self.demand_pending + self.prefetch_hits
-        return hits / lookups if lookups else 0.0
+        if not lookups:
+            return 0.0
+        fabric = FABRIC_LOOKUP_SHARE * lookups
+        hits = self.demand_hits + self.prefetch_hits + fabric * self.hit_rate
+        return hits / (lookups + fabric)
 
     @property
     def dram_bytes(self) -> int:

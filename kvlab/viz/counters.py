@@ -70,14 +70,14 @@ def modelled_l2_figure(results: dict[str, object], shape: str, provenance: str,
                        roofline_gbps: float | None = None) -> go.Figure:
     """Bars per prefetch setting (`results`: label -> kvlab.sim.L2Result): the modelled L2 hit
     rate of the loads, the share of loads that found their fill in flight, and the hit rate as
-    ncu counts it (every lookup, prefetches too: `L2Result.lookup_hit_rate`, the reading that
-    matches the H200's counters); the hover gives the DRAM bytes. `shape` describes the launch
+    ncu's headline counts it (every lookup: the prefetches' and the L2 fabric's too,
+    `L2Result.ncu_hit_rate`); the hover gives the DRAM bytes. `shape` describes the launch
     modelled. With `times_ms` (label -> the time model's ms) and `roofline_gbps` (the copy
     roofline of the SMs), a second panel gives each setting's modelled time and its DRAM GB/s
     as % of that roofline."""
     names = list(results)
     hits = [100 * r.hit_rate for r in results.values()]
-    as_ncu = [100 * r.lookup_hit_rate for r in results.values()]
+    as_ncu = [100 * r.ncu_hit_rate for r in results.values()]
     pending = [100 * r.demand_pending / r.demand_sectors if r.demand_sectors else 0.0
                for r in results.values()]
     dram = [r.dram_bytes / 2**20 for r in results.values()]
@@ -94,10 +94,11 @@ def modelled_l2_figure(results: dict[str, object], shape: str, provenance: str,
                text=[f"{p:.1f}%" for p in pending], textposition="outside", cliponaxis=False,
                hovertemplate="%{x}: %{y:.1f}% of loads found their fill in flight"
                "<extra></extra>"),
-        go.Bar(name="hit rate as ncu counts it (prefetches too)", x=names, y=as_ncu,
+        go.Bar(name="hit rate as ncu's headline counts it (every lookup)", x=names, y=as_ncu,
                marker_color="#1f77b4", text=[f"{h:.1f}%" for h in as_ncu],
                textposition="outside", cliponaxis=False,
-               hovertemplate="%{x}: %{y:.1f}% of all L2 lookups hit<extra></extra>"),
+               hovertemplate="%{x}: %{y:.1f}% of all L2 lookups hit (prefetches', the "
+               "fabric's)<extra></extra>"),
     ):
         fig.add_trace(trace, row=1, col=1)
     fig.update_yaxes(title_text="% of loads' sectors", range=[0, 115], row=1, col=1)

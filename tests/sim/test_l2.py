@@ -57,17 +57,21 @@ def test_a_miss_fills_only_its_sector():
     assert (whole.demand_hits, whole.demand_misses) == (2, 2)
 
 
-def test_lookups_count_prefetches_as_ncu_does():
+def test_lookups_count_prefetches_and_the_fabric_as_ncu_does():
     cache = make_cache()
     prefetch, load = read(cache, 0, kind=PREFETCH), read(cache, 0)
     both = prefetch + load
     assert (both.hit_rate, both.lookup_hit_rate) == (1.0, 0.5)  # the prefetch's misses count
+    # the fabric adds half a lookup for each, hitting as the loads do: 4 + 4 hits of 12 lookups
+    assert both.ncu_hit_rate == pytest.approx(2 / 3)
+    assert load.ncu_hit_rate == load.hit_rate == 1.0  # no prefetch: the loads' own rate
     pending = L2Cache(4, 2, set_index="modulo", fill_latency_rounds=1)
     late = pending.access([0], LINE_BYTES, PREFETCH, 0.0) + pending.access(
         [0], LINE_BYTES, DEMAND, 0.5)
-    assert (late.demand_pending, late.lookup_hit_rate) == (4, 0.0)
-    assert late.lookup_hit_rate_pending_as_hits == 0.5
-    assert L2Result().lookup_hit_rate == L2Result().lookup_hit_rate_pending_as_hits == 0.0
+    assert (late.demand_pending, late.hit_rate, late.lookup_hit_rate) == (4, 0.0, 0.0)
+    assert late.hit_rate_pending_as_hits == 1.0
+    empty = L2Result()
+    assert empty.hit_rate == empty.hit_rate_pending_as_hits == empty.ncu_hit_rate == 0.0
 
 
 def test_a_request_touches_the_sectors_it_overlaps():

@@ -185,8 +185,10 @@ def table_5_2(result: dict, point=TABLE_5_2_POINT, num_sms: int | None = None) -
     """The paper's Table 5.2 on the H200 (results/h200/counters.json, one ncu launch each, L2
     flushed) at one point (default 16 x 4k: the paper states none): per kernel family and row,
     per model (GQA group order) "ours without -> with bulk K+V d=1", the paper's H20 figures
-    without -> with, and ours / H20 without, with. The speedup row is ncu's baseline duration
-    over the prefetch one (one cold launch each), beside the paper's."""
+    without -> with, and ours / H20 without, with. After the paper's rows, one of ours alone:
+    the hit rate of the loads' own lookups (l2_read_hit_bytes / l2_read_bytes; ncu's L2 hit rate
+    counts the prefetches' and the L2 fabric's lookups too). The speedup row is ncu's baseline
+    duration over the prefetch one (one cold launch each), beside the paper's."""
     from kvlab.profile import paper
 
     batch, context = point
@@ -208,6 +210,13 @@ def table_5_2(result: dict, point=TABLE_5_2_POINT, num_sms: int | None = None) -
                              f"<br>H20 {h20[0]:.2f} → {h20[1]:.2f}<br>ratio "
                              f"{e['ratio_baseline']:.2f}, {e['ratio_prefetch']:.2f}")
             lines.append(f"| {kernel} | {name} | " + " | ".join(cells) + " |")
+        loads = {(r["model"], r["prefetch"]): 100 * r["l2_read_hit_bytes"] / r["l2_read_bytes"]
+                 for r in result["rows"] if r["kernel"] == kernel
+                 and (r["batch"], r["context"]) == (batch, context)
+                 and (num_sms is None or r["num_sms_used"] == num_sms)}
+        cells = [f"{loads[(m, 'none')]:.1f} → {loads[(m, COUNTERS_PREFETCH)]:.1f}" for m in models]
+        lines.append(f"| {kernel} | L2 hit rate of the loads alone, % (ours only) | "
+                     + " | ".join(cells) + " |")
         cells = [f"{entries[(kernel, m, 'speedup')]['ours_prefetch']:.2f}x<br>H20 "
                  f"{paper.SPEEDUP[m]:.2f}x<br>ratio "
                  f"{entries[(kernel, m, 'speedup')]['ratio_prefetch']:.2f}" for m in models]

@@ -213,10 +213,13 @@ def table_5_2(result: dict, point=TABLE_5_2_POINT, num_sms: int | None = None) -
         loads = {(r["model"], r["prefetch"]): 100 * r["l2_read_hit_bytes"] / r["l2_read_bytes"]
                  for r in result["rows"] if r["kernel"] == kernel
                  and (r["batch"], r["context"]) == (batch, context)
-                 and (num_sms is None or r["num_sms_used"] == num_sms)}
-        cells = [f"{loads[(m, 'none')]:.1f} → {loads[(m, COUNTERS_PREFETCH)]:.1f}" for m in models]
-        lines.append(f"| {kernel} | L2 hit rate of the loads alone, % (ours only) | "
-                     + " | ".join(cells) + " |")
+                 and (num_sms is None or r["num_sms_used"] == num_sms)
+                 and "l2_read_hit_bytes" in r}  # recorded since revision af1c220
+        if loads:
+            cells = [f"{loads[(m, 'none')]:.1f} → {loads[(m, COUNTERS_PREFETCH)]:.1f}"
+                     for m in models]
+            lines.append(f"| {kernel} | L2 hit rate of the loads alone, % (ours only) | "
+                         + " | ".join(cells) + " |")
         cells = [f"{entries[(kernel, m, 'speedup')]['ours_prefetch']:.2f}x<br>H20 "
                  f"{paper.SPEEDUP[m]:.2f}x<br>ratio "
                  f"{entries[(kernel, m, 'speedup')]['ratio_prefetch']:.2f}" for m in models]

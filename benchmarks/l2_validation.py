@@ -73,7 +73,9 @@ def model_row(launch: dict) -> dict:
                                       "prefetch")},
             "sms": launch["num_sms_used"], "partition_size": spec.partition_size,
             "ncu_hit_pct": launch["l2_hit_pct"],
-            "ncu_load_hit_pct": 100 * launch["l2_read_hit_bytes"] / launch["l2_read_bytes"],
+            # recorded since revision af1c220; None in counters before it
+            "ncu_load_hit_pct": 100 * launch["l2_read_hit_bytes"] / launch["l2_read_bytes"]
+            if "l2_read_hit_bytes" in launch else None,
             "ncu_dram_bytes": launch["dram_read_bytes"],
             **{f"model_{r}_pct": 100 * getattr(result, r) for r in READINGS},
             "model_dram_bytes": result.dram_bytes,
@@ -124,21 +126,29 @@ def fit(rows: list[dict], roofline: dict) -> dict:
                                      for f, (e, u) in own.items()}}
 
 
-def hit_error(row: dict, reading: str = TARGET_READING) -> float:
-    """The model's `reading` against the ncu column it answers, in points."""
-    return abs(row[f"model_{reading}_pct"] - row[READINGS[reading]])
+def hit_error(row: dict, reading: str = TARGET_READING) -> float | None:
+    """The model's `reading` against the ncu column it answers, in points (None where the
+    counters lack that column)."""
+    measured = row[READINGS[reading]]
+    return None if measured is None else abs(row[f"model_{reading}_pct"] - measured)
+
+
+def hit_mae(rows: list[dict], reading: str = TARGET_READING) -> float | None:
+    """The mean of `hit_error` over the rows whose counters answer `reading` (None if none)."""
+    errors = [e for e in (hit_error(r, reading) for r in rows) if e is not None]
+    return statistics.fmean(errors) if errors else None
 
 
 def summarise(rows: list[dict]) -> dict:
-    hits = {r: statistics.fmean(hit_error(row, r) for row in rows) for r in READINGS}
+    hits = {r: hit_mae(rows, r) for r in READINGS}
     timed = [r for r in rows if r.get("predicted_ms") is not None and not r["fitted"]]
     errors = [abs(r["predicted_ms"] / r["ms"] - 1) for r in timed]
     groups = {}
     for r in rows:
         groups.setdefault(group(r), []).append(r)
     by_group = {name: {
-        "hit_mae_points": statistics.fmean(hit_error(r) for r in mine),
-        "headline_hit_mae_points": statistics.fmean(hit_error(r, "ncu_hit_rate") for r in mine),
+        "hit_mae_points": hit_mae(mine),
+        "headline_hit_mae_points": hit_mae(mine, "ncu_hit_rate"),
         "time_median_rel": statistics.median(abs(r["predicted_ms"] / r["ms"] - 1) for r in mine)
         if all(r.get("predicted_ms") for r in mine) else None} for name, mine in groups.items()}
     return {"configs": len(rows), "hit_mae_points": hits, "by_group": by_group,
@@ -193,6 +203,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def points(value: float | None) -> str:
+    return "   n/a" if value is None else f"{value:6.1f}"
+
+
 def report(result: dict) -> str:
     lines = [f"{'model':12} {'kernel':7} {'point':8} {'SMs':>3} {'prefetch':13} {'loads':>6} "
              f"{'all':>6} " + " ".join(f"{r[:14]:>14}" for r in READINGS)
@@ -200,13 +214,13 @@ def report(result: dict) -> str:
     for r in result["rows"]:
         lines.append(
             f"{r['model']:12} {r['kernel']:7} {r['batch']}x{r['context']:<5} {r['sms']:>3} "
-            f"{r['prefetch']:13} {r['ncu_load_hit_pct']:6.1f} {r['ncu_hit_pct']:6.1f} "
+            f"{r['prefetch']:13} {points(r['ncu_load_hit_pct'])} {r['ncu_hit_pct']:6.1f} "
             + " ".join(f"{r[f'model_{k}_pct']:14.1f}" for k in READINGS)
             + (f" {r['ms']:8.4f} {r['predicted_ms']:8.4f}" if r.get("predicted_ms") else ""))
     s = result["summary"]
     lines.append(f"{s['configs']} launches; hit-rate MAE (points): " + ", ".join(
-        f"{k} {v:.1f}" for k, v in s["hit_mae_points"].items()))
-    lines += [f"  {name}: hit MAE {g['hit_mae_points']:.1f} points (loads), time "
+        f"{k} {points(v).strip()}" for k, v in s["hit_mae_points"].items()))
+    lines += [f"  {name}: hit MAE {points(g['hit_mae_points']).strip()} points (loads), time "
               f"median error {100 * g['time_median_rel']:.1f}%" for name, g in s["by_group"].items()
               if g["time_median_rel"] is not None]
     if s["time_median_rel"] is not None:

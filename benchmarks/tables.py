@@ -134,6 +134,10 @@ def dashboard_table(result: dict) -> list[str]:
     return lines
 
 
+def _points(value: float | None) -> str:
+    return "not recorded" if value is None else f"{value:.1f} points"
+
+
 def l2_validation_table(result: dict) -> list[str]:
     """The L2 model against ncu and the measured times (results/cpu/l2_validation.json): per
     kernel family, SM count and prefetch setting, the mean absolute error of the modelled hit
@@ -153,11 +157,11 @@ def l2_validation_table(result: dict) -> list[str]:
         else:
             fitted = " (fitted)" if key.endswith(", 132 SMs, none") else ""
             time = f"{100 * g['time_median_rel']:.1f}%{fitted}"
-        lines.append(f"| {key} | {counts[key]} | {g['hit_mae_points']:.1f} points | "
-                     f"{g['headline_hit_mae_points']:.1f} points | {time} |")
+        lines.append(f"| {key} | {counts[key]} | {_points(g['hit_mae_points'])} | "
+                     f"{_points(g['headline_hit_mae_points'])} | {time} |")
     s = result["summary"]
-    lines.append(f"| all | {s['configs']} | {s['hit_mae_points']['hit_rate']:.1f} points | "
-                 f"{s['hit_mae_points']['ncu_hit_rate']:.1f} points | "
+    lines.append(f"| all | {s['configs']} | {_points(s['hit_mae_points']['hit_rate'])} | "
+                 f"{_points(s['hit_mae_points']['ncu_hit_rate'])} | "
                  f"{100 * s['time_median_rel']:.1f}% ({s['time_checked']} not fitted; "
                  f"{100 * s['time_within_25pct']:.0f}% within 25%) |")
     return lines

@@ -54,13 +54,16 @@ SET_INDEXES = ("hash", "modulo")
 # alike; with the CTAs' phases spread, siblings' hits fall as the latency grows.
 FILL_LATENCY_ROUNDS = 0.5
 
-# Measured (ncu on the H200, gqa v8 at llama3-8b 16 x 4k, without prefetch and with a bulk one at
-# distance 1; a session probe at revision af1c220, not a recorded result): for every sector the
-# SMs ask of L2, loads and prefetches alike, the fabric between the two L2 partitions looks up
-# 0.50 more (lts__t_sectors_srcunit_ltcfabric: 4.22M for 8.40M, and 8.27M for 16.55M), and those
-# lookups hit about as often as the loads do (49.6% against the loads' 48.2% with the prefetch,
-# 0.6% against 0.0% without).
-FABRIC_LOOKUP_SHARE = 0.5
+# The H200's L2 is two partitions joined by a fabric. Measured (ncu, gqa v8 at llama3-8b 16 x 4k,
+# without prefetch and with a bulk one at distance 1; a session probe at revision af1c220, not a
+# recorded result): for every sector the SMs ask of L2, loads and prefetches alike, the fabric
+# looks up 0.50 more (lts__t_sectors_srcunit_ltcfabric: 4.22M for 8.40M, and 8.27M for 16.55M):
+# half the addresses live in the other partition. With the prefetch, the loads hit 48.2% in
+# their own partition (where the model, one cache, has 97% hit) and the fabric's lookups 49.6%:
+# a prefetch fills its sector's home partition only, so the first load of a prefetched sector
+# homed across the fabric misses near and hits there.
+FABRIC_LOOKUP_SHARE = 0.5  # fabric lookups per SM lookup
+NEAR_HOME_SHARE = 0.5  # of the sectors an SM asks for, homed in its own partition
 
 # Request kinds: what one (address, bytes) request of a trace does.
 DEMAND = 0  # a load: sector misses are read from DRAM
@@ -116,16 +119,22 @@ class L2Result:
     def hit_rate(self) -> float:
         """Ready hits over the sectors of loads, prefetches excluded: what ncu reads as
         lts__t_sectors_srcunit_tex_op_read_lookup_hit over lts__t_sectors_srcunit_tex_op_read
-        (`bench counters`: l2_read_hit_bytes / l2_read_bytes), with pending loads not hits (an
-        assumption; `hit_rate_pending_as_hits` is the other reading). 0.0 for an empty trace."""
+        (`bench counters`: l2_read_hit_bytes / l2_read_bytes) in a single cache; pending loads
+        are not hits (an assumption); `near_hit_rate` adds the partitions. 0.0 for an empty
+        trace."""
         return self.demand_hits / self.demand_sectors if self.demand_sectors else 0.0
 
     @property
-    def hit_rate_pending_as_hits(self) -> float:
-        """`hit_rate` with loads that find their fill in flight counted as hits (a tag hit whose
-        data is still on its way)."""
-        hits = self.demand_hits + self.demand_pending
-        return hits / self.demand_sectors if self.demand_sectors else 0.0
+    def near_hit_rate(self) -> float:
+        """`hit_rate` as the loads meet the two-partition L2 (what ncu's loads' counter reads):
+        the first load of a ready prefetched sector homed across the fabric (1 -
+        NEAR_HOME_SHARE of them) misses in its own partition. Without prefetch it is
+        `hit_rate`. 0.0 for an empty trace."""
+        if not self.demand_sectors:
+            return 0.0
+        first_uses = self.prefetch_used - self.prefetch_late  # ready: among demand_hits
+        hits = self.demand_hits - (1 - NEAR_HOME_SHARE) * first_uses
+        return hits / self.demand_sectors
 
     @property
     def lookup_hit_rate(self) -> float:
@@ -138,17 +147,19 @@ class L2Result:
 
     @property
     def ncu_hit_rate(self) -> float:
-        """The hit rate as ncu's lts__t_sector_hit_rate counts it on the H200: `lookup_hit_rate`
-        with the L2 fabric's lookups added, FABRIC_LOOKUP_SHARE of every SM lookup, hitting at
-        the loads' `hit_rate` (measured; see the constant). Without prefetch it is `hit_rate`.
-        With a prefetch of every sector, for each load's sector: a load, a prefetch and a
-        fabric lookup; where half the loads hit (gqa at distance 1), 0.5 + 0.5 hits in 3
-        lookups, a third. 0.0 for an empty trace."""
+        """The hit rate as ncu's headline lts__t_sector_hit_rate counts it on the H200: every
+        lookup, the loads' in their own partition (hitting at `near_hit_rate`), the prefetches',
+        and the fabric's, FABRIC_LOOKUP_SHARE of those, hitting as the loads do near. Without
+        prefetch it is `hit_rate`. With a prefetch of every sector ahead of its load, for each
+        load's sector: a load, a prefetch and a fabric lookup; half the loads hit near (gqa at
+        distance 1) and half of the fabric's lookups hit, a third in all. 0.0 for an empty
+        trace."""
         lookups = self.demand_sectors + self.prefetch_sectors
         if not lookups:
             return 0.0
+        near = self.near_hit_rate
         fabric = FABRIC_LOOKUP_SHARE * lookups
-        hits = self.demand_hits + self.prefetch_hits + fabric * self.hit_rate
+        hits = near * self.demand_sectors + self.prefetch_hits + near * fabric
         return hits / (lookups + fabric)
 
     @property

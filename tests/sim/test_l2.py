@@ -62,16 +62,19 @@ def test_lookups_count_prefetches_and_the_fabric_as_ncu_does():
     prefetch, load = read(cache, 0, kind=PREFETCH), read(cache, 0)
     both = prefetch + load
     assert (both.hit_rate, both.lookup_hit_rate) == (1.0, 0.5)  # the prefetch's misses count
-    # the fabric adds half a lookup for each, hitting as the loads do: 4 + 4 hits of 12 lookups
-    assert both.ncu_hit_rate == pytest.approx(2 / 3)
-    assert load.ncu_hit_rate == load.hit_rate == 1.0  # no prefetch: the loads' own rate
+    # the prefetch filled each sector's home partition only: the half homed across the fabric
+    # misses near on its first load, and hits across it
+    assert (load.prefetch_used, load.near_hit_rate) == (4, 0.5)
+    # 2 near hits + 2 of the fabric's 4 lookups (half a lookup per load and per prefetch): 1/3
+    assert both.ncu_hit_rate == pytest.approx(1 / 3)
+    again = read(cache, 0)  # read before by a load: near in both partitions
+    assert again.near_hit_rate == again.ncu_hit_rate == again.hit_rate == 1.0
     pending = L2Cache(4, 2, set_index="modulo", fill_latency_rounds=1)
     late = pending.access([0], LINE_BYTES, PREFETCH, 0.0) + pending.access(
         [0], LINE_BYTES, DEMAND, 0.5)
-    assert (late.demand_pending, late.hit_rate, late.lookup_hit_rate) == (4, 0.0, 0.0)
-    assert late.hit_rate_pending_as_hits == 1.0
+    assert (late.demand_pending, late.hit_rate, late.near_hit_rate) == (4, 0.0, 0.0)
     empty = L2Result()
-    assert empty.hit_rate == empty.hit_rate_pending_as_hits == empty.ncu_hit_rate == 0.0
+    assert empty.hit_rate == empty.near_hit_rate == empty.ncu_hit_rate == 0.0
 
 
 def test_a_request_touches_the_sectors_it_overlaps():

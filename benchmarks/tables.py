@@ -134,18 +134,18 @@ def dashboard_table(result: dict) -> list[str]:
     return lines
 
 
-def _points(value: float | None) -> str:
-    return "not recorded" if value is None else f"{value:.1f} points"
-
-
 def l2_validation_table(result: dict) -> list[str]:
     """The L2 model against ncu and the measured times (results/cpu/l2_validation.json): per
     kernel family, SM count and prefetch setting, the mean absolute error of the modelled hit
-    rate of the loads (the target's) and of ncu's headline rate (every lookup), and the median
-    relative error of the modelled time; then all together."""
-    lines = ["| kernel, SMs, prefetch | launches | loads' hit rate: mean abs. error | "
-             "ncu's hit rate (every lookup): mean abs. error | time: median error |",
-             "|---|---|---|---|---|"]
+    rate of the loads (the target's; where the counters hold the loads' own hits) and of ncu's
+    headline rate (every lookup), and the median relative error of the modelled time; then all
+    together."""
+    s = result["summary"]
+    loads = s["hit_mae_points"]["near_hit_rate"] is not None
+    lines = ["| kernel, SMs, prefetch | launches | "
+             + ("loads' hit rate: mean abs. error | " if loads else "")
+             + "ncu's hit rate (every lookup): mean abs. error | time: median error |",
+             "|---|---|---|---|" + ("---|" if loads else "")]
     counts = {}
     for r in result["rows"]:
         block = "" if r["block_size"] == 16 else f", block {r['block_size']}"
@@ -157,11 +157,12 @@ def l2_validation_table(result: dict) -> list[str]:
         else:
             fitted = " (fitted)" if key.endswith(", 132 SMs, none") else ""
             time = f"{100 * g['time_median_rel']:.1f}%{fitted}"
-        lines.append(f"| {key} | {counts[key]} | {_points(g['hit_mae_points'])} | "
-                     f"{_points(g['headline_hit_mae_points'])} | {time} |")
-    s = result["summary"]
-    lines.append(f"| all | {s['configs']} | {_points(s['hit_mae_points']['near_hit_rate'])} | "
-                 f"{_points(s['hit_mae_points']['ncu_hit_rate'])} | "
+        own = f"{g['hit_mae_points']:.1f} points | " if loads else ""
+        lines.append(f"| {key} | {counts[key]} | {own}"
+                     f"{g['headline_hit_mae_points']:.1f} points | {time} |")
+    own = f"{s['hit_mae_points']['near_hit_rate']:.1f} points | " if loads else ""
+    lines.append(f"| all | {s['configs']} | {own}"
+                 f"{s['hit_mae_points']['ncu_hit_rate']:.1f} points | "
                  f"{100 * s['time_median_rel']:.1f}% ({s['time_checked']} not fitted; "
                  f"{100 * s['time_within_25pct']:.0f}% within 25%) |")
     return lines

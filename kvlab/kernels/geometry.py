@@ -106,7 +106,7 @@ def lone_cta_slowdown(num_sms: int, token_bytes: int) -> float:
     `num_sms` SMs, for K and V of `token_bytes` a token: a lone CTA handles
     LONE_CTA_TOKENS_PER_S, two SM_TOKENS_PER_S, and together the SMs read at most HBM_GBPS.
     fp16 at head_dim 128 (512 bytes): 1.0 on the whole H200 (132 lone CTAs outrun HBM), 1.22 on
-    80 SMs, 1.32 on 32 or fewer; fp8 (256 bytes): 1.31 on the whole GPU."""
+    80 SMs, 1.31 on 73 or fewer; fp8 (256 bytes): 1.31 on the whole GPU too."""
     hbm = HBM_GBPS * 1e9 / token_bytes
     return min(hbm, num_sms * SM_TOKENS_PER_S) / min(hbm, num_sms * LONE_CTA_TOKENS_PER_S)
 

@@ -34,9 +34,9 @@ of the L2-prefetch paper's Table 5.2 (`kvlab.profile.paper`) it answers:
 - l2_read_hit_bytes: lts__t_sectors_srcunit_tex_op_read_lookup_hit.sum, those of the loads'
   sectors that hit in L2, in bytes; no row. Over l2_read_bytes it is the loads' own hit rate,
   which an L2 prefetch is meant to raise. l2_hit_pct counts every L2 lookup: the prefetches'
-  own (they miss) and those of the L2 fabric between the H100/H200's two L2 partitions (about
-  one for every other miss) too, so with a prefetch it reads lower (gqa with a bulk prefetch
-  at distance 1, llama3-8b 16 x 4k: loads 48%, every lookup 33%).
+  own (they miss) and those of the fabric between the H200's two L2 partitions too (half a
+  lookup more for each of the SMs'), so with a prefetch it reads lower (gqa with a bulk
+  prefetch at distance 1, llama3-8b 16 x 4k: loads 48%, every lookup 33%; kvlab.sim.l2).
 - duration_us: gpu__time_duration.sum, "Duration" (GPU Speed Of Light); 内核加速 is the ratio of
   two.
 Percentages are of the peak; durations in microseconds; bytes in bytes.

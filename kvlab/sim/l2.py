@@ -5,8 +5,10 @@ The geometry is the H200's; how lines map to sets and which line leaves are assu
 
 - One unified cache. NOTE: the H100/H200 L2 is two partitions, and an SM's reads from the far
   partition may be duplicated in the near one; the model ignores this, so it is an upper bound
-  on the capacity that a kernel sees. The partitions' fabric does show in ncu's hit rate,
-  which counts its lookups too: `L2Result.ncu_hit_rate` adds them (FABRIC_LOOKUP_SHARE).
+  on the capacity that a kernel sees. The partitions do show in ncu's hit counters: a prefetch
+  fills its sector's home partition only, and the fabric between them looks up again what an
+  SM asks across it. `L2Result.near_hit_rate` and `ncu_hit_rate` read the one cache that way
+  (FABRIC_LOOKUP_SHARE, NEAR_HOME_SHARE: measured).
 - NUM_WAYS = 16 ways, LRU within a set: the associativity and the policy are assumptions.
 - SET_INDEXES: "hash" (the default) spreads lines over the sets like the GPU's undisclosed
   address hash: a Fibonacci hash of the line address (its upper 32 bits of line * 2^64/phi),

@@ -178,23 +178,31 @@
 //       executed), and fp8's loop, with its conversions, is the busier one. fp8 keeps v7's
 //       padded rows. Recorded: attention.json, attention_small.json, attention_mixed.json,
 //       attention_fp8.json (summed up in benchmarks/README.md).
-//       What v8's loads alone reach (session probe at 12337b8, not recorded): its access
+//       What v8's loads alone reach (two session probes at 12337b8, not recorded): its access
 //       pattern (a CTA per partition, KV head and sequence; 4 warps; 3 stages of 16 K and 16 V
-//       rows of one (block, head) tile) read with nothing computed, by four load paths, timed
-//       in one loop with gqa and SDPA. % of the copy roofline; XOR checksums equal on all paths:
+//       rows of one (block, head) tile) read with nothing computed, by six load paths, timed in
+//       one loop with gqa and SDPA. % of the copy roofline; XOR checksums equal on all paths:
 //         point (partition)      cp.async 16B  bulk 4KB  TMA 2D swizzled  ld.global   gqa  SDPA
 //         llama3-8b 64 x 8k           103.8     103.0        97.6           98.1     102.3 103.6
 //         llama2-7b 64 x 4k           105.5     105.4        99.3          100.0     104.6 105.7
 //         qwen2.5-7b 128 x 4k         103.0     101.4        94.8           96.8     100.5 102.3
 //         llama3-8b 16 x 4k (2k)       96.4      96.9        89.0           90.9      91.7  93.2
 //         llama3-8b 1 x 32k (1k)       89.7      86.4        80.3           84.4      79.2  77.7
-//         llama3-8b 16 x 1k (1k)       74.5      79.0        73.0           59.5      69.0  68.5
-//       From 256k tokens the cp.async stream reads as fast as SDPA: what gqa gives up there
-//       (1-2.5 points) is its math, not its loads. TMA (two 16 x 64 boxes a tile, 128-byte
-//       swizzle: the layout the ldmatrix reads would need) ran 1.5-9.4 points below cp.async
-//       everywhere. One bulk copy a (block, head) tile matched cp.async at large shapes and
-//       beat it by 4.5 points with one CTA an SM (16 x 1k), but it lands the rows unswizzled,
-//       where ldmatrix meets 8-way bank conflicts. At 1 x 32k gqa's math and merge cost 10 points.
+//         qwen2.5-14b 1 x 32k (1k)     89.7      87.3        83.0           79.6      76.7  74.2
+//         qwen2.5-7b 1 x 32k (512)     76.1      76.6        71.7           71.4      60.7  56.3
+//         llama3-8b 16 x 1k (256)      76.7      76.4        69.5           71.2      69.9  68.7
+//         qwen2.5-7b 16 x 1k (256)     62.3      58.3        58.1           55.6      42.4  39.1
+//       (the first five rows from the first probe, the others from the second; gqa runs its own
+//       split.) From 256k tokens the cp.async stream reads as fast as SDPA: what gqa gives up
+//       there (1-2.5 points) is its math, not its loads. At the small shapes gqa falls 7-20
+//       points behind its own stream: its prologue, math, epilogue and merge, which a plain
+//       stream does not have, are what keep 1 x 32k and 16 x 1k below their targets on the
+//       8-KV-head models (the stream: 89-90% and 77%); on qwen2.5-7b even the stream is below
+//       them. TMA ran 0.7-9.4 points below cp.async, unswizzled (one 16 x 128 box a tile) as
+//       swizzled (two 16 x 64 boxes): TMA itself, not the swizzle. One bulk copy a tile matched
+//       cp.async at large shapes (it beat it by 4.5 points at llama3-8b 16 x 1k in one probe,
+//       not in the other) but lands the rows unswizzled, where ldmatrix meets 8-way bank
+//       conflicts; a bulk copy a row into padded rows (v4's way) ran 5.1-22.5 points slower.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

@@ -424,6 +424,7 @@ __device__ __forceinline__ void decode_body(
       block_tables + static_cast<long long>(seq) * max_num_blocks_per_seq;  // this seq's row
   // fp8: stored K = K / k_scale, so the logits take k_scale; the output takes v_scale (below)
   float scale_log2 = scale * LOG2E * (FP8 ? k_scale[kv_head] : 1.f);
+  const float out_scale = FP8 ? v_scale[kv_head] : 1.f;  // read now, not after the main loop
 
   unsigned long long policy = 0;
   if constexpr (PREFETCH && PF_EVICT_LAST) policy = make_evict_last_policy();
@@ -720,26 +721,35 @@ __device__ __forceinline__ void decode_body(
   }
   __syncthreads();
 
-  // out / partial_out rows of the group: [.., kv_head * GROUP + g, ..]; an element per step.
-  for (int idx = threadIdx.x; idx < GROUP * HEAD_DIM; idx += NUM_THREADS) {
-    const int g = idx / HEAD_DIM, d = idx % HEAD_DIM;
-    float m_max = neg_inf();
-#pragma unroll
-    for (int w = 0; w < NUM_WARPS; ++w) m_max = fmaxf(m_max, red_m[w * MAX_GROUP + g]);
-    float sum = 0.f, acc = 0.f;
+  // out / partial_out rows of the group: [.., kv_head * GROUP + g, ..]. A thread combines 4
+  // consecutive dims of one head: the warps' weights once, float4 reads and one store.
+  constexpr int CHUNKS = HEAD_DIM / 4;
+  for (int idx = threadIdx.x; idx < GROUP * CHUNKS; idx += NUM_THREADS) {
+    const int g = idx / CHUNKS, d = 4 * (idx % CHUNKS);
+    float mw[NUM_WARPS], m_max = neg_inf();
 #pragma unroll
     for (int w = 0; w < NUM_WARPS; ++w) {
-      const float mw = red_m[w * MAX_GROUP + g];
-      const float f = mw == neg_inf() ? 0.f : fast_exp2(mw - m_max);  // a warp with no tokens: 0
-      sum += f * red_l[w * MAX_GROUP + g];
-      acc += f * red_o[(w * MAX_GROUP + g) * RED_ROW + d];
+      mw[w] = red_m[w * MAX_GROUP + g];
+      m_max = fmaxf(m_max, mw[w]);
     }
-    const float value = (sum > 0.f ? acc / sum : 0.f) * (FP8 ? v_scale[kv_head] : 1.f);
+    float sum = 0.f;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int w = 0; w < NUM_WARPS; ++w) {
+      const float f = mw[w] == neg_inf() ? 0.f : fast_exp2(mw[w] - m_max);  // no tokens: 0
+      sum += f * red_l[w * MAX_GROUP + g];
+      const float4 ow = *reinterpret_cast<const float4*>(red_o + (w * MAX_GROUP + g) * RED_ROW + d);
+      acc.x += f * ow.x; acc.y += f * ow.y; acc.z += f * ow.z; acc.w += f * ow.w;
+    }
+    const float norm = sum > 0.f ? out_scale / sum : 0.f;
+    acc.x *= norm; acc.y *= norm; acc.z *= norm; acc.w *= norm;
     const long long head = static_cast<long long>(seq) * num_qo_heads + kv_head * GROUP + g;
     if (max_num_partitions == 1) {
-      out[head * HEAD_DIM + d] = Mma<T>::from_float(value);
+      *reinterpret_cast<uint2*>(out + head * HEAD_DIM + d) =
+          make_uint2(Mma<T>::pack(acc.x, acc.y), Mma<T>::pack(acc.z, acc.w));
     } else {
-      partial_out[(head * max_num_partitions + partition) * HEAD_DIM + d] = value;
+      *reinterpret_cast<float4*>(partial_out + (head * max_num_partitions + partition) * HEAD_DIM +
+                                 d) = acc;
       if (d == 0)
         partial_lse[head * max_num_partitions + partition] =
             sum > 0.f ? (m_max + __log2f(sum)) * LN2 : neg_inf();
@@ -783,13 +793,15 @@ __global__ void __launch_bounds__(128, gqa::Smem<HEAD_DIM, sizeof(KV)>::CTAS_PER
 
 // Combine the partitions of each (sequence, query head):
 // out = sum_c w_c partial_out_c / sum_c w_c with w_c = exp(lse_c - max lse). Sequence s has
-// ceil(seq_lens[s] / partition_size) partitions (at most
-// max_num_partitions). grid (num_qo_heads, num_seqs), block 128, no dynamic shared memory.
-// The partial rows are read as float4: VECS = HEAD_DIM / 4 threads cover one partition's row and
-// the block reads ROWS = 128 / VECS partitions at a time; the ROWS partial sums then meet in shared
-// memory. Each thread loads its first LOADS rows before it reads any lse (they do not need the
-// weights), so up to ROWS x LOADS partitions (64 at head_dim 128) cross from L2 in one round trip
-// together with the lse values, instead of one round trip per pass and per unrolled group.
+// ceil(seq_lens[s] / partition_size) partitions (at most max_num_partitions).
+// grid (num_qo_heads, num_seqs), block 128, no dynamic shared memory.
+// The partial rows are read as float4: VECS = HEAD_DIM / 4 threads cover one partition's row, and
+// the block reads ROWS = 128 / VECS partitions at a time: thread (slot, vec) sums dims
+// 4 vec .. 4 vec + 3 over partitions slot, slot + ROWS, ..., weighted against the largest lse of
+// those partitions only, so no reduction over the block precedes the sums. Each thread loads its
+// first LOADS rows and their lse together (up to ROWS x LOADS partitions, 64 at head_dim 128, in
+// one round trip from L2), and the ROWS partial sums meet in shared memory once, rescaled by
+// their slots' largest lse.
 template <typename T, int HEAD_DIM>
 __global__ void __launch_bounds__(128) gqa_merge(
     T* __restrict__ out, const float* __restrict__ partial_out,
@@ -814,63 +826,64 @@ __global__ void __launch_bounds__(128) gqa_merge(
   const float4* __restrict__ po =
       reinterpret_cast<const float4*>(partial_out + row * max_num_partitions * HEAD_DIM);
 
-  // The first LOADS partial rows of this thread (pass 2's), in flight during pass 1.
   constexpr int LOADS = 16;
   const int slot = threadIdx.x / VECS, vec = threadIdx.x % VECS;
   const bool reads = slot < ROWS;  // 128 % VECS threads idle for head_dim 80, 96, 112
+  const int num_mine = reads ? (num_partitions - slot + ROWS - 1) / ROWS : 0;  // this slot's
   float4 first[LOADS];
+  float first_lse[LOADS];
 #pragma unroll
   for (int i = 0; i < LOADS; ++i) {
     const int c = slot + i * ROWS;
-    first[i] = reads && c < num_partitions ? po[static_cast<long long>(c) * VECS + vec]
-                                           : make_float4(0.f, 0.f, 0.f, 0.f);
+    first[i] = i < num_mine ? po[static_cast<long long>(c) * VECS + vec]
+                            : make_float4(0.f, 0.f, 0.f, 0.f);
+    first_lse[i] = i < num_mine ? lse[c] : gqa::neg_inf();
+  }
+  float m = gqa::neg_inf();  // the largest lse of this slot's partitions
+#pragma unroll
+  for (int i = 0; i < LOADS; ++i) m = fmaxf(m, first_lse[i]);
+  for (int i = LOADS; i < num_mine; ++i) m = fmaxf(m, lse[slot + i * ROWS]);
+  const float shift = m == gqa::neg_inf() ? 0.f : m;  // no partition: every weight is 0
+
+  float sum = 0.f;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  auto add = [&](float lse_c, float4 p) {
+    const float w = __expf(lse_c - shift);
+    sum += w;
+    acc.x += w * p.x; acc.y += w * p.y; acc.z += w * p.z; acc.w += w * p.w;
+  };
+#pragma unroll
+  for (int i = 0; i < LOADS; ++i) add(first_lse[i], first[i]);  // past num_mine: w = 0, p = 0
+#pragma unroll 4
+  for (int i = LOADS; i < num_mine; ++i) {
+    const int c = slot + i * ROWS;
+    add(lse[c], po[static_cast<long long>(c) * VECS + vec]);
   }
 
-  // Pass 1: the largest lse and the sum of the weights, each reduced over the block.
-  __shared__ float warp_red[THREADS / 32];
-  auto block_reduce = [&](float x, bool is_max) {
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) {
-      const float y = __shfl_xor_sync(0xffffffffu, x, offset);
-      x = is_max ? fmaxf(x, y) : x + y;
-    }
-    __syncthreads();  // warp_red is free again
-    if (threadIdx.x % 32 == 0) warp_red[threadIdx.x / 32] = x;
-    __syncthreads();
-    return is_max ? fmaxf(fmaxf(warp_red[0], warp_red[1]), fmaxf(warp_red[2], warp_red[3]))
-                  : (warp_red[0] + warp_red[1]) + (warp_red[2] + warp_red[3]);
-  };
-  float lse_max = gqa::neg_inf();
-  for (int c = threadIdx.x; c < num_partitions; c += THREADS) lse_max = fmaxf(lse_max, lse[c]);
-  lse_max = block_reduce(lse_max, true);
-  // No partition with a token (an empty sequence): every weight is 0 and the output is 0.
-  const float shift = lse_max == gqa::neg_inf() ? 0.f : lse_max;
-  float weights = 0.f;
-  for (int c = threadIdx.x; c < num_partitions; c += THREADS) weights += __expf(lse[c] - shift);
-  weights = block_reduce(weights, false);
-
-  // Pass 2: thread (slot, vec) sums dims 4 vec .. 4 vec + 3 over partitions slot, slot + ROWS, ...
   __shared__ float4 red[ROWS][VECS];
+  __shared__ float red_m[ROWS], red_sum[ROWS];
   if (reads) {
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    auto add = [&](int c, float4 p) {
-      const float w = __expf(lse[c] - shift);
-      acc.x += w * p.x; acc.y += w * p.y; acc.z += w * p.z; acc.w += w * p.w;
-    };
-#pragma unroll
-    for (int i = 0; i < LOADS; ++i)
-      if (slot + i * ROWS < num_partitions) add(slot + i * ROWS, first[i]);
-#pragma unroll 4
-    for (int c = slot + LOADS * ROWS; c < num_partitions; c += ROWS)
-      add(c, po[static_cast<long long>(c) * VECS + vec]);
     red[slot][vec] = acc;
+    if (vec == 0) {
+      red_m[slot] = m;
+      red_sum[slot] = sum;
+    }
   }
   __syncthreads();
-  for (int d = threadIdx.x; d < HEAD_DIM; d += THREADS) {
-    float acc = 0.f;
+  float m_max = gqa::neg_inf();
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r) acc += reinterpret_cast<const float*>(red[r])[d];
-    out[row * HEAD_DIM + d] = gqa::Mma<T>::from_float(weights > 0.f ? acc / weights : 0.f);
+  for (int r = 0; r < ROWS; ++r) m_max = fmaxf(m_max, red_m[r]);
+  float f[ROWS], weights = 0.f;
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+    f[r] = red_m[r] == gqa::neg_inf() ? 0.f : __expf(red_m[r] - m_max);  // a slot with none: 0
+    weights += f[r] * red_sum[r];
+  }
+  for (int d = threadIdx.x; d < HEAD_DIM; d += THREADS) {
+    float value = 0.f;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) value += f[r] * reinterpret_cast<const float*>(red[r])[d];
+    out[row * HEAD_DIM + d] = gqa::Mma<T>::from_float(weights > 0.f ? value / weights : 0.f);
   }
 }
 

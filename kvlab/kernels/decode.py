@@ -91,6 +91,9 @@ def _check_tensor(name: str, t, shape: tuple, dtype, device) -> None:
         raise ValueError(f"{name}.device={t.device}: must be {device}")
     if not t.is_contiguous():
         raise ValueError(f"{name}: must be contiguous (call .contiguous())")
+    if t.data_ptr() % 16:  # the kernels move 8- and 16-byte vectors
+        raise ValueError(f"{name}: must start on a 16-byte boundary, starts "
+                         f"{t.data_ptr() % 16} bytes past one (call .clone())")
 
 
 class DecodePlan:

@@ -228,6 +228,32 @@ def test_run_checks_its_tensors():
         plan.run(q, cache.k_cache[:1], cache.v_cache)
     with pytest.raises(ValueError, match="q.device=cpu"):
         plan.run(q.cpu())
+    offset = torch.empty(1 + q.numel(), device="cuda", dtype=torch.float16)[1:].view(q.shape)
+    with pytest.raises(ValueError, match="out: must start on a 16-byte boundary, starts 2 bytes"):
+        plan.run(q, out=offset)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", FAMILIES)
+def test_split_merge_rescales_to_a_dominant_token(kernel):
+    """One token of a late partition whose logit for query head 0 exceeds the others by ~45
+    (natural log): the merge must weigh every partition against it, so that head 0's output is
+    that token's V, while the group's other heads still average over the whole sequence."""
+    torch.manual_seed(6)
+    n, token, group = 32768, 30001, 4
+    cache = PagedKVCache(n // 16, 16, NUM_KV_HEADS, 128, dtype=torch.float16, device="cuda",
+                         layout=FAMILIES[kernel].LAYOUT)
+    q = torch.randn(1, NUM_KV_HEADS * group, 128, device="cuda", dtype=torch.float16)
+    k, v = (torch.randn(n, NUM_KV_HEADS, 128, device="cuda", dtype=torch.float16) for _ in "kv")
+    k[token] = 4 * q[0, ::group]  # KV head h: 4 x the first query head of its group
+    seq_ids = [cache.add_sequence(k, v)]
+    plan = kvlab.DecodePlan(cache, seq_ids, q.shape[1], kernel=kernel)
+    assert plan.launcher.num_partitions > 8
+    out = plan.run(q, out=torch.full_like(q, math.nan))
+    ref = reference(q, cache, seq_ids)
+    assert torch.allclose(ref[0, ::group], v[token].float(), atol=1e-3)  # the premise
+    per_head = (out.float() - ref).norm(dim=-1) / ref.norm(dim=-1)  # head 0 would hide the rest
+    assert per_head.max().item() < TOLERANCE[torch.float16], per_head
 
 
 def cpu_cache(layout="hnd", block_size=16, num_kv_heads=2, dtype=torch.float16):

@@ -117,14 +117,24 @@ def partition_size(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: 
     `ctas_per_sm` CTAs each, for K and V of `token_bytes` a token and KV head (2 x head_dim x
     the element's bytes); ties go to fewer partitions (less merge work).
 
-    Equal lengths (seq_lens None, or all equal): minimises the makespan model `turns x (partition
-    tokens + PARTITION_OVERHEAD_TOKENS) + MERGE_OVERHEAD_TOKENS if split`. Reading is bound by
-    bandwidth, and an SM reads nearly as fast with one CTA as with two, so CTAs that share an SM
-    take turns: up to one wave, an SM's turns are the CTAs it holds, ceil(CTAs / num_sms), times
-    `lone_cta_slowdown(num_sms, token_bytes)` when each SM holds at most one; beyond a wave,
-    every wave costs ctas_per_sm turns, and a partial wave a whole one.
+    Equal lengths (seq_lens None, or all equal): minimises a makespan model in token-times.
+    Reading is bound by bandwidth, and an SM reads nearly as fast with one CTA as with two, so
+    CTAs that share an SM take turns at its bandwidth. Up to one wave, an SM's turns are the CTAs
+    it holds, ceil(CTAs / num_sms), times `lone_cta_slowdown(num_sms, token_bytes)` when each SM
+    holds at most one: `turns x partition tokens + PARTITION_OVERHEAD_TOKENS`, the overhead once,
+    since the CTAs of an SM start together and their prologues and epilogues overlap. Beyond a
+    wave, every wave costs ctas_per_sm turns and a partial wave a whole one, each turn with its
+    overhead: `turns x (partition tokens + PARTITION_OVERHEAD_TOKENS)`. A split adds
+    MERGE_OVERHEAD_TOKENS. Of equal makespans, two CTAs an SM beat one (a lone CTA an SM read
+    0.3-3.3% slower than a pair even where HBM is the limit, below), then fewer partitions win.
     NOTE: observed on the H200 in session probes (not recorded results; the choices of two
     models timed in one loop where they differ):
+    - gqa v9 (revision f115b32) at forced partition sizes, 32 equal-length points of the four
+      paper models, one loop a point: the model before this one, which charged the overhead to
+      every turn, ran one CTA an SM where two an SM were 0.3-3.3% faster (1 x 32k: llama3-8b
+      79.3% -> 80.6% of the copy roofline, qwen2.5-14b 78.8% -> 80.8%; qwen2.5-7b 4 x 8k
+      63.7% -> 65.8%; llama2-7b 1 x 8k 79.6% -> 81.8%). This one picks the fastest size at 30 of
+      the 32 points and sizes within 0.5 points of it at the other two;
     - against the model before it, which counted waves of slots alone and so split to fill both
       of an SM's slots (21 points of the four paper models, gqa v2 and a constant lone-CTA
       slowdown): 1.03-1.11x faster where this choice drops the merge or halves it (llama3-8b
@@ -154,18 +164,21 @@ def partition_size(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: 
     mixed = lens is not None and lens.min() != lens.max()
     num_slots = num_sms * ctas_per_sm
 
-    def makespan(size: int) -> tuple[float, int]:
+    def makespan(size: int) -> tuple[float, bool, int]:
         merge = MERGE_OVERHEAD_TOKENS if size < max_seq_len else 0
         if not mixed:
             ctas = num_seqs * -(-max_seq_len // size) * num_kv_heads
-            turns = (-(-ctas // num_sms) if ctas <= num_slots
-                     else ctas_per_sm * -(-ctas // num_slots))
-            turns *= lone_cta_slowdown(num_sms, token_bytes) if ctas <= num_sms else 1
-            return turns * (size + PARTITION_OVERHEAD_TOKENS) + merge, -size
+            lone = ctas <= num_sms
+            if ctas <= num_slots:  # one wave: the CTAs of an SM start, and end, together
+                turns = -(-ctas // num_sms)
+                turns *= lone_cta_slowdown(num_sms, token_bytes) if lone else 1
+                return turns * size + PARTITION_OVERHEAD_TOKENS + merge, lone, -size
+            turns = ctas_per_sm * -(-ctas // num_slots)
+            return turns * (size + PARTITION_OVERHEAD_TOKENS) + merge, lone, -size
         ctas = int(np.maximum(1, -(-lens // size)).sum()) * num_kv_heads
         spread = (int(lens.sum()) * num_kv_heads + PARTITION_OVERHEAD_TOKENS * ctas) / num_slots
         tail = MIXED_TAIL_SHARE * (min(size, max_seq_len) + PARTITION_OVERHEAD_TOKENS)
-        return spread + tail + merge, -size
+        return spread + tail + merge, False, -size
 
     q = PARTITION_QUANTUM
     sizes = {-(-max_seq_len // n // q) * q for n in range(1, -(-max_seq_len // q) + 1)}

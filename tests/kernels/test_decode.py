@@ -366,16 +366,16 @@ def test_autotune_setting_is_checked(monkeypatch):
     ("num_seqs", "num_kv_heads", "max_seq_len", "expected"),
     [
         # 128 (sequence, KV head) pairs, one an SM unsplit (a lone CTA keeps up on 132 SMs):
-        # 32,768 + 128 = 32,896 token-times against 2 x (16,384 + 128) + 256 = 33,280 in 2
-        # partitions (two an SM)
+        # 32,768 + 128 = 32,896 token-times against 2 x 16,384 + 128 + 256 = 33,152 in 2
+        # partitions (two an SM, their overheads overlapping)
         (16, 8, 32768, 32768),
-        # the same pairs at 1k: unsplit 1,152 against 2 x 640 + 256 = 1,536
+        # the same pairs at 1k: unsplit 1,152 against 2 x 512 + 128 + 256 = 1,408
         (16, 8, 1024, 1024),
         (128, 8, 32768, 32768),  # 1024 CTAs already fill the GPU: no split
-        # one sequence: 16 partitions, 128 CTAs one an SM, 2,176 + 256 = 2,432 against
-        # 2 x 1,152 + 256 = 2,560 in 32 (256 CTAs, two an SM)
-        (1, 8, 32768, 2048),
-        (16, 4, 1024, 512),  # 64 pairs: 2 partitions, 128 CTAs
+        # one sequence: 32 partitions, 256 CTAs two an SM, 2 x 1,024 + 128 + 256 = 2,432, as
+        # much as 16 partitions one an SM (2,048 + 128 + 256): the pair wins the tie
+        (1, 8, 32768, 1024),
+        (16, 4, 1024, 256),  # 64 pairs: 4 partitions, 256 CTAs (the same tie against 2)
         (160, 2, 256, 256),  # short sequences: one partition
     ],
 )
@@ -390,8 +390,8 @@ def test_gqa_split_counts_the_turns_of_an_sm_and_the_merge(num_seqs, num_kv_head
 def test_gqa_split_splits_where_a_lone_cta_cannot_keep_up():
     """A lone CTA an SM handles 86M tokens/s, two 113M. On 80 SMs with fp16 K and V (512 bytes a
     token at head_dim 128) lone CTAs read 1.22x slower than pairs, whom HBM's 4.28 TB/s then
-    limits: llama3-8b 8 x 4k, unsplit 64 CTAs, 1.22 x 4,224 = 5,136 token-times against 2 x 2,176
-    + 256 = 4,608 in 2 partitions. On the whole GPU 132 lone CTAs outrun HBM (the test above),
+    limits: llama3-8b 8 x 4k, unsplit 64 CTAs, 1.22 x 4,096 + 128 = 5,105 token-times against
+    2 x 2,048 + 128 + 256 = 4,480 in 2 partitions. On the whole GPU 132 lone CTAs outrun HBM (the test above),
     unless the cache is fp8: at 256 bytes a token HBM gives twice the tokens, and 16 x 32k
     splits in two."""
     from kvlab.kernels.geometry import lone_cta_slowdown

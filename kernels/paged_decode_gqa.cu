@@ -164,7 +164,7 @@
 //       98.4 -> 102.0 (103.1), 16 x 4k 87.4 -> 91.1 (93.8), 1 x 32k 74.7 -> 77.4 (76.6),
 //       16 x 1k 66.7 -> 67.9 (69.4); llama2-7b 64 x 4k 99.0 -> 103.4 (105.8); qwen2.5-7b
 //       128 x 4k 96.0 -> 99.5 (102.0).
-//   v8  this file: 16-bit rows of whole 128-byte lines stored unpadded, their 16-byte chunks
+//   v8  16-bit rows of whole 128-byte lines stored unpadded, their 16-byte chunks
 //       swizzled (Smem; fp16 head_dim 128: 256 bytes, was 288), and head_dim 64 back at 4 CTAs
 //       an SM. Nsight Compute (llama3-8b 64 x 8k): shared-memory load bank conflicts 16.8M ->
 //       553, L2 sectors unchanged (67.15M), a launch 496 -> 487 us. Timed in one loop (session
@@ -203,6 +203,18 @@
 //       cp.async at large shapes (it beat it by 4.5 points at llama3-8b 16 x 1k in one probe,
 //       not in the other) but lands the rows unswizzled, where ldmatrix meets 8-way bank
 //       conflicts; a bulk copy a row into padded rows (v4's way) ran 5.1-22.5 points slower.
+//   v9  this file: a cheaper end of the CTA and merge. The warps' results are combined 4 dims
+//       a thread: each head's weights once (not once an element) and float4 reads and stores
+//       (v8: an element a step, 12 shared loads and 4 exp2 each); the fp8 V scale is read in
+//       the prologue, not after the main loop. gqa_merge weighs each slot's partitions against
+//       their own largest lse, read together with the rows: one barrier before the sum instead
+//       of v8's two block reductions (five barriers). Timed in one loop against v8 (session
+//       probe, not recorded; 24 points of the four models, the same split): a split call 0.5-1.7
+//       us less (qwen2.5-7b 1 x 32k 26.0 -> 24.6 us, 1 x 8k 13.9 -> 12.7 us; llama3-8b 1 x 32k
+//       39.9 -> 39.1 us), an unsplit one at 16 x 1k and 64 x 1k -0.2 to +1.0 us (llama3-8b
+//       16 x 1k 23.3 -> 22.4 us), from 256k tokens 0.997-1.008x; fp8 0.3-1.5 us less. With the
+//       split model of revision dbb0c6b (two CTAs an SM where they tie with one) recorded in
+//       attention*.json: 1 x 32k reaches 80% of the copy roofline on the 8-KV-head models.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

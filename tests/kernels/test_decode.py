@@ -391,9 +391,9 @@ def test_gqa_split_splits_where_a_lone_cta_cannot_keep_up():
     """A lone CTA an SM handles 86M tokens/s, two 113M. On 80 SMs with fp16 K and V (512 bytes a
     token at head_dim 128) lone CTAs read 1.22x slower than pairs, whom HBM's 4.28 TB/s then
     limits: llama3-8b 8 x 4k, unsplit 64 CTAs, 1.22 x 4,096 + 128 = 5,105 token-times against
-    2 x 2,048 + 128 + 256 = 4,480 in 2 partitions. On the whole GPU 132 lone CTAs outrun HBM (the test above),
-    unless the cache is fp8: at 256 bytes a token HBM gives twice the tokens, and 16 x 32k
-    splits in two."""
+    2 x 2,048 + 128 + 256 = 4,480 in 2 partitions. On the whole GPU 132 lone CTAs outrun HBM
+    (the test above), unless the cache is fp8: at 256 bytes a token HBM gives twice the tokens,
+    and 16 x 32k splits in two."""
     from kvlab.kernels.geometry import lone_cta_slowdown
 
     assert lone_cta_slowdown(132, 512) == 1.0

@@ -750,7 +750,8 @@ __device__ __forceinline__ void decode_body(
     for (int w = 0; w < NUM_WARPS; ++w) {
       const float f = mw[w] == neg_inf() ? 0.f : fast_exp2(mw[w] - m_max);  // no tokens: 0
       sum += f * red_l[w * MAX_GROUP + g];
-      const float4 ow = *reinterpret_cast<const float4*>(red_o + (w * MAX_GROUP + g) * RED_ROW + d);
+      const float4 ow =
+          *reinterpret_cast<const float4*>(red_o + (w * MAX_GROUP + g) * RED_ROW + d);
       acc.x += f * ow.x; acc.y += f * ow.y; acc.z += f * ow.z; acc.w += f * ow.w;
     }
     const float norm = sum > 0.f ? out_scale / sum : 0.f;

@@ -20,7 +20,9 @@ def main() -> None:
             ("vllm_v1", "vllm", 16, torch.float16, 128), ("gqa", "hnd", 16, torch.float16, 128),
             ("gqa", "hnd", 128, torch.float16, 128), ("gqa", "hnd", 16, torch.float8_e4m3fn, 128),
             ("gqa", "hnd", 8, torch.float8_e4m3fn, 80)):  # fp8 80: the odd ldmatrix step
-        for lens in ([1, 17, 97], [700, 5]):  # single-CTA paths, then partitions / split-KV
+        # one CTA a sequence, then partitions / split-KV (gqa: mixed lengths as work lists),
+        # then equal lengths (gqa: the natural grid)
+        for lens in ([1, 17, 97], [700, 5], [300] * 3):
             cache = PagedKVCache(96, block_size, 2, head_dim, dtype=dtype, device="cuda",
                                  layout=layout, seed=1)
             seq_ids = [cache.add_sequence(*torch.randn(2, n, 2, head_dim, device="cuda").half())

@@ -21,7 +21,9 @@
 //   gqa_decode: grid (max_num_partitions, num_kv_heads, num_seqs), block 128 threads (4 warps);
 //     or, with a work list (mixed lengths: the wrapper lists only the partitions that hold
 //     tokens, longest first, instead of max_num_partitions per sequence, most of them empty),
-//     grid (num_items, num_kv_heads, 1) and CTA x takes (sequence, partition) = work[x].
+//     grid (num_items * num_kv_heads, 1, 1) and CTA x takes KV head x % num_kv_heads of
+//     (sequence, partition) = work[x / num_kv_heads]: the KV heads of an item are launched
+//     together, so the whole launch runs longest first (see v10).
 //     Every sequence's partition 0 must be listed (an empty sequence still writes its zeros).
 //     dynamic shared memory = Smem<HEAD_DIM, sizeof(KV)>::BYTES
 //                           = STAGES * NUM_WARPS * 2 * WARP_TOKENS * ROW_BYTES:
@@ -423,9 +425,10 @@ __device__ __forceinline__ void decode_body(
   constexpr bool PREFETCH = PF_MODE != PF_NONE && (PF_K || PF_V);
 
   // the natural grid, or a work list of (sequence, partition) pairs (see the launch contract)
-  const int partition = work ? work[2 * blockIdx.x + 1] : blockIdx.x;
-  const int seq = work ? work[2 * blockIdx.x] : blockIdx.z;
-  const int kv_head = blockIdx.y;
+  const int item = blockIdx.x / num_kv_heads;
+  const int partition = work ? work[2 * item + 1] : blockIdx.x;
+  const int seq = work ? work[2 * item] : blockIdx.z;
+  const int kv_head = work ? blockIdx.x % num_kv_heads : blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   // seq_len, q and the first block ids are read together: one round trip before the first
   // cp.async, not two (the block ids do not wait for seq_len; see `first` below)
@@ -780,7 +783,7 @@ __device__ __forceinline__ void decode_body(
 // q [num_seqs, num_qo_heads, HEAD_DIM] T; k_cache, v_cache [num_blocks, num_kv_heads, BLOCK_SIZE,
 // HEAD_DIM] KV; k_scale, v_scale [num_kv_heads] float (fp8) or null; block_tables [num_seqs,
 // max_num_blocks_per_seq] int32; seq_lens [num_seqs] int32; work null, or [num_items, 2] int32
-// (sequence, partition) pairs, one per CTA: grid (num_items, num_kv_heads, 1).
+// (sequence, partition) pairs, num_kv_heads CTAs each: grid (num_items * num_kv_heads, 1, 1).
 // grid (max_num_partitions, num_kv_heads, num_seqs) without a work list, block 128,
 // dynamic smem gqa::Smem<HEAD_DIM, sizeof(KV)>::BYTES.
 // (__launch_bounds__ adds the shared-memory occupancy as min blocks; the launch is unchanged.)

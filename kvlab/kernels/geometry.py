@@ -186,10 +186,11 @@ def partition_size(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: 
 
 
 def work_list(seq_lens, size: int) -> np.ndarray:
-    """gqa's CTAs for a split of `size` tokens per partition: int32 [num_items, 2] (sequence,
-    partition), the partitions that hold tokens (partition 0 of every sequence, even an empty
-    one), the longest first (ties in sequence order), so that short last partitions fill the
-    tail of the launch."""
+    """gqa's work items for a batch of mixed lengths at `size` tokens per partition (one item a
+    sequence where `size` covers the longest): int32 [num_items, 2] (sequence, partition), the
+    partitions that hold tokens (partition 0 of every sequence, even an empty one), the longest
+    first (ties in sequence order), so that short ones fill the tail of the launch. The kernel
+    runs each item as num_kv_heads CTAs launched together."""
     lens = np.asarray(seq_lens, dtype=np.int64)
     counts = np.maximum(1, -(-lens // size))
     seq = np.repeat(np.arange(lens.size), counts)

@@ -4,8 +4,9 @@ layout, with split-KV and the optional L2 prefetch of arXiv 2504.06319.
 One CTA handles one (sequence partition, KV head) and all query heads of that head's group, so each
 KV byte is read from HBM once. When num_seqs x num_kv_heads CTAs cannot fill the GPU, each
 sequence is cut into partitions (multiples of 256 tokens) spread over more CTAs, and a merge kernel
-combines the partitions' partial outputs by their log-sum-exp. A split batch of mixed lengths is
-split by the partitions its sequences fill, and launched as a work list of them, longest first.
+combines the partitions' partial outputs by their log-sum-exp. A batch of mixed lengths, split or
+not, is launched as a work list of the partitions its sequences fill, longest first, so that the
+short ones fill the launch's tail.
 """
 
 import numpy as np
@@ -87,9 +88,9 @@ class Gqa:
                                              2 * cache.head_dim * kv_bytes,
                                              seq_lens if mixed else None)
         self.num_partitions = -(-max_seq_len // self.partition_size)
-        # mixed lengths, split: only the partitions that hold tokens, longest first
+        # mixed lengths: only the partitions that hold tokens, longest first
         self.work = None
-        if mixed and self.num_partitions > 1:
+        if mixed:
             self.work = torch.from_numpy(work_list(seq_lens, self.partition_size)).to(
                 cache.device)
         d, group = cache.head_dim, num_qo_heads // cache.num_kv_heads
@@ -112,7 +113,7 @@ class Gqa:
         if self.work is None:
             grid, work = (self.num_partitions, self.num_kv_heads, self.num_seqs), NULL
         else:
-            grid, work = (self.work.shape[0], self.num_kv_heads, 1), ptr(self.work)
+            grid, work = (self.work.shape[0] * self.num_kv_heads, 1, 1), ptr(self.work)
         k_scale, v_scale = map(ptr, self.scales) if self.scales else (NULL, NULL)
         launch(self.decode, grid, (NUM_THREADS,), (
             ptr(out), partial_out, partial_lse, ptr(q), ptr(k_cache), ptr(v_cache), k_scale,

@@ -109,8 +109,8 @@ def test_matches_reference(case, compiled):
         plan = kvlab.DecodePlan(cache, seq_ids, q.shape[1], kernel=kernel, prefetch=prefetch)
         split = plan.launcher.num_partitions
         assert (split > 1) == (lens is MIXED), f"{kernel} split {split} ways for {lens[:6]}"
-        if kernel == "gqa":  # mixed lengths, split: launched as a work list
-            assert (plan.launcher.work is not None) == (lens is MIXED)
+        if kernel == "gqa":  # mixed lengths, split or not: launched as a work list
+            assert plan.launcher.work is not None
         out = plan.run(q, out=torch.full_like(q, math.nan))
         ref = reference(q, cache, seq_ids)
         assert not out.isnan().any(), f"{out.isnan().sum().item()} NaN outputs (lens {lens[:6]})"
@@ -128,11 +128,13 @@ def test_long_context(kernel):
 
 
 @pytest.mark.gpu
-def test_gqa_splits_equal_lengths_on_the_natural_grid():
-    cache, seq_ids = make_batch("gqa", torch.float16, 128, 16, [1500] * 3, seed=5)
-    q = torch.randn(3, 8, 128, device="cuda", dtype=torch.float16)
+@pytest.mark.parametrize("lens", [[1500] * 3, [200] * 80], ids=["split", "whole"])
+def test_gqa_runs_equal_lengths_on_the_natural_grid(lens):
+    cache, seq_ids = make_batch("gqa", torch.float16, 128, 16, lens, seed=5)
+    q = torch.randn(len(lens), 8, 128, device="cuda", dtype=torch.float16)
     plan = kvlab.DecodePlan(cache, seq_ids, 8, kernel="gqa", prefetch=BULK)
-    assert plan.launcher.num_partitions > 1 and plan.launcher.work is None
+    assert (plan.launcher.num_partitions > 1) == (lens[0] == 1500)
+    assert plan.launcher.work is None
     assert rel_l2(plan.run(q), reference(q, cache, seq_ids)) < TOLERANCE[torch.float16]
 
 

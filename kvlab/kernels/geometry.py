@@ -4,6 +4,9 @@ profiler's specs need on machines without a GPU. The CUDA sources state the same
 their headers.
 """
 
+import heapq
+import math
+
 import numpy as np
 
 # vllm_v1 (kernels/paged_decode_vllm.cu)
@@ -27,8 +30,10 @@ GQA_WARP_TOKENS = 16  # rows of a tile owned by one warp
 GQA_TILE_TOKENS = GQA_NUM_WARPS * GQA_WARP_TOKENS  # 64 tokens per main-loop iteration
 PARTITION_QUANTUM = 256  # gqa partition sizes are multiples of this many tokens
 PARTITION_OVERHEAD_TOKENS = 128  # a CTA's fixed cost (prologue, pipeline fill, epilogue), in tokens
-MIXED_TAIL_SHARE = 0.25  # mixed lengths: how much of the longest CTA the makespan waits for
 MERGE_OVERHEAD_TOKENS = 256  # the merge launch's cost, in tokens of one CTA
+# mixed lengths, in tokens of one slot (a CTA's share of its SM): a CTA's fixed cost, the merge's
+MIXED_CTA_OVERHEAD_TOKENS = 256
+MIXED_MERGE_OVERHEAD_TOKENS = 768
 # Read rates of gqa_decode on the H200 (fp16, head_dim 128: 512 bytes of K and V a token; 32 SMs
 # of a green context, where HBM is not the limit; session probe at revision af1c220, not a
 # recorded result): one CTA alone on an SM 86M tokens/s (llama3-8b 1 x 32k in 32 CTAs:
@@ -148,25 +153,27 @@ def partition_size(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: 
       ran fp8 caches one CTA an SM on the whole GPU, 1.2-1.3x slower (see LONE_CTA_TOKENS_PER_S).
     Past a wave (gqa v1), llama3-8b at 16 x 32k ran 93.5% of the roofline in 2 partitions (one
     wave), 92.1% in 9 and 87.3% in 3 (two waves).
-    Mixed lengths: CTAs of every size, launched longest first (`work_list`), fill the slots
-    unevenly but without waves, so the model is their total work spread over the
-    `num_sms x ctas_per_sm` slots, plus a share of the longest CTA (the tail), plus the merge
-    where it splits: `(tokens + PARTITION_OVERHEAD_TOKENS x CTAs) / slots + MIXED_TAIL_SHARE x
-    (partition + PARTITION_OVERHEAD_TOKENS) + MERGE_OVERHEAD_TOKENS`. NOTE: the two constants
-    were fitted to a sweep of forced partition sizes on the H200 (llama3-8b and qwen2.5-7b;
-    batches 16, 64 and 256 of lognormal lengths, mean 1.5k and 3.2k, max 2k to 32k; a session's
-    probe, not a recorded result): over the sizes swept, its choice ran within 0.5% of the
-    fastest in 9 of 10 cases and 3.4% in the last; the equal-length model of the time, given
-    the lengths, chose sizes up to 10% slower (it splits short mixed batches that run best
-    whole). `bench attention --lengths` checks it on other models.
+    Mixed lengths: CTAs of every size, launched longest first (`work_list`), take the
+    `num_sms x ctas_per_sm` slots as they come free: a CTA of t tokens holds its slot for
+    `t + MIXED_CTA_OVERHEAD_TOKENS`. The model is that list schedule's makespan
+    (`_longest_first_makespan`), plus MIXED_MERGE_OVERHEAD_TOKENS where it splits (both in a
+    slot's token-times; the constants sit mid-way in a plateau of equal fit: 192-256 and
+    512-1024). NOTE: fitted to a sweep of forced partition sizes on the H200 (gqa at revision
+    bab5ead, the four paper models at batches 16, 64 and 256 of lognormal lengths, mean 1.5k and
+    3.2k, max 2k to 32k; 36 points, one loop a point; a session's probe, not a recorded
+    result): its choice ran 0.1 points of the copy roofline below the fastest size on average,
+    at most 0.8. The model before it (total work spread over the slots plus a quarter of the
+    longest CTA) gave up 1.1 points on average, up to 5.2: it split batches of up to 16k-token
+    sequences that LPT runs fastest whole (qwen2.5-14b 256 sequences of mean 3.2k: 99.5% split
+    in 2,816-token partitions, 104.7% whole). `bench attention --lengths` checks it.
     """
     lens = None if seq_lens is None else np.asarray(seq_lens, dtype=np.int64)
     mixed = lens is not None and lens.min() != lens.max()
     num_slots = num_sms * ctas_per_sm
 
     def makespan(size: int) -> tuple[float, bool, int]:
-        merge = MERGE_OVERHEAD_TOKENS if size < max_seq_len else 0
         if not mixed:
+            merge = MERGE_OVERHEAD_TOKENS if size < max_seq_len else 0
             ctas = num_seqs * -(-max_seq_len // size) * num_kv_heads
             lone = ctas <= num_sms
             if ctas <= num_slots:  # one wave: the CTAs of an SM start, and end, together
@@ -175,14 +182,30 @@ def partition_size(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: 
                 return turns * size + PARTITION_OVERHEAD_TOKENS + merge, lone, -size
             turns = ctas_per_sm * -(-ctas // num_slots)
             return turns * (size + PARTITION_OVERHEAD_TOKENS) + merge, lone, -size
-        ctas = int(np.maximum(1, -(-lens // size)).sum()) * num_kv_heads
-        spread = (int(lens.sum()) * num_kv_heads + PARTITION_OVERHEAD_TOKENS * ctas) / num_slots
-        tail = MIXED_TAIL_SHARE * (min(size, max_seq_len) + PARTITION_OVERHEAD_TOKENS)
-        return spread + tail + merge, False, -size
+        merge = MIXED_MERGE_OVERHEAD_TOKENS if size < max_seq_len else 0
+        return _longest_first_makespan(lens, num_kv_heads, size, num_slots) + merge, False, -size
 
     q = PARTITION_QUANTUM
-    sizes = {-(-max_seq_len // n // q) * q for n in range(1, -(-max_seq_len // q) + 1)}
-    return min(sizes, key=makespan)
+    sizes = sorted({-(-max_seq_len // n // q) * q for n in range(1, -(-max_seq_len // q) + 1)})
+    if not mixed:
+        return min(sizes, key=makespan)
+    # mixed: the list schedule is costly, so try sizes from the least lower bound on their
+    # makespan (the mean slot's work, or the longest CTA) and stop where it passes the best
+    bounds = []
+    for size in sizes:
+        ctas = np.maximum(1, -(-lens // size)).sum() * num_kv_heads
+        work = int(lens.sum()) * num_kv_heads + MIXED_CTA_OVERHEAD_TOKENS * ctas
+        longest = min(size, max_seq_len) + MIXED_CTA_OVERHEAD_TOKENS
+        merge = MIXED_MERGE_OVERHEAD_TOKENS if size < max_seq_len else 0
+        bounds.append((max(work / num_slots, longest) + merge, size))
+    best = None
+    for bound, size in sorted(bounds):
+        if best is not None and bound > best[0]:
+            break
+        key = makespan(size)
+        if best is None or key < best:
+            best = key
+    return -best[2]
 
 
 def work_list(seq_lens, size: int) -> np.ndarray:
@@ -198,3 +221,26 @@ def work_list(seq_lens, size: int) -> np.ndarray:
     tokens = np.minimum(size, lens[seq] - partition * size)
     order = np.lexsort((partition, seq, -tokens))
     return np.stack([seq[order], partition[order]], axis=1).astype(np.int32)
+
+
+def _longest_first_makespan(lens: np.ndarray, num_kv_heads: int, size: int,
+                            num_slots: int) -> float:
+    """When the last of `num_slots` slots comes free, in tokens, for the mixed batch `lens`
+    split at `size` tokens (`work_list`'s items, num_kv_heads CTAs each) given out longest
+    first, each to the slot free soonest, a CTA of t tokens lasting t +
+    MIXED_CTA_OVERHEAD_TOKENS. The full partitions all last as long, so they fill the slots
+    evenly (some one more); the sequences' last partitions follow one by one. The slots move in
+    groups of g = gcd(num_slots, num_kv_heads), whose loads stay equal (an item's CTAs fill
+    whole groups), so one group stands for g slots."""
+    g = math.gcd(num_slots, num_kv_heads)
+    groups, copies = num_slots // g, num_kv_heads // g
+    full, rest = np.divmod(lens, size)
+    rounds, extra = divmod(int(full.sum()) * copies, groups)
+    cost = size + MIXED_CTA_OVERHEAD_TOKENS
+    # a heap: the groups that took one partition less come first
+    free_at = [rounds * cost] * (groups - extra) + [(rounds + 1) * cost] * extra
+    replace = heapq.heapreplace
+    for tokens in np.sort(rest[(rest > 0) | (lens == 0)])[::-1].tolist():
+        for _ in range(copies):
+            replace(free_at, free_at[0] + tokens + MIXED_CTA_OVERHEAD_TOKENS)
+    return max(free_at)

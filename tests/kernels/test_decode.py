@@ -1,8 +1,10 @@
 """The CUDA C decode kernels against kvlab.reference.decode_attention (GPU only), and the checks
 that run before any launch (CPU)."""
 
+import heapq
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -409,14 +411,41 @@ def test_gqa_split_splits_where_a_lone_cta_cannot_keep_up():
 
 def test_gqa_splits_a_mixed_batch_by_the_work_it_holds():
     """64 sequences, one of 16k and the rest 1k. As if all were 16k, 512 CTAs fill two waves and
-    no split pays; by their lengths (the mixed model: work spread over the slots, a quarter of
-    the longest CTA, the merge), 1k partitions: 79 x 8 = 632 CTAs, (80,896 + 128 x 79) x 8 / 264
-    + (1024 + 128) / 4 + 256 = 3,302 token-times against 3,527 for 2k and 6,828 unsplit. A short
-    mixed batch (max 2k) runs whole: the merge and the extra CTAs would cost more than the tail
-    saves."""
+    no split pays. By their lengths (the mixed model: the CTAs given out longest first to 264
+    slots, 33 groups of 8, each CTA lasting its tokens + 256, a split adding 768): unsplit, the
+    16k CTAs last 16,640 token-times; in partitions of 1,024, 2,048 or 3,328 tokens the slots
+    come free at 3,840, + 768 = 4,608 (3,328: 4 whole partitions and 3,072 tokens, on 5 groups,
+    then the 63 short sequences, 28 groups x 2 and 7 x 3). Of the ties the fewest partitions
+    win. A short mixed batch (max 2k) runs whole: 2,560 either way, and a split adds the merge.
+    """
+    from kvlab.kernels.geometry import _longest_first_makespan
+
+    lens = np.array([16384] + [1024] * 63)
+    assert [_longest_first_makespan(lens, 8, size, 264) for size in (1024, 2048, 3328, 4096)] == [
+        3840, 3840, 3840, 4352]
     assert gqa.partition_size(64, 8, 16384, 132, 2, 512) == 16384
-    assert gqa.partition_size(64, 8, 16384, 132, 2, 512, [16384] + [1024] * 63) == 1024
+    assert gqa.partition_size(64, 8, 16384, 132, 2, 512, lens) == 3328
     assert gqa.partition_size(64, 8, 2048, 132, 2, 512, [2048] + [1024] * 63) == 2048
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_gqa_mixed_makespan_is_the_longest_first_schedule_of_every_cta(seed):
+    """The model's groups of gcd(slots, KV heads) slots against the schedule itself: every CTA
+    (each work item num_kv_heads times, longest first) to the slot free soonest."""
+    from kvlab.kernels.geometry import MIXED_CTA_OVERHEAD_TOKENS, _longest_first_makespan
+
+    rng = np.random.default_rng(seed)
+    for _ in range(40):
+        lens = rng.integers(0, 5000, int(rng.integers(1, 40)))
+        size, heads = int(rng.choice([256, 768, 2048])), int(rng.choice([1, 4, 5, 8, 32]))
+        slots = int(rng.choice([7, 156, 264]))
+        ctas = [min(size, n - p * size) for n in lens.tolist()
+                for p in range(max(1, -(-n // size)))]
+        free_at = [0] * slots
+        for tokens in sorted(ctas, reverse=True):
+            for _ in range(heads):
+                heapq.heapreplace(free_at, free_at[0] + tokens + MIXED_CTA_OVERHEAD_TOKENS)
+        assert _longest_first_makespan(lens, heads, size, slots) == max(free_at)
 
 
 def test_gqa_work_list_holds_the_partitions_with_tokens_longest_first():

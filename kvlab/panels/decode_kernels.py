@@ -7,7 +7,9 @@ recorded ones; where the point shown differs from the one asked for, the figures
 with nothing recorded shows what to run to record it. On a GPU a Run button measures the
 chosen point with `kvlab.bench.attention` (`measure_point`); torch and CuPy load only then.
 The KV cache dtype control shows gqa on an fp8 cache against fp16 (recorded:
-`attention_fp8.json`; measured: the same loop with `--fp8`).
+`attention_fp8.json`; measured: the same loop with `--fp8`). The batch lengths control shows
+batches of mixed (lognormal) lengths, without prefetch: gqa, gqa with its split planned for the
+longest sequence, and vllm_v1 (recorded: `attention_mixed.json`; measured: `--lengths`).
 """
 
 from __future__ import annotations
@@ -26,14 +28,19 @@ from kvlab.results import ATTENTION, label, load_results, nearest_rows, recorded
 from kvlab.viz.kernels import (
     bandwidth_figure,
     fp8_speedup_figure,
+    mixed_figure,
     prefetch_speedup_figure,
     variant,
 )
 from kvlab.viz.layout import note_figure
+from kvlab.workload import lognormal_spec
 
 RECORDED = ATTENTION  # (machine, result names) of the recorded results shown without a GPU
 RECORDED_FP8 = ("h200", ("attention_fp8",))  # gqa on fp8 against fp16, prefetch none, block 16
+RECORDED_MIXED = ("h200", ("attention_mixed",))  # mixed lengths, prefetch none, block 16
 KV_DTYPES = ("float16", "fp8")
+# "equal": one context for the batch; else kvlab.workload.lognormal_spec's specs, as recorded
+LENGTHS = ("equal", "lognormal:3200,16384", "lognormal:3200,32768", "lognormal:1536,2048")
 BLOCK_SIZES = (8, 16, 32, 64, 128, 256)  # gqa's; vllm_v1 supports 8, 16, 32
 FIGURE_HEIGHTS = {"bandwidth": 440, "speedup": 440}
 
@@ -42,11 +49,13 @@ __all__ = ["DecodeKernelsTab", "measure_point"]
 
 def measure_point(
     model: str, batch: int, context: int, block_size: int, distance: int, on_progress=None,
-    fp8: bool = False,
+    fp8: bool = False, lengths: str = "equal",
 ) -> dict:
     """Measure one point on this GPU with `kvlab.bench.attention.run`, as the CLI would:
     vllm_v1 (where it supports `block_size`) and gqa at prefetch none / bulk / line at `distance`,
-    (with `fp8`, gqa on an fp8 cache too) and SDPA, all timed in turn in one loop.
+    (with `fp8`, gqa on an fp8 cache too) and SDPA, all timed in turn in one loop. With `lengths`
+    a lognormal spec, a batch of those lengths instead of `context`: vllm_v1, gqa and
+    gqa_split_longest, without prefetch (`--lengths`).
 
     Returns the benchmark's result dict (rows of every kernel; gpu, roofline_copy_gbps, ...).
     `on_progress(num_done, num_total)` is called once the loop is timed. Needs torch with CUDA
@@ -55,9 +64,11 @@ def measure_point(
     from kvlab.bench import attention  # imports torch and CuPy: the GPU path only
     from kvlab.bench.cli import parse
 
-    args = parse(["bench", "attention", "--models", model, "--batches", str(batch),
-                  "--contexts", str(context), "--block-sizes", str(block_size),
-                  "--distances", str(distance), *(["--fp8"] if fp8 else [])])
+    shape = (["--contexts", str(context)] if lengths == "equal" else
+             ["--lengths", lengths, "--kernels", "vllm_v1", "gqa", "--prefetch", "none"])
+    args = parse(["bench", "attention", "--models", model, "--batches", str(batch), *shape,
+                  "--block-sizes", str(block_size), "--distances", str(distance),
+                  *(["--fp8"] if fp8 else [])])
     result = attention.run(args)
     if on_progress is not None:
         on_progress(1, 1)
@@ -95,13 +106,12 @@ class DecodeKernelsTab:
         prefetch: str = "line",
         distance: int = 1,
         kv_dtype: str = "float16",
+        lengths: str = "equal",
     ):
         self.backend = backend()
         self.recorded = load_results(*RECORDED)
-        try:
-            self.recorded_fp8 = load_results(*RECORDED_FP8)
-        except ValueError:  # not recorded
-            self.recorded_fp8 = None
+        self.recorded_fp8, self.recorded_mixed = map(_recorded_or_none,
+                                                     (RECORDED_FP8, RECORDED_MIXED))
         block_sizes = BLOCK_SIZES if self.backend == "cuda" else sorted(
             {r["block_size"] for r in self.recorded["rows"]} - {None})
         # (model, batch, context, block_size, distance) -> result of measure_point
@@ -132,6 +142,8 @@ class DecodeKernelsTab:
             ),
             "kv_dtype": labeled(widgets.Dropdown, "KV cache dtype", options=KV_DTYPES,
                                 value=kv_dtype),
+            "lengths": labeled(widgets.Dropdown, "batch lengths", options=LENGTHS,
+                               value=lengths),
         }
         self.figures = {name: figure_widget(h) for name, h in FIGURE_HEIGHTS.items()}
         self.status = widgets.HTML()
@@ -150,14 +162,14 @@ class DecodeKernelsTab:
         c = self.controls
         run = [self.run_button, self.progress] if self.run_button is not None else []
         order = ("model", "kernel", "gqa_ratio", "block_size", "batch", "prefetch", "context",
-                 "distance", "kv_dtype")
+                 "distance", "kv_dtype", "lengths")
         return widgets.VBox([control_grid([c[name] for name in order]), widgets.HBox(run),
                              self.status, *self.figures.values()])
 
     def _key(self) -> tuple:
         v = {name: control.value for name, control in self.controls.items()}
         return (v["model"], v["batch"], v["context"], v["block_size"], v["distance"],
-                v["kv_dtype"] == "fp8")
+                v["kv_dtype"] == "fp8", v["lengths"])
 
     def run(self, button=None) -> None:
         """Measure the chosen point on this GPU (`measure_point`), then show it."""
@@ -166,14 +178,18 @@ class DecodeKernelsTab:
         def on_progress(num_done, num_total):
             self.progress.max, self.progress.value = num_total, num_done
 
-        *point, fp8 = self._key()
-        self.measured[self._key()] = measure_point(*point, on_progress=on_progress, fp8=fp8)
+        *point, fp8, lengths = self._key()
+        self.measured[self._key()] = measure_point(*point, on_progress=on_progress, fp8=fp8,
+                                                   lengths=lengths)
         self.refresh()
 
     def refresh(self, change=None) -> None:
         """Show the measured result for the controls if there is one, else the recorded one."""
         v = {name: control.value for name, control in self.controls.items()}
         self.controls["gqa_ratio"].value = _gqa_text(v["model"])
+        if v["lengths"] != "equal":
+            self._refresh_mixed(v)
+            return
         if v["kv_dtype"] == "fp8":
             self._refresh_fp8(v)
             return
@@ -275,17 +291,68 @@ class DecodeKernelsTab:
                                 html.escape(str(error)), FIGURE_HEIGHTS["speedup"])
         show_figure(self.figures["speedup"], speed)
 
+    def _refresh_mixed(self, v: dict) -> None:
+        """The mixed-lengths view: the kernels at the batch of `v["lengths"]` nearest the batch
+        asked for (measured here, else recorded), and the model's % of the roofline by batch."""
+        measured = self.measured.get(self._key())
+        result = measured or self.recorded_mixed
+        rows = [r for r in (result or {}).get("rows", ())
+                if r["model"] == v["model"] and r.get("lengths") == v["lengths"]]
+        if not rows:
+            self._show_not_recorded(v)
+            return
+        provenance = device_label() if measured else label(result)
+        batches = sorted({r["batch"] for r in rows})
+        batch = _nearest(v["batch"], batches)
+        shown = {}
+        for r in rows:
+            if r["batch"] == batch and r["prefetch"] == "none":
+                shown.setdefault(variant(r), r)
+        shown = list(shown.values())
+        point = shown[0]
+        mean, longest = lognormal_spec(v["lengths"])
+        notes = [f"the context control does not apply: lognormal lengths of mean {mean} before "
+                 f"clipping at {longest}"]
+        if batch != v["batch"]:
+            notes.append(f"batch={v['batch']} not recorded for these lengths: the nearest shown "
+                         f"(recorded: {', '.join(map(str, batches))})")
+        if v["kv_dtype"] == "fp8":
+            notes.append("mixed lengths: an fp16 cache only")
+        notes.append("mixed lengths: without prefetch only")
+        if not measured and self.backend == "cuda":
+            notes.append("press Run to measure these lengths on this GPU")
+        self.status.value = html.escape(
+            f"Showing {point['model']} batch={batch} of {v['lengths']}: mean length "
+            f"{point['context']}, longest {point['max_context']} ({provenance}; requested "
+            f"batch={v['batch']})") + "".join(f"<br>{html.escape(n)}" for n in notes)
+        show_figure(self.figures["bandwidth"], bandwidth_figure(
+            shown, result["roofline_copy_gbps"], provenance,
+            variant({"kernel": v["kernel"], "prefetch": "none"}), FIGURE_HEIGHTS["bandwidth"],
+            note=f"{v['lengths']}: context = the mean length; longest {point['max_context']}"))
+        show_figure(self.figures["speedup"], mixed_figure(
+            result["rows"], v["model"], v["lengths"], provenance, FIGURE_HEIGHTS["speedup"]))
+
     def _show_not_recorded(self, v: dict, fp8: bool = False) -> None:
         """Figures and status for a model with no recorded rows: the command that records it."""
+        shape = (f"--contexts {v['context']}" if v["lengths"] == "equal" else
+                 f"--lengths {v['lengths']} --kernels vllm_v1 gqa --prefetch none")
         command = (f"python -m kvlab bench attention --models {v['model']} "
-                   f"--batches {v['batch']} --contexts {v['context']}" + (" --fp8" if fp8 else ""))
+                   f"--batches {v['batch']} {shape}" + (" --fp8" if fp8 else ""))
         where = "press Run to measure it here" if self.backend == "cuda" else "run on a GPU"
         note = f"{v['model']}: not recorded;<br>{where}:<br>{command}"
         self.status.value = html.escape(f"{v['model']}: not recorded; {where}: {command}")
         provenance = f"not {label(self.recorded)}"
         speed = ("fp8 KV cache: gqa's tokens/s over fp16's" if fp8 else
+                 "Mixed lengths: % of the copy roofline by batch" if v["lengths"] != "equal" else
                  f"L2 prefetch speedup over none: {v['kernel']}")
         for name, title in (("bandwidth", "Decode attention: GB/s of K+V read"),
                             ("speedup", speed)):
             show_figure(self.figures[name],
                         note_figure(title, provenance, note, FIGURE_HEIGHTS[name]))
+
+
+def _recorded_or_none(recorded: tuple[str, tuple[str, ...]]) -> dict | None:
+    try:
+        return load_results(*recorded)
+    except ValueError:  # not recorded
+        return None

@@ -14,12 +14,13 @@ from kvlab.results import speedups
 from kvlab.viz.layout import style
 
 __all__ = ["AUTO_MODES", "PAPER_REFERENCE", "bandwidth_figure", "fp8_speedup_figure",
-           "prefetch_speedup_figure", "variant"]
+           "mixed_figure", "prefetch_speedup_figure", "variant"]
 
 PAPER_REFERENCE = "paper: 1.84-2.15x, vLLM + L2 prefetch on H20 (arXiv 2504.06319)"
 KERNEL_COLORS = {"vllm_v1": "#1f77b4", "gqa": "#2ca02c", "gqa_fp8": "#98df8a",
-                 "auto": "#17becf", "sdpa": "#7f7f7f"}
+                 "gqa_split_longest": "#bcbd22", "auto": "#17becf", "sdpa": "#7f7f7f"}
 KERNEL_NAMES = {"vllm_v1": "vllm_v1", "gqa": "gqa", "gqa_fp8": "gqa on an fp8 cache (its bytes)",
+                "gqa_split_longest": "gqa, split planned as if all were the longest",
                 "auto": "auto: kvlab's choice", "sdpa": "sdpa (PyTorch, dense K, V)"}
 # How a kernel="auto" row chose its family and prefetch setting (`auto_mode`)
 AUTO_MODES = {"tuned": "tuned at this point", "reused": "reused from another shape of its bucket",
@@ -223,3 +224,38 @@ def fp8_speedup_figure(result_rows: list[dict], model: str, provenance: str, hei
     return style(fig, "fp8 KV cache: gqa's tokens/s over fp16's", provenance,
                  f"{model}, no prefetch, one loop per point; dashed: 1.0 and 2.0 (half the "
                  "bytes)", note, height=height)
+
+
+def mixed_figure(result_rows: list[dict], model: str, lengths: str, provenance: str,
+                 height: int = 420, note: str = "") -> go.Figure:
+    """Grouped bars: % of the copy roofline of each kernel without prefetch (gqa, gqa planned as
+    if every sequence were the longest, vllm_v1) on `model`'s batches of `lengths` (a spec such
+    as "lognormal:3200,16384", the rows' `lengths`), one group per batch; a dashed line at the
+    roofline. Raises ValueError where `model` has no rows of those lengths."""
+    rows = [r for r in result_rows if r["model"] == model and r.get("lengths") == lengths
+            and r["prefetch"] == "none"]
+    if not rows:
+        raise ValueError(f"model={model!r}: no rows of lengths {lengths!r}")
+    batches = sorted({r["batch"] for r in rows})
+    kernels = [k for k in KERNEL_COLORS if any(r["kernel"] == k for r in rows)]
+    first, shape = {}, {}
+    for r in rows:  # a setting measured in several loops keeps its first row
+        first.setdefault((r["batch"], r["kernel"]), r)
+        shape.setdefault(r["batch"], r)  # the batch's lengths: mean and longest
+    x = [f"{b} x ~{shape[b]['context']} (max {shape[b]['max_context']})" for b in batches]
+    fig = go.Figure([
+        go.Bar(name=KERNEL_NAMES[k], x=x, marker_color=KERNEL_COLORS[k],
+               y=[first[b, k]["pct_roofline"] if (b, k) in first else None for b in batches],
+               text=[f"{first[b, k]['pct_roofline']:.0f}%" if (b, k) in first else ""
+                     for b in batches],
+               textposition="outside", cliponaxis=False,
+               hovertemplate=f"{k}<br>%{{x}}<br>%{{y:.1f}}% of the copy roofline<extra></extra>")
+        for k in kernels])
+    fig.add_hline(y=100, line=dict(color="black", dash="dash", width=1))
+    fig.update_layout(barmode="group",
+                      xaxis=dict(title="batch x mean length (longest), tokens", automargin=True),
+                      yaxis=dict(title="% of the copy roofline", range=[0, 125]))
+    return style(fig, "Mixed lengths: % of the copy roofline by batch", provenance,
+                 f"{model}, {lengths} (lognormal: mean before clipping, clip); no prefetch, "
+                 "one loop per batch; dashed: the roofline", note, height=height)
+

@@ -102,6 +102,29 @@ def test_screenshots_of_each_tab(walkthrough):
             assert path.stat().st_size > 10_000
 
 
+def test_mixed_lengths_change_the_kernels_charts_in_the_page(walkthrough):
+    """The Decode kernels tab's batch-lengths control draws the mixed-lengths view (screenshot
+    dashboard-decode-kernels-mixed-1280.png), and "equal" brings the first view back."""
+    page, _ = walkthrough
+    page.set_viewport_size({"width": WIDTHS[0], "height": 2400})
+    out = dashboard(page)
+    out.get_by_role("tab", name=TABS[1]).click()
+    lengths = out.locator(".widget-dropdown:has-text('batch lengths') select").first
+    for value, name in (("lognormal:1536,2048", "mixed"), ("equal", None)):
+        before = page.evaluate(PLOTS)
+        lengths.select_option(value)
+        deadline = time.monotonic() + 20
+        while page.evaluate(PLOTS) == before and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert page.evaluate(PLOTS) != before, value
+        if name:
+            time.sleep(1.5)
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            path = ARTIFACTS / f"dashboard-decode-kernels-{name}-{WIDTHS[0]}.png"
+            out.screenshot(path=path)
+            assert "Mixed lengths" in out.inner_text()
+
+
 STATIC_FIGURES = """() => Array.from(document.querySelectorAll('.jp-OutputArea-output'))
     .filter(out => !out.closest('.widget-tab') && !out.querySelector('.widget-tab'))
     .filter(out => out.querySelector('.js-plotly-plot, img')).length"""

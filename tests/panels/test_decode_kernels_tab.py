@@ -125,8 +125,9 @@ def test_run_button_wiring_with_a_fake_measurement(monkeypatch):
     recorded = load_results(*RECORDED)
     calls = []
 
-    def fake_measure(model, batch, context, block_size, distance, on_progress=None, fp8=False):
-        calls.append((model, batch, context, block_size, distance, fp8))
+    def fake_measure(model, batch, context, block_size, distance, on_progress=None, fp8=False,
+                     lengths="equal"):
+        calls.append((model, batch, context, block_size, distance, fp8, lengths))
         rows = [{**r, "gbps": r["gbps"] + 1} for r in expected_rows(model, batch, context)]
         on_progress(1, 1)
         return {**recorded, "rows": rows}
@@ -138,7 +139,7 @@ def test_run_button_wiring_with_a_fake_measurement(monkeypatch):
     assert "press Run" in tab.status.value
     assert "recorded on" in tab.figures["bandwidth"].figure.layout.title.text
     tab.run_button.click()
-    assert calls == [("llama3-8b", 64, 1024, 16, 1, False)] and tab.progress.value == 1
+    assert calls == [("llama3-8b", 64, 1024, 16, 1, False, "equal")] and tab.progress.value == 1
     rows = expected_rows("llama3-8b", 64, 1024)
     assert list(tab.figures["bandwidth"].figure.data[0].x) == [r["gbps"] + 1 for r in rows]
     assert "measured on FAKE GPU" in tab.figures["bandwidth"].figure.layout.title.text
@@ -170,6 +171,74 @@ def test_fp8_for_a_model_not_recorded_names_the_command(tab):
     tab.controls["kv_dtype"].value = "fp8"
     tab.controls["model"].value = "opt-6.7b"
     assert "--fp8" in tab.status.value and "not recorded" in tab.status.value
+
+
+def mixed_rows(model, lengths, batch):
+    from kvlab.panels.decode_kernels import RECORDED_MIXED
+
+    return [r for r in load_results(*RECORDED_MIXED)["rows"]
+            if (r["model"], r["lengths"], r["batch"]) == (model, lengths, batch)]
+
+
+def test_mixed_lengths_show_the_kernels_at_the_nearest_recorded_batch(tab):
+    tab.controls["batch"].value = 50
+    tab.controls["lengths"].value = "lognormal:1536,2048"
+    rows = mixed_rows("llama3-8b", "lognormal:1536,2048", 64)
+    bars = tab.figures["bandwidth"].figure.data[0]
+    assert list(bars.y) == ["vllm_v1 / none", "gqa / none", "gqa_split_longest / none"]
+    assert list(bars.x) == [r["gbps"] for r in rows]
+    status = tab.status.value
+    assert "batch=64 of lognormal:1536,2048" in status and "requested batch=50" in status
+    assert "batch=50 not recorded for these lengths" in status and "mean 1536" in status
+    by_batch = tab.figures["speedup"].figure
+    assert "Mixed lengths: % of the copy roofline by batch" in by_batch.layout.title.text
+    gqa = next(d for d in by_batch.data if d.name == "gqa")
+    assert list(gqa.x)[1] == f"64 x ~{rows[0]['context']} (max {rows[0]['max_context']})"
+    assert list(gqa.y) == [next(r["pct_roofline"] for r in mixed_rows(
+        "llama3-8b", "lognormal:1536,2048", b) if r["kernel"] == "gqa") for b in (16, 64, 256)]
+    tab.controls["lengths"].value = "equal"
+    assert "L2 prefetch speedup" in tab.figures["speedup"].figure.layout.title.text
+
+
+def test_mixed_lengths_for_a_model_not_recorded_name_the_command(tab):
+    tab.controls["model"].value = "opt-6.7b"
+    tab.controls["lengths"].value = "lognormal:3200,32768"
+    assert "--lengths lognormal:3200,32768 --kernels vllm_v1 gqa --prefetch none" in (
+        tab.status.value)
+
+
+def test_run_button_measures_mixed_lengths_with_a_fake_measurement(monkeypatch):
+    import kvlab.panels.decode_kernels as module
+
+    calls = []
+
+    def fake_measure(model, batch, context, block_size, distance, on_progress=None, fp8=False,
+                     lengths="equal"):
+        calls.append((model, batch, lengths))
+        return {"roofline_copy_gbps": 4000.0,
+                "rows": [{**r, "gbps": 1.0} for r in mixed_rows(model, lengths, 16)]}
+
+    monkeypatch.setattr(module, "backend", lambda: "cuda")
+    monkeypatch.setattr(module, "device_label", lambda: "measured on FAKE GPU")
+    monkeypatch.setattr(module, "measure_point", fake_measure)
+    tab = module.DecodeKernelsTab(batch=16, lengths="lognormal:3200,16384")
+    assert "press Run to measure these lengths" in tab.status.value
+    tab.run_button.click()
+    assert calls == [("llama3-8b", 16, "lognormal:3200,16384")]
+    assert list(tab.figures["bandwidth"].figure.data[0].x) == [1.0, 1.0, 1.0]
+    assert "measured on FAKE GPU" in tab.figures["speedup"].figure.layout.title.text
+
+
+@pytest.mark.gpu
+def test_run_button_measures_mixed_lengths_on_this_gpu(monkeypatch):
+    monkeypatch.delenv("KVLAB_BACKEND", raising=False)
+    tab = DecodeKernelsTab(model="qwen2.5-7b", batch=8, kernel="gqa",
+                           lengths="lognormal:1536,2048")
+    tab.run_button.click()
+    bars = tab.figures["bandwidth"].figure.data[0]
+    assert set(bars.y) == {"vllm_v1 / none", "gqa / none", "gqa_split_longest / none"}
+    assert all(gbps > 0 for gbps in bars.x)
+    assert "measured on" in tab.figures["speedup"].figure.layout.title.text
 
 
 @pytest.mark.gpu

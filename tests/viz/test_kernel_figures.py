@@ -3,7 +3,7 @@
 import pytest
 
 from kvlab.results import label, load_result, nearest_rows
-from kvlab.viz.kernels import bandwidth_figure, prefetch_speedup_figure, variant
+from kvlab.viz.kernels import bandwidth_figure, mixed_figure, prefetch_speedup_figure, variant
 
 PROVENANCE = "recorded on TEST GPU, 2026-01-01"
 
@@ -81,3 +81,23 @@ def test_prefetch_speedup_on_the_recorded_grid():
 def test_prefetch_speedup_unknown_kernel_or_model():
     with pytest.raises(ValueError, match="kernel='gqa', model='qwen2.5-7b'"):
         prefetch_speedup_figure([make_row()], "gqa", "qwen2.5-7b", PROVENANCE)
+
+
+def test_mixed_figure_groups_each_kernel_by_batch():
+    def row(kernel, batch, pct, prefetch="none", loop=0):
+        return {"model": "llama3-8b", "lengths": "lognormal:100,200", "batch": batch,
+                "context": batch + 1, "max_context": 200, "kernel": kernel,
+                "prefetch": prefetch, "pct_roofline": pct, "loop": loop}
+
+    rows = [row("gqa", 64, 90.0), row("vllm_v1", 64, 40.0), row("gqa", 16, 60.0),
+            row("gqa", 16, 1.0, loop=1), row("gqa", 16, 2.0, prefetch="bulk"),
+            {**row("gqa", 16, 3.0), "lengths": "lognormal:100,300"}]
+    fig = mixed_figure(rows, "llama3-8b", "lognormal:100,200", PROVENANCE)
+    # kernels in the colour map's order; batches ascending; the first loop of a setting
+    assert [d.name for d in fig.data] == ["vllm_v1", "gqa"]
+    vllm, gqa = fig.data
+    assert list(gqa.x) == ["16 x ~17 (max 200)", "64 x ~65 (max 200)"]
+    assert list(gqa.y) == [60.0, 90.0] and list(vllm.y) == [None, 40.0]
+    assert PROVENANCE in fig.layout.title.text
+    with pytest.raises(ValueError, match="no rows of lengths"):
+        mixed_figure(rows, "qwen2.5-7b", "lognormal:100,200", PROVENANCE)

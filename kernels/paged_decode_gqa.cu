@@ -224,6 +224,13 @@
 //       Timed against v9 at the same split (session probe, not recorded; % of the copy
 //       roofline): 64 lognormal sequences of max 2k, llama3-8b 83.4 -> 94.0, qwen2.5-7b
 //       73.9 -> 77.9; equal lengths 0.99-1.02x. Recorded: attention_mixed.json.
+//       Tried and dropped (observed, not recorded): the scores as S^T = K . Q^T (K the mma's A
+//       operand, Q^T its B): one QK mma per 16 tokens and k-step instead of two (v10 pads rows
+//       8..15 of Q), a lane's logits those of its O^T columns' heads (no shuffles for the
+//       rescale, three for each head's max), P^T's B fragment from movmatrix.trans. Timed
+//       against v10 in one loop (36 points of the four models; fp8 too below 256k tokens):
+//       0.99-1.03x below 256k tokens, 0.99-1.00x from there (llama3-8b 32 x 16k 489.8 -> 495.0
+//       us, SDPA 478.4 us): the mma count is not what keeps gqa behind SDPA there.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

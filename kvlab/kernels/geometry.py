@@ -165,7 +165,11 @@ def partition_size(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: 
     at most 0.8. The model before it (total work spread over the slots plus a quarter of the
     longest CTA) gave up 1.1 points on average, up to 5.2: it split batches of up to 16k-token
     sequences that LPT runs fastest whole (qwen2.5-14b 256 sequences of mean 3.2k: 99.5% split
-    in 2,816-token partitions, 104.7% whole). `bench attention --lengths` checks it.
+    in 2,816-token partitions, 104.7% whole). Out of the fit's sample (the same probe at revision
+    306bef0; batches 32 and 128 of lognormal lengths, mean 800 and 6k, max 4k and 32k; the three
+    GQA models, 12 points): 0.4 points below the fastest size on average, at most 2.2 (qwen2.5-7b
+    128 x mean 800: 2,048-token partitions 71.4%, 1,280 73.6%), and 2.3-12.2 points above gqa
+    v9 with the model before. `bench attention --lengths` checks it.
     """
     lens = None if seq_lens is None else np.asarray(seq_lens, dtype=np.int64)
     mixed = lens is not None and lens.min() != lens.max()

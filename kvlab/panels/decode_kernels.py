@@ -87,8 +87,9 @@ def _nearest(value: int, options: list[int]) -> int:
 class DecodeKernelsTab:
     """Decode-attention GB/s per kernel and prefetch setting, and prefetch speedups.
 
-    controls: model, block_size, batch, context, kernel, prefetch, distance, gqa_ratio (read-only,
-        the model's num_qo_heads:num_kv_heads). figures: bandwidth, speedup (`FigurePane`s).
+    controls: model, block_size, batch, context (disabled while lengths are mixed), kernel,
+        prefetch, distance, gqa_ratio (read-only, the model's num_qo_heads:num_kv_heads),
+        kv_dtype, lengths. figures: bandwidth, speedup (`FigurePane`s).
     On the "cuda" backend, `run_button` measures the chosen point (`progress` follows it);
     on "sim" both are None and the recorded result `RECORDED` is shown.
     """
@@ -114,7 +115,8 @@ class DecodeKernelsTab:
                                                      (RECORDED_FP8, RECORDED_MIXED))
         block_sizes = BLOCK_SIZES if self.backend == "cuda" else sorted(
             {r["block_size"] for r in self.recorded["rows"]} - {None})
-        # (model, batch, context, block_size, distance) -> result of measure_point
+        # `_key()`: (model, batch, context, block_size, distance, fp8, lengths) -> result of
+        # measure_point
         self.measured: dict[tuple, dict] = {}
         self.controls = {
             "model": labeled(
@@ -187,6 +189,7 @@ class DecodeKernelsTab:
         """Show the measured result for the controls if there is one, else the recorded one."""
         v = {name: control.value for name, control in self.controls.items()}
         self.controls["gqa_ratio"].value = _gqa_text(v["model"])
+        self.controls["context"].disabled = v["lengths"] != "equal"  # the lengths set it
         if v["lengths"] != "equal":
             self._refresh_mixed(v)
             return
@@ -311,8 +314,8 @@ class DecodeKernelsTab:
         shown = list(shown.values())
         point = shown[0]
         mean, longest = lognormal_spec(v["lengths"])
-        notes = [f"the context control does not apply: lognormal lengths of mean {mean} before "
-                 f"clipping at {longest}"]
+        notes = [f"context: set by the lengths, lognormal of mean {mean} before clipping at "
+                 f"{longest}"]
         if batch != v["batch"]:
             notes.append(f"batch={v['batch']} not recorded for these lengths: the nearest shown "
                          f"(recorded: {', '.join(map(str, batches))})")

@@ -190,6 +190,7 @@ def test_mixed_lengths_show_the_kernels_at_the_nearest_recorded_batch(tab):
     status = tab.status.value
     assert "batch=64 of lognormal:1536,2048" in status and "requested batch=50" in status
     assert "batch=50 not recorded for these lengths" in status and "mean 1536" in status
+    assert tab.controls["context"].disabled
     by_batch = tab.figures["speedup"].figure
     assert "Mixed lengths: % of the copy roofline by batch" in by_batch.layout.title.text
     gqa = next(d for d in by_batch.data if d.name == "gqa")
@@ -198,6 +199,7 @@ def test_mixed_lengths_show_the_kernels_at_the_nearest_recorded_batch(tab):
         "llama3-8b", "lognormal:1536,2048", b) if r["kernel"] == "gqa") for b in (16, 64, 256)]
     tab.controls["lengths"].value = "equal"
     assert "L2 prefetch speedup" in tab.figures["speedup"].figure.layout.title.text
+    assert not tab.controls["context"].disabled
 
 
 def test_mixed_lengths_for_a_model_not_recorded_name_the_command(tab):

@@ -41,6 +41,7 @@ RECORDED_MIXED = ("h200", ("attention_mixed",))  # mixed lengths, prefetch none,
 KV_DTYPES = ("float16", "fp8")
 # "equal": one context for the batch; else kvlab.workload.lognormal_spec's specs, as recorded
 LENGTHS = ("equal", "lognormal:3200,16384", "lognormal:3200,32768", "lognormal:1536,2048")
+MIXED_FLAGS = ("--kernels", "vllm_v1", "gqa", "--prefetch", "none")  # as attention_mixed.json
 BLOCK_SIZES = (8, 16, 32, 64, 128, 256)  # gqa's; vllm_v1 supports 8, 16, 32
 FIGURE_HEIGHTS = {"bandwidth": 440, "speedup": 440}
 
@@ -65,7 +66,7 @@ def measure_point(
     from kvlab.bench.cli import parse
 
     shape = (["--contexts", str(context)] if lengths == "equal" else
-             ["--lengths", lengths, "--kernels", "vllm_v1", "gqa", "--prefetch", "none"])
+             ["--lengths", lengths, *MIXED_FLAGS])
     args = parse(["bench", "attention", "--models", model, "--batches", str(batch), *shape,
                   "--block-sizes", str(block_size), "--distances", str(distance),
                   *(["--fp8"] if fp8 else [])])
@@ -338,7 +339,7 @@ class DecodeKernelsTab:
     def _show_not_recorded(self, v: dict, fp8: bool = False) -> None:
         """Figures and status for a model with no recorded rows: the command that records it."""
         shape = (f"--contexts {v['context']}" if v["lengths"] == "equal" else
-                 f"--lengths {v['lengths']} --kernels vllm_v1 gqa --prefetch none")
+                 f"--lengths {v['lengths']} {' '.join(MIXED_FLAGS)}")
         command = (f"python -m kvlab bench attention --models {v['model']} "
                    f"--batches {v['batch']} {shape}" + (" --fp8" if fp8 else ""))
         where = "press Run to measure it here" if self.backend == "cuda" else "run on a GPU"

@@ -20,7 +20,8 @@
 // Launch contract (the Python wrapper's side):
 //   gqa_decode: grid (max_num_partitions, num_kv_heads, num_seqs), block 128 threads (4 warps);
 //     or, with a work list (mixed lengths: the wrapper lists only the partitions that hold
-//     tokens, longest first, instead of max_num_partitions per sequence, most of them empty),
+//     tokens, longest first or, in one wave, paired long and short (geometry.one_wave_order),
+//     instead of max_num_partitions per sequence, most of them empty),
 //     grid (num_items * num_kv_heads, 1, 1) and CTA x takes KV head x % num_kv_heads of
 //     (sequence, partition) = work[x / num_kv_heads]: the KV heads of an item are launched
 //     together, so the whole launch runs longest first (see v10).
@@ -223,7 +224,9 @@
 //       a split one head after head. The split model follows that schedule (partition_size).
 //       Timed against v9 at the same split (session probe, not recorded; % of the copy
 //       roofline): 64 lognormal sequences of max 2k, llama3-8b 83.4 -> 94.0, qwen2.5-7b
-//       73.9 -> 77.9; equal lengths 0.99-1.02x. Recorded: attention_mixed.json.
+//       73.9 -> 77.9; equal lengths 0.99-1.02x. A launch that fits one wave pairs a long and
+//       a short CTA on each SM instead (kvlab/kernels/geometry.py, one_wave_order).
+//       Recorded: attention_mixed.json.
 //       Tried and dropped (observed, not recorded): the scores as S^T = K . Q^T (K the mma's A
 //       operand, Q^T its B): one QK mma per 16 tokens and k-step instead of two (v10 pads rows
 //       8..15 of Q), a lane's logits those of its O^T columns' heads (no shuffles for the

@@ -6,7 +6,8 @@ KV byte is read from HBM once. When num_seqs x num_kv_heads CTAs cannot fill the
 sequence is cut into partitions (multiples of 256 tokens) spread over more CTAs, and a merge kernel
 combines the partitions' partial outputs by their log-sum-exp. A batch of mixed lengths, split or
 not, is launched as a work list of the partitions its sequences fill, longest first, so that the
-short ones fill the launch's tail.
+short ones fill the launch's tail; a launch that fits one wave pairs a long and a short CTA on each
+SM instead.
 """
 
 import numpy as np
@@ -15,7 +16,7 @@ import torch
 from kvlab.cache.fp8 import FP8_DTYPE
 from kvlab.checks import HEAD_DIMS
 from kvlab.kernels.geometry import GQA_BLOCK_SIZES as BLOCK_SIZES
-from kvlab.kernels.geometry import ctas_per_sm, partition_size, work_list
+from kvlab.kernels.geometry import ctas_per_sm, one_wave_order, partition_size, work_list
 from kvlab.kernels.geometry import gqa_smem_bytes as smem_bytes
 from kvlab.kernels.launch import NULL, launch, launch_dependent, ptr, reserve_shared_memory
 from kvlab.kernels.prefetch import PrefetchConfig
@@ -83,16 +84,18 @@ class Gqa:
         )
         kv_bytes = cache.k_cache.element_size()
         mixed = min(seq_lens) != max_seq_len
+        per_sm = ctas_per_sm(cache.head_dim, kv_bytes)
         self.partition_size = partition_size(num_seqs, cache.num_kv_heads, max_seq_len, num_sms,
-                                             ctas_per_sm(cache.head_dim, kv_bytes),
-                                             2 * cache.head_dim * kv_bytes,
+                                             per_sm, 2 * cache.head_dim * kv_bytes,
                                              seq_lens if mixed else None)
         self.num_partitions = -(-max_seq_len // self.partition_size)
-        # mixed lengths: only the partitions that hold tokens, longest first
+        # mixed lengths: only the partitions that hold tokens, longest first (in one wave, long
+        # and short paired an SM)
         self.work = None
         if mixed:
-            self.work = torch.from_numpy(work_list(seq_lens, self.partition_size)).to(
-                cache.device)
+            work = one_wave_order(work_list(seq_lens, self.partition_size), cache.num_kv_heads,
+                                  num_sms, per_sm)
+            self.work = torch.from_numpy(work).to(cache.device)
         d, group = cache.head_dim, num_qo_heads // cache.num_kv_heads
         names = name_expressions(q_dtype, d, cache.block_size, group, prefetch, cache.dtype)
         self.decode, self.merge = load(SOURCE, names, cache.device.index)

@@ -428,6 +428,19 @@ def test_gqa_splits_a_mixed_batch_by_the_work_it_holds():
     assert gqa.partition_size(64, 8, 2048, 132, 2, 512, [2048] + [1024] * 63) == 2048
 
 
+def test_gqa_pairs_long_and_short_ctas_an_sm_only_in_one_wave():
+    from kvlab.kernels.geometry import one_wave_order, work_list
+
+    work = work_list(list(range(100, 0, -1)), 256)  # 100 items, longest first
+    # 100 x 2 KV heads = 200 CTAs on 132 SMs of 2 slots: the items of the first 132 CTAs (66)
+    # longest first, the other 34 shortest first
+    paired = one_wave_order(work, 2, 132, 2)
+    assert paired[:66].tolist() == work[:66].tolist()
+    assert paired[66:].tolist() == work[66:][::-1].tolist()
+    # 100 x 3 = 300 CTAs > 264 slots: unchanged
+    assert one_wave_order(work, 3, 132, 2) is work
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_gqa_mixed_makespan_is_the_longest_first_schedule_of_every_cta(seed):
     """The model's groups of gcd(slots, KV heads) slots against the schedule itself: every CTA

@@ -234,8 +234,9 @@ def one_wave_order(work: np.ndarray, num_kv_heads: int, num_sms: int,
     num_sms CTAs stay longest first, the rest follow shortest first, so that the SM of a long
     CTA takes a short one as its second, and the long one reads alone sooner. A larger launch
     keeps `work` (its slots come free in turn: longest first is what fills them evenly).
-    NOTE: the Hopper block scheduler is observed, not documented, to give the first num_sms
-    CTAs an SM each and the next ones the SMs in the same order. Session probe on the H200 (gqa
+    NOTE: this assumes, without a document to say so, that the block scheduler gives the first
+    num_sms CTAs an SM each and the next ones the SMs in the same order; what was observed is
+    the time it saves. Session probe on the H200 (gqa
     v10, not recorded; one loop a point): one-wave batches of lognormal lengths, max 2k,
     unsplit: qwen2.5-7b 64 sequences (256 CTAs) 79.1 -> 80.5% of the copy roofline, llama2-7b
     8 (256 CTAs) 83.7 -> 86.8%; at 208 and 264 CTAs unchanged (+-0.3 points); applied to

@@ -50,10 +50,10 @@
 //         the weights are the logits times __fdividef(1, sum + 1e-6), vLLM's normalisation.
 //   p.V:  the same warp-to-block split. A V tile row (one dim, BLOCK_SIZE tokens) is read as
 //         BLOCK_SIZE / 8 16-byte vectors by as many lanes; a warp covers 32 / (BLOCK_SIZE / 8) rows
-//         per step and loops over HEAD_DIM. The 8 weights of a vector are rounded to T and
-//         multiplied by the V values in T (packed pairs), the products summed in fp32 into the
-//         lane's row accumulators; the lanes of a row are summed with shuffles, the 4 warps through
-//         shared memory (a 2-level tree).
+//         per step and loops over HEAD_DIM. The 8 weights of a vector are rounded to T and a
+//         row's 8 products summed in T (fused multiply-adds on packed pairs), the pair's sum then
+//         in fp32 into the lane's row accumulator; the lanes of a row are summed with shuffles,
+//         the 4 warps through shared memory (a 2-level tree).
 //   Tokens at or past seq_len in the sequence's last block get weight 0 and their V values are
 //   replaced by 0 before the multiply (the unused slots of a block may hold NaN/Inf).
 //
@@ -81,18 +81,18 @@
 //     measured on the H200 (../shared/H200.md): 1.04-1.09x on MHA (32:32), 1.01-1.29x on GQA, up
 //     from 0.77-1.25x. Also tried, not kept (observed, not recorded): vLLM's address arithmetic
 //     (runtime strides, per-load offsets from the vector index), 1.03-1.33x of vLLM's figures.
-//   Faithful to vLLM's build (this file; benchmarks/results/h200/attention_vllm.json, revision
-//     0a2bb2d): two properties of vLLM's source as nvcc 13 compiles it for sm_90 (read from the
+//   Faithful to vLLM's build (revision 0a2bb2d; benchmarks/results/h200/attention_vllm.json
+//     then): two properties of vLLM's source as nvcc 13 compiles it for sm_90 (read from the
 //     SASS; vLLM's own build: 96 registers a thread for v1, 126 for v2), which this source does
 //     not get by itself, are emulated. vLLM's K loop issues a block's 16 loads in two batches, two
 //     memory round trips a block, which a latency-bound GQA shape pays in full: qk_logits
 //     addresses batch b + 1 through a value known only once batch b's products are in
-//     (K_LOAD_BATCHES; this kernel's own build issued all 16 at once). vLLM's v2 holds 4 CTAs an
+//     (KLoadBatches now; this kernel's own build issued all 16 at once). vLLM's v2 holds 4 CTAs an
 //     SM (registers) where this one, at 88 registers, would hold 5: the launcher reserves shared
-//     memory to hold it at 4 (kvlab.kernels.geometry.VLLM_V2_CTAS_PER_SM). Against vLLM's
+//     memory to hold it at 4 (geometry.VLLM_V2_CTAS_PER_SM then). Against vLLM's
 //     figures: 0.93-1.17x, 10 of 20 points within 7%; the two batches alone ran 1.02-1.19x (8 of
 //     20; a session run, not kept).
-//   vLLM's K-vector indexing (this file, revision 61b76c2): qk_logits computes each K load's
+//   vLLM's K-vector indexing (revision 61b76c2): qk_logits computes each K load's
 //     address as vLLM's source does (a signed thread index, the vector index split into offset1
 //     and offset2 per load), where ours had folded them into immediate offsets. Read from nvcc
 //     13's SASS (<half, 128, 16> v1): the K loop takes 339 instructions a block, vLLM's build 355,
@@ -100,6 +100,20 @@
 //     the launch bounds ask for 5 CTAs an SM so that v1 keeps vLLM's occupancy (v1 with prefetch
 //     now holds 5 too, not 6). Against vLLM's figures: 0.90-1.12x, 13 of 20 points within 7%
 //     (benchmarks/results/h200/attention_vllm.json).
+//   Beside vLLM's own kernels (this file): vLLM 0.9.2's source compiled by nvcc 13 for sm_90
+//     (benchmarks/vllm_cubin.sh) and timed in the same loop (kvlab.kernels.vllm_own; its times
+//     match ../shared/H200.md's vLLM figures within 1.6% at all 20 points). ncu and the SASS of
+//     both showed three differences, all now followed:
+//     - vLLM's v2 holds 5 CTAs an SM (96 registers a thread; its CUDA 12.8 wheel's too), not 4:
+//       the 126 registers read before are its count at head_dim 256. No shared memory is
+//       reserved any more.
+//     - its K loop's round trips differ between v1 and v2 (KLoadBatches): v1 issues 7 x-vectors,
+//       then 9; v2 issues 2, then 1, then 13 (this file issued 8 and 8 in both).
+//     - its p.V sums a row's 8 products in T (this file summed them in fp32: 24 instructions a
+//       row, not 8), and tests for the last block row by row (8 branches a block).
+//     Executed instructions a block of the p.V loop: vLLM 150-152, this file 144-145 (120 with
+//     one test a block). Against vLLM's kernels side by side (session probe, 20 points, one loop
+//     each): 0.969-1.048x, from 0.805-1.045x before (v2 held to 4: the GQA v2 points 19% slow).
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -161,22 +175,24 @@ __device__ __forceinline__ uint32_t float2_to_word<__nv_bfloat16>(float lo, floa
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-// The pairwise product of two packed words, computed in T.
+// a * b + c pairwise on packed words, in T (one rounding: the fused multiply-add).
 template <typename T>
-__device__ __forceinline__ uint32_t mul_words(uint32_t a, uint32_t b);
+__device__ __forceinline__ uint32_t fma_words(uint32_t a, uint32_t b, uint32_t c);
 
 template <>
-__device__ __forceinline__ uint32_t mul_words<__half>(uint32_t a, uint32_t b) {
-  const __half2 p = __hmul2(*reinterpret_cast<const __half2*>(&a),
-                            *reinterpret_cast<const __half2*>(&b));
-  return *reinterpret_cast<const uint32_t*>(&p);
+__device__ __forceinline__ uint32_t fma_words<__half>(uint32_t a, uint32_t b, uint32_t c) {
+  const __half2 r = __hfma2(*reinterpret_cast<const __half2*>(&a),
+                            *reinterpret_cast<const __half2*>(&b),
+                            *reinterpret_cast<const __half2*>(&c));
+  return *reinterpret_cast<const uint32_t*>(&r);
 }
 
 template <>
-__device__ __forceinline__ uint32_t mul_words<__nv_bfloat16>(uint32_t a, uint32_t b) {
-  const __nv_bfloat162 p = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&a),
-                                   *reinterpret_cast<const __nv_bfloat162*>(&b));
-  return *reinterpret_cast<const uint32_t*>(&p);
+__device__ __forceinline__ uint32_t fma_words<__nv_bfloat16>(uint32_t a, uint32_t b, uint32_t c) {
+  const __nv_bfloat162 r = __hfma2(*reinterpret_cast<const __nv_bfloat162*>(&a),
+                                   *reinterpret_cast<const __nv_bfloat162*>(&b),
+                                   *reinterpret_cast<const __nv_bfloat162*>(&c));
+  return *reinterpret_cast<const uint32_t*>(&r);
 }
 
 // One vector load of N words (4, 8 or 16 bytes; `p` aligned to that size).
@@ -244,8 +260,6 @@ struct Geometry {
   static constexpr int NUM_X_VECS = HEAD_DIM / X;            // x-vectors per token
   static constexpr int K_VEC = X / THREAD_GROUP_SIZE;        // elements per lane per x-vector
   static constexpr int K_WORDS = K_VEC / 2;
-  static constexpr int K_LOAD_BATCHES = 2;  // memory round trips for one block's K (see qk_logits)
-  static_assert(NUM_X_VECS % K_LOAD_BATCHES == 0, "whole batches of x-vectors");
 
   // p.V: V_VECS_PER_ROW lanes per row of a V tile, ROWS_PER_STEP rows per warp step.
   static constexpr int V_VEC = X;
@@ -257,6 +271,22 @@ struct Geometry {
 
   static_assert(THREAD_GROUP_SIZE * BLOCK_SIZE == WARP_SIZE, "a warp covers one block");
   static_assert(HEAD_DIM % X == 0, "whole x-vectors");
+};
+
+// How many memory round trips one block's K takes, and which x-vectors each issues, as nvcc 13
+// schedules vLLM's source for sm_90 (the header; read from the SASS at head_dim 128, block 16,
+// fp16): v1 issues 7 x-vectors, then the other 9 once the first products are in; v2 issues 2,
+// then 1, then 13. Other shapes were not read: two equal batches.
+template <int NUM_X_VECS, int BLOCK_SIZE, bool V2>
+struct KLoadBatches {
+  static constexpr bool READ = NUM_X_VECS == 16 && BLOCK_SIZE == 16;
+  static constexpr int COUNT = READ && V2 ? 3 : 2;
+  // x-vectors issued before batch b ends (end(COUNT - 1) == NUM_X_VECS)
+  __device__ static constexpr int end(int b) {
+    if constexpr (!READ) return (b + 1) * NUM_X_VECS / 2;
+    if constexpr (V2) return b == 0 ? 2 : b == 1 ? 3 : NUM_X_VECS;
+    return b == 0 ? 7 : NUM_X_VECS;
+  }
 };
 
 // First element of the (block_id, kv_head) tile of a K or V cache.
@@ -291,7 +321,7 @@ __device__ __forceinline__ void prefetch_ahead(const T* cache, const int* block_
 // this thread's max over the valid logits it saw (-inf if none). q_smem holds the head's q (the
 // CTA staged it); as in vLLM, each thread group reads its slice of q from shared memory for
 // every block instead of keeping it in registers (which leaves registers for a fifth CTA an SM).
-template <typename T, int HEAD_DIM, int BLOCK_SIZE, int PF_MODE, bool PF_K, int PF_DIST,
+template <typename T, int HEAD_DIM, int BLOCK_SIZE, bool V2, int PF_MODE, bool PF_K, int PF_DIST,
           bool PF_EVICT_LAST>
 __device__ __forceinline__ float qk_logits(float* logits, const T* q_smem, const T* k_cache,
                                            const int* block_table, const Range& r, int seq_len,
@@ -312,21 +342,22 @@ __device__ __forceinline__ float qk_logits(float* logits, const T* q_smem, const
         kv_tile<G::TILE_ELEMS>(k_cache, block_table[block_idx], num_kv_heads, kv_head);
     const T* k_row = k_tile + token_in_block * G::X;
     // One fp32 chain per element pair, then the group's lanes summed. The block's K vectors are
-    // loaded in K_LOAD_BATCHES batches, as vLLM's build issues them (see the header): batch b + 1
-    // is addressed through `dep`, which is 0 but known only once batch b's products are in, so
-    // its loads wait for batch b (nvcc 13's SASS keeps that order; NVRTC's builds ran slower on
-    // the H200 for it, as two round trips would).
+    // loaded in the batches of KLoadBatches, as vLLM's build issues them (see the header): batch
+    // b + 1 is addressed through `dep`, which is 0 but known only once batch b's products are
+    // in, so its loads wait for batch b (nvcc 13's SASS keeps that order; this source's own
+    // build would issue all 16 at once, one round trip).
+    using Batches = KLoadBatches<G::NUM_X_VECS, BLOCK_SIZE, V2>;
     float2 acc[G::K_WORDS];
 #pragma unroll
     for (int w = 0; w < G::K_WORDS; ++w) acc[w] = make_float2(0.f, 0.f);
     int dep = 0;
 #pragma unroll
-    for (int b = 0; b < G::K_LOAD_BATCHES; ++b) {
-      constexpr int PER_BATCH = G::NUM_X_VECS / G::K_LOAD_BATCHES;
-      uint32_t k_words[PER_BATCH][G::K_WORDS];
+    for (int b = 0; b < Batches::COUNT; ++b) {
+      const int first = b == 0 ? 0 : Batches::end(b - 1), last = Batches::end(b);
+      uint32_t k_words[G::NUM_X_VECS][G::K_WORDS];
 #pragma unroll
-      for (int j = 0; j < PER_BATCH; ++j) {
-        const int vec_idx = group_lane + (b * PER_BATCH + j) * G::THREAD_GROUP_SIZE;
+      for (int j = first; j < last; ++j) {
+        const int vec_idx = group_lane + j * G::THREAD_GROUP_SIZE;
         const int offset1 = vec_idx * G::K_VEC / G::X, offset2 = vec_idx * G::K_VEC % G::X;
         load_words(k_words[j], k_row + (dep + offset1 * BLOCK_SIZE * G::X + offset2));
       }
@@ -337,9 +368,9 @@ __device__ __forceinline__ float qk_logits(float* logits, const T* q_smem, const
         }
       }
 #pragma unroll
-      for (int j = 0; j < PER_BATCH; ++j) {
+      for (int j = first; j < last; ++j) {
         uint32_t q_words[G::K_WORDS];
-        load_words(q_words, q_lane + (b * PER_BATCH + j) * G::X);
+        load_words(q_words, q_lane + j * G::X);
 #pragma unroll
         for (int w = 0; w < G::K_WORDS; ++w) {
           const float2 qf = word_to_float2<T>(q_words[w]);
@@ -350,7 +381,7 @@ __device__ __forceinline__ float qk_logits(float* logits, const T* q_smem, const
       }
       // x * 0 is 0, -0 or NaN, each converted to 0 (cvt.rzi); a compiler may fold it to 0,
       // which would drop the second round trip (the sums stay the same), and ours do not
-      if (b + 1 < G::K_LOAD_BATCHES) dep = __float2int_rz(acc[0].x * 0.f);
+      if (b + 1 < Batches::COUNT) dep = __float2int_rz(acc[0].x * 0.f);
     }
     float qk = 0.f;
 #pragma unroll
@@ -430,31 +461,30 @@ __device__ __forceinline__ void weights_times_v(
     }
 
     // Weights of tokens token0 .. token0 + 7 (32-byte aligned in shared memory), rounded to T
-    // as vLLM does: the products are taken in T, their sums in fp32.
+    // as vLLM does: a row's 8 products are summed in T (pairs of a packed word, fused
+    // multiply-adds), and that pair's sum in fp32 is added to the row's fp32 accumulator.
     const float4* w4 = reinterpret_cast<const float4*>(weights + (token0 - r.start_token));
     const float4 wa = w4[0], wb = w4[1];
     const uint32_t w[G::V_WORDS] = {float2_to_word<T>(wa.x, wa.y), float2_to_word<T>(wa.z, wa.w),
                                     float2_to_word<T>(wb.x, wb.y), float2_to_word<T>(wb.z, wb.w)};
-    // NOTE: only the sequence's last block has slots past seq_len; their V may be NaN/Inf, so
-    // their values are zeroed, not just multiplied by a 0 weight.
-    uint32_t keep[G::V_WORDS];
-#pragma unroll
-    for (int j = 0; j < G::V_WORDS; ++j) {
-      keep[j] = block_idx != r.num_seq_blocks - 1 ? 0xffffffffu
-                : (token0 + 2 * j < seq_len ? 0x0000ffffu : 0u) |
-                      (token0 + 2 * j + 1 < seq_len ? 0xffff0000u : 0u);
-    }
-
 #pragma unroll
     for (int i = 0; i < G::ROWS_PER_LANE; ++i) {
       if (row0 + i * G::ROWS_PER_STEP < HEAD_DIM) {
-        float dot = 0.f;
+        // NOTE: only the sequence's last block has slots past seq_len; their V may be NaN/Inf,
+        // so there their values are zeroed, not just multiplied by a 0 weight. The test is made
+        // for each row, as in vLLM's source, whose build branches around it row by row.
+        if (block_idx == r.num_seq_blocks - 1) {
 #pragma unroll
-        for (int j = 0; j < G::V_WORDS; ++j) {
-          const float2 f = word_to_float2<T>(mul_words<T>(w[j], v_words[i][j] & keep[j]));
-          dot += f.x + f.y;
+          for (int j = 0; j < G::V_WORDS; ++j) {
+            v_words[i][j] &= (token0 + 2 * j < seq_len ? 0x0000ffffu : 0u) |
+                             (token0 + 2 * j + 1 < seq_len ? 0xffff0000u : 0u);
+          }
         }
-        acc[i] += dot;
+        uint32_t sum = fma_words<T>(w[0], v_words[i][0], 0u);
+#pragma unroll
+        for (int j = 1; j < G::V_WORDS; ++j) sum = fma_words<T>(w[j], v_words[i][j], sum);
+        const float2 f = word_to_float2<T>(sum);
+        acc[i] += f.x + f.y;
       }
     }
   }
@@ -545,7 +575,8 @@ __device__ __forceinline__ void decode_cta(T* out, float* partial_out, float* pa
     q_smem[i] = reinterpret_cast<const uint4*>(q + head_row * HEAD_DIM)[i];
   }
   __syncthreads();
-  const float qk_max = qk_logits<T, HEAD_DIM, BLOCK_SIZE, PF_MODE, PF_K, PF_DIST, PF_EVICT_LAST>(
+  const float qk_max = qk_logits<T, HEAD_DIM, BLOCK_SIZE, (PARTITION_SIZE > 0), PF_MODE, PF_K,
+                                 PF_DIST, PF_EVICT_LAST>(
       logits, reinterpret_cast<const T*>(q_smem), k_cache, block_table, r, seq_len, num_kv_heads,
       kv_head, scale, policy);
   const float2 max_sum =

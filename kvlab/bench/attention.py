@@ -16,6 +16,10 @@ With `--lengths lognormal:MEAN,MAX`, each point is a batch of mixed lengths
 `context` (the batch's mean length, rounded) and `max_context`, and no SDPA row (a dense batch of
 mixed lengths would be padded to the longest); kernel "gqa_split_longest" is gqa without prefetch
 with its split planned as if every sequence were the longest (kvlab before it planned by lengths).
+With `--vllm-cubin PATH`, vLLM's own kernels (kvlab.kernels.vllm_own, built by
+benchmarks/vllm_cubin.sh) on vllm_v1's cache, launched as vLLM does (kernel "vllm_own", its
+`vllm_variant` v1 or v2): the baseline vllm_v1 follows, in the same loop. The result's
+`vllm_cubin` names the file, its sha256 and its build.
 Every row carries its `loop`: ratios between rows (prefetch over none, gqa over SDPA, auto over
 the best setting) compare rows of one loop only.
 
@@ -39,7 +43,7 @@ from kvlab.bench.env import gpu_info, gpu_state, run_info, write_checkpoint
 from kvlab.cache import filled_cache
 from kvlab.cache.fp8 import FP8_DTYPE
 from kvlab.config import MODELS
-from kvlab.kernels import FAMILIES, gqa, green, tune, vllm_v1
+from kvlab.kernels import FAMILIES, gqa, green, tune, vllm_own, vllm_v1
 from kvlab.kernels.decode import DecodePlan
 from kvlab.kernels.geometry import FAMILY_BLOCK_SIZES
 from kvlab.kernels.prefetch import PrefetchConfig
@@ -74,6 +78,8 @@ def check(args) -> None:
     if args.fp8 and "gqa" not in args.kernels:
         raise ValueError(f"--fp8 times gqa on an fp8 cache: --kernels {' '.join(args.kernels)} "
                          "leaves gqa out")
+    if args.vllm_cubin is not None:
+        check_vllm_cubin(args)
     if backend() != "cuda":
         raise ValueError("python -m kvlab bench attention needs a CUDA GPU usable through torch "
                          "and CuPy (kvlab.backend() is 'sim' here)")
@@ -81,6 +87,27 @@ def check(args) -> None:
     for n in args.sms or ():
         if n > total:
             raise ValueError(f"--sms {n}: this GPU has {total} SMs")
+
+
+def check_vllm_cubin(args) -> None:
+    """Raise ValueError unless --vllm-cubin can run beside these options: vLLM's kernels run on
+    vllm_v1's cache, in fp16, at head_dim 128 and blocks 8/16/32 (what vllm_cubin.sh builds)."""
+    if "vllm_v1" not in args.kernels:
+        raise ValueError(f"--vllm-cubin times vLLM's kernels on vllm_v1's cache: --kernels "
+                         f"{' '.join(args.kernels)} leaves vllm_v1 out")
+    if args.dtype != "float16":
+        raise ValueError(f"--vllm-cubin with --dtype {args.dtype}: vllm_cubin.sh builds vLLM's "
+                         "fp16 kernels only")
+    for size in args.block_sizes:
+        if size not in vllm_own.BLOCK_SIZES:
+            raise ValueError(f"--vllm-cubin with --block-sizes {size}: vLLM's kernels are built "
+                             f"for {', '.join(map(str, vllm_own.BLOCK_SIZES))}")
+    for name in args.models:
+        if MODELS[name].head_dim not in vllm_own.HEAD_DIMS:
+            raise ValueError(f"--vllm-cubin with --models {name} (head_dim "
+                             f"{MODELS[name].head_dim}): vLLM's kernels are built for head_dim "
+                             f"{', '.join(map(str, vllm_own.HEAD_DIMS))}")
+    vllm_own.describe(args.vllm_cubin)
 
 
 def sm_counts(requested, total: int, reason: str | None) -> tuple[list, str | None]:
@@ -185,6 +212,14 @@ def loop_variants(model, batch: int, context, block_size: int, args, dtype) -> d
                 plans["auto", family, mode] = ({"kernel": "auto", "family": family,
                                                 "auto_mode": mode,
                                                 "prefetch": plan.prefetch.label(), **extra}, plan)
+        if family == "vllm_v1" and args.vllm_cubin is not None:
+            plan = next(iter(plans.values()))[1]
+            own = vllm_own.VllmOwn(args.vllm_cubin, cache, model.num_qo_heads,
+                                   plan.host_seq_lens)
+            found["vllm_own", "none"] = (
+                {"kernel": "vllm_own", "prefetch": "none", "vllm_variant": own.variant},
+                lambda own=own, plan=plan, cache=cache: own(
+                    out, q, cache.k_cache, cache.v_cache, plan.block_tables, plan.seq_lens))
         if family == "gqa" and mixed:  # the split planned as if every sequence were the longest
             plan = DecodePlan(cache, seq_ids, model.num_qo_heads, family)
             plan.launcher = gqa.Gqa(cache, model.num_qo_heads, [plan.max_seq_len] * batch,
@@ -222,6 +257,8 @@ def run(args) -> dict:
     result = {"benchmark": "attention", **run_info(), **gpu_info(), "dtype": args.dtype,
               "num_runs": args.runs, "l2_flushed": True, "timing": METHOD,
               "command": args.command}
+    if args.vllm_cubin is not None:
+        result["vllm_cubin"] = vllm_own.describe(args.vllm_cubin)
     result["roofline_copy_gbps"] = round(copy_roofline_gbps(timer), 1)
     result["clocks_after_roofline"] = gpu_state()
     counts, note = sm_counts(args.sms, green.device_sms(), green.unavailable_reason())

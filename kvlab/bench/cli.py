@@ -132,6 +132,10 @@ def _add_attention(parser: argparse.ArgumentParser) -> None:
                              "KVLAB_AUTOTUNE=0")
     parser.add_argument("--runs", type=positive_int, default=25,
                         help="timed runs per variant (median)")
+    parser.add_argument("--vllm-cubin", metavar="PATH",
+                        help="also time vLLM's own kernels from this cubin (built by "
+                             "benchmarks/vllm_cubin.sh from a vLLM source tree) on vllm_v1's "
+                             "cache, in the same loop (kernel 'vllm_own'; fp16, head_dim 128)")
     parser.add_argument("--fp8", action="store_true",
                         help="also time gqa on an fp8 (e4m3) cache of the same shape, in the same "
                              "loop (kernel 'gqa_fp8')")

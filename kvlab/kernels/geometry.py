@@ -15,12 +15,10 @@ VLLM_NUM_WARPS = 4  # 128 threads per CTA
 PARTITION_SIZE = 512  # tokens per CTA of v2
 MAX_V1_SEQ_LEN = 8192  # like vLLM: v1 only up to this many tokens
 V1_MIN_CTAS = 512  # like vLLM: a split v1 batch runs v1 only above this many (sequence, head) CTAs
-# CTAs an H200 SM holds (registers, at head_dim 128, block 16): v1 5, with or without prefetch
-# (93-96 registers a thread under NVRTC, as vLLM's build's 96 allow); v2, which vLLM's build
-# compiles to 126 registers a thread (its source by nvcc 13 for sm_90, read from the SASS), 4 on
-# any GPU: `vllm_smem_bytes` reserves shared memory to hold it there
+# CTAs an H200 SM holds (registers, at head_dim 128, block 16): 5, v1 and v2, with or without
+# prefetch (88-96 registers a thread; the launch bounds ask for 5), as vLLM's own build holds
+# both (96 registers a thread: vLLM 0.9.2's source by nvcc 13 for sm_90, and its CUDA 12.8 wheel)
 VLLM_CTAS_PER_SM = 5
-VLLM_V2_CTAS_PER_SM = 4
 
 # gqa (kernels/paged_decode_gqa.cu)
 GQA_BLOCK_SIZES = (8, 16, 32, 64, 128, 256)
@@ -64,18 +62,13 @@ def use_partitions(num_seqs: int, num_qo_heads: int, max_seq_len: int) -> bool:
     return not use_v1
 
 
-def vllm_smem_bytes(head_dim: int, block_size: int, partition_size: int, max_seq_len: int,
-                    sm_shared_bytes: int = SM_SHARED_BYTES) -> int:
-    """Dynamic shared memory of vllm_decode: fp32 logits for the tokens one CTA covers, or the
-    cross-warp output reduction, whichever is larger; for v2 at least what holds an SM of
-    `sm_shared_bytes` to VLLM_V2_CTAS_PER_SM CTAs, vLLM's occupancy (its registers allow 5
-    anywhere, its shared memory then leaves room for 4: 45,671 bytes on Hopper)."""
+def vllm_smem_bytes(head_dim: int, block_size: int, partition_size: int,
+                    max_seq_len: int) -> int:
+    """Dynamic shared memory of vllm_decode, as vLLM's launchers size it: fp32 logits for the
+    tokens one CTA covers (a partition, or the longest sequence rounded up to whole blocks), or
+    the cross-warp output reduction, whichever is larger."""
     num_tokens = partition_size or -(-max_seq_len // block_size) * block_size
-    need = max(num_tokens * 4, (VLLM_NUM_WARPS // 2) * head_dim * 4)
-    if partition_size:
-        need = max(need, sm_shared_bytes // (VLLM_V2_CTAS_PER_SM + 1)
-                   - CTA_RESERVED_SHARED_BYTES + 1)
-    return need
+    return max(num_tokens * 4, (VLLM_NUM_WARPS // 2) * head_dim * 4)
 
 
 def gqa_stages(kv_bytes: int = 2) -> int:

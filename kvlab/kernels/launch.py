@@ -52,14 +52,6 @@ def resident_ctas(kernel, num_threads: int, shared_mem: int, device: torch.devic
     return count
 
 
-@functools.cache
-def shared_memory_per_sm(device_index: int) -> int:
-    """Bytes of shared memory one SM of the device has for its CTAs (228 KiB on Hopper)."""
-    runtime = import_cupy().cuda.runtime
-    return runtime.deviceGetAttribute(runtime.cudaDevAttrMaxSharedMemoryPerMultiprocessor,
-                                      device_index)
-
-
 def launch(kernel, grid, block, args, device: torch.device, shared_mem: int = 0) -> None:
     with import_cupy().cuda.Device(device.index), torch_stream(device):
         kernel(grid, block, args, shared_mem=shared_mem)

@@ -15,7 +15,7 @@ from kvlab.checks import HEAD_DIMS
 from kvlab.kernels.geometry import PARTITION_SIZE, VLLM_NUM_WARPS, use_partitions
 from kvlab.kernels.geometry import VLLM_BLOCK_SIZES as BLOCK_SIZES
 from kvlab.kernels.geometry import vllm_smem_bytes as smem_bytes
-from kvlab.kernels.launch import NULL, launch, ptr, reserve_shared_memory, shared_memory_per_sm
+from kvlab.kernels.launch import NULL, launch, ptr, reserve_shared_memory
 from kvlab.kernels.prefetch import PrefetchConfig
 
 SOURCE = "paged_decode_vllm.cu"
@@ -70,8 +70,7 @@ class VllmV1:
         names = name_expressions(cache.dtype, d, bs, self.partition_size, prefetch)
         kernels = load(SOURCE, names, cache.device.index)
         self.decode, self.reduce = kernels[0], kernels[-1]
-        self.smem = smem_bytes(d, bs, self.partition_size, max_seq_len,
-                               shared_memory_per_sm(cache.device.index))
+        self.smem = smem_bytes(d, bs, self.partition_size, max_seq_len)
         reserve_shared_memory(self.decode, self.smem)
         self.partials = None
         if self.partition_size:

@@ -2,22 +2,22 @@
 choice and gqa's partition size on the SMs given, and the CTAs an SM holds.
 
 vllm_v1's CTAs an SM (kvlab.kernels.geometry) are what the driver reports for vllm_decode<__half,
-128, 16, ...>, which a GPU test checks (tests/kernels/test_decode.py): registers limit v1 to
-VLLM_CTAS_PER_SM = 5, with or without prefetch, and the shared memory it reserves holds v2 to
-VLLM_V2_CTAS_PER_SM = 4, as vLLM's build runs it. Launches recorded before revision e5e265a ran
-an earlier kernel, which held 4 without prefetch (ncu: launch__occupancy_limit_registers = 4 at
-119 registers; tests/profile/data/ncu_raw_h200.csv); from e5e265a until v2 reserved its shared
-memory, v2 held 5 (6 with prefetch), and until vllm_v1 took vLLM's K-vector indexing (revision
-61b76c2), v1 held 6 with prefetch. gqa's follows from its shared memory
-(kvlab.kernels.geometry.ctas_per_sm), which ncu confirms (its launch__occupancy_limit_shared_mem
-= 2 for head_dim 128, as ctas_per_sm(128) says).
+128, 16, ...>, which a GPU test checks (tests/kernels/test_decode.py): registers limit v1 and v2
+to VLLM_CTAS_PER_SM = 5, with or without prefetch, as vLLM's own build runs them. Launches
+recorded before revision e5e265a ran an earlier kernel, which held 4 without prefetch (ncu:
+launch__occupancy_limit_registers = 4 at 119 registers; tests/profile/data/ncu_raw_h200.csv);
+from e5e265a until vllm_v1 took vLLM's K-vector indexing (revision 61b76c2), v1 held 6 with
+prefetch; from 0a2bb2d until v2 took vLLM's K-load batches (kernels/paged_decode_vllm.cu), v2 was
+held to 4 by reserved shared memory (vLLM's v2 was taken to need 126 registers a thread,
+its count at head_dim 256; at 128 it needs 96). gqa's follows from
+its shared memory (kvlab.kernels.geometry.ctas_per_sm), which ncu confirms (its
+launch__occupancy_limit_shared_mem = 2 for head_dim 128, as ctas_per_sm(128) says).
 """
 
 from kvlab.config import MODELS
 from kvlab.kernels import FAMILIES
 from kvlab.kernels.geometry import (
     VLLM_CTAS_PER_SM,
-    VLLM_V2_CTAS_PER_SM,
     ctas_per_sm,
     partition_size,
     use_partitions,
@@ -39,7 +39,7 @@ def launch_spec(model: str, kernel: str, batch: int, context: int, num_sms: int,
     m = MODELS[model]
     if kernel == "vllm_v1":
         part = 512 if use_partitions(batch, m.num_qo_heads, context) else 0
-        slots = VLLM_V2_CTAS_PER_SM if part else VLLM_CTAS_PER_SM
+        slots = VLLM_CTAS_PER_SM
     else:
         slots = ctas_per_sm(m.head_dim)
         part = partition_size(batch, m.num_kv_heads, context, num_sms, slots,

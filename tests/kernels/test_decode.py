@@ -142,30 +142,26 @@ def test_gqa_runs_equal_lengths_on_the_natural_grid(lens):
 
 @pytest.mark.gpu
 def test_resident_ctas_are_what_the_l2_model_and_the_split_assume():
-    """The L2 model runs vllm_v1's v1 at VLLM_CTAS_PER_SM CTAs an SM (registers) and v2 at
-    vLLM's VLLM_V2_CTAS_PER_SM (shared memory reserved), and gqa's split fills
-    geometry.ctas_per_sm (shared memory): the driver must agree for the models' shapes."""
+    """The L2 model runs vllm_v1's v1 and v2 at VLLM_CTAS_PER_SM CTAs an SM (registers, as
+    vLLM's build holds them), and gqa's split fills geometry.ctas_per_sm (shared memory): the
+    driver must agree for the models' shapes."""
     from kvlab.kernels.geometry import (
         VLLM_CTAS_PER_SM,
-        VLLM_V2_CTAS_PER_SM,
         ctas_per_sm,
         gqa_smem_bytes,
         vllm_smem_bytes,
     )
-    from kvlab.kernels.launch import reserve_shared_memory, resident_ctas, shared_memory_per_sm
+    from kvlab.kernels.launch import reserve_shared_memory, resident_ctas
 
     device = torch.device("cuda")
-    sm_bytes = shared_memory_per_sm(torch.cuda.current_device())
-    none, bulk, line = PrefetchConfig(), PrefetchConfig("bulk"), PrefetchConfig("line")
-    for partition_size, prefetch, expected in (
-            (0, none, VLLM_CTAS_PER_SM), (0, bulk, VLLM_CTAS_PER_SM), (0, line, VLLM_CTAS_PER_SM),
-            (vllm_v1.PARTITION_SIZE, none, VLLM_V2_CTAS_PER_SM),
-            (vllm_v1.PARTITION_SIZE, bulk, VLLM_V2_CTAS_PER_SM)):
-        names = vllm_v1.name_expressions(torch.float16, 128, 16, partition_size, prefetch)
-        kernel = load(vllm_v1.SOURCE, names)[0]
-        smem = vllm_smem_bytes(128, 16, partition_size, 4096, sm_bytes)
-        reserve_shared_memory(kernel, smem)
-        assert resident_ctas(kernel, 128, smem, device) == expected, (partition_size, prefetch)
+    for partition_size in (0, vllm_v1.PARTITION_SIZE):
+        for prefetch in (PrefetchConfig(), PrefetchConfig("bulk"), PrefetchConfig("line")):
+            names = vllm_v1.name_expressions(torch.float16, 128, 16, partition_size, prefetch)
+            kernel = load(vllm_v1.SOURCE, names)[0]
+            smem = vllm_smem_bytes(128, 16, partition_size, 4096)
+            reserve_shared_memory(kernel, smem)
+            assert resident_ctas(kernel, 128, smem, device) == VLLM_CTAS_PER_SM, (
+                partition_size, prefetch)
     for group in (1, 4, 7):
         names = gqa.name_expressions(torch.float16, 128, 16, group, PrefetchConfig())
         kernel = load(gqa.SOURCE, names)[0]

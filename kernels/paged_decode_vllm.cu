@@ -112,8 +112,9 @@
 //     - its p.V sums a row's 8 products in T (this file summed them in fp32: 24 instructions a
 //       row, not 8), and tests for the last block row by row (8 branches a block).
 //     Executed instructions a block of the p.V loop: vLLM 150-152, this file 144-145 (120 with
-//     one test a block). Against vLLM's kernels side by side (session probe, 20 points, one loop
-//     each): 0.969-1.048x, from 0.805-1.045x before (v2 held to 4: the GQA v2 points 19% slow).
+//     one test a block). Against vLLM's kernels side by side, one loop a point: 0.963-1.046x at
+//     the 20 points (benchmarks/results/h200/attention_vllm.json, revision 15947c5), from
+//     0.805-1.045x before (a session probe; v2 held to 4 CTAs: the GQA v2 points up to 19% slow).
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -275,8 +276,8 @@ struct Geometry {
 
 // How many memory round trips one block's K takes, and which x-vectors each issues, as nvcc 13
 // schedules vLLM's source for sm_90 (the header; read from the SASS at head_dim 128, block 16,
-// fp16): v1 issues 7 x-vectors, then the other 9 once the first products are in; v2 issues 2,
-// then 1, then 13. Other shapes were not read: two equal batches.
+// fp16, which bf16 follows): v1 issues 7 x-vectors, then the other 9 once the first products are
+// in; v2 issues 2, then 1, then 13. Other shapes were not read: two equal batches.
 template <int NUM_X_VECS, int BLOCK_SIZE, bool V2>
 struct KLoadBatches {
   static constexpr bool READ = NUM_X_VECS == 16 && BLOCK_SIZE == 16;

@@ -7,9 +7,10 @@ launcher does, on a cache of vllm_v1's layout (the same as vLLM's): the grid, 12
 shared memory, the v1/v2 rule (kvlab.kernels.geometry.use_partitions) and v2's reduce kernel with
 its fp16 partial outputs.
 
-The kernels are found by their mangled names, which vLLM's kernel signature fixes (the one from
-blocksparse attention's arrival in 2024 until the kernels left vLLM): a cubin without them gets
-a ValueError that names what was missing.
+The kernels are found by their mangled names, which the template arguments and vLLM's kernel
+signature fix (checked against vLLM 0.9.2's, whose kernels take block-sparse arguments): a cubin
+without them, such as one built from a vLLM whose signature differs, gets a ValueError that names
+what was missing.
 """
 
 from __future__ import annotations
@@ -59,7 +60,10 @@ def describe(path) -> dict:
     info = {"file": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
     notes = path.with_name(path.name + ".json")
     if notes.is_file():
-        info["build"] = json.loads(notes.read_text())
+        try:
+            info["build"] = json.loads(notes.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{str(notes)!r}: not JSON ({err}); vllm_cubin.sh writes it") from None
     return info
 
 

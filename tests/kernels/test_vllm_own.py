@@ -43,6 +43,9 @@ def test_a_cubin_is_recorded_by_name_hash_and_build(tmp_path):
     assert info == {"file": "vllm.cubin", "sha256": info["sha256"]} and len(info["sha256"]) == 64
     (tmp_path / "vllm.cubin.json").write_text(json.dumps({"vllm": "0.9.2"}))
     assert vllm_own.describe(cubin)["build"] == {"vllm": "0.9.2"}
+    (tmp_path / "vllm.cubin.json").write_text("{vllm")
+    with pytest.raises(ValueError, match="vllm.cubin.json'.*not JSON"):
+        vllm_own.describe(cubin)
     with pytest.raises(ValueError, match="no such file"):
         vllm_own.describe(tmp_path / "missing.cubin")
 

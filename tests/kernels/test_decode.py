@@ -256,6 +256,32 @@ def test_split_merge_rescales_to_a_dominant_token(kernel):
     assert per_head.max().item() < TOLERANCE[torch.float16], per_head
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", FAMILIES)
+def test_softmax_follows_rising_logits(kernel):
+    """The lead query head of each group sees its logits climb by 3 (natural log, 4.3 in log2)
+    every 64 tokens and jump by 15 at token 3000: gqa's running max moves past its lazy-rescale
+    slack (8 in log2) every other 64-token tile and at the jump, and stays within it in between,
+    so the output must follow every rescale and every skipped one."""
+    torch.manual_seed(7)
+    n, group = 4096, 4
+    cache = PagedKVCache(n // 16, 16, NUM_KV_HEADS, 128, dtype=torch.float16, device="cuda",
+                         layout=FAMILIES[kernel].LAYOUT)
+    q = torch.randn(1, NUM_KV_HEADS * group, 128, device="cuda", dtype=torch.float16)
+    k, v = (torch.randn(n, NUM_KV_HEADS, 128, device="cuda", dtype=torch.float16) for _ in "kv")
+    lead = q[0, ::group].float()  # the first query head of each KV head's group
+    t = torch.arange(n, device="cuda")
+    rise = t * (3.0 / 64) + 15.0 * (t >= 3000)
+    # k . lead * 128^-0.5 gains rise[t]
+    k += (rise[:, None, None] * 128**0.5 * lead / lead.norm(dim=-1, keepdim=True) ** 2).half()
+    seq_ids = [cache.add_sequence(k, v)]
+    plan = kvlab.DecodePlan(cache, seq_ids, q.shape[1], kernel=kernel)
+    out = plan.run(q, out=torch.full_like(q, math.nan))
+    ref = reference(q, cache, seq_ids)
+    per_head = (out.float() - ref).norm(dim=-1) / ref.norm(dim=-1)
+    assert per_head.max().item() < TOLERANCE[torch.float16], per_head
+
+
 def cpu_cache(layout="hnd", block_size=16, num_kv_heads=2, dtype=torch.float16):
     return PagedKVCache(4, block_size, num_kv_heads, 64, dtype=dtype, layout=layout)
 

@@ -66,7 +66,7 @@ class TraceSpec:
     block_size: int = 16
     dtype_bytes: int = 2
     prefetch: PrefetchConfig = field(default_factory=PrefetchConfig)
-    num_sms: int = 132  # H200 (/work/shared/H200.md)
+    num_sms: int = 132  # the H200
     placement: str = "random"
     seed: int = 0
     jitter_rounds: float = JITTER_ROUNDS

@@ -355,9 +355,13 @@ __device__ __forceinline__ float qk_logits(float* logits, const T* q_smem, const
 #pragma unroll
     for (int b = 0; b < Batches::COUNT; ++b) {
       const int first = b == 0 ? 0 : Batches::end(b - 1), last = Batches::end(b);
+      // j runs over every x-vector and skips those of other batches: a constant trip count
+      // unrolls whole, so k_words stays in registers (a loop from `first` to `last` was left
+      // partly rolled at block 32, with k_words in local memory)
       uint32_t k_words[G::NUM_X_VECS][G::K_WORDS];
 #pragma unroll
-      for (int j = first; j < last; ++j) {
+      for (int j = 0; j < G::NUM_X_VECS; ++j) {
+        if (j < first || j >= last) continue;
         const int vec_idx = group_lane + j * G::THREAD_GROUP_SIZE;
         const int offset1 = vec_idx * G::K_VEC / G::X, offset2 = vec_idx * G::K_VEC % G::X;
         load_words(k_words[j], k_row + (dep + offset1 * BLOCK_SIZE * G::X + offset2));
@@ -369,7 +373,8 @@ __device__ __forceinline__ float qk_logits(float* logits, const T* q_smem, const
         }
       }
 #pragma unroll
-      for (int j = first; j < last; ++j) {
+      for (int j = 0; j < G::NUM_X_VECS; ++j) {
+        if (j < first || j >= last) continue;
         uint32_t q_words[G::K_WORDS];
         load_words(q_words, q_lane + j * G::X);
 #pragma unroll

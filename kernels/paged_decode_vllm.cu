@@ -116,10 +116,12 @@
 //     the 20 points (benchmarks/results/h200/attention_vllm.json, revision 15947c5), from
 //     0.805-1.045x before (a session probe; v2 held to 4 CTAs: the GQA v2 points up to 19% slow).
 //   Blocks 8 and 32 (revision 554f766): the K batches' loops of 15947c5 ran from a batch's first
-//     x-vector to its last; nvcc 13 left them partly rolled at blocks 8 and 32 and put k_words in
-//     local memory (64- and 256-byte stack frames; ncu on llama2-7b at block 32: 40% L2 hits from
-//     the stack's traffic where the loads hit 3%). They now run over every x-vector with a
-//     constant trip count: no stack at any block size, block 16's SASS unchanged. Fidelity was
+//     x-vector to its last; nvcc 13 left them partly rolled at blocks 8 and 32 (head_dim 128) and
+//     at head_dim 256 (block 16 too) and put k_words in local memory (64- and 256-byte stack
+//     frames; ncu on llama2-7b at block 32: 40% L2 hits from the stack's traffic where the loads
+//     hit 3%). They now run over every x-vector with a constant trip count: no stack frame in any
+//     instance CI compiles (tests/kernels/test_nvcc.py checks it), the SASS at head_dim 128,
+//     block 16 unchanged. Fidelity was
 //     matched at block 16 only. Beside vLLM's own kernels at 16 points a block size (the four
 //     models x 1 x 32k, 8 x 4k, 16 x 1k, 64 x 8k; session probe, not recorded): block 8
 //     0.842-1.232x (9 within 7%; 79-80 registers, 6 CTAs an SM, vLLM's 94-96 and 5), block 32

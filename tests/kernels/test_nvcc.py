@@ -1,4 +1,5 @@
-"""Every .cu file compiles with nvcc for sm_90, and the default instantiations do not spill.
+"""Every .cu file compiles with nvcc for sm_90, and the default instantiations neither spill nor
+keep arrays in local memory (a stack frame: vllm_v1's K vectors at blocks 8 and 32 once did).
 
 Runs on the CPU (nvcc needs no GPU); skipped where nvcc is not installed.
 """
@@ -19,6 +20,7 @@ pytestmark = [pytest.mark.compile,
               pytest.mark.skipif(NVCC is None, reason="nvcc not found")]
 FAMILIES = {family.SOURCE: family for family in (vllm_v1, gqa, layer_ops)}
 SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+STACK = re.compile(r"(\d+) bytes stack frame")
 
 
 def nvcc(source, tmp_path, *extra):
@@ -37,7 +39,7 @@ def test_every_cu_file_is_known():
 
 
 @pytest.mark.parametrize("filename", sorted(FAMILIES))
-def test_family_compiles_without_spills(filename, tmp_path):
+def test_family_compiles_without_spills_or_stack(filename, tmp_path):
     family = FAMILIES[filename]
     lines = [f'#include "{filename}"', "void kvlab_instantiate() {"]
     lines += [f"  (void)&{name};" for name in family.default_instances()]
@@ -47,6 +49,8 @@ def test_family_compiles_without_spills(filename, tmp_path):
     spills = [m.group(0) for m in SPILL.finditer(report) if m.group(0).split()[0] != "0"
               or m.group(2) != "0"]
     assert not spills, f"{len(spills)} kernels spill: {spills[:5]}"
+    stacks = [m.group(0) for m in STACK.finditer(report) if m.group(1) != "0"]
+    assert not stacks, f"{len(stacks)} kernels keep a stack frame: {stacks[:5]}"
     assert len(re.findall(r"Compiling entry function", report)) >= len(family.default_instances())
 
 

@@ -121,13 +121,13 @@
 //     frames; ncu on llama2-7b at block 32: 40% L2 hits from the stack's traffic where the loads
 //     hit 3%). They now run over every x-vector with a constant trip count: no stack frame in any
 //     instance CI compiles (tests/kernels/test_nvcc.py checks it), the SASS at head_dim 128,
-//     block 16 unchanged. Fidelity was
-//     matched at block 16 only. Beside vLLM's own kernels at 16 points a block size (the four
-//     models x 1 x 32k, 8 x 4k, 16 x 1k, 64 x 8k; session probe, not recorded): block 8
-//     0.842-1.232x (9 within 7%; 79-80 registers, 6 CTAs an SM, vLLM's 94-96 and 5), block 32
-//     0.892-1.494x (4 within 7%; 219-222 registers, 2 CTAs an SM, vLLM's 66-68 and 6-7); the
-//     stack build ran 0.471-1.014x and 0.757-1.123x. Launch bounds of 5 CTAs an SM at block 32
-//     (96 registers, a few spills) ran 1.071-1.703x: the occupancy alone does not make it vLLM's.
+//     block 16 unchanged. Fidelity was matched at block 16 only. Beside vLLM's own kernels at
+//     16 points a block size (the four models x 1 x 32k, 8 x 4k, 16 x 1k, 64 x 8k; session
+//     probe, not recorded): block 8 0.842-1.232x (9 within 7%; 79-80 registers, 6 CTAs an SM,
+//     vLLM's 94-96 and 5), block 32 0.892-1.494x (4 within 7%; 219-222 registers, 2 CTAs an SM,
+//     vLLM's 66-68 and 6-7); the build with the stack frames ran 0.471-1.014x and 0.757-1.123x.
+//     Launch bounds of 5 CTAs an SM at block 32 (96 registers, a few spills) ran 1.071-1.703x:
+//     the occupancy alone does not make it vLLM's.
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -370,7 +370,7 @@ __device__ __forceinline__ float qk_logits(float* logits, const T* q_smem, const
       const int first = b == 0 ? 0 : Batches::end(b - 1), last = Batches::end(b);
       // j runs over every x-vector and skips those of other batches: a constant trip count
       // unrolls whole, so k_words stays in registers (a loop from `first` to `last` was left
-      // partly rolled at block 32, with k_words in local memory)
+      // partly rolled at blocks 8 and 32 and at head_dim 256, with k_words in local memory)
       uint32_t k_words[G::NUM_X_VECS][G::K_WORDS];
 #pragma unroll
       for (int j = 0; j < G::NUM_X_VECS; ++j) {

@@ -43,7 +43,7 @@ import numpy as np
 
 from kvlab.checks import check_positive_int
 
-L2_BYTES = 62_914_560  # the H200's L2, 60 MiB (its device properties)
+L2_BYTES = 62_914_560  # the H200's L2: 60 MiB
 LINE_BYTES = 128
 SECTOR_BYTES = 32
 SECTORS_PER_LINE = LINE_BYTES // SECTOR_BYTES

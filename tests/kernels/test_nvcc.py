@@ -1,5 +1,6 @@
 """Every .cu file compiles with nvcc for sm_90, and the default instantiations neither spill nor
-keep arrays in local memory (a stack frame: vllm_v1's K vectors at blocks 8 and 32 once did).
+keep arrays in local memory (a stack frame: vllm_v1's K vectors once did, at blocks 8 and 32
+and at head_dim 256).
 
 Runs on the CPU (nvcc needs no GPU); skipped where nvcc is not installed.
 """

@@ -246,6 +246,20 @@
 //       median 1.002x (llama2-7b 64 x 8k 1928 -> 1922 us, SDPA 1900 us). Not what keeps gqa
 //       behind SDPA at large shapes either. Recorded (revision 3ac2b5d): attention.json,
 //       attention_mixed.json, attention_sms.json and the counters files.
+//       Tried and dropped (observed, not recorded): the merge inside the decode launch a third
+//       time, in parallel. An equal-length split of n <= 16 partitions ran as a thread-block
+//       cluster of n CTAs (non-portable above 8); each CTA left its (O, lse) in shared memory,
+//       and after a cluster barrier each merged a share of the group's dims, reading the others'
+//       through distributed shared memory (mapa, ld.shared::cluster). Outputs matched the merge
+//       launch (21 GPU tests). Timed against gqa_merge at the same split in one loop (36 points
+//       of the four models, 2-16 partitions each), the cluster's time over the merge launch's:
+//       n = 2 median 0.983 (0.913-1.026), 4: 1.039 (0.981-1.282), 8: 1.092 (1.003-1.344),
+//       16: 1.261 (1.090-1.474); llama2-7b 1 x 32k at 8 partitions 169.9 against 129.5 us,
+//       llama3-8b at 16 45.3 against 39.8 us. Best clustered split against the best merge-launch
+//       split: ahead at 5 of 36 points, by at most 1.2%, within the spread of two launches of one
+//       plan at 16 us calls. compute-sanitizer memcheck flagged the build (34 errors, not
+//       investigated). Why the clusters ran slower was not measured: a cluster's CTAs are
+//       placed together on one GPC and wait at the barrier for the slowest.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

@@ -251,8 +251,9 @@
 //       cluster of n CTAs (non-portable above 8); each CTA left its (O, lse) in shared memory,
 //       and after a cluster barrier each merged a share of the group's dims, reading the others'
 //       through distributed shared memory (mapa, ld.shared::cluster). Outputs matched the merge
-//       launch (21 GPU tests). Timed against gqa_merge at the same split in one loop (36 points
-//       of the four models, 2-16 partitions each), the cluster's time over the merge launch's:
+//       launch's (GPU tests at 2, 5, 8 and 16 partitions). Timed against gqa_merge at the same
+//       split in one loop (36 points of the four models, 2 and 4 partitions at each, 8 and 16 at
+//       the 28 from 4k tokens a sequence), the cluster's time over the merge launch's:
 //       n = 2 median 0.983 (0.913-1.026), 4: 1.039 (0.981-1.282), 8: 1.092 (1.003-1.344),
 //       16: 1.261 (1.090-1.474); llama2-7b 1 x 32k at 8 partitions 169.9 against 129.5 us,
 //       llama3-8b at 16 45.3 against 39.8 us. Best clustered split against the best merge-launch

@@ -259,8 +259,9 @@
 //       llama3-8b at 16 45.3 against 39.8 us. Best clustered split against the best merge-launch
 //       split: ahead at 5 of 36 points, by at most 1.2%, within the spread of two launches of one
 //       plan at 16 us calls. compute-sanitizer memcheck flagged the build (34 errors, not
-//       investigated). Why the clusters ran slower was not measured: a cluster's CTAs are
-//       placed together on one GPC and wait at the barrier for the slowest.
+//       investigated). Why the clusters ran slower was not measured (a guess, untested: a
+//       cluster's CTAs must be placed together on one GPC, and all wait at the barrier for the
+//       slowest).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

@@ -21,7 +21,7 @@ def main() -> None:
             ("gqa", "hnd", 128, torch.float16, 128), ("gqa", "hnd", 16, torch.float8_e4m3fn, 128),
             ("gqa", "hnd", 8, torch.float8_e4m3fn, 80)):  # fp8 80: the odd ldmatrix step
         # one CTA a sequence, then partitions / split-KV (gqa: mixed lengths as work lists),
-        # then equal lengths (gqa: the natural grid)
+        # then equal lengths (gqa: the natural grid, CTAs of 8 warps: kvlab.kernels.geometry)
         for lens in ([1, 17, 97], [700, 5], [200] * 3):
             cache = PagedKVCache(96, block_size, 2, head_dim, dtype=dtype, device="cuda",
                                  layout=layout, seed=1)

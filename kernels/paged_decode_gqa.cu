@@ -4,7 +4,8 @@
 // that read that KV head, so every K/V byte is read from HBM once (a per-query-head kernel reads it
 // GROUP times).
 //
-//   gqa_decode<T, KV, HEAD_DIM, BLOCK_SIZE, GROUP, PF_MODE, PF_K, PF_V, PF_DIST, PF_EVICT_LAST>
+//   gqa_decode<T, KV, HEAD_DIM, BLOCK_SIZE, GROUP, PF_MODE, PF_K, PF_V, PF_DIST, PF_EVICT_LAST,
+//              WARPS>
 //     T           __half or __nv_bfloat16: q, out, and the mmas' inputs (fp16 for an fp8 cache);
 //                 softmax and accumulation in fp32.
 //     KV          the caches' element: T, or kvlab::fp8_e4m3 (with T either; see "fp8" below).
@@ -13,12 +14,13 @@
 //     GROUP       num_qo_heads / num_kv_heads, 1..8.
 //     PF_MODE     kvlab::PF_NONE (baseline: the prefetch code is compiled out), PF_BULK, PF_LINE.
 //     PF_K, PF_V  which of the two caches to prefetch into L2.
-//     PF_DIST     prefetch distance in main-loop iterations (64-token tiles), >= 1; see below.
+//     PF_DIST     prefetch distance in main-loop iterations (tiles of 16 x WARPS tokens), >= 1.
 //     PF_EVICT_LAST  tag prefetched lines evict-last (one createpolicy per thread at kernel start).
+//     WARPS       4, or 8 where Smem's stages for 8 fit an SM (not head_dim 256); see v12.
 //   gqa_merge<T, HEAD_DIM>: combines the partitions of a split-KV launch by their log-sum-exp.
 //
 // Launch contract (the Python wrapper's side):
-//   gqa_decode: grid (max_num_partitions, num_kv_heads, num_seqs), block 128 threads (4 warps);
+//   gqa_decode: grid (max_num_partitions, num_kv_heads, num_seqs), block 32 * WARPS threads;
 //     or, with a work list (mixed lengths: the wrapper lists only the partitions that hold
 //     tokens, longest first or, in one wave, paired long and short (geometry.one_wave_order),
 //     instead of max_num_partitions per sequence, most of them empty),
@@ -26,17 +28,18 @@
 //     (sequence, partition) = work[x / num_kv_heads]: the KV heads of an item are launched
 //     together, so the whole launch runs longest first (see v10).
 //     Every sequence's partition 0 must be listed (an empty sequence still writes its zeros).
-//     dynamic shared memory = Smem<HEAD_DIM, sizeof(KV)>::BYTES
-//                           = STAGES * NUM_WARPS * 2 * WARP_TOKENS * ROW_BYTES:
+//     dynamic shared memory = Smem<HEAD_DIM, sizeof(KV), WARPS>::BYTES
+//                           = STAGES * WARPS * 2 * WARP_TOKENS * ROW_BYTES, at 4 warps:
 //       fp16/bf16 (3 stages, rows of 128 to 512 bytes): head_dim 64: 49,152  80: 61,440
 //         96: 86,016  112: 86,016  128: 98,304  256: 196,608;
 //       fp8 (5 stages, rows of 96 to 288 bytes): 64: 61,440  80: 61,440  96: 61,440
-//         112: 102,400  128: 102,400  256: 184,320.
+//         112: 102,400  128: 102,400  256: 184,320;
+//       twice those at 8 warps.
 //     All are above 48 KB: the wrapper must set cudaFuncAttributeMaxDynamicSharedMemorySize
 //     (CuPy: kernel.max_dynamic_shared_size_bytes = bytes) before the first launch.
 //     k_scale, v_scale: float [num_kv_heads] for an fp8 cache (value = stored * scale), else
 //     null.
-//     partition_size: a multiple of 256 (64 suffices). When max_num_partitions == 1 the one
+//     partition_size: a multiple of 256 (16 * WARPS suffices). When max_num_partitions == 1 the one
 //     partition is the whole sequence whatever partition_size says, and the CTA writes `out`;
 //     otherwise it writes partial_out (fp32, normalised by its own sum) and partial_lse (natural
 //     log, scaled-logit domain), and gqa_merge writes `out`.
@@ -46,10 +49,12 @@
 //     the decode grid has finished and its writes are visible), so the merge's launch overlaps
 //     the decode's tail. Launched plainly, both instructions do nothing.
 //
-// Design (4 warps per CTA; each warp runs its own cp.async pipeline, no CTA barrier in the loop):
-//   - The partition is walked in 64-token tiles; warp w owns rows [16w, 16w + 16) of every tile.
-//     Tile starts are multiples of 64 (partition starts are multiples of 256), so a warp's 16 rows
-//     lie in one block when BLOCK_SIZE >= 16 and in two consecutive blocks when BLOCK_SIZE == 8.
+// Design (WARPS = 4 or 8 warps per CTA; each warp runs its own cp.async pipeline, no CTA barrier
+// in the loop):
+//   - The partition is walked in tiles of 16 * WARPS tokens; warp w owns rows [16w, 16w + 16) of
+//     every tile. A warp's rows start at a multiple of 16 (partition starts are multiples of
+//     256), so they lie in one block when BLOCK_SIZE >= 16 and in two consecutive blocks when
+//     BLOCK_SIZE == 8.
 //   - Each warp copies its 16 K rows and 16 V rows into its own shared-memory stage with 16-byte
 //     cp.async.cg (3 stages: 2 tiles in flight while one is computed). Rows at or past seq_len
 //     are zero-filled (src-size 0: nothing is read), so garbage/NaN there never reaches the math.
@@ -68,7 +73,7 @@
 //     ldmatrix phase (8 rows x 16 bytes) meets no bank conflict. Other rows, fp8's among them,
 //     are padded to an odd multiple of 32 bytes: sectors land whole, at the cost of a 2-way
 //     bank conflict.
-//   - At the end the 4 warps' (m, l, O) are merged through shared memory (aliasing the stages).
+//   - At the end the warps' (m, l, O) are merged through shared memory (aliasing the stages).
 //
 // fp8 (KV = fp8_e4m3, e4m3 with one float scale per KV head): the same pipeline on rows of half
 // the bytes, with 5 stages instead of 3 (4 tiles in flight: as many bytes as fp16's 2). Values
@@ -90,8 +95,9 @@
 // also prefetches into L2 its part of tile L + PF_DIST (if that tile exists in the partition), i.e.
 // PF_DIST iterations ahead of the shared-memory load, PF_DIST + STAGES - 1 ahead of the math.
 // One prefetch_tile_l2 call per contiguous (block, kv head) run of the tile: runs are
-// min(BLOCK_SIZE, 64) tokens, clipped to seq_len, issued by the warp whose rows start the run
-// (block 8: 2 calls per warp; 16: 1 per warp; 32: warps 0 and 2; >= 64: warp 0), per cache.
+// min(BLOCK_SIZE, 16 * WARPS) tokens, clipped to seq_len, issued by the warp whose rows start the
+// run (block 8: 2 calls per warp; 16: 1 per warp; 32: every other warp; 64: warps 0 and, with 8
+// warps, 4; >= 128: warp 0), per cache.
 //
 // Versions tried (H200, fp16, head_dim 128). What is recorded is in
 // benchmarks/results/h200/attention*.json and summed up in benchmarks/README.md; the rest are
@@ -141,7 +147,7 @@
 //       decode grid. Observed in a session probe (not recorded; v5 and v6 timed in turn, same
 //       split): 0.3-1.0 us less at 1 x 32k, 1 x 8k and 16 x 1k (llama3-8b 1 x 32k 42.2 ->
 //       41.5 us, qwen2.5-7b 16 x 1k 19.1 -> 18.5 us), unchanged from 64 x 4k. The split model
-//       (kvlab/kernels/geometry.py, partition_size) now counts an SM's turns and the merge: at
+//       (kvlab/kernels/geometry.py, split_plan) now counts an SM's turns and the merge: at
 //       16 x 1k a CTA an SM without a merge beats two an SM with one by 8-11%.
 //       What keeps gqa below SDPA at large shapes (session probes, not recorded; one loop per
 //       point): a plain read of the same bytes (one contiguous buffer, 16-byte loads) reaches
@@ -222,7 +228,7 @@
 //   v10 every batch of mixed lengths, split or not, runs as a work list, and the
 //       KV heads of an item are launched together (a 1-D grid, the head the fastest index),
 //       so the whole launch runs longest first; v9 ran an unsplit batch in sequence order and
-//       a split one head after head. The split model follows that schedule (partition_size).
+//       a split one head after head. The split model follows that schedule (split_plan).
 //       Timed against v9 at the same split (session probe, not recorded; % of the copy
 //       roofline): 64 lognormal sequences of max 2k, llama3-8b 83.4 -> 94.0, qwen2.5-7b
 //       73.9 -> 77.9; equal lengths 0.99-1.02x. A launch that fits one wave pairs a long and
@@ -235,7 +241,7 @@
 //       against v10 in one loop (36 points of the four models; fp8 too below 256k tokens):
 //       0.99-1.03x below 256k tokens, 0.99-1.00x from there (llama3-8b 32 x 16k 489.8 -> 495.0
 //       us, SDPA 478.4 us): the mma count is not what keeps gqa behind SDPA there.
-//   v11 this file: a lazy online-softmax rescale. A warp moves m, l and O to a new reference only
+//   v11 a lazy online-softmax rescale. A warp moves m, l and O to a new reference only
 //       when some head's tile max passes its m by more than RESCALE_SLACK = 8 (log2 units), a
 //       warp-uniform vote; otherwise the tile's p = exp2(x - m) stays at most 256 (fp16 and bf16
 //       hold it with their usual relative precision) and the alpha exp2, its two shuffles and
@@ -262,6 +268,22 @@
 //       investigated). Why the clusters ran slower was not measured (a guess, untested: a
 //       cluster's CTAs must be placed together on one GPC, and all wait at the barrier for the
 //       slowest).
+//   v12 this file: CTAs of 8 warps (WARPS), 128-token tiles, twice the stages, one CTA an SM at
+//       head_dim 128. A lone CTA of 4 warps handles about 86M tokens/s (kvlab/kernels/geometry.py):
+//       where a launch has fewer CTAs than that rate needs to keep HBM busy (fp16: fewer than 98
+//       at head_dim 128; fp8, whose tokens carry half the bytes: fewer than 195), the split model
+//       had to split them into pairs of CTAs an SM and merge. 8 warps read about as fast as a pair
+//       without the merge; the split model weighs them (split_plan). Timed against 4 warps at
+//       forced partition sizes (session probe at revision 93d7cc5, not recorded; 9 shapes of the
+//       four models, fp16 and fp8 at three, one loop a point; outputs equal to 6e-5, 2.4e-4 on
+//       mixed batches): fp8 16 x 8k unsplit 87.2% of the copy roofline against 83.3-84.3% for
+//       the best of 4 warps (2 partitions), 16 x 32k 97.6-97.8% against 95.2%; qwen2.5-7b fp16
+//       16 x 1k 49.8% against 46.8% (4 partitions). Where lone CTAs of 4 keep HBM busy, 8 did
+//       not help: fp16 16 x 8k and 16 x 32k (128 CTAs of 4 or 8 warps) -1.2 to +0.9 points, so
+//       the gap to SDPA there (96.4-97.3% against 99.4-99.7% at 16 x 8k) is not the bytes in
+//       flight an SM (8 warps hold twice as many); against pairs of 4-warp CTAs, 8 warps ran
+//       0.1-4 points slower (llama2-7b 1 x 32k 93.7% against 96.7%); on mixed batches 0.3-4.3
+//       points slower. Partitions of 256 tokens (2 tiles a warp) ran 1-8 points slower at 8 warps.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -276,10 +298,7 @@ struct fp8_e4m3 {
 
 namespace gqa {
 
-constexpr int NUM_WARPS = 4;
-constexpr int NUM_THREADS = NUM_WARPS * 32;
-constexpr int WARP_TOKENS = 16;                        // rows of a tile owned by one warp
-constexpr int TILE_TOKENS = NUM_WARPS * WARP_TOKENS;   // 64 tokens per main-loop iteration
+constexpr int WARP_TOKENS = 16;  // rows of a tile owned by one warp (a tile: 16 x WARPS rows)
 constexpr int MAX_GROUP = 8;                           // the n-width of one mma
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.6931471805599453f;
@@ -306,7 +325,7 @@ template <typename A> struct Same<A, A> { static constexpr bool value = true; };
 // 4 CTAs for head_dim 64, 3 for 80, 2 for 96..128, 1 for 256 (fp8: 3, 3, 3, 2, 2, 1).
 // It is passed to __launch_bounds__ so that ptxas budgets registers for that occupancy instead of
 // guessing (its guess spilled at 96).
-template <int HEAD_DIM, int KV_BYTES> struct Smem {
+template <int HEAD_DIM, int KV_BYTES, int WARPS> struct Smem {
   static constexpr int MIN_ROW_BYTES =
       HEAD_DIM * KV_BYTES + (KV_BYTES == 1 && HEAD_DIM % 32 != 0 ? 16 : 0);
   static constexpr bool SWIZZLE = KV_BYTES == 2 && MIN_ROW_BYTES % 128 == 0;
@@ -314,8 +333,9 @@ template <int HEAD_DIM, int KV_BYTES> struct Smem {
       SWIZZLE ? MIN_ROW_BYTES : 32 * (((MIN_ROW_BYTES + 31) / 32) | 1);
   static constexpr int STAGES = KV_BYTES == 1 ? 5 : 3;
   static constexpr int WARP_TILE_BYTES = WARP_TOKENS * ROW_BYTES;
-  static constexpr int BYTES = STAGES * NUM_WARPS * 2 * WARP_TILE_BYTES;  // the dynamic smem
+  static constexpr int BYTES = STAGES * WARPS * 2 * WARP_TILE_BYTES;  // the dynamic smem
   static constexpr int CTAS_PER_SM = (228 * 1024) / (BYTES + 1024);
+  static_assert(CTAS_PER_SM >= 1, "WARPS: 8 only where its shared memory fits an SM");
   // What row `row`'s chunk indices are XORed with (host too: tests check the layout).
   static constexpr __host__ __device__ int key(int row) { return SWIZZLE ? row & 7 : 0; }
   // Byte offset of chunk `chunk` of row `row` in a warp's tile.
@@ -441,7 +461,7 @@ __device__ __forceinline__ long long tile_offset(int block_id, int num_kv_heads,
 // ---- the decode body ---------------------------------------------------------------------------
 
 template <typename T, typename KV, int HEAD_DIM, int BLOCK_SIZE, int GROUP, int PF_MODE, bool PF_K,
-          bool PF_V, int PF_DIST, bool PF_EVICT_LAST>
+          bool PF_V, int PF_DIST, bool PF_EVICT_LAST, int WARPS>
 __device__ __forceinline__ void decode_body(
     T* __restrict__ out, float* __restrict__ partial_out, float* __restrict__ partial_lse,
     const T* __restrict__ q, const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,
@@ -460,7 +480,11 @@ __device__ __forceinline__ void decode_body(
   constexpr bool FP8 = sizeof(KV) == 1;
   static_assert(sizeof(KV) == sizeof(T) || FP8, "KV: T or fp8_e4m3");
   using MT = typename Select<FP8, __half, T>::type;  // the mmas' inputs: fp8 widens to fp16
-  using S = Smem<HEAD_DIM, sizeof(KV)>;
+  static_assert(WARPS == 4 || WARPS == 8, "WARPS: 4 or 8");
+  using S = Smem<HEAD_DIM, sizeof(KV), WARPS>;
+  constexpr int NUM_WARPS = WARPS;
+  constexpr int NUM_THREADS = 32 * WARPS;
+  constexpr int TILE_TOKENS = WARPS * WARP_TOKENS;  // tokens per main-loop iteration: 64 or 128
   constexpr int STAGES = S::STAGES;
   constexpr int K_STEPS = HEAD_DIM / 16;           // 16-dim k-steps of QK = 16-dim m-tiles of PV
   constexpr int ROW_BYTES = S::ROW_BYTES;          // smem row stride
@@ -840,8 +864,9 @@ __device__ __forceinline__ void decode_body(
 // dynamic smem gqa::Smem<HEAD_DIM, sizeof(KV)>::BYTES.
 // (__launch_bounds__ adds the shared-memory occupancy as min blocks; the launch is unchanged.)
 template <typename T, typename KV, int HEAD_DIM, int BLOCK_SIZE, int GROUP, int PF_MODE, bool PF_K,
-          bool PF_V, int PF_DIST, bool PF_EVICT_LAST>
-__global__ void __launch_bounds__(128, gqa::Smem<HEAD_DIM, sizeof(KV)>::CTAS_PER_SM) gqa_decode(
+          bool PF_V, int PF_DIST, bool PF_EVICT_LAST, int WARPS>
+__global__ void __launch_bounds__(32 * WARPS, gqa::Smem<HEAD_DIM, sizeof(KV), WARPS>::CTAS_PER_SM)
+    gqa_decode(
     T* __restrict__ out, float* __restrict__ partial_out, float* __restrict__ partial_lse,
     const T* __restrict__ q, const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,
     const float* __restrict__ k_scale, const float* __restrict__ v_scale,
@@ -853,7 +878,7 @@ __global__ void __launch_bounds__(128, gqa::Smem<HEAD_DIM, sizeof(KV)>::CTAS_PER
   asm volatile("griddepcontrol.launch_dependents;");
 #endif
   gqa::decode_body<T, KV, HEAD_DIM, BLOCK_SIZE, GROUP, PF_MODE, PF_K, PF_V, PF_DIST,
-                   PF_EVICT_LAST>(
+                   PF_EVICT_LAST, WARPS>(
       out, partial_out, partial_lse, q, k_cache, v_cache, k_scale, v_scale, block_tables,
       seq_lens, work, max_num_blocks_per_seq, num_kv_heads, partition_size, max_num_partitions,
       scale);

@@ -80,3 +80,11 @@ def non_finite_paths(value, path="") -> list[str]:
     if isinstance(value, float) and not np.isfinite(value):
         return [path]
     return []
+
+
+def force_gqa_warps(monkeypatch, warps: int) -> None:
+    """gqa's plans take `warps` warps a CTA, at the partition size the split model picks."""
+    from kvlab.kernels import gqa
+
+    plan = gqa.split_plan
+    monkeypatch.setattr(gqa, "split_plan", lambda *a, **k: plan(*a, **k)._replace(warps=warps))

@@ -6,6 +6,7 @@ their headers.
 
 import heapq
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -23,9 +24,9 @@ VLLM_CTAS_PER_SM = 5
 # gqa (kernels/paged_decode_gqa.cu)
 GQA_BLOCK_SIZES = (8, 16, 32, 64, 128, 256)
 GQA_MAX_GROUP = 8  # query heads per KV head: the n-width of one mma
-GQA_NUM_WARPS = 4
+GQA_NUM_WARPS = 4  # warps of a CTA, unless gqa_warps gives 8
 GQA_WARP_TOKENS = 16  # rows of a tile owned by one warp
-GQA_TILE_TOKENS = GQA_NUM_WARPS * GQA_WARP_TOKENS  # 64 tokens per main-loop iteration
+GQA_TILE_TOKENS = GQA_NUM_WARPS * GQA_WARP_TOKENS  # 64 tokens per main-loop iteration (4 warps)
 PARTITION_QUANTUM = 256  # gqa partition sizes are multiples of this many tokens
 PARTITION_OVERHEAD_TOKENS = 128  # a CTA's fixed cost (prologue, pipeline fill, epilogue), in tokens
 MERGE_OVERHEAD_TOKENS = 256  # the merge launch's cost, in tokens of one CTA
@@ -43,6 +44,12 @@ MIXED_MERGE_OVERHEAD_TOKENS = 768
 HBM_GBPS = 4280.0  # the copy roofline of the whole GPU
 LONE_CTA_TOKENS_PER_S = 86e6
 SM_TOKENS_PER_S = 113e6
+# What a lone CTA of 8 warps reaches of its share of HBM where HBM is the limit: fitted to the
+# two probes split_plan's docstring names (0.87-0.92 choose alike; this is mid-way)
+LONE_CTA_HBM_SHARE = 0.9
+# 8 warps only for partitions of at least 4 tiles a warp: below, a warp's stages hold its whole
+# share (not timed lone; see split_plan)
+EIGHT_WARP_MIN_TOKENS = 512
 SM_SHARED_BYTES = 228 * 1024  # shared memory per SM on Hopper (H100, H200)
 CTA_RESERVED_SHARED_BYTES = 1024  # what the driver reserves per resident CTA
 
@@ -87,16 +94,17 @@ def gqa_row_bytes(head_dim: int, kv_bytes: int = 2) -> int:
     return row if kv_bytes == 2 and row % 128 == 0 else 32 * (-(-row // 32) | 1)
 
 
-def gqa_smem_bytes(head_dim: int, kv_bytes: int = 2) -> int:
+def gqa_smem_bytes(head_dim: int, kv_bytes: int = 2, warps: int = GQA_NUM_WARPS) -> int:
     """Dynamic shared memory of gqa_decode with cache elements of `kv_bytes` (2: fp16/bf16, 1:
-    fp8): stages x 4 warps x (16 K + 16 V rows) of `gqa_row_bytes`."""
-    return (gqa_stages(kv_bytes) * GQA_NUM_WARPS * 2 * GQA_WARP_TOKENS
+    fp8): stages x warps x (16 K + 16 V rows) of `gqa_row_bytes`."""
+    return (gqa_stages(kv_bytes) * warps * 2 * GQA_WARP_TOKENS
             * gqa_row_bytes(head_dim, kv_bytes))
 
 
-def ctas_per_sm(head_dim: int, kv_bytes: int = 2) -> int:
+def ctas_per_sm(head_dim: int, kv_bytes: int = 2, warps: int = GQA_NUM_WARPS) -> int:
     """How many gqa_decode CTAs fit on one SM: shared memory is the limit."""
-    return SM_SHARED_BYTES // (gqa_smem_bytes(head_dim, kv_bytes) + CTA_RESERVED_SHARED_BYTES)
+    return SM_SHARED_BYTES // (gqa_smem_bytes(head_dim, kv_bytes, warps)
+                               + CTA_RESERVED_SHARED_BYTES)
 
 
 def lone_cta_slowdown(num_sms: int, token_bytes: int) -> float:
@@ -109,11 +117,21 @@ def lone_cta_slowdown(num_sms: int, token_bytes: int) -> float:
     return min(hbm, num_sms * SM_TOKENS_PER_S) / min(hbm, num_sms * LONE_CTA_TOKENS_PER_S)
 
 
-def partition_size(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int,
-                   ctas_per_sm: int, token_bytes: int, seq_lens=None) -> int:
-    """gqa's tokens per partition (a multiple of PARTITION_QUANTUM) on `num_sms` SMs that hold
-    `ctas_per_sm` CTAs each, for K and V of `token_bytes` a token and KV head (2 x head_dim x
-    the element's bytes); ties go to fewer partitions (less merge work).
+class Split(NamedTuple):
+    """gqa's launch plan: tokens per partition and warps per CTA."""
+
+    partition_size: int
+    warps: int
+
+
+def split_plan(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int,
+               ctas_per_sm: int, token_bytes: int, seq_lens=None,
+               eight_warps: bool = False) -> Split:
+    """gqa's tokens per partition (a multiple of PARTITION_QUANTUM) and warps per CTA on
+    `num_sms` SMs that hold `ctas_per_sm` CTAs of 4 warps each, for K and V of `token_bytes` a
+    token and KV head (2 x head_dim x the element's bytes); `eight_warps`: whether a CTA of 8
+    warps fits an SM (`ctas_per_sm(head_dim, kv_bytes, 8) >= 1`). Ties go to two CTAs an SM,
+    then to 4 warps, then to fewer partitions (less merge work).
 
     Equal lengths (seq_lens None, or all equal): minimises a makespan model in token-times.
     Reading is bound by bandwidth, and an SM reads nearly as fast with one CTA as with two, so
@@ -125,6 +143,11 @@ def partition_size(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: 
     overhead: `turns x (partition tokens + PARTITION_OVERHEAD_TOKENS)`. A split adds
     MERGE_OVERHEAD_TOKENS. Of equal makespans, two CTAs an SM beat one (a lone CTA an SM read
     0.3-3.3% slower than a pair even where HBM is the limit, below), then fewer partitions win.
+    8 warps: where a launch's lone CTAs of 4 warps cannot keep HBM busy (CTAs x
+    LONE_CTA_TOKENS_PER_S below HBM's tokens a second: on the H200 up to 97 CTAs of fp16 at
+    head_dim 128, up to 194 of fp8), a lone CTA of 8 warps reads like a pair,
+    SM_TOKENS_PER_S, or at most LONE_CTA_HBM_SHARE of its share of HBM: its turns are the
+    pair's rate over that. Equal lengths and partitions of EIGHT_WARP_MIN_TOKENS or more only.
     NOTE: observed on the H200 in session probes (not recorded results; the choices of two
     models timed in one loop where they differ):
     - gqa v9 (revision f115b32) at forced partition sizes, 32 equal-length points of the four
@@ -163,29 +186,63 @@ def partition_size(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: 
     GQA models, 12 points): 0.4 points below the fastest size on average, at most 2.2 (qwen2.5-7b
     128 x mean 800: 2,048-token partitions 71.4%, 1,280 73.6%), and 2.3-12.2 points above gqa
     v9 with the model before. `bench attention --lengths` checks it.
+    8 warps (gqa v12), in two session probes (not recorded; one loop a point):
+    - at revision 93d7cc5, every partition size that changes the count down to a sixteenth of
+      the sequence, and 32 partitions, with 4 warps and with 8 where those CTAs are lone, SDPA
+      beside; 9 shapes of the four paper models, fp16 and, at three, fp8: the choice changed at
+      6 of 32 equal-length points, each time to the fastest size measured: fp8 16 x 8k 84.3 ->
+      87.2% of the copy roofline (llama3-8b) and 83.3 -> 87.2% (qwen2.5-14b), fp8 16 x 32k
+      95.2 -> 97.8% and 95.2 -> 97.6%, qwen2.5-7b 16 x 1k 46.8 -> 49.8% and 16 x 4k 80.0 ->
+      80.5%; it gives up 0.18 points to the fastest on average, the model before 0.66. Without
+      the gate above, 8 warps ran where lone CTAs of 4 already keep HBM busy: -1.2 to +0.9
+      points against them (fp16 16 x 8k and 16 x 32k), and up to 4 points below pairs of 4
+      (llama2-7b 1 x 32k, 96 CTAs of 11k tokens: 93.7% against 96.7%). On batches of mixed
+      lengths 8 warps ran 0.3-4.3 points below the best of 4 (16 sequences of lognormal
+      lengths, max 16k; 64 of max 2k);
+    - the plan without 8 warps against the plan with them at the 15 points of the recorded
+      grids where they differ, on the whole GPU and on green contexts of 32 and 80 SMs: with
+      LONE_CTA_HBM_SHARE at 0.97, 8 warps ran 1.007-1.13x as fast at 13 (fp8 llama3-8b
+      16 x 1k 40.8 -> 46.2%, qwen2.5-7b 16 x 4k on 80 SMs 78.8 -> 86.3%, llama2-7b 1 x 4k on
+      32 SMs 81.1 -> 86.5%) and 0.974x and 0.984x at llama3-8b and qwen2.5-14b 1 x 32k on 80
+      SMs (80 lone CTAs of 8 warps against 152 of 4), which the share of 0.9 leaves at 4 warps.
     """
     lens = None if seq_lens is None else np.asarray(seq_lens, dtype=np.int64)
     mixed = lens is not None and lens.min() != lens.max()
     num_slots = num_sms * ctas_per_sm
 
-    def makespan(size: int) -> tuple[float, bool, int]:
+    hbm = HBM_GBPS * 1e9 / token_bytes  # tokens a second
+    pair_rate = min(hbm, num_sms * SM_TOKENS_PER_S) / num_sms  # an SM's, with two CTAs
+
+    def makespan(size: int, warps: int = GQA_NUM_WARPS) -> tuple[float, bool, bool, int]:
         if not mixed:
             merge = MERGE_OVERHEAD_TOKENS if size < max_seq_len else 0
             ctas = num_seqs * -(-max_seq_len // size) * num_kv_heads
             lone = ctas <= num_sms
+            key = lone, warps != GQA_NUM_WARPS, -size
+            if warps != GQA_NUM_WARPS:  # lone, 8 warps
+                turns = pair_rate / min(SM_TOKENS_PER_S, LONE_CTA_HBM_SHARE * hbm / ctas)
+                return turns * size + PARTITION_OVERHEAD_TOKENS + merge, *key
             if ctas <= num_slots:  # one wave: the CTAs of an SM start, and end, together
                 turns = -(-ctas // num_sms)
                 turns *= lone_cta_slowdown(num_sms, token_bytes) if lone else 1
-                return turns * size + PARTITION_OVERHEAD_TOKENS + merge, lone, -size
+                return turns * size + PARTITION_OVERHEAD_TOKENS + merge, *key
             turns = ctas_per_sm * -(-ctas // num_slots)
-            return turns * (size + PARTITION_OVERHEAD_TOKENS) + merge, lone, -size
+            return turns * (size + PARTITION_OVERHEAD_TOKENS) + merge, *key
         merge = MIXED_MERGE_OVERHEAD_TOKENS if size < max_seq_len else 0
-        return _longest_first_makespan(lens, num_kv_heads, size, num_slots) + merge, False, -size
+        return (_longest_first_makespan(lens, num_kv_heads, size, num_slots) + merge, False,
+                False, -size)
 
     q = PARTITION_QUANTUM
     sizes = sorted({-(-max_seq_len // n // q) * q for n in range(1, -(-max_seq_len // q) + 1)})
     if not mixed:
-        return min(sizes, key=makespan)
+        options = [Split(size, GQA_NUM_WARPS) for size in sizes]
+        if eight_warps:  # where lone CTAs of 4 warps cannot keep HBM busy
+            for size in sizes:
+                ctas = num_seqs * -(-max_seq_len // size) * num_kv_heads
+                if (size >= EIGHT_WARP_MIN_TOKENS and ctas <= num_sms
+                        and ctas * LONE_CTA_TOKENS_PER_S < hbm):
+                    options.append(Split(size, 8))
+        return min(options, key=lambda split: makespan(*split))
     # mixed: the list schedule is costly, so try sizes from the least lower bound on their
     # makespan (the mean slot's work, or the longest CTA) and stop where it passes the best
     bounds = []
@@ -202,7 +259,7 @@ def partition_size(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: 
         key = makespan(size)
         if best is None or key < best:
             best = key
-    return -best[2]
+    return Split(-best[3], GQA_NUM_WARPS)
 
 
 def work_list(seq_lens, size: int) -> np.ndarray:

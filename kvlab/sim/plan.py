@@ -1,5 +1,5 @@
 """The TraceSpec of one decode launch as kvlab's kernels plan it (`launch_spec`): vllm_v1's v1 / v2
-choice and gqa's partition size on the SMs given, and the CTAs an SM holds.
+choice and gqa's partition size and warps on the SMs given, and the CTAs an SM holds.
 
 vllm_v1's CTAs an SM (kvlab.kernels.geometry) are what the driver reports for vllm_decode<__half,
 128, 16, ...>, which a GPU test checks (tests/kernels/test_decode.py): registers limit v1 and v2
@@ -19,7 +19,7 @@ from kvlab.kernels import FAMILIES
 from kvlab.kernels.geometry import (
     VLLM_CTAS_PER_SM,
     ctas_per_sm,
-    partition_size,
+    split_plan,
     use_partitions,
 )
 from kvlab.kernels.prefetch import PrefetchConfig
@@ -39,12 +39,14 @@ def launch_spec(model: str, kernel: str, batch: int, context: int, num_sms: int,
     m = MODELS[model]
     if kernel == "vllm_v1":
         part = 512 if use_partitions(batch, m.num_qo_heads, context) else 0
-        slots = VLLM_CTAS_PER_SM
+        slots, warps = VLLM_CTAS_PER_SM, 4
     else:
-        slots = ctas_per_sm(m.head_dim)
-        part = partition_size(batch, m.num_kv_heads, context, num_sms, slots,
-                              2 * m.head_dim * 2)  # fp16 K and V
+        part, warps = split_plan(batch, m.num_kv_heads, context, num_sms, ctas_per_sm(m.head_dim),
+                                 2 * m.head_dim * 2,  # fp16 K and V
+                                 eight_warps=ctas_per_sm(m.head_dim, 2, 8) >= 1)
+        slots = ctas_per_sm(m.head_dim, 2, warps)
         part = 0 if part >= context else part
     return TraceSpec(family=kernel, num_seqs=batch, context=context, num_qo_heads=m.num_qo_heads,
                      num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, partition_size=part,
-                     ctas_per_sm=slots, prefetch=prefetch, num_sms=num_sms, **fields)
+                     ctas_per_sm=slots, prefetch=prefetch, num_sms=num_sms, warps=warps,
+                     **fields)

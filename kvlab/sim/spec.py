@@ -2,9 +2,9 @@
 (TraceSpec), and the order in which the GPU's CTA slots run the CTAs' loop iterations.
 
 Scheduling (an assumption): num_sms * ctas_per_sm slots take CTAs in launch order; resident CTAs
-take turns in slot order, one loop iteration (NUM_WARPS blocks of K or of V; one 64-token tile)
-per turn, and a finished CTA's slot takes the next CTA at once. All slots take their turns in
-lockstep rounds (each CTA shifted by its phase, below).
+take turns in slot order, one loop iteration (vllm_v1: 4 blocks of K or of V; gqa: one tile of
+64 tokens, or of 128 with 8 warps) per turn, and a finished CTA's slot takes the next CTA at
+once. All slots take their turns in lockstep rounds (each CTA shifted by its phase, below).
 Time (an assumption): a round is one turn of every active slot, about one loop iteration's time;
 rounds count from 0. Phase (an assumption, JITTER_ROUNDS): CTAs on different SMs are not in
 lockstep, so CTA c's iteration of round r happens at r + phase[c], phase[c] drawn once per CTA,
@@ -25,7 +25,8 @@ from kvlab.kernels import FAMILIES
 from kvlab.kernels.geometry import (
     FAMILY_BLOCK_SIZES,
     GQA_MAX_GROUP,
-    GQA_TILE_TOKENS,
+    GQA_NUM_WARPS,
+    GQA_WARP_TOKENS,
     VLLM_NUM_WARPS,
 )
 from kvlab.kernels.prefetch import PrefetchConfig
@@ -46,8 +47,9 @@ class TraceSpec:
 
     family: "vllm_v1" or "gqa". context: tokens of every sequence. dtype_bytes: 1, 2 or 4.
     partition_size: tokens per CTA, 0 for whole sequences; the kernels' planners pick it
-        (vllm_v1: 0 or 512, see kvlab.kernels.vllm_v1.use_partitions; gqa: gqa.partition_size).
-    num_sms, ctas_per_sm: the CTA slots (gqa: kvlab.kernels.gqa.ctas_per_sm(head_dim)).
+        (vllm_v1: 0 or 512, see kvlab.kernels.vllm_v1.use_partitions; gqa: gqa.split_plan).
+    num_sms, ctas_per_sm: the CTA slots (gqa: kvlab.kernels.gqa.ctas_per_sm(head_dim, 2, warps)).
+    warps: gqa's warps per CTA, 4 or 8 (gqa.split_plan picks them); vllm_v1 runs 4.
     placement: "random" (physical blocks a permutation drawn with `seed`) or "contiguous"
         (sequence s owns blocks [s * blocks_per_seq, (s + 1) * blocks_per_seq)).
     jitter_rounds: a number in [0, 1], the spread of the CTAs' phases in rounds (see the module
@@ -70,6 +72,7 @@ class TraceSpec:
     placement: str = "random"
     seed: int = 0
     jitter_rounds: float = JITTER_ROUNDS
+    warps: int = GQA_NUM_WARPS
 
     def __post_init__(self):
         _check_choice("family", self.family, FAMILIES)
@@ -90,7 +93,9 @@ class TraceSpec:
         if self.family == "gqa" and self.num_qo_heads > GQA_MAX_GROUP * self.num_kv_heads:
             raise ValueError(f"num_qo_heads={self.num_qo_heads}: must be at most "
                              f"{GQA_MAX_GROUP} x num_kv_heads={self.num_kv_heads} for gqa")
-        quantum = self.block_size if self.family == "vllm_v1" else GQA_TILE_TOKENS
+        _check_choice("warps", self.warps, (VLLM_NUM_WARPS,) if self.family == "vllm_v1"
+                      else (GQA_NUM_WARPS, 8), self.family)
+        quantum = self.block_size if self.family == "vllm_v1" else self.tile_tokens
         if self.partition_size % quantum:
             raise ValueError(f"partition_size={self.partition_size}: must be 0 or a multiple "
                              f"of {quantum} for {self.family}")
@@ -98,7 +103,7 @@ class TraceSpec:
             raise ValueError(f"prefetch={self.prefetch!r}: must be a PrefetchConfig without "
                              f"evict_last (not modelled)")
         for name in ("num_seqs", "context", "num_qo_heads", "num_kv_heads", "partition_size",
-                     "ctas_per_sm", "head_dim", "block_size", "num_sms", "seed"):
+                     "ctas_per_sm", "head_dim", "block_size", "num_sms", "seed", "warps"):
             object.__setattr__(self, name, int(getattr(self, name)))  # numpy ints become ints
         object.__setattr__(self, "jitter_rounds", float(self.jitter_rounds))
 
@@ -114,6 +119,11 @@ class TraceSpec:
     def cta_tokens(self) -> int:
         """Tokens one CTA covers (the last partition may have fewer)."""
         return self.partition_size if self.num_partitions > 1 else self.context
+
+    @property
+    def tile_tokens(self) -> int:
+        """gqa: tokens of one loop iteration, 16 a warp."""
+        return GQA_WARP_TOKENS * self.warps
 
     @property
     def tile_bytes(self) -> int:
@@ -147,7 +157,7 @@ def iterations_per_cta(spec: TraceSpec) -> np.ndarray:
     if spec.family == "vllm_v1":  # partitions: grid z, slowest; a K loop and a V loop
         iterations = 2 * -(-tokens // (VLLM_NUM_WARPS * spec.block_size))
         return np.repeat(iterations, spec.num_seqs * spec.num_qo_heads)
-    return np.tile(-(-tokens // GQA_TILE_TOKENS), spec.num_seqs * spec.num_kv_heads)
+    return np.tile(-(-tokens // spec.tile_tokens), spec.num_seqs * spec.num_kv_heads)
 
 
 def cta_phases(spec: TraceSpec) -> np.ndarray:

@@ -9,8 +9,9 @@ CTA iteration (kvlab.sim.spec: its round plus its CTA's phase), in time order.
   CTA's range, each followed by the prefetch of the tile NUM_WARPS * distance blocks ahead (if in
   the range); the K loop over all blocks, then the V loop.
 - gqa (kernels/paged_decode_gqa.cu, "hnd" layout): one CTA per (partition, KV head, sequence),
-  partition fastest. Per 64-token tile, warp w loads K and V of rows [16w, 16w + 16) (not past the
-  sequence), then prefetches its runs of the tile `distance` tiles ahead.
+  partition fastest. Per tile (16 tokens a warp: 64 or, with 8 warps, 128), warp w loads K and V
+  of rows [16w, 16w + 16) (not past the sequence), then prefetches its runs of the tile
+  `distance` tiles ahead.
 
 The CTAs' iterations come in the order of kvlab.sim.spec.timed_schedule.
 Within an iteration the order is warp 0's requests, warp 1's, ...; the K and V copies of a gqa
@@ -23,13 +24,13 @@ import numba
 import numpy as np
 
 from kvlab.checks import check_int
-from kvlab.kernels.geometry import GQA_TILE_TOKENS, GQA_WARP_TOKENS
+from kvlab.kernels.geometry import GQA_WARP_TOKENS
 from kvlab.kernels.geometry import VLLM_NUM_WARPS as NUM_WARPS
 from kvlab.sim.l2 import DEMAND, PREFETCH, PREFETCH_LINES
 from kvlab.sim.spec import TraceSpec, block_tables, timed_schedule
 
-# Most requests per CTA iteration: per warp, vllm a load + a prefetch; gqa K + V of 2 blocks, x 2.
-_MAX_REQUESTS = {"vllm_v1": 2 * NUM_WARPS, "gqa": 8 * NUM_WARPS}
+# Most requests per CTA iteration and warp: vllm a load + a prefetch; gqa K + V of 2 blocks, x 2.
+_MAX_REQUESTS = {"vllm_v1": 2, "gqa": 8}
 
 
 def iter_requests(spec: TraceSpec, chunk_iterations: int = 1 << 16):
@@ -44,7 +45,7 @@ def iter_requests(spec: TraceSpec, chunk_iterations: int = 1 << 16):
     pf_k, pf_v = pf.enabled and pf.k, pf.enabled and pf.v
     for first in range(0, cta_ids.size, chunk_iterations):
         chunk = slice(first, min(first + chunk_iterations, cta_ids.size))
-        n = (chunk.stop - chunk.start) * _MAX_REQUESTS[spec.family]
+        n = (chunk.stop - chunk.start) * _MAX_REQUESTS[spec.family] * spec.warps
         out = (np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.uint8),
                np.empty(n, np.float64))
         if spec.family == "vllm_v1":
@@ -58,7 +59,7 @@ def iter_requests(spec: TraceSpec, chunk_iterations: int = 1 << 16):
                 cta_ids[chunk], iterations[chunk], times[chunk], tables, spec.context,
                 spec.num_kv_heads, spec.num_partitions, spec.cta_tokens, spec.block_size,
                 spec.head_dim * spec.dtype_bytes, spec.v_base, pf_kind, pf_k, pf_v,
-                pf.distance, out)
+                pf.distance, spec.warps, out)
         yield tuple(a[:n] for a in out)
 
 
@@ -100,17 +101,18 @@ def _vllm_requests(cta_ids, iterations, times, tables, seq_len, num_qo_heads, gr
 @numba.njit(cache=True)
 def _gqa_requests(cta_ids, iterations, times, tables, seq_len, num_kv_heads, num_partitions,
                   cta_tokens, block_size, row_bytes, v_base, pf_kind, pf_k, pf_v,
-                  pf_distance, out):
-    n, run = 0, min(block_size, GQA_TILE_TOKENS)  # run: tokens of one prefetch call
+                  pf_distance, num_warps, out):
+    tile_tokens = num_warps * GQA_WARP_TOKENS
+    n, run = 0, min(block_size, tile_tokens)  # run: tokens of one prefetch call
     for i in range(cta_ids.size):
         partition, rest = cta_ids[i] % num_partitions, cta_ids[i] // num_partitions
         kv_head, seq = rest % num_kv_heads, rest // num_kv_heads
         start = partition * cta_tokens
         end = min(start + cta_tokens, seq_len)
-        num_tiles = (end - start + GQA_TILE_TOKENS - 1) // GQA_TILE_TOKENS
+        num_tiles = (end - start + tile_tokens - 1) // tile_tokens
         tile = iterations[i]
-        for warp in range(NUM_WARPS):
-            row0 = start + tile * GQA_TILE_TOKENS + warp * GQA_WARP_TOKENS
+        for warp in range(num_warps):
+            row0 = start + tile * tile_tokens + warp * GQA_WARP_TOKENS
             row, stop = row0, min(row0 + GQA_WARP_TOKENS, end)
             while row < stop:  # this warp's rows, one run per block
                 run_end = min((row // block_size + 1) * block_size, stop)
@@ -124,7 +126,7 @@ def _gqa_requests(cta_ids, iterations, times, tables, seq_len, num_kv_heads, num
                 continue
             if run > GQA_WARP_TOKENS and (warp * GQA_WARP_TOKENS) % run:
                 continue  # the warp whose rows start the run issues it
-            ahead = row0 + pf_distance * GQA_TILE_TOKENS
+            ahead = row0 + pf_distance * tile_tokens
             for run0 in range(ahead, ahead + max(run, GQA_WARP_TOKENS), run):
                 if run0 >= end:
                     break

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from factories import force_gqa_warps
 
 import kvlab
 from kvlab.cache import PagedKVCache
@@ -119,6 +120,43 @@ def test_matches_reference(case, compiled):
         assert rel_l2(out, ref) < TOLERANCE[dtype], (lens[:6], rel_l2(out, ref))
 
 
+# gqa with 8 warps a CTA (what split_plan picks where lone CTAs of 4 cannot keep HBM busy),
+# forced at every length: each 16-bit dtype and head_dim it runs (not 256), groups, every block
+# size, prefetch distances and evict-last
+EIGHT_WARP_CASES = list(dict.fromkeys(
+    [(dtype, d, 4, 16, PrefetchConfig()) for dtype in TOLERANCE for d in HEAD_DIMS if d != 256]
+    + [(torch.float16, 128, g, 16, BULK) for g in (1, 3, 8)]
+    + [(torch.float16, 80, 3, b, PrefetchConfig("line")) for b in gqa.BLOCK_SIZES]
+    + [(torch.float16, 128, 4, 16, p) for p in (
+        PrefetchConfig("bulk", distance=2), PrefetchConfig("line", distance=4),
+        PrefetchConfig("bulk", evict_last=True))]))
+# equal lengths split in partitions with a short last one, equal lengths whole, mixed lengths
+EIGHT_WARP_BATCHES = ([700] * 3, [300] * 5, MIXED)
+
+
+@pytest.fixture(scope="module")
+def compiled_8_warps():
+    load(gqa.SOURCE, list(dict.fromkeys(
+        n for dtype, d, g, b, p in EIGHT_WARP_CASES
+        for n in gqa.name_expressions(dtype, d, b, g, p, warps=8))))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", EIGHT_WARP_CASES,
+                         ids=lambda c: case_id(("gqa", *c)) + "-w8")
+def test_gqa_with_8_warps_matches_reference(case, compiled_8_warps, monkeypatch):
+    dtype, head_dim, group, block_size, prefetch = case
+    force_gqa_warps(monkeypatch, 8)
+    for seed, lens in enumerate(EIGHT_WARP_BATCHES):
+        cache, seq_ids = make_batch("gqa", dtype, head_dim, block_size, lens, seed)
+        q = torch.randn(len(lens), NUM_KV_HEADS * group, head_dim, device="cuda").to(dtype)
+        plan = kvlab.DecodePlan(cache, seq_ids, q.shape[1], kernel="gqa", prefetch=prefetch)
+        assert plan.launcher.warps == 8
+        out = plan.run(q, out=torch.full_like(q, math.nan))
+        assert not out.isnan().any(), f"{out.isnan().sum().item()} NaN outputs (lens {lens[:6]})"
+        assert rel_l2(out, reference(q, cache, seq_ids)) < TOLERANCE[dtype], (lens[:6], case)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel", FAMILIES)
 def test_long_context(kernel):
@@ -163,10 +201,13 @@ def test_resident_ctas_are_what_the_l2_model_and_the_split_assume():
             assert resident_ctas(kernel, 128, smem, device) == VLLM_CTAS_PER_SM, (
                 partition_size, prefetch)
     for group in (1, 4, 7):
-        names = gqa.name_expressions(torch.float16, 128, 16, group, PrefetchConfig())
-        kernel = load(gqa.SOURCE, names)[0]
-        reserve_shared_memory(kernel, gqa_smem_bytes(128))
-        assert resident_ctas(kernel, 128, gqa_smem_bytes(128), device) == ctas_per_sm(128)
+        for warps in (4, 8):
+            names = gqa.name_expressions(torch.float16, 128, 16, group, PrefetchConfig(),
+                                         warps=warps)
+            kernel = load(gqa.SOURCE, names)[0]
+            smem = gqa_smem_bytes(128, 2, warps)
+            reserve_shared_memory(kernel, smem)
+            assert resident_ctas(kernel, 32 * warps, smem, device) == ctas_per_sm(128, 2, warps)
 
 
 @pytest.mark.gpu
@@ -408,9 +449,9 @@ def test_autotune_setting_is_checked(monkeypatch):
 def test_gqa_split_counts_the_turns_of_an_sm_and_the_merge(num_seqs, num_kv_heads, max_seq_len,
                                                             expected):
     assert gqa.ctas_per_sm(128) == 2
-    assert gqa.partition_size(num_seqs, num_kv_heads, max_seq_len, 132, 2, 512) == expected
-    assert gqa.partition_size(num_seqs, num_kv_heads, max_seq_len, 132, 2, 512,
-                              [max_seq_len] * num_seqs) == expected
+    assert gqa.split_plan(num_seqs, num_kv_heads, max_seq_len, 132, 2, 512) == (expected, 4)
+    assert gqa.split_plan(num_seqs, num_kv_heads, max_seq_len, 132, 2, 512,
+                          [max_seq_len] * num_seqs) == (expected, 4)
 
 
 def test_gqa_split_splits_where_a_lone_cta_cannot_keep_up():
@@ -426,9 +467,47 @@ def test_gqa_split_splits_where_a_lone_cta_cannot_keep_up():
     assert lone_cta_slowdown(80, 512) == pytest.approx(4280e9 / 512 / (80 * 86e6))
     assert lone_cta_slowdown(32, 512) == pytest.approx(113 / 86)
     assert lone_cta_slowdown(132, 256) == pytest.approx(113 / 86)
-    assert gqa.partition_size(8, 8, 4096, 80, 2, 512) == 2048
-    assert gqa.partition_size(16, 8, 32768, 132, 2, 512) == 32768
-    assert gqa.partition_size(16, 8, 32768, 132, 2, 256) == 16384
+    assert gqa.split_plan(8, 8, 4096, 80, 2, 512) == (2048, 4)
+    assert gqa.split_plan(16, 8, 32768, 132, 2, 512) == (32768, 4)
+    assert gqa.split_plan(16, 8, 32768, 132, 2, 256) == (16384, 4)
+
+
+@pytest.mark.parametrize(
+    ("num_seqs", "num_kv_heads", "max_seq_len", "num_sms", "token_bytes", "expected"),
+    [
+        # fp8, 128 lone CTAs of 4 warps read 128 x 86M = 11.0G tokens/s, below HBM's 16.7G
+        # (4.28 TB/s at 256 bytes a token): 8 warps read like a pair, 113M, or 90% of a 128th
+        # of HBM, 118M: 113 / 113 x 32,768 + 128 = 32,896 token-times against 2 x 16,384 + 128
+        # + 256 = 33,152 split in two (the choice without 8 warps, above)
+        (16, 8, 32768, 132, 256, (32768, 8)),
+        (16, 8, 8192, 132, 256, (8192, 8)),
+        # fp16, 64 lone CTAs (qwen2.5-7b 16 x 1k): 5.5G tokens/s of 8.36G; 8 warps 63.3 / 113 x
+        # 1,024 + 128 = 702 against 4 partitions of 256 two an SM, 2 x 256 + 128 + 256 = 896
+        (16, 4, 1024, 132, 512, (1024, 8)),
+        # fp16, 128 lone CTAs of 4 warps keep HBM busy (11.0G of 8.36G): 4 warps
+        (16, 8, 8192, 132, 512, (8192, 4)),
+        # one sequence: 8 warps only where few CTAs are lone; the pairs of 1,024 win as before
+        (1, 8, 32768, 132, 512, (1024, 4)),
+        # 32 SMs read 3.6G tokens/s as pairs; 32 lone CTAs of 4 warps 2.75G, of 8 like pairs:
+        # 4,096 + 128 against 2 x 2,048 + 128 + 256 split in pairs
+        (1, 32, 4096, 32, 512, (4096, 8)),
+        # 80 SMs: 80 lone CTAs of 8 warps at 90% of an 80th of HBM, 94M tokens/s, against the
+        # pairs' 104.5M: 1.11 x 3,328 + 384 = 4,082 against 2 x 1,792 + 384 = 3,968 in pairs
+        (1, 8, 32768, 80, 512, (1792, 4)),
+        # partitions under 512 tokens keep 4 warps (1 x 1k: 4 x 256 tokens, 32 lone CTAs)
+        (1, 8, 1024, 132, 512, (256, 4)),
+    ],
+)
+def test_gqa_split_runs_8_warps_where_lone_ctas_of_4_cannot_keep_hbm_busy(
+        num_seqs, num_kv_heads, max_seq_len, num_sms, token_bytes, expected):
+    assert gqa.split_plan(num_seqs, num_kv_heads, max_seq_len, num_sms, 2, token_bytes,
+                          eight_warps=True) == expected
+    # without room for 8 warps (head_dim 256), or on mixed lengths: 4
+    assert gqa.split_plan(num_seqs, num_kv_heads, max_seq_len, num_sms, 2,
+                          token_bytes).warps == 4
+    lens = [max_seq_len] * (num_seqs - 1) + [max_seq_len // 2] if num_seqs > 1 else [1, 2]
+    assert gqa.split_plan(len(lens), num_kv_heads, max(lens), num_sms, 2, token_bytes, lens,
+                          eight_warps=True).warps == 4
 
 
 def test_gqa_splits_a_mixed_batch_by_the_work_it_holds():
@@ -445,9 +524,9 @@ def test_gqa_splits_a_mixed_batch_by_the_work_it_holds():
     lens = np.array([16384] + [1024] * 63)
     assert [_longest_first_makespan(lens, 8, size, 264) for size in (1024, 2048, 3328, 4096)] == [
         3840, 3840, 3840, 4352]
-    assert gqa.partition_size(64, 8, 16384, 132, 2, 512) == 16384
-    assert gqa.partition_size(64, 8, 16384, 132, 2, 512, lens) == 3328
-    assert gqa.partition_size(64, 8, 2048, 132, 2, 512, [2048] + [1024] * 63) == 2048
+    assert gqa.split_plan(64, 8, 16384, 132, 2, 512) == (16384, 4)
+    assert gqa.split_plan(64, 8, 16384, 132, 2, 512, lens) == (3328, 4)
+    assert gqa.split_plan(64, 8, 2048, 132, 2, 512, [2048] + [1024] * 63) == (2048, 4)
 
 
 def test_gqa_pairs_long_and_short_ctas_an_sm_only_in_one_wave():

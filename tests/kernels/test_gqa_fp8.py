@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from factories import force_gqa_warps
 
 import kvlab
 from kvlab.cache import PagedKVCache
@@ -86,6 +87,31 @@ def test_matches_the_reference_on_the_same_fp8_cache(dtype, case, compiled):
         plan = kvlab.DecodePlan(cache, seq_ids, q.shape[1], kernel="gqa", prefetch=prefetch,
                                 q_dtype=dtype)
         assert (plan.launcher.num_partitions > 1) == (lens is MIXED)
+        out = plan.run(q, out=torch.full_like(q, math.nan))
+        assert not out.isnan().any(), f"{out.isnan().sum().item()} NaN outputs"
+        assert rel_l2(out, reference(q, cache, seq_ids)) < TOLERANCE[dtype], (lens[:6], case)
+
+
+# CTAs of 8 warps (split_plan's choice for fp8 where lone CTAs of 4 cannot keep HBM busy),
+# forced at every length: each head_dim they run (not 256), MHA, the smallest and largest block
+EIGHT_WARP_CASES = list(dict.fromkeys(
+    [(d, 4, 16, PrefetchConfig()) for d in HEAD_DIMS if d != 256]
+    + [(128, 1, b, BULK) for b in (8, 256)]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, case", [(torch.float16, c) for c in EIGHT_WARP_CASES]
+                         + [(torch.bfloat16, EIGHT_WARP_CASES[0])],
+                         ids=lambda x: case_id(x) if isinstance(x, tuple) else str(x)[6:])
+def test_8_warps_match_the_reference_on_the_same_fp8_cache(dtype, case, monkeypatch):
+    head_dim, group, block_size, prefetch = case
+    force_gqa_warps(monkeypatch, 8)
+    for seed, lens in enumerate(([700] * 3, [300] * 5, MIXED)):
+        cache, seq_ids = make_batch(head_dim, block_size, lens, seed)
+        q = torch.randn(len(lens), NUM_KV_HEADS * group, head_dim, device="cuda", dtype=dtype)
+        plan = kvlab.DecodePlan(cache, seq_ids, q.shape[1], kernel="gqa", prefetch=prefetch,
+                                q_dtype=dtype)
+        assert plan.launcher.warps == 8
         out = plan.run(q, out=torch.full_like(q, math.nan))
         assert not out.isnan().any(), f"{out.isnan().sum().item()} NaN outputs"
         assert rel_l2(out, reference(q, cache, seq_ids)) < TOLERANCE[dtype], (lens[:6], case)

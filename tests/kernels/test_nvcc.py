@@ -65,21 +65,26 @@ def test_every_other_cu_file_compiles(filename, tmp_path):
 def test_gqa_shared_memory_is_what_the_launcher_reserves(tmp_path):
     """The kernel's own Smem geometry (stages, dynamic shared memory, CTAs an SM) equals the
     Python side's (kvlab.kernels.geometry), which sizes each launch: checked by static_assert
-    in a unit nvcc compiles, for every head_dim and both element sizes."""
+    in a unit nvcc compiles, for every head_dim, both element sizes and CTAs of 4 warps, and
+    of 8 where those fit an SM (not at head_dim 256)."""
     lines = [f'#include "{gqa.SOURCE}"']
     for head_dim in HEAD_DIMS:
         for kv_bytes in (1, 2):
-            smem = f"kvlab::gqa::Smem<{head_dim}, {kv_bytes}>"
-            for field, value in (("STAGES", gqa_stages(kv_bytes)),
-                                 ("BYTES", gqa_smem_bytes(head_dim, kv_bytes)),
-                                 ("CTAS_PER_SM", ctas_per_sm(head_dim, kv_bytes))):
-                lines.append(f'static_assert({smem}::{field} == {value}, "{smem}::{field}");')
+            for warps in (4, 8):
+                if ctas_per_sm(head_dim, kv_bytes, warps) == 0:
+                    assert warps == 8 and head_dim == 256
+                    continue
+                smem = f"kvlab::gqa::Smem<{head_dim}, {kv_bytes}, {warps}>"
+                for field, value in (("STAGES", gqa_stages(kv_bytes)),
+                                     ("BYTES", gqa_smem_bytes(head_dim, kv_bytes, warps)),
+                                     ("CTAS_PER_SM", ctas_per_sm(head_dim, kv_bytes, warps))):
+                    lines.append(f'static_assert({smem}::{field} == {value}, "{smem}::{field}");')
     unit = tmp_path / "smem.cu"
     unit.write_text("\n".join([*lines, ""]))
     nvcc(unit, tmp_path)
 
 
-# Checks Smem<D, B>::at over one warp tile: each row's chunks fill the row (a permutation, none
+# Checks Smem<D, B, W>::at over one warp tile: each row's chunks fill the row (a permutation, none
 # past it); the two chunks of every 32-byte sector land in one 32-byte sector; and, for each
 # chunk, the 8 rows an ldmatrix phase reads (rows 0-7 or 8-15) fall in at most WAYS of the same
 # 16-byte bank group (8 groups make a 128-byte bank line).
@@ -116,7 +121,7 @@ def test_gqa_shared_memory_layout_serves_sectors_whole_without_bank_conflicts(tm
     lines = [f'#include "{gqa.SOURCE}"', LAYOUT_CHECK]
     for head_dim in HEAD_DIMS:
         for kv_bytes in (1, 2):
-            smem = f"kvlab::gqa::Smem<{head_dim}, {kv_bytes}>"
+            smem = f"kvlab::gqa::Smem<{head_dim}, {kv_bytes}, 4>"
             need = head_dim * kv_bytes + (16 if kv_bytes == 1 and head_dim in (80, 112) else 0)
             swizzle = kv_bytes == 2 and need % 128 == 0
             lines += [f'static_assert({smem}::MIN_ROW_BYTES == {need}, "{smem} row");',

@@ -25,6 +25,10 @@ def test_the_modelled_launch_is_planned_as_the_kernels_plan_it():
     # checks the driver's counts)
     assert VLLM_CTAS_PER_SM == 5
     assert launch_spec("llama2-7b", "gqa", 8, 512, 132, NONE, seed=3).seed == 3
+    assert (many.warps, launch_spec("llama2-7b", "vllm_v1", 1, 4096, 132, NONE).warps) == (4, 4)
+    # 64 lone CTAs cannot keep HBM busy: 8 warps, unsplit, one an SM (kvlab.kernels.geometry)
+    eight = launch_spec("qwen2.5-7b", "gqa", 16, 1024, 132, NONE)
+    assert (eight.warps, eight.partition_size, eight.ctas_per_sm) == (8, 0, 1)
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -6,7 +6,6 @@ import re
 import numpy as np
 import pytest
 
-from kvlab.kernels.geometry import GQA_TILE_TOKENS
 from kvlab.kernels.geometry import VLLM_NUM_WARPS as NUM_WARPS
 from kvlab.kernels.prefetch import PrefetchConfig
 from kvlab.sim import L2Cache, TraceSpec, simulate
@@ -138,10 +137,11 @@ def test_vllm_reads_every_tile_once_per_query_head(context, heads, block_size, p
 
 @pytest.mark.parametrize("context", [1, 17, 97, 300])
 @pytest.mark.parametrize("block_size", [8, 16, 32, 64, 256])
-@pytest.mark.parametrize("partition_size", [0, 64, 128])
-def test_gqa_reads_every_token_once_per_kv_head(context, block_size, partition_size):
+@pytest.mark.parametrize(("partition_size", "warps"), [(0, 4), (64, 4), (128, 4), (0, 8),
+                                                       (128, 8)])
+def test_gqa_reads_every_token_once_per_kv_head(context, block_size, partition_size, warps):
     spec = make_spec(family="gqa", context=context, num_qo_heads=6, num_kv_heads=2,
-                     block_size=block_size, partition_size=partition_size)
+                     block_size=block_size, partition_size=partition_size, warps=warps)
     assert (byte_counts(spec) == valid_rows(spec)).all()  # never the slots past the context
     assert (requests(spec)[1] % SECTOR_BYTES == 0).all()  # whole rows of 256 bytes
 
@@ -170,16 +170,19 @@ def test_vllm_prefetches_the_tile_distance_strides_ahead(distance, block_size):
 
 @pytest.mark.parametrize(("mode", "kind"), [("bulk", PREFETCH), ("line", PREFETCH_LINES)])
 @pytest.mark.parametrize("block_size", [8, 16, 32, 128])
-@pytest.mark.parametrize("distance", [1, 3])
-def test_gqa_prefetches_each_token_of_the_tiles_ahead_once(mode, kind, block_size, distance):
+@pytest.mark.parametrize(("distance", "warps"), [(1, 4), (3, 4), (1, 8)])
+def test_gqa_prefetches_each_token_of_the_tiles_ahead_once(mode, kind, block_size, distance,
+                                                           warps):
     spec = make_spec(family="gqa", context=300, block_size=block_size, partition_size=256,
-                     prefetch=PrefetchConfig(mode, distance=distance))
-    # tiles [distance, num_tiles) of each 256-token partition, not past the context
-    tile = np.arange(spec.blocks_per_seq * block_size) % 256 // GQA_TILE_TOKENS
+                     prefetch=PrefetchConfig(mode, distance=distance), warps=warps)
+    # tiles [distance, num_tiles) of each 256-token partition, not past the context; a tile is
+    # 16 tokens a warp
+    tile_tokens = 16 * warps
+    tile = np.arange(spec.blocks_per_seq * block_size) % 256 // tile_tokens
     ahead = (tile >= distance).reshape(-1, 1, block_size, 1) & valid_rows(spec)
     assert ahead.any() and (byte_counts(spec, kind) == ahead).all()
-    addrs, _, kinds, _ = requests(spec)  # one request per run of min(block_size, 64) tokens
-    assert (addrs[kinds == kind] % (min(block_size, GQA_TILE_TOKENS) * 256) == 0).all()
+    addrs, _, kinds, _ = requests(spec)  # one request per run of min(block_size, tile) tokens
+    assert (addrs[kinds == kind] % (min(block_size, tile_tokens) * 256) == 0).all()
 
 
 def test_prefetch_only_k_or_only_v():
@@ -235,6 +238,10 @@ def test_prefetch_too_far_ahead_for_a_small_l2_is_evicted_unused():
     ({"partition_size": 100}, "partition_size=100: must be 0 or a multiple of 16 for vllm_v1"),
     ({"family": "gqa", "partition_size": 32},
      "partition_size=32: must be 0 or a multiple of 64 for gqa"),
+    ({"family": "gqa", "partition_size": 64, "warps": 8},
+     "partition_size=64: must be 0 or a multiple of 128 for gqa"),
+    ({"family": "gqa", "warps": 6}, "warps=6: must be one of (4, 8) for gqa"),
+    ({"warps": 8}, "warps=8: must be one of (4,) for vllm_v1"),
     ({"family": "gqa", "num_qo_heads": 18},
      "num_qo_heads=18: must be at most 8 x num_kv_heads=2 for gqa"),
     ({"num_qo_heads": 5}, "num_qo_heads=5: must be divisible by num_kv_heads=2"),

@@ -283,7 +283,15 @@
 //       the gap to SDPA there (96.4-97.3% against 99.4-99.7% at 16 x 8k) is not the bytes in
 //       flight an SM (8 warps hold twice as many); against pairs of 4-warp CTAs, 8 warps ran
 //       0.1-4 points slower (llama2-7b 1 x 32k 93.7% against 96.7%); on mixed batches 0.3-4.3
-//       points slower. Partitions of 256 tokens (2 tiles a warp) ran 1-8 points slower at 8 warps.
+//       points slower; at partitions of 256 tokens (2 tiles a warp) 0.9 points slower where 128
+//       CTAs were lone (qwen2.5-7b 1 x 8k), 7.8-8.5 where 256 CTAs took two waves. The split model
+//       offers 8 warps only where lone CTAs of 4 cannot keep HBM busy, on equal lengths, for
+//       partitions of 512 tokens or more (4 tiles a warp). A second probe (the plans with and
+//       without 8 warps in one loop, 15 points of the recorded grids, whole GPU and green
+//       contexts of 32 and 80 SMs): 1.007-1.13x at 13 (qwen2.5-7b 16 x 4k on 80 SMs 78.8 ->
+//       86.3%, llama2-7b 1 x 4k on 32 SMs 81.1 -> 86.5%), 0.974x and 0.984x at two whose lone
+//       CTAs were HBM-bound (1 x 32k on 80 SMs), which the fitted model now leaves at 4 warps. Recorded (revision bcfeff1): attention.json (two points run 8 warps),
+//       attention_small.json, attention_fp8.json, attention_bf16.json, attention_sms.json.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

@@ -24,7 +24,7 @@ VLLM_CTAS_PER_SM = 5
 # gqa (kernels/paged_decode_gqa.cu)
 GQA_BLOCK_SIZES = (8, 16, 32, 64, 128, 256)
 GQA_MAX_GROUP = 8  # query heads per KV head: the n-width of one mma
-GQA_NUM_WARPS = 4  # warps of a CTA, unless gqa_warps gives 8
+GQA_NUM_WARPS = 4  # warps of a CTA, unless split_plan picks 8
 GQA_WARP_TOKENS = 16  # rows of a tile owned by one warp
 GQA_TILE_TOKENS = GQA_NUM_WARPS * GQA_WARP_TOKENS  # 64 tokens per main-loop iteration (4 warps)
 PARTITION_QUANTUM = 256  # gqa partition sizes are multiples of this many tokens

@@ -25,7 +25,8 @@ the best setting) compare rows of one loop only.
 
 Each row: ms (median of --runs runs, L2 flushed before each), every run (`ms_runs`), GB/s of K+V
 read (each byte once) and its % of the HBM roofline (a device-to-device copy measured in the same
-run, `kvlab.timing.copy_roofline_gbps`).
+run, `kvlab.timing.copy_roofline_gbps`). The rows of kvlab's kernels carry their plan's launch:
+`partition_size` (tokens per CTA; 0: one CTA a sequence) and `warps` per CTA.
 """
 
 from __future__ import annotations
@@ -187,6 +188,14 @@ def cuda_kernels(fn) -> list[str]:
         return []
 
 
+def launch_fields(plan) -> dict:
+    """A plan's launch, as its rows record it: tokens per partition (0 where each CTA takes a
+    whole sequence) and warps per CTA."""
+    launcher = plan.launcher
+    return {"partition_size": launcher.partition_size if launcher.num_partitions > 1 else 0,
+            "warps": launcher.warps}
+
+
 def loop_variants(model, batch: int, context, block_size: int, args, dtype) -> dict:
     """Every variant of one loop: {key: (row fields, callable)}. context: an int, or the batch's
     lengths (mixed: no SDPA, and kernel="auto" not reused from a sibling shape)."""
@@ -236,7 +245,7 @@ def loop_variants(model, batch: int, context, block_size: int, args, dtype) -> d
                            q_dtype=dtype))
                 for p in variants})
         for key, (fields, plan) in plans.items():
-            found[key] = fields, lambda plan=plan: plan.run(q, out=out)
+            found[key] = {**fields, **launch_fields(plan)}, lambda plan=plan: plan.run(q, out=out)
     if "sdpa" in args.kernels and not mixed:
         shape = (batch, model.num_kv_heads, context, model.head_dim)
         k, v = (torch.randn(shape, device="cuda", dtype=dtype) for _ in "kv")

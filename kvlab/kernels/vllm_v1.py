@@ -54,6 +54,7 @@ class VllmV1:
 
     name = "vllm_v1"
     layout, block_sizes = LAYOUT, BLOCK_SIZES
+    warps = VLLM_NUM_WARPS  # per CTA, as vLLM's kernels run
 
     def __init__(self, cache, num_qo_heads: int, seq_lens: list[int], prefetch: PrefetchConfig,
                  num_sms: int, q_dtype):

@@ -127,6 +127,11 @@ def test_tiny_attention_benchmark_times_every_variant_in_one_loop(tmp_path, caps
     assert {r["kernel"] for r in rows if r["loop"] == 1} == {"gqa", "sdpa", "auto"}
     sdpa = [r for r in rows if r["kernel"] == "sdpa"]
     assert all(r["sdpa_backend"] != "unknown" and r["block_size"] is None for r in sdpa)
+    # the plans' launches: vllm_v1 by vLLM's rule (2 x 32 query heads, two partitions: v2);
+    # gqa in 64 CTAs of 256 tokens (kvlab.kernels.geometry.split_plan)
+    plans = {(r["kernel"], r["partition_size"], r["warps"]) for r in first
+             if r["kernel"] in ("vllm_v1", "gqa")}
+    assert plans == {("vllm_v1", 512, 4), ("gqa", 256, 4)}
     for r in rows:
         assert len(r["ms_runs"]) == 3 and r["gbps"] > 0
     assert result["roofline_copy_gbps"] > 0 and "clocks_end" in result
@@ -187,3 +192,15 @@ def test_mixed_lengths_are_timed_on_their_own_lengths(tmp_path):
         assert r["lengths"] == "lognormal:1000,4096" and r["max_context"] == lens.max()
         assert r["context"] == round(lens.mean())
         assert r["kv_bytes"] == 2 * int(lens.sum()) * MODELS["llama3-8b"].kv_size * 2
+
+
+def test_rows_record_their_plans_launch():
+    from types import SimpleNamespace
+
+    def plan(partition_size, num_partitions, warps):
+        return SimpleNamespace(launcher=SimpleNamespace(
+            partition_size=partition_size, num_partitions=num_partitions, warps=warps))
+
+    assert attention.launch_fields(plan(1024, 3, 8)) == {"partition_size": 1024, "warps": 8}
+    # one partition covers the longest sequence: each CTA takes a whole sequence
+    assert attention.launch_fields(plan(4096, 1, 4)) == {"partition_size": 0, "warps": 4}

@@ -9,7 +9,12 @@ of each, then run 2 of each, ...; `kvlab.timing.Timer`):
 - torch SDPA on the same K/V gathered dense and contiguous (`enable_gqa=True`), its backend named
   from the kernels the profiler sees it launch;
 - with `--fp8`, gqa on an fp8 (e4m3) cache of the same shape at every prefetch setting (kernel
-  "gqa_fp8": q and out in --dtype; its GB/s count the fp8 bytes it reads, half of fp16's).
+  "gqa_fp8": q and out in --dtype; its GB/s count the fp8 bytes it reads, half of fp16's);
+- with `--in-order`, each family without prefetch on a cache of the same shape whose blocks lie
+  in order, as a fresh pool hands them out (kernels "vllm_v1_in_order", "gqa_in_order").
+Every other cache's blocks are scattered over the pool (a shuffled free queue, as in a server that
+has run for a while; vLLM's kernel benchmark draws random block ids too). The rows of kvlab's
+kernels record which in `block_order`: "scattered" or "in_order".
 `--dtype` (float16 or bfloat16) is that of q, out, the fp16/bf16 caches and SDPA's K/V.
 With `--lengths lognormal:MEAN,MAX`, each point is a batch of mixed lengths
 (kvlab.workload.lognormal_lengths) instead of one context: its rows carry `lengths` (the spec),
@@ -53,8 +58,8 @@ from kvlab.workload import lognormal_lengths, lognormal_spec
 
 LAYOUTS = {"vllm_v1": vllm_v1.LAYOUT, "gqa": gqa.LAYOUT}
 AUTO_MODES = ("tuned", "reused", "recorded")
-# One loop holds both families' caches and SDPA's dense copy at once: three copies of the K/V.
-MAX_KV_BYTES = 40 * 2**30
+# What one loop's copies of the K/V (each family's caches, SDPA's dense one) may hold together.
+MAX_LOOP_KV_BYTES = 120 * 2**30
 SDPA_BACKENDS = (("cudnn", "cudnn"), ("flash", "flash"), ("fmha", "efficient"),
                  ("efficient", "efficient"))
 
@@ -196,6 +201,14 @@ def launch_fields(plan) -> dict:
             "warps": launcher.warps}
 
 
+def kv_copies(args, mixed: bool) -> float:
+    """How many copies of a point's K/V one loop holds: a cache per family asked for (and one
+    more each with --in-order), half a copy for an fp8 cache, SDPA's dense copy."""
+    families = sum(family in args.kernels for family in FAMILIES)
+    return (families * (2 if args.in_order else 1) + (0.5 if args.fp8 else 0)
+            + ("sdpa" in args.kernels and not mixed))
+
+
 def loop_variants(model, batch: int, context, block_size: int, args, dtype) -> dict:
     """Every variant of one loop: {key: (row fields, callable)}. context: an int, or the batch's
     lengths (mixed: no SDPA, and kernel="auto" not reused from a sibling shape)."""
@@ -226,7 +239,8 @@ def loop_variants(model, batch: int, context, block_size: int, args, dtype) -> d
             own = vllm_own.VllmOwn(args.vllm_cubin, cache, model.num_qo_heads,
                                    plan.host_seq_lens)
             found["vllm_own", "none"] = (
-                {"kernel": "vllm_own", "prefetch": "none", "vllm_variant": own.variant},
+                {"kernel": "vllm_own", "prefetch": "none", "vllm_variant": own.variant,
+                 "block_order": "scattered"},
                 lambda own=own, plan=plan, cache=cache: own(
                     out, q, cache.k_cache, cache.v_cache, plan.block_tables, plan.seq_lens))
         if family == "gqa" and mixed:  # the split planned as if every sequence were the longest
@@ -244,8 +258,16 @@ def loop_variants(model, batch: int, context, block_size: int, args, dtype) -> d
                 DecodePlan(fp8_cache, fp8_ids, model.num_qo_heads, family, prefetch=p,
                            q_dtype=dtype))
                 for p in variants})
+        if args.in_order:
+            ordered, ordered_ids, _ = filled_cache(
+                batch, context, block_size, model.num_kv_heads, model.head_dim,
+                layout=LAYOUTS[family], dtype=dtype, in_order=True)
+            plans[f"{family}_in_order", "none"] = (
+                {"kernel": f"{family}_in_order", "prefetch": "none", "block_order": "in_order"},
+                DecodePlan(ordered, ordered_ids, model.num_qo_heads, family))
         for key, (fields, plan) in plans.items():
-            found[key] = {**fields, **launch_fields(plan)}, lambda plan=plan: plan.run(q, out=out)
+            found[key] = ({"block_order": "scattered", **fields, **launch_fields(plan)},
+                          lambda plan=plan: plan.run(q, out=out))
     if "sdpa" in args.kernels and not mixed:
         shape = (batch, model.num_kv_heads, context, model.head_dim)
         k, v = (torch.randn(shape, device="cuda", dtype=dtype) for _ in "kv")
@@ -294,11 +316,12 @@ def run(args) -> dict:
         else:
             context, tokens, mixed = shape, batch * shape, {}
         kv_bytes = 2 * tokens * model.kv_size * 2
-        if kv_bytes > MAX_KV_BYTES:
+        copies = kv_copies(args, mixed=bool(mixed))
+        if kv_bytes * copies > MAX_LOOP_KV_BYTES:
             skipped.append({"model": name, "batch": batch, "context": context, **mixed,
-                            "reason": f"{kv_bytes / 2**30:.0f} GiB of K/V for one layer (one "
-                                      f"loop holds three copies; at most "
-                                      f"{MAX_KV_BYTES / 2**30:.0f} GiB)"})
+                            "reason": f"{kv_bytes / 2**30:.0f} GiB of K/V for one layer, "
+                                      f"{copies:g} copies in one loop (at most "
+                                      f"{MAX_LOOP_KV_BYTES / 2**30:.0f} GiB in all)"})
             continue
         print(f"[{i + 1}/{len(points)}] {name} batch={batch} context={context}", file=sys.stderr)
         for block_size, sms in itertools.product(args.block_sizes, counts):
@@ -348,6 +371,14 @@ def loop_ratios(rows) -> dict[int, dict]:
                         None)
         if sdpa and gqa_none:
             entry["gqa_over_sdpa"] = sdpa["ms"] / gqa_none["ms"]  # speed ratio
+        in_order = {r["kernel"].removesuffix("_in_order"): r for r in mine
+                    if r["kernel"].endswith("_in_order")}
+        if sdpa and "gqa" in in_order:
+            entry["gqa_in_order_over_sdpa"] = sdpa["ms"] / in_order["gqa"]["ms"]
+        entry["in_order_over_scattered"] = {  # speed ratio, each family without prefetch
+            family: scattered["ms"] / in_order[family]["ms"] for family in in_order
+            for scattered in mine if scattered["kernel"] == family
+            and scattered["prefetch"] == "none"}
         fp8_none = next((r for r in mine if r["kernel"] == "gqa_fp8" and r["prefetch"] == "none"),
                         None)
         if fp8_none and gqa_none:
@@ -362,13 +393,13 @@ def report(result: dict) -> str:
     lines = [f"{result['gpu']}: copy roofline {result['roofline_copy_gbps']:.0f} GB/s "
              f"(median of {result['num_runs']}, L2 flushed; every variant of a point timed in "
              "turn, in one loop)",
-             f"{'model':12} {'B':>4} {'ctx':>6} {'bs':>4} {'kernel':8} {'prefetch':24} "
+             f"{'model':12} {'B':>4} {'ctx':>6} {'bs':>4} {'kernel':16} {'prefetch':24} "
              f"{'ms':>8} {'GB/s':>7} {'%roof':>6}"]
     for r in result["rows"]:
         kernel = f"auto:{r['auto_mode']}" if r["kernel"] == "auto" else r["kernel"]
         prefetch = f"{r['family']} {r['prefetch']}" if r["kernel"] == "auto" else r["prefetch"]
         lines.append(f"{r['model']:12} {r['batch']:>4} {r['context']:>6} "
-                     f"{r['block_size'] or '-':>4} {kernel:8} {prefetch:24} "
+                     f"{r['block_size'] or '-':>4} {kernel:16} {prefetch:24} "
                      f"{r['ms']:>8.4f} {r['gbps']:>7.0f} {r['pct_roofline']:>6.1f}")
     lines += [f"skipped {s['model']} B={s['batch']} ctx={s['context']}: {s['reason']}"
               for s in result["skipped"]]
@@ -376,6 +407,17 @@ def report(result: dict) -> str:
     sdpa = [e["gqa_over_sdpa"] for e in ratios.values() if "gqa_over_sdpa" in e]
     if sdpa:
         lines.append(f"gqa (no prefetch) / SDPA, same loop: {min(sdpa):.3f}-{max(sdpa):.3f}x")
+    ordered = [e["gqa_in_order_over_sdpa"] for e in ratios.values()
+               if "gqa_in_order_over_sdpa" in e]
+    if ordered:
+        lines.append(f"gqa (no prefetch) on blocks in order / SDPA, same loop: "
+                     f"{min(ordered):.3f}-{max(ordered):.3f}x")
+    for family in FAMILIES:
+        gain = [e["in_order_over_scattered"][family] for e in ratios.values()
+                if family in e["in_order_over_scattered"]]
+        if gain:
+            lines.append(f"{family} (no prefetch) on blocks in order / scattered, same loop: "
+                         f"{min(gain):.3f}-{max(gain):.3f}x")
     fp8 = [e["fp8_over_fp16"] for e in ratios.values() if "fp8_over_fp16" in e]
     if fp8:
         lines.append(f"gqa on fp8 / on fp16 (no prefetch), tokens/s, same loop: "

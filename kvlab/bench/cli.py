@@ -139,6 +139,11 @@ def _add_attention(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fp8", action="store_true",
                         help="also time gqa on an fp8 (e4m3) cache of the same shape, in the same "
                              "loop (kernel 'gqa_fp8')")
+    parser.add_argument("--in-order", action="store_true",
+                        help="also time each family without prefetch on a cache whose blocks lie "
+                             "in order, as from a fresh pool, in the same loop (kernels "
+                             "'vllm_v1_in_order', 'gqa_in_order'); the others read blocks "
+                             "scattered over the pool")
     parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"],
                         help="of q, out, the caches (but an fp8 one) and SDPA's K/V")
     parser.add_argument("--sms", nargs="+", type=positive_int, metavar="N",

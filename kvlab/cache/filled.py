@@ -9,9 +9,12 @@ _FP8_CHUNK = 1 << 26  # elements drawn at a time for an fp8 cache (fp16 first: 1
 
 
 def filled_cache(num_seqs: int, context, block_size: int, num_kv_heads: int, head_dim: int,
-                 *, layout: str, dtype, device="cuda", sibling: int | None = None):
+                 *, layout: str, dtype, device="cuda", sibling: int | None = None,
+                 in_order: bool = False):
     """A cache holding `num_seqs` sequences of `context` tokens of random K/V (normal), their
-    blocks scattered over the pool: (cache, seq_ids, sibling_ids). `context`: an int, or the
+    blocks scattered over the pool, as in a server that has run for a while, or with `in_order`
+    handed out in id order, as from a fresh pool (each sequence's blocks one run of ids, the
+    sequences one after another): (cache, seq_ids, sibling_ids). `context`: an int, or the
     num_seqs lengths of a batch of mixed lengths (ints >= 1). With `sibling`, each sequence
     has token ids and a sibling sequence of its first `sibling` tokens (whole blocks, fewer than
     `context`) shares its blocks (no new memory; sibling_ids is empty otherwise). An fp8 cache
@@ -27,7 +30,7 @@ def filled_cache(num_seqs: int, context, block_size: int, num_kv_heads: int, hea
                          f"in [1, context={context}) (one context for all)")
     num_blocks = sum(-(-n // block_size) for n in lengths)
     cache = PagedKVCache(num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype,
-                         device=device, layout=layout, seed=0)
+                         device=device, layout=layout, seed=None if in_order else 0)
     for t in (cache.k_cache, cache.v_cache):
         if t.dtype == FP8_DTYPE:  # normal_ has no float8 kernel: draw in fp16 and round
             flat = t.view(-1)

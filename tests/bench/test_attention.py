@@ -54,6 +54,33 @@ def test_ratios_compare_rows_of_one_loop_only():
     assert "fp8_over_fp16" not in ratios[0]
 
 
+def test_blocks_in_order_are_compared_with_scattered_and_sdpa_in_their_loop():
+    rows = [row(0, "gqa", "bulk K+V d=1", 9.0), row(0, "gqa", "none", 10.0),
+            row(0, "gqa_in_order", "none", 8.0), row(0, "vllm_v1", "none", 12.0),
+            row(0, "vllm_v1_in_order", "none", 11.0), row(0, "sdpa", "none", 8.4),
+            row(1, "gqa", "none", 1.0), row(1, "sdpa", "none", 2.0)]
+    ratios = attention.loop_ratios(rows)
+    assert ratios[0]["in_order_over_scattered"] == {"gqa": pytest.approx(10.0 / 8.0),
+                                                    "vllm_v1": pytest.approx(12.0 / 11.0)}
+    assert ratios[0]["gqa_in_order_over_sdpa"] == pytest.approx(8.4 / 8.0)
+    assert ratios[0]["best"]["gqa"] == ("bulk K+V d=1", 9.0)  # scattered rows only
+    assert ratios[1]["in_order_over_scattered"] == {}
+    assert "gqa_in_order_over_sdpa" not in ratios[1]
+
+
+@pytest.mark.parametrize(("kernels", "fp8", "in_order", "mixed", "copies"), [
+    (["vllm_v1", "gqa", "sdpa"], False, False, False, 3),
+    (["vllm_v1", "gqa", "sdpa"], False, True, False, 5),
+    (["gqa", "sdpa"], True, True, False, 3.5),
+    (["gqa", "sdpa"], False, True, True, 2),  # no SDPA on mixed lengths
+])
+def test_a_loop_holds_a_copy_of_the_kv_per_cache(kernels, fp8, in_order, mixed, copies):
+    from types import SimpleNamespace
+
+    args = SimpleNamespace(kernels=kernels, fp8=fp8, in_order=in_order)
+    assert attention.kv_copies(args, mixed) == copies
+
+
 def test_fp8_over_fp16_compares_the_no_prefetch_rows_of_a_loop():
     rows = [row(0, "gqa", "none", 10.0), row(0, "gqa_fp8", "bulk K+V d=1", 4.0),
             row(0, "gqa_fp8", "none", 5.5), row(1, "gqa_fp8", "none", 1.0)]
@@ -163,6 +190,28 @@ def test_fp8_rows_read_half_the_bytes_in_the_same_loop(tmp_path, capsys):
     fp16, fp8 = by_kernel["gqa", "none"], by_kernel["gqa_fp8", "none"]
     assert fp8["kv_bytes"] * 2 == fp16["kv_bytes"] and fp8["kv_dtype"] == "fp8"
     assert "gqa on fp8 / on fp16 (no prefetch), tokens/s, same loop" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+def test_blocks_in_order_are_timed_beside_scattered_ones_in_the_same_loop(tmp_path, capsys):
+    out = tmp_path / "attention.json"
+    main(["bench", "attention", "--json", str(out), "--models", "llama3-8b", "--batches", "4",
+          "--contexts", "2048", "--prefetch", "none", "--runs", "3", "--kernels", "vllm_v1",
+          "gqa", "sdpa", "--in-order"])
+    rows = json.loads(out.read_text())["rows"]
+    orders = {r["kernel"]: r.get("block_order") for r in rows}
+    assert orders == {"vllm_v1": "scattered", "gqa": "scattered", "vllm_v1_in_order": "in_order",
+                      "gqa_in_order": "in_order", "sdpa": None}
+    assert {r["loop"] for r in rows} == {0}
+    by_kernel = {r["kernel"]: r for r in rows}
+    # the same plan over either table: only where the blocks lie differs
+    for family in ("vllm_v1", "gqa"):
+        mine, ordered = by_kernel[family], by_kernel[f"{family}_in_order"]
+        assert (mine["partition_size"], mine["warps"], mine["kv_bytes"]) == (
+            ordered["partition_size"], ordered["warps"], ordered["kv_bytes"])
+    printed = capsys.readouterr().out
+    assert "gqa (no prefetch) on blocks in order / SDPA, same loop" in printed
+    assert "vllm_v1 (no prefetch) on blocks in order / scattered, same loop" in printed
 
 
 @pytest.mark.gpu

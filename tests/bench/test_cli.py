@@ -32,7 +32,7 @@ def test_help_lists_the_benchmarks_own_options(name):
     out = kvlab("bench", name, "--help")
     assert out.returncode == 0
     own = {"attention": ["--block-sizes", "--prefetch", "--distances", "--kernels", "--runs",
-                         "--sms"],
+                         "--sms", "--in-order"],
            "kvpr": ["--schedules", "--gpu-batches", "--hf", "--resume", "--host-budget-gib"]}
     for option in [*own[name], "--models", "--batches", "--json"]:
         assert option in out.stdout

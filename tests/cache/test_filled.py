@@ -1,4 +1,5 @@
-"""filled_cache: random K/V, every sequence whole, siblings sharing their prefix blocks (CPU)."""
+"""filled_cache: random K/V, every sequence whole, siblings sharing their prefix blocks, blocks
+scattered or in order (CPU)."""
 
 import re
 
@@ -34,6 +35,21 @@ def test_an_fp8_cache_is_filled_with_normal_values_in_range():
     assert torch.isfinite(k).all() and torch.isfinite(v).all()
     assert 0.9 < k.std().item() < 1.1 and abs(v.mean().item()) < 0.05
     assert torch.equal(cache.k_scale, torch.ones(2)) and cache.saturated == 0
+
+
+@pytest.mark.parametrize("context", [40, [40, 7, 17]])
+def test_blocks_are_scattered_unless_asked_in_order(context):
+    def tables(**kw):
+        cache, seq_ids, _ = filled_cache(3, context, 8, 2, 64, layout="hnd", dtype=torch.float32,
+                                         device="cpu", **kw)
+        return [cache.manager.block_table(s) for s in seq_ids]
+
+    ordered = tables(in_order=True)
+    # one run of ids a sequence, the sequences one after another
+    assert sum(ordered, []) == list(range(sum(map(len, ordered))))
+    scattered = tables()
+    assert sorted(sum(scattered, [])) == sum(ordered, []) != sum(scattered, [])
+    assert tables() == scattered  # seeded: the same tables every time
 
 
 def test_a_batch_of_mixed_lengths():

@@ -447,6 +447,41 @@ def mixed_table(result: dict, points=MIXED_POINTS) -> list[str]:
     return lines
 
 
+# From this many tokens (batch x context) a point counts as large in block_order_table.
+LARGE_TOKENS = 256 * 1024
+
+
+def block_order_table(result: dict) -> list[str]:
+    """Each family without prefetch on blocks in order against scattered blocks, and gqa against
+    SDPA either way, one loop per point (results/h200/attention_block_order.json), per model:
+    the range and median of the speed ratios; against SDPA, the points where gqa is at least as
+    fast and the median over the large ones (batch x context >= LARGE_TOKENS)."""
+    loops = {}
+    for r in result["rows"]:
+        loops.setdefault((r["model"], r["batch"], r["context"]), {})[r["kernel"]] = r
+
+    def spread(ratios):
+        return f"{min(ratios):.3f}-{max(ratios):.3f}x (median {statistics.median(ratios):.3f}x)"
+
+    def against_sdpa(points, kernel):
+        ratios = [p["sdpa"]["ms"] / p[kernel]["ms"] for _, p in points]
+        large = [p["sdpa"]["ms"] / p[kernel]["ms"] for tokens, p in points
+                 if tokens >= LARGE_TOKENS]
+        return (f"{sum(x >= 1 for x in ratios)} of {len(ratios)} (large: median "
+                f"{statistics.median(large):.3f}x)")
+
+    lines = ["| model (q:kv) | gqa, in order / scattered | vllm_v1, in order / scattered | "
+             "gqa >= SDPA, scattered | gqa >= SDPA, in order |", "|---|---|---|---|---|"]
+    for model in dict.fromkeys(r["model"] for r in result["rows"]):
+        points = [(batch * context, p) for (m, batch, context), p in loops.items() if m == model]
+        gain = {f: [p[f]["ms"] / p[f"{f}_in_order"]["ms"] for _, p in points]
+                for f in ("gqa", "vllm_v1")}
+        lines.append(f"| {model} ({_heads(model)}) | {spread(gain['gqa'])} | "
+                     f"{spread(gain['vllm_v1'])} | {against_sdpa(points, 'gqa')} | "
+                     f"{against_sdpa(points, 'gqa_in_order')} |")
+    return lines
+
+
 def main() -> None:
     attention = load_result("h200", "attention")
     print("\n".join(decode_table(attention)), end="\n\n")
@@ -466,6 +501,8 @@ def main() -> None:
     print("\n".join(vllm_table(load_result("h200", "attention_vllm"),
                                load_result("h200", "vllm_own"))), end="\n\n")
     print("\n".join(mixed_table(load_result("h200", "attention_mixed"))), end="\n\n")
+    print("\n".join(block_order_table(load_result("h200", "attention_block_order"))),
+          end="\n\n")
     for mode, (worst, median, within, total) in auto_summary(attention).items():
         print(f"auto ({mode}): worst {worst:.3f}x, median {median:.3f}x, within 3% at {within} "
               f"of {total}")

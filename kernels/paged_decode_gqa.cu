@@ -290,8 +290,13 @@
 //       without 8 warps in one loop, 15 points of the recorded grids, whole GPU and green
 //       contexts of 32 and 80 SMs): 1.007-1.13x at 13 (qwen2.5-7b 16 x 4k on 80 SMs 78.8 ->
 //       86.3%, llama2-7b 1 x 4k on 32 SMs 81.1 -> 86.5%), 0.974x and 0.984x at two whose lone
-//       CTAs were HBM-bound (1 x 32k on 80 SMs), which the fitted model now leaves at 4 warps. Recorded (revision bcfeff1): attention.json (two points run 8 warps),
+//       CTAs were HBM-bound (1 x 32k on 80 SMs), which the fitted model now leaves at 4 warps.
+//       Recorded (revision bcfeff1): attention.json (two points run 8 warps),
 //       attention_small.json, attention_fp8.json, attention_bf16.json, attention_sms.json.
+//       What is left against SDPA from 256k tokens is mostly where the blocks lie: the benchmarks
+//       scatter them over the pool; in order (attention_block_order.json, revision 4b3b419) gqa
+//       ran 0.992-1.017x SDPA there on the 8-KV-head models, against 0.979-1.012x scattered
+//       (benchmarks/README.md, "Blocks in order").
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

@@ -9,7 +9,9 @@ chosen point with `kvlab.bench.attention` (`measure_point`); torch and CuPy load
 The KV cache dtype control shows gqa on an fp8 cache against fp16 (recorded:
 `attention_fp8.json`; measured: the same loop with `--fp8`). The batch lengths control shows
 batches of mixed (lognormal) lengths, without prefetch: gqa, gqa with its split planned for the
-longest sequence, and vllm_v1 (recorded: `attention_mixed.json`; measured: `--lengths`).
+longest sequence, and vllm_v1 (recorded: `attention_mixed.json`; measured: `--lengths`). The KV
+blocks control shows each family on blocks in order beside blocks scattered through the pool, and
+SDPA, without prefetch (recorded: `attention_block_order.json`; measured: `--in-order`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from kvlab.panels.widgets import control_grid, figure_widget, labeled, show_figu
 from kvlab.results import ATTENTION, label, load_results, nearest_rows, recorded_models
 from kvlab.viz.kernels import (
     bandwidth_figure,
+    block_order_figure,
     fp8_speedup_figure,
     mixed_figure,
     prefetch_speedup_figure,
@@ -38,7 +41,10 @@ from kvlab.workload import lognormal_spec
 RECORDED = ATTENTION  # (machine, result names) of the recorded results shown without a GPU
 RECORDED_FP8 = ("h200", ("attention_fp8",))  # gqa on fp8 against fp16, prefetch none, block 16
 RECORDED_MIXED = ("h200", ("attention_mixed",))  # mixed lengths, prefetch none, block 16
+# both block orders, prefetch none, block 16
+RECORDED_BLOCK_ORDER = ("h200", ("attention_block_order",))
 KV_DTYPES = ("float16", "fp8")
+BLOCK_ORDERS = ("scattered", "in order")  # of the cache's blocks in its pool
 # "equal": one context for the batch; else kvlab.workload.lognormal_spec's specs, as recorded
 LENGTHS = ("equal", "lognormal:3200,16384", "lognormal:3200,32768", "lognormal:1536,2048")
 MIXED_FLAGS = ("--kernels", "vllm_v1", "gqa", "--prefetch", "none")  # as attention_mixed.json
@@ -50,11 +56,12 @@ __all__ = ["DecodeKernelsTab", "measure_point"]
 
 def measure_point(
     model: str, batch: int, context: int, block_size: int, distance: int, on_progress=None,
-    fp8: bool = False, lengths: str = "equal",
+    fp8: bool = False, lengths: str = "equal", in_order: bool = False,
 ) -> dict:
     """Measure one point on this GPU with `kvlab.bench.attention.run`, as the CLI would:
     vllm_v1 (where it supports `block_size`) and gqa at prefetch none / bulk / line at `distance`,
-    (with `fp8`, gqa on an fp8 cache too) and SDPA, all timed in turn in one loop. With `lengths`
+    (with `fp8`, gqa on an fp8 cache too; with `in_order`, each family without prefetch on a
+    cache whose blocks lie in order too) and SDPA, all timed in turn in one loop. With `lengths`
     a lognormal spec, a batch of those lengths instead of `context`: vllm_v1, gqa and
     gqa_split_longest, without prefetch (`--lengths`).
 
@@ -69,7 +76,7 @@ def measure_point(
              ["--lengths", lengths, *MIXED_FLAGS])
     args = parse(["bench", "attention", "--models", model, "--batches", str(batch), *shape,
                   "--block-sizes", str(block_size), "--distances", str(distance),
-                  *(["--fp8"] if fp8 else [])])
+                  *(["--fp8"] if fp8 else []), *(["--in-order"] if in_order else [])])
     result = attention.run(args)
     if on_progress is not None:
         on_progress(1, 1)
@@ -90,7 +97,7 @@ class DecodeKernelsTab:
 
     controls: model, block_size, batch, context (disabled while lengths are mixed), kernel,
         prefetch, distance, gqa_ratio (read-only, the model's num_qo_heads:num_kv_heads),
-        kv_dtype, lengths. figures: bandwidth, speedup (`FigurePane`s).
+        kv_dtype, lengths, blocks. figures: bandwidth, speedup (`FigurePane`s).
     On the "cuda" backend, `run_button` measures the chosen point (`progress` follows it);
     on "sim" both are None and the recorded result `RECORDED` is shown.
     """
@@ -109,15 +116,16 @@ class DecodeKernelsTab:
         distance: int = 1,
         kv_dtype: str = "float16",
         lengths: str = "equal",
+        blocks: str = "scattered",
     ):
         self.backend = backend()
         self.recorded = load_results(*RECORDED)
-        self.recorded_fp8, self.recorded_mixed = map(_recorded_or_none,
-                                                     (RECORDED_FP8, RECORDED_MIXED))
+        self.recorded_fp8, self.recorded_mixed, self.recorded_order = map(
+            _recorded_or_none, (RECORDED_FP8, RECORDED_MIXED, RECORDED_BLOCK_ORDER))
         block_sizes = BLOCK_SIZES if self.backend == "cuda" else sorted(
             {r["block_size"] for r in self.recorded["rows"]} - {None})
-        # `_key()`: (model, batch, context, block_size, distance, fp8, lengths) -> result of
-        # measure_point
+        # `_key()`: (model, batch, context, block_size, distance, fp8, lengths, in_order) ->
+        # result of measure_point
         self.measured: dict[tuple, dict] = {}
         self.controls = {
             "model": labeled(
@@ -147,6 +155,7 @@ class DecodeKernelsTab:
                                 value=kv_dtype),
             "lengths": labeled(widgets.Dropdown, "batch lengths", options=LENGTHS,
                                value=lengths),
+            "blocks": labeled(widgets.Dropdown, "KV blocks", options=BLOCK_ORDERS, value=blocks),
         }
         self.figures = {name: figure_widget(h) for name, h in FIGURE_HEIGHTS.items()}
         self.status = widgets.HTML()
@@ -165,14 +174,14 @@ class DecodeKernelsTab:
         c = self.controls
         run = [self.run_button, self.progress] if self.run_button is not None else []
         order = ("model", "kernel", "gqa_ratio", "block_size", "batch", "prefetch", "context",
-                 "distance", "kv_dtype", "lengths")
+                 "distance", "kv_dtype", "lengths", "blocks")
         return widgets.VBox([control_grid([c[name] for name in order]), widgets.HBox(run),
                              self.status, *self.figures.values()])
 
     def _key(self) -> tuple:
         v = {name: control.value for name, control in self.controls.items()}
         return (v["model"], v["batch"], v["context"], v["block_size"], v["distance"],
-                v["kv_dtype"] == "fp8", v["lengths"])
+                v["kv_dtype"] == "fp8", v["lengths"], v["blocks"] == "in order")
 
     def run(self, button=None) -> None:
         """Measure the chosen point on this GPU (`measure_point`), then show it."""
@@ -181,9 +190,9 @@ class DecodeKernelsTab:
         def on_progress(num_done, num_total):
             self.progress.max, self.progress.value = num_total, num_done
 
-        *point, fp8, lengths = self._key()
+        *point, fp8, lengths, in_order = self._key()
         self.measured[self._key()] = measure_point(*point, on_progress=on_progress, fp8=fp8,
-                                                   lengths=lengths)
+                                                   lengths=lengths, in_order=in_order)
         self.refresh()
 
     def refresh(self, change=None) -> None:
@@ -196,6 +205,9 @@ class DecodeKernelsTab:
             return
         if v["kv_dtype"] == "fp8":
             self._refresh_fp8(v)
+            return
+        if v["blocks"] == "in order":
+            self._refresh_block_order(v)
             return
         selected = variant(
             {
@@ -256,19 +268,32 @@ class DecodeKernelsTab:
                                   FIGURE_HEIGHTS["speedup"])
         show_figure(self.figures["speedup"], speedup)
 
+    def _point(self, v: dict, recorded: dict | None, **flags):
+        """What to show at the controls `v`: (result, measured?, provenance, the rows of its
+        point nearest them), the measurement at them if there is one, else `recorded`; None,
+        with the command that records it shown (`_show_not_recorded(v, **flags)`), where
+        neither holds the model."""
+        measured = self.measured.get(self._key())
+        result = measured or recorded
+        if result is None or v["model"] not in recorded_models(result):
+            self._show_not_recorded(v, **flags)
+            return None
+        provenance = device_label() if measured else label(result)
+        return (result, measured is not None, provenance,
+                nearest_rows(result, v["model"], v["batch"], v["context"]))
+
     def _refresh_fp8(self, v: dict) -> None:
         """The fp8 view: gqa on fp8 beside fp16 and SDPA at the point (measured here, else the
         nearest recorded), and fp8's tokens/s over fp16's across the model's points."""
-        measured = self.measured.get(self._key())
-        result = measured or self.recorded_fp8
-        if result is None or v["model"] not in recorded_models(result):
-            self._show_not_recorded(v, fp8=True)
+        found = self._point(v, self.recorded_fp8, fp8=True)
+        if found is None:
             return
-        provenance = device_label() if measured else label(result)
-        rows = nearest_rows(result, v["model"], v["batch"], v["context"])
+        result, measured, provenance, rows = found
         notes = []
         if v["kernel"] != "gqa":
             notes.append(f"an fp8 cache is read by gqa only, not {v['kernel']}: gqa shown")
+        if v["blocks"] == "in order":
+            notes.append("fp8: blocks scattered through the pool only")
         if not measured:
             sizes = ", ".join(map(str, sorted({r["block_size"] for r in rows} - {None})))
             settings = ", ".join(sorted({r["prefetch"] for r in rows}))
@@ -323,6 +348,8 @@ class DecodeKernelsTab:
         if v["kv_dtype"] == "fp8":
             notes.append("mixed lengths: an fp16 cache only")
         notes.append("mixed lengths: without prefetch only")
+        if v["blocks"] == "in order":
+            notes.append("mixed lengths: blocks scattered through the pool only")
         if not measured and self.backend == "cuda":
             notes.append("press Run to measure these lengths on this GPU")
         self.status.value = html.escape(
@@ -336,17 +363,51 @@ class DecodeKernelsTab:
         show_figure(self.figures["speedup"], mixed_figure(
             result["rows"], v["model"], v["lengths"], provenance, FIGURE_HEIGHTS["speedup"]))
 
-    def _show_not_recorded(self, v: dict, fp8: bool = False) -> None:
+    def _refresh_block_order(self, v: dict) -> None:
+        """The block-order view: each family without prefetch on blocks in order beside
+        scattered ones, and SDPA, at the point (measured here, else the nearest recorded); and
+        the speed ratios across the model's points."""
+        found = self._point(v, self.recorded_order, in_order=True)
+        if found is None:
+            return
+        result, measured, provenance, rows = found
+        sizes = sorted({r["block_size"] for r in rows} - {None})
+        block_size = v["block_size"] if v["block_size"] in sizes else sizes[0]
+        shown = [r for r in rows if r["prefetch"] == "none"
+                 and r["block_size"] in (block_size, None)
+                 and (r["kernel"] == "sdpa" or r.get("block_order"))]
+        notes = []
+        if not measured:
+            notes.append(f"blocks in order recorded at block_size {', '.join(map(str, sizes))} "
+                         "and without prefetch only")
+            if self.backend == "cuda":
+                notes.append("press Run to measure this point on this GPU, both orders")
+        point = shown[0]
+        self.status.value = html.escape(
+            f"Showing {point['model']} batch={point['batch']} context={point['context']} "
+            f"block_size={block_size}, blocks in order beside scattered ({provenance}; requested "
+            f"batch={v['batch']} context={v['context']})"
+        ) + "".join(f"<br>{html.escape(n)}" for n in notes)
+        show_figure(self.figures["bandwidth"], bandwidth_figure(
+            shown, result["roofline_copy_gbps"], provenance,
+            variant({"kernel": f"{v['kernel']}_in_order", "prefetch": "none"}),
+            FIGURE_HEIGHTS["bandwidth"]))
+        show_figure(self.figures["speedup"], block_order_figure(
+            result["rows"], v["model"], provenance, FIGURE_HEIGHTS["speedup"]))
+
+    def _show_not_recorded(self, v: dict, fp8: bool = False, in_order: bool = False) -> None:
         """Figures and status for a model with no recorded rows: the command that records it."""
         shape = (f"--contexts {v['context']}" if v["lengths"] == "equal" else
                  f"--lengths {v['lengths']} {' '.join(MIXED_FLAGS)}")
         command = (f"python -m kvlab bench attention --models {v['model']} "
-                   f"--batches {v['batch']} {shape}" + (" --fp8" if fp8 else ""))
+                   f"--batches {v['batch']} {shape}" + (" --fp8" if fp8 else "")
+                   + (" --in-order" if in_order else ""))
         where = "press Run to measure it here" if self.backend == "cuda" else "run on a GPU"
         note = f"{v['model']}: not recorded;<br>{where}:<br>{command}"
         self.status.value = html.escape(f"{v['model']}: not recorded; {where}: {command}")
         provenance = f"not {label(self.recorded)}"
         speed = ("fp8 KV cache: gqa's tokens/s over fp16's" if fp8 else
+                 "Blocks in order: speed over blocks scattered through the pool" if in_order else
                  "Mixed lengths: % of the copy roofline by batch" if v["lengths"] != "equal" else
                  f"L2 prefetch speedup over none: {v['kernel']}")
         for name, title in (("bandwidth", "Decode attention: GB/s of K+V read"),

@@ -13,13 +13,16 @@ import plotly.graph_objects as go
 from kvlab.results import speedups
 from kvlab.viz.layout import style
 
-__all__ = ["AUTO_MODES", "PAPER_REFERENCE", "bandwidth_figure", "fp8_speedup_figure",
-           "mixed_figure", "prefetch_speedup_figure", "variant"]
+__all__ = ["AUTO_MODES", "PAPER_REFERENCE", "bandwidth_figure", "block_order_figure",
+           "fp8_speedup_figure", "mixed_figure", "prefetch_speedup_figure", "variant"]
 
 PAPER_REFERENCE = "paper: 1.84-2.15x, vLLM + L2 prefetch on H20 (arXiv 2504.06319)"
-KERNEL_COLORS = {"vllm_v1": "#1f77b4", "gqa": "#2ca02c", "gqa_fp8": "#98df8a",
-                 "gqa_split_longest": "#bcbd22", "auto": "#17becf", "sdpa": "#7f7f7f"}
-KERNEL_NAMES = {"vllm_v1": "vllm_v1", "gqa": "gqa", "gqa_fp8": "gqa on an fp8 cache (its bytes)",
+KERNEL_COLORS = {"vllm_v1": "#1f77b4", "vllm_v1_in_order": "#0b3c68", "gqa": "#2ca02c",
+                 "gqa_in_order": "#145a14", "gqa_fp8": "#98df8a", "gqa_split_longest": "#bcbd22",
+                 "auto": "#17becf", "sdpa": "#7f7f7f"}
+KERNEL_NAMES = {"vllm_v1": "vllm_v1", "vllm_v1_in_order": "vllm_v1, blocks in order", "gqa": "gqa",
+                "gqa_in_order": "gqa, blocks in order",
+                "gqa_fp8": "gqa on an fp8 cache (its bytes)",
                 "gqa_split_longest": "gqa, split planned as if all were the longest",
                 "auto": "auto: kvlab's choice", "sdpa": "sdpa (PyTorch, dense K, V)"}
 # How a kernel="auto" row chose its family and prefetch setting (`auto_mode`)
@@ -224,6 +227,49 @@ def fp8_speedup_figure(result_rows: list[dict], model: str, provenance: str, hei
     return style(fig, "fp8 KV cache: gqa's tokens/s over fp16's", provenance,
                  f"{model}, no prefetch, one loop per point; dashed: 1.0 and 2.0 (half the "
                  "bytes)", note, height=height)
+
+
+def block_order_figure(result_rows: list[dict], model: str, provenance: str, height: int = 420,
+                       note: str = "") -> go.Figure:
+    """A dot plot for `model` at every (batch, context) timed both ways in one loop (`bench
+    attention --in-order`), without prefetch: each family's speed on blocks in order over
+    scattered blocks (ms of "<family>" / ms of "<family>_in_order"), and gqa's speed over SDPA's
+    on either order; a dashed line at 1.0. Dots, not bars: the ratios sit within a few percent
+    of 1.0, which bars from zero would hide. Raises ValueError where no point has both orders."""
+    loops = {}
+    for r in result_rows:
+        if r["model"] == model and r["prefetch"] == "none":
+            loops.setdefault((r["batch"], r["context"], r.get("loop")), {})[r["kernel"]] = r
+    points = sorted((b, c, p) for (b, c, _), p in loops.items()
+                    if any(f"{k}_in_order" in p and k in p for k in ("vllm_v1", "gqa")))
+    if not points:
+        raise ValueError(f"model={model!r}: no point with blocks in order and scattered in one "
+                         "loop")
+    x = [f"{b} x {c}" for b, c, _ in points]
+
+    def ratio(p, slow, fast):
+        return p[slow]["ms"] / p[fast]["ms"] if slow in p and fast in p else None
+
+    traces = [go.Scatter(name=f"{family}: in order / scattered", x=x, mode="markers",
+                         y=[ratio(p, family, f"{family}_in_order") for _, _, p in points],
+                         marker=dict(symbol=symbol, size=10,
+                                     color=KERNEL_COLORS[f"{family}_in_order"]),
+                         hovertemplate="%{x}<br>%{y:.3f}x on blocks in order<extra></extra>")
+              for family, symbol in (("vllm_v1", "square"), ("gqa", "diamond"))]
+    traces += [go.Scatter(name=f"gqa / SDPA, {order}", x=x, mode="markers",
+                          y=[ratio(p, "sdpa", kernel) for _, _, p in points],
+                          marker=dict(symbol=symbol, size=9, color=KERNEL_COLORS["sdpa"]),
+                          hovertemplate="%{x}<br>gqa %{y:.3f}x SDPA's speed<extra></extra>")
+               for order, kernel, symbol in (("scattered", "gqa", "circle-open"),
+                                             ("in order", "gqa_in_order", "circle"))]
+    fig = go.Figure(traces)
+    fig.add_hline(y=1.0, line=dict(color="black", dash="dash", width=1))
+    fig.update_layout(xaxis=dict(title="batch x context (tokens)", automargin=True),
+                      yaxis=dict(title="speed ratio"))
+    # the legend below the rotated "batch x context" labels and the axis title
+    return style(fig, "Blocks in order: speed over blocks scattered through the pool",
+                 provenance, f"{model}, no prefetch, one loop per point; dashed: 1.0", note,
+                 height=height, legend_y=-0.55)
 
 
 def mixed_figure(result_rows: list[dict], model: str, lengths: str, provenance: str,

@@ -102,27 +102,33 @@ def test_screenshots_of_each_tab(walkthrough):
             assert path.stat().st_size > 10_000
 
 
-def test_mixed_lengths_change_the_kernels_charts_in_the_page(walkthrough):
-    """The Decode kernels tab's batch-lengths control draws the mixed-lengths view (screenshot
-    dashboard-decode-kernels-mixed-1280.png), and "equal" brings the first view back."""
+@pytest.mark.parametrize(("control", "value", "first", "name", "title"), [
+    ("batch lengths", "lognormal:1536,2048", "equal", "mixed", "Mixed lengths"),
+    ("KV blocks", "in order", "scattered", "blocks-in-order", "Blocks in order"),
+])
+def test_a_view_control_changes_the_kernels_charts_in_the_page(walkthrough, control, value,
+                                                                first, name, title):
+    """The Decode kernels tab's batch-lengths and KV-blocks controls draw their views
+    (screenshots dashboard-decode-kernels-<name>-1280.png), and their first value brings the
+    first view back."""
     page, _ = walkthrough
     page.set_viewport_size({"width": WIDTHS[0], "height": 2400})
     out = dashboard(page)
     out.get_by_role("tab", name=TABS[1]).click()
-    lengths = out.locator(".widget-dropdown:has-text('batch lengths') select").first
-    for value, name in (("lognormal:1536,2048", "mixed"), ("equal", None)):
+    select = out.locator(f".widget-dropdown:has-text('{control}') select").first
+    for option, shot in ((value, name), (first, None)):
         before = page.evaluate(PLOTS)
-        lengths.select_option(value)
+        select.select_option(option)
         deadline = time.monotonic() + 20
         while page.evaluate(PLOTS) == before and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert page.evaluate(PLOTS) != before, value
-        if name:
+        assert page.evaluate(PLOTS) != before, option
+        if shot:
             time.sleep(1.5)
             ARTIFACTS.mkdir(parents=True, exist_ok=True)
-            path = ARTIFACTS / f"dashboard-decode-kernels-{name}-{WIDTHS[0]}.png"
+            path = ARTIFACTS / f"dashboard-decode-kernels-{shot}-{WIDTHS[0]}.png"
             out.screenshot(path=path)
-            assert "Mixed lengths" in out.inner_text()
+            assert title in out.inner_text()
 
 
 STATIC_FIGURES = """() => Array.from(document.querySelectorAll('.jp-OutputArea-output'))

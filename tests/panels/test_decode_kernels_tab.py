@@ -126,8 +126,8 @@ def test_run_button_wiring_with_a_fake_measurement(monkeypatch):
     calls = []
 
     def fake_measure(model, batch, context, block_size, distance, on_progress=None, fp8=False,
-                     lengths="equal"):
-        calls.append((model, batch, context, block_size, distance, fp8, lengths))
+                     lengths="equal", in_order=False):
+        calls.append((model, batch, context, block_size, distance, fp8, lengths, in_order))
         rows = [{**r, "gbps": r["gbps"] + 1} for r in expected_rows(model, batch, context)]
         on_progress(1, 1)
         return {**recorded, "rows": rows}
@@ -139,7 +139,8 @@ def test_run_button_wiring_with_a_fake_measurement(monkeypatch):
     assert "press Run" in tab.status.value
     assert "recorded on" in tab.figures["bandwidth"].figure.layout.title.text
     tab.run_button.click()
-    assert calls == [("llama3-8b", 64, 1024, 16, 1, False, "equal")] and tab.progress.value == 1
+    assert calls == [("llama3-8b", 64, 1024, 16, 1, False, "equal", False)]
+    assert tab.progress.value == 1
     rows = expected_rows("llama3-8b", 64, 1024)
     assert list(tab.figures["bandwidth"].figure.data[0].x) == [r["gbps"] + 1 for r in rows]
     assert "measured on FAKE GPU" in tab.figures["bandwidth"].figure.layout.title.text
@@ -167,10 +168,44 @@ def test_fp8_shows_gqa_on_fp8_beside_fp16_and_its_speedup(tab):
     assert "L2 prefetch speedup" in tab.figures["speedup"].figure.layout.title.text
 
 
-def test_fp8_for_a_model_not_recorded_names_the_command(tab):
-    tab.controls["kv_dtype"].value = "fp8"
+@pytest.mark.parametrize(("control", "value", "flag", "title"), [
+    ("kv_dtype", "fp8", "--fp8", "fp8 KV cache"),
+    ("blocks", "in order", "--in-order", "Blocks in order"),
+])
+def test_a_view_for_a_model_not_recorded_names_the_command(tab, control, value, flag, title):
+    tab.controls[control].value = value
     tab.controls["model"].value = "opt-6.7b"
-    assert "--fp8" in tab.status.value and "not recorded" in tab.status.value
+    assert flag in tab.status.value and "not recorded" in tab.status.value
+    assert title in tab.figures["speedup"].figure.layout.title.text
+
+
+def test_blocks_in_order_show_both_orders_and_their_ratios(tab):
+    from kvlab.panels.decode_kernels import RECORDED_BLOCK_ORDER
+
+    recorded = load_results(*RECORDED_BLOCK_ORDER)
+    tab.controls["kernel"].value = "gqa"
+    tab.controls["batch"].value, tab.controls["context"].value = 60, 8192
+    tab.controls["blocks"].value = "in order"
+    rows = {r["kernel"]: r for r in nearest_rows(recorded, "llama3-8b", 64, 8192)}
+    bars = tab.figures["bandwidth"].figure.data[0]
+    kernels = ("vllm_v1", "vllm_v1_in_order", "gqa", "gqa_in_order", "sdpa")
+    assert list(bars.y) == [*(f"{k} / none" for k in kernels[:4]), "sdpa"]
+    assert list(bars.x) == [rows[k]["gbps"] for k in kernels]
+    assert list(bars.marker.line.width) == [0, 0, 0, 3, 0]  # gqa in order, the kernel chosen
+    status = tab.status.value
+    assert "batch=64 context=8192" in status and "requested batch=60" in status
+    assert "blocks in order recorded at block_size 16 and without prefetch only" in status
+    ratios = tab.figures["speedup"].figure
+    assert "Blocks in order" in ratios.layout.title.text
+    gqa = next(d for d in ratios.data if d.name == "gqa: in order / scattered")
+    by_point = dict(zip(gqa.x, gqa.y, strict=True))
+    assert by_point["64 x 8192"] == pytest.approx(rows["gqa"]["ms"] / rows["gqa_in_order"]["ms"])
+    assert len(by_point) == 16  # batch 1/16/64/128 x context 1k/4k/8k/32k
+    tab.controls["kv_dtype"].value = "fp8"  # fp8 is recorded on scattered blocks only
+    assert "fp8: blocks scattered through the pool only" in tab.status.value
+    tab.controls["kv_dtype"].value = "float16"
+    tab.controls["blocks"].value = "scattered"
+    assert "L2 prefetch speedup" in tab.figures["speedup"].figure.layout.title.text
 
 
 def mixed_rows(model, lengths, batch):
@@ -215,7 +250,7 @@ def test_run_button_measures_mixed_lengths_with_a_fake_measurement(monkeypatch):
     calls = []
 
     def fake_measure(model, batch, context, block_size, distance, on_progress=None, fp8=False,
-                     lengths="equal"):
+                     lengths="equal", in_order=False):
         calls.append((model, batch, lengths))
         return {"roofline_copy_gbps": 4000.0,
                 "rows": [{**r, "gbps": 1.0} for r in mixed_rows(model, lengths, 16)]}
@@ -243,14 +278,42 @@ def test_run_button_measures_mixed_lengths_on_this_gpu(monkeypatch):
     assert "measured on" in tab.figures["speedup"].figure.layout.title.text
 
 
+def test_run_button_measures_both_block_orders_with_a_fake_measurement(monkeypatch):
+    import kvlab.panels.decode_kernels as module
+
+    recorded = load_results(*module.RECORDED_BLOCK_ORDER)
+    calls = []
+
+    def fake_measure(model, batch, context, block_size, distance, on_progress=None, fp8=False,
+                     lengths="equal", in_order=False):
+        calls.append((model, batch, context, in_order))
+        rows = [{**r, "gbps": 1.0} for r in recorded["rows"] if r["model"] == model]
+        return {**recorded, "rows": rows}
+
+    monkeypatch.setattr(module, "backend", lambda: "cuda")
+    monkeypatch.setattr(module, "device_label", lambda: "measured on FAKE GPU")
+    monkeypatch.setattr(module, "measure_point", fake_measure)
+    tab = module.DecodeKernelsTab(batch=16, context=4096, blocks="in order")
+    assert "press Run to measure this point on this GPU, both orders" in tab.status.value
+    tab.run_button.click()
+    assert calls == [("llama3-8b", 16, 4096, True)]
+    assert set(tab.figures["bandwidth"].figure.data[0].x) == {1.0}
+    assert "measured on FAKE GPU" in tab.figures["speedup"].figure.layout.title.text
+
+
 @pytest.mark.gpu
-def test_run_button_measures_fp8_on_this_gpu(monkeypatch):
+@pytest.mark.parametrize(("view", "kernels"), [
+    ({"kv_dtype": "fp8"}, {"gqa / none", "gqa_fp8 / none", "sdpa"}),
+    ({"blocks": "in order"}, {"vllm_v1 / none", "vllm_v1_in_order / none", "gqa / none",
+                              "gqa_in_order / none", "sdpa"}),
+])
+def test_run_button_measures_a_view_on_this_gpu(monkeypatch, view, kernels):
     monkeypatch.delenv("KVLAB_BACKEND", raising=False)
-    tab = DecodeKernelsTab(model="llama3-8b", batch=4, context=2048, kernel="gqa",
-                           kv_dtype="fp8")
+    tab = DecodeKernelsTab(model="llama3-8b", batch=4, context=2048, kernel="gqa", **view)
     tab.run_button.click()
     bars = tab.figures["bandwidth"].figure.data[0]
-    assert {"gqa / none", "gqa_fp8 / none", "sdpa"} <= set(bars.y)
+    assert kernels <= set(bars.y)
+    assert all(gbps > 0 for gbps in bars.x)
     assert "measured on" in tab.figures["speedup"].figure.layout.title.text
 
 

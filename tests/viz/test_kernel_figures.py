@@ -3,7 +3,13 @@
 import pytest
 
 from kvlab.results import label, load_result, nearest_rows
-from kvlab.viz.kernels import bandwidth_figure, mixed_figure, prefetch_speedup_figure, variant
+from kvlab.viz.kernels import (
+    bandwidth_figure,
+    block_order_figure,
+    mixed_figure,
+    prefetch_speedup_figure,
+    variant,
+)
 
 PROVENANCE = "recorded on TEST GPU, 2026-01-01"
 
@@ -101,3 +107,25 @@ def test_mixed_figure_groups_each_kernel_by_batch():
     assert PROVENANCE in fig.layout.title.text
     with pytest.raises(ValueError, match="no rows of lengths"):
         mixed_figure(rows, "qwen2.5-7b", "lognormal:100,200", PROVENANCE)
+
+
+def test_block_order_figure_plots_each_ratio_of_one_loop():
+    def row(kernel, ms, batch=16, loop=0, prefetch="none"):
+        return {**make_row(kernel, prefetch, ms, batch=batch), "loop": loop}
+
+    rows = [row("vllm_v1", 2.0), row("vllm_v1_in_order", 1.6), row("gqa", 1.0),
+            row("gqa", 0.5, prefetch="bulk K+V d=1"), row("gqa_in_order", 0.8),
+            row("sdpa", 0.9),
+            # batch 64: gqa only, without SDPA; another loop's rows never pair with these
+            row("gqa", 3.0, batch=64, loop=1), row("gqa_in_order", 2.0, batch=64, loop=1),
+            row("gqa_in_order", 0.1, batch=64, loop=2)]
+    fig = block_order_figure(rows, "llama3-8b", PROVENANCE)
+    ratios = {d.name: list(d.y) for d in fig.data}
+    assert list(fig.data[0].x) == ["16 x 1024", "64 x 1024"]
+    assert ratios == {"vllm_v1: in order / scattered": [pytest.approx(1.25), None],
+                      "gqa: in order / scattered": [pytest.approx(1.25), pytest.approx(1.5)],
+                      "gqa / SDPA, scattered": [pytest.approx(0.9), None],
+                      "gqa / SDPA, in order": [pytest.approx(0.9 / 0.8), None]}
+    assert PROVENANCE in fig.layout.title.text
+    with pytest.raises(ValueError, match="no point with blocks in order and scattered"):
+        block_order_figure(rows[2:4] + rows[5:6], "llama3-8b", PROVENANCE)

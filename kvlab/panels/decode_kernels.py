@@ -180,8 +180,11 @@ class DecodeKernelsTab:
 
     def _key(self) -> tuple:
         v = {name: control.value for name, control in self.controls.items()}
+        # the mixed-lengths and fp8 views read scattered blocks only: Run measures those there
+        in_order = v["blocks"] == "in order" and v["lengths"] == "equal" and (
+            v["kv_dtype"] != "fp8")
         return (v["model"], v["batch"], v["context"], v["block_size"], v["distance"],
-                v["kv_dtype"] == "fp8", v["lengths"], v["blocks"] == "in order")
+                v["kv_dtype"] == "fp8", v["lengths"], in_order)
 
     def run(self, button=None) -> None:
         """Measure the chosen point on this GPU (`measure_point`), then show it."""

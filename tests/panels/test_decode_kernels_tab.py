@@ -297,6 +297,10 @@ def test_run_button_measures_both_block_orders_with_a_fake_measurement(monkeypat
     assert "press Run to measure this point on this GPU, both orders" in tab.status.value
     tab.run_button.click()
     assert calls == [("llama3-8b", 16, 4096, True)]
+    tab.controls["kv_dtype"].value = "fp8"  # the fp8 view reads scattered blocks only
+    tab.run_button.click()
+    assert calls[-1] == ("llama3-8b", 16, 4096, False)
+    tab.controls["kv_dtype"].value = "float16"
     assert set(tab.figures["bandwidth"].figure.data[0].x) == {1.0}
     assert "measured on FAKE GPU" in tab.figures["speedup"].figure.layout.title.text
 

@@ -118,7 +118,9 @@ def test_block_order_figure_plots_each_ratio_of_one_loop():
             row("sdpa", 0.9),
             # batch 64: gqa only, without SDPA; another loop's rows never pair with these
             row("gqa", 3.0, batch=64, loop=1), row("gqa_in_order", 2.0, batch=64, loop=1),
-            row("gqa_in_order", 0.1, batch=64, loop=2)]
+            row("gqa_in_order", 0.1, batch=64, loop=2),
+            # the same point timed again in a later loop: the first loop's ratios stand
+            row("gqa", 5.0, batch=64, loop=3), row("gqa_in_order", 1.0, batch=64, loop=3)]
     fig = block_order_figure(rows, "llama3-8b", PROVENANCE)
     ratios = {d.name: list(d.y) for d in fig.data}
     assert list(fig.data[0].x) == ["16 x 1024", "64 x 1024"]

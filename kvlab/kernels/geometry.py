@@ -26,7 +26,6 @@ GQA_BLOCK_SIZES = (8, 16, 32, 64, 128, 256)
 GQA_MAX_GROUP = 8  # query heads per KV head: the n-width of one mma
 GQA_NUM_WARPS = 4  # warps of a CTA, unless split_plan picks 8
 GQA_WARP_TOKENS = 16  # rows of a tile owned by one warp
-GQA_TILE_TOKENS = GQA_NUM_WARPS * GQA_WARP_TOKENS  # 64 tokens per main-loop iteration (4 warps)
 PARTITION_QUANTUM = 256  # gqa partition sizes are multiples of this many tokens
 PARTITION_OVERHEAD_TOKENS = 128  # a CTA's fixed cost (prologue, pipeline fill, epilogue), in tokens
 MERGE_OVERHEAD_TOKENS = 256  # the merge launch's cost, in tokens of one CTA

@@ -1,5 +1,6 @@
 """Small launches of every kernel family and prefetch mode, and of a whole decoder's decode
-steps (the layer ops of kernels/layer_ops.cu), for compute-sanitizer:
+steps (the layer ops of kernels/layer_ops.cu), and the plain read of kernels/read_bytes.cu, for
+compute-sanitizer:
 
     compute-sanitizer --tool memcheck python benchmarks/sanitize_cases.py
     compute-sanitizer --tool racecheck python benchmarks/sanitize_cases.py
@@ -9,6 +10,7 @@ import torch
 
 import kvlab
 from kvlab.cache import PagedKVCache
+from kvlab.kernels.read import PlainRead
 
 PREFETCHES = [kvlab.PrefetchConfig(), kvlab.PrefetchConfig("bulk", evict_last=True),
               kvlab.PrefetchConfig("line")]
@@ -37,6 +39,8 @@ def main() -> None:
         llm = kvlab.LLM(model, attention=attention, device="cuda", num_blocks=16,
                         cuda_graphs=False)
         llm.generate([[3] * 20, [5] * 41], max_new_tokens=4)
+    for num_words in (1, 513, 1_100_003):  # below a CTA, a few CTAs, past the unrolled loop
+        PlainRead(16 * num_words).read()
     torch.cuda.synchronize()
     print("sanitize cases ran")
 

@@ -11,7 +11,10 @@ of each, then run 2 of each, ...; `kvlab.timing.Timer`):
 - with `--fp8`, gqa on an fp8 (e4m3) cache of the same shape at every prefetch setting (kernel
   "gqa_fp8": q and out in --dtype; its GB/s count the fp8 bytes it reads, half of fp16's);
 - with `--in-order`, each family without prefetch on a cache of the same shape whose blocks lie
-  in order, as a fresh pool hands them out (kernels "vllm_v1_in_order", "gqa_in_order").
+  in order, as a fresh pool hands them out (kernels "vllm_v1_in_order", "gqa_in_order");
+- with `--kernels ... read`, a plain read of as many bytes as the point's K/V from one buffer
+  (`kvlab.kernels.read.PlainRead`): what a read of that size reaches, the bound of a decode
+  kernel there (small points cannot reach the copy roofline, which is measured on 4 GiB).
 Every other cache's blocks are scattered over the pool (a shuffled free queue, as in a server that
 has run for a while; vLLM's kernel benchmark draws random block ids too). The rows of kvlab's
 kernels record which in `block_order`: "scattered" or "in_order".
@@ -53,6 +56,7 @@ from kvlab.kernels import FAMILIES, gqa, green, tune, vllm_own, vllm_v1
 from kvlab.kernels.decode import DecodePlan
 from kvlab.kernels.geometry import FAMILY_BLOCK_SIZES
 from kvlab.kernels.prefetch import PrefetchConfig
+from kvlab.kernels.read import PlainRead
 from kvlab.timing import METHOD, Timer, copy_roofline_gbps
 from kvlab.workload import lognormal_lengths, lognormal_spec
 
@@ -60,6 +64,7 @@ LAYOUTS = {"vllm_v1": vllm_v1.LAYOUT, "gqa": gqa.LAYOUT}
 AUTO_MODES = ("tuned", "reused", "recorded")
 # What one loop's copies of the K/V (each family's caches, SDPA's dense one) may hold together.
 MAX_LOOP_KV_BYTES = 120 * 2**30
+DENSE = ("sdpa", "read")  # the variants that read a dense buffer, not the paged cache
 SDPA_BACKENDS = (("cudnn", "cudnn"), ("flash", "flash"), ("fmha", "efficient"),
                  ("efficient", "efficient"))
 
@@ -203,10 +208,11 @@ def launch_fields(plan) -> dict:
 
 def kv_copies(args, mixed: bool) -> float:
     """How many copies of a point's K/V one loop holds: a cache per family asked for (and one
-    more each with --in-order), half a copy for an fp8 cache, SDPA's dense copy."""
+    more each with --in-order), half a copy for an fp8 cache, SDPA's dense copy, the plain
+    read's buffer."""
     families = sum(family in args.kernels for family in FAMILIES)
     return (families * (2 if args.in_order else 1) + (0.5 if args.fp8 else 0)
-            + ("sdpa" in args.kernels and not mixed))
+            + ("sdpa" in args.kernels and not mixed) + ("read" in args.kernels))
 
 
 def loop_variants(model, batch: int, context, block_size: int, args, dtype) -> dict:
@@ -279,6 +285,10 @@ def loop_variants(model, batch: int, context, block_size: int, args, dtype) -> d
         kernels = cuda_kernels(sdpa)
         found["sdpa"] = ({"kernel": "sdpa", "prefetch": "none", "sdpa_backend":
                           sdpa_backend(kernels), "sdpa_kernels": kernels}, sdpa)
+    if "read" in args.kernels:
+        tokens = batch * context if not mixed else sum(context)
+        found["read"] = ({"kernel": "read", "prefetch": "none"},
+                         PlainRead(2 * tokens * model.kv_size * dtype.itemsize).read)
     return found
 
 
@@ -338,7 +348,7 @@ def run(args) -> dict:
                 rows.append({"model": name, "num_qo_heads": model.num_qo_heads,
                              "num_kv_heads": model.num_kv_heads, "batch": batch,
                              "context": context, **mixed,
-                             "block_size": None if key == "sdpa" else block_size,
+                             "block_size": None if key in DENSE else block_size,
                              "sms": held, "loop": loop, **fields,
                              "kv_bytes": read, "ms": ms,
                              "ms_runs": [round(t, 5) for t in times[key]],
@@ -371,6 +381,9 @@ def loop_ratios(rows) -> dict[int, dict]:
                         None)
         if sdpa and gqa_none:
             entry["gqa_over_sdpa"] = sdpa["ms"] / gqa_none["ms"]  # speed ratio
+        read = next((r for r in mine if r["kernel"] == "read"), None)
+        entry["over_read"] = {  # speed ratio to the plain read of the same bytes
+            r["kernel"]: read["ms"] / r["ms"] for r in (gqa_none, sdpa) if read and r}
         in_order = {r["kernel"].removesuffix("_in_order"): r for r in mine
                     if r["kernel"].endswith("_in_order")}
         if sdpa and "gqa" in in_order:
@@ -418,6 +431,12 @@ def report(result: dict) -> str:
         if gain:
             lines.append(f"{family} (no prefetch) on blocks in order / scattered, same loop: "
                          f"{min(gain):.3f}-{max(gain):.3f}x")
+    for kernel in ("gqa", "sdpa"):
+        bound = [e["over_read"][kernel] for e in ratios.values() if kernel in e["over_read"]]
+        if bound:
+            lines.append(f"{kernel}{' (no prefetch)' if kernel == 'gqa' else ''} / a plain "
+                         f"read of the same bytes, same loop: {min(bound):.3f}-"
+                         f"{max(bound):.3f}x")
     fp8 = [e["fp8_over_fp16"] for e in ratios.values() if "fp8_over_fp16" in e]
     if fp8:
         lines.append(f"gqa on fp8 / on fp16 (no prefetch), tokens/s, same loop: "

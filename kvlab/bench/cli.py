@@ -126,10 +126,11 @@ def _add_attention(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--evict-last", action="store_true",
                         help="also time each prefetch setting with the evict-last L2 policy")
     parser.add_argument("--kernels", nargs="+", default=[*FAMILIES, "sdpa"],
-                        choices=[*FAMILIES, "sdpa", "auto"],
+                        choices=[*FAMILIES, "sdpa", "auto", "read"],
                         help="'auto' also times kernel='auto' on each family's cache: tuned at "
                              "the point, tuned at another shape of its bucket, and with "
-                             "KVLAB_AUTOTUNE=0")
+                             "KVLAB_AUTOTUNE=0; 'read', a plain read of the point's K/V bytes "
+                             "from one buffer (the bound at that size)")
     parser.add_argument("--runs", type=positive_int, default=25,
                         help="timed runs per variant (median)")
     parser.add_argument("--vllm-cubin", metavar="PATH",

@@ -73,12 +73,32 @@ def test_blocks_in_order_are_compared_with_scattered_and_sdpa_in_their_loop():
     (["vllm_v1", "gqa", "sdpa"], False, True, False, 5),
     (["gqa", "sdpa"], True, True, False, 3.5),
     (["gqa", "sdpa"], False, True, True, 2),  # no SDPA on mixed lengths
+    (["gqa", "sdpa", "read"], False, False, False, 3),
+    (["gqa", "read"], False, False, True, 2),  # the read's buffer, mixed lengths too
 ])
 def test_a_loop_holds_a_copy_of_the_kv_per_cache(kernels, fp8, in_order, mixed, copies):
     from types import SimpleNamespace
 
     args = SimpleNamespace(kernels=kernels, fp8=fp8, in_order=in_order)
     assert attention.kv_copies(args, mixed) == copies
+
+
+def test_gqa_and_sdpa_are_compared_with_the_plain_read_of_their_loop():
+    rows = [row(0, "gqa", "bulk K+V d=1", 9.0), row(0, "gqa", "none", 10.0),
+            row(0, "sdpa", "none", 9.5), row(0, "read", "none", 8.0),
+            row(1, "gqa", "none", 1.0), row(1, "read", "none", 0.5),
+            row(2, "gqa", "none", 3.0)]
+    ratios = attention.loop_ratios(rows)
+    assert ratios[0]["over_read"] == {"gqa": pytest.approx(0.8), "sdpa": pytest.approx(8 / 9.5)}
+    assert ratios[1]["over_read"] == {"gqa": pytest.approx(0.5)}  # no SDPA: mixed lengths
+    assert ratios[2]["over_read"] == {}  # no read in that loop
+    lines = attention.report({"gpu": "H200", "roofline_copy_gbps": 4000.0, "num_runs": 3,
+                              "skipped": [], "rows": [
+                                  {**r, "model": "llama3-8b", "batch": 1, "context": 1024,
+                                   "block_size": 16, "gbps": 1.0, "pct_roofline": 1.0}
+                                  for r in rows]}).splitlines()
+    assert "gqa (no prefetch) / a plain read of the same bytes, same loop: 0.500-0.800x" in lines
+    assert "sdpa / a plain read of the same bytes, same loop: 0.842-0.842x" in lines
 
 
 def test_fp8_over_fp16_compares_the_no_prefetch_rows_of_a_loop():
@@ -141,7 +161,7 @@ def test_tiny_attention_benchmark_times_every_variant_in_one_loop(tmp_path, caps
     out = tmp_path / "attention.json"
     main(["bench", "attention", "--json", str(out), "--models", "llama3-8b", "--batches", "2",
           "--contexts", "1024", "--block-sizes", "16", "128", "--distances", "1", "--runs", "3",
-          "--kernels", "vllm_v1", "gqa", "sdpa", "auto"])
+          "--kernels", "vllm_v1", "gqa", "sdpa", "auto", "read"])
     result = json.loads(out.read_text())
     rows = result["rows"]
     loops = {r["loop"] for r in rows}
@@ -149,11 +169,14 @@ def test_tiny_attention_benchmark_times_every_variant_in_one_loop(tmp_path, caps
     first = [r for r in rows if r["loop"] == 0]
     assert {(r["kernel"], r.get("family"), r.get("auto_mode")) for r in first} == {
         ("vllm_v1", None, None), ("gqa", None, None), ("sdpa", None, None),
+        ("read", None, None),
         *(("auto", f, m) for f in ("vllm_v1", "gqa") for m in ("tuned", "reused", "recorded"))}
     assert all(r["tuned_at_context"] == 768 for r in first if r.get("auto_mode") == "reused")
-    assert {r["kernel"] for r in rows if r["loop"] == 1} == {"gqa", "sdpa", "auto"}
+    assert {r["kernel"] for r in rows if r["loop"] == 1} == {"gqa", "sdpa", "auto", "read"}
     sdpa = [r for r in rows if r["kernel"] == "sdpa"]
     assert all(r["sdpa_backend"] != "unknown" and r["block_size"] is None for r in sdpa)
+    read = [r for r in rows if r["kernel"] == "read"]
+    assert all(r["block_size"] is None and r["kv_bytes"] == first[0]["kv_bytes"] for r in read)
     # the plans' launches: vllm_v1 by vLLM's rule (2 x 32 query heads, two partitions: v2);
     # gqa in 64 CTAs of 256 tokens (kvlab.kernels.geometry.split_plan)
     plans = {(r["kernel"], r["partition_size"], r["warps"]) for r in first
@@ -162,7 +185,9 @@ def test_tiny_attention_benchmark_times_every_variant_in_one_loop(tmp_path, caps
     for r in rows:
         assert len(r["ms_runs"]) == 3 and r["gbps"] > 0
     assert result["roofline_copy_gbps"] > 0 and "clocks_end" in result
-    assert "gqa (no prefetch) / SDPA, same loop" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "gqa (no prefetch) / SDPA, same loop" in printed
+    assert "gqa (no prefetch) / a plain read of the same bytes, same loop" in printed
 
 
 @pytest.mark.gpu
@@ -232,11 +257,12 @@ def test_mixed_lengths_are_timed_on_their_own_lengths(tmp_path):
     out = tmp_path / "attention.json"
     main(["bench", "attention", "--json", str(out), "--models", "llama3-8b", "--batches", "8",
           "--lengths", "lognormal:1000,4096", "--prefetch", "none", "--runs", "3",
-          "--kernels", "vllm_v1", "gqa", "sdpa"])
+          "--kernels", "vllm_v1", "gqa", "sdpa", "read"])
     rows = json.loads(out.read_text())["rows"]
     lens = lognormal_lengths(8, 1000, 4096)
-    # no SDPA on mixed lengths; gqa also with its split planned for the longest sequence
-    assert {r["kernel"] for r in rows} == {"vllm_v1", "gqa", "gqa_split_longest"}
+    # no SDPA on mixed lengths; gqa also with its split planned for the longest sequence; a
+    # plain read of the batch's bytes
+    assert {r["kernel"] for r in rows} == {"vllm_v1", "gqa", "gqa_split_longest", "read"}
     for r in rows:
         assert r["lengths"] == "lognormal:1000,4096" and r["max_context"] == lens.max()
         assert r["context"] == round(lens.mean())

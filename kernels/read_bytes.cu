@@ -6,8 +6,15 @@
 //     src   [num_words]  uint4 (16-byte words, 16-byte aligned).
 //     sink  [num_ctas]   uint32: sink[c] = the XOR of the 32-bit words CTA c read; the XOR of all
 //                        of sink is that of the whole buffer.
-//   Each thread strides over the buffer by the grid's width with READ_UNROLL words in flight;
-//   the loads are streaming (`ld.global.cs`), as a decode kernel's reads of K/V are read once.
+//   Each thread strides over the buffer by the grid's width with READ_UNROLL words in flight,
+//   through the read-only path (`ld.global.nc`), 4 CTAs an SM (kvlab/kernels/read.py).
+//
+// Tried on the H200 (session probe at revision c12c8b9, not recorded; one loop a size, L2 flushed,
+// % of the copy roofline): READ_UNROLL 2, 4, 8 x `ld.global.cs` or `.nc` x 1, 2, 4 CTAs an SM.
+// This one, 4 x .nc x 4, was the fastest at 34 MB (67.1%) and 134 MB (93.1%), and within 3.2
+// points of the fastest at 67 MB (78.9% against 82.1%) and 0.9 from 268 MB to 4 GiB (98.6-106.1%).
+// No setting came within 3 points of the fastest at every size: below ~100 MB a read's speed
+// is known to about 3 points. torch's sum of the words as int32 read 13-18%.
 
 constexpr int READ_THREADS = 512;
 constexpr int READ_UNROLL = 4;
@@ -25,11 +32,11 @@ extern "C" __global__ void __launch_bounds__(READ_THREADS)
   for (; i + (READ_UNROLL - 1) * stride < num_words; i += READ_UNROLL * stride) {
     uint4 w[READ_UNROLL];
 #pragma unroll
-    for (int u = 0; u < READ_UNROLL; ++u) w[u] = __ldcs(src + i + u * stride);
+    for (int u = 0; u < READ_UNROLL; ++u) w[u] = __ldg(src + i + u * stride);
 #pragma unroll
     for (int u = 0; u < READ_UNROLL; ++u) acc ^= xor_words(w[u]);
   }
-  for (; i < num_words; i += stride) acc ^= xor_words(__ldcs(src + i));
+  for (; i < num_words; i += stride) acc ^= xor_words(__ldg(src + i));
   // the CTA's XOR: over each warp by shuffles, then over the warps by warp 0
   __shared__ unsigned int warp_acc[READ_WARPS];
   for (int offset = 16; offset > 0; offset /= 2) acc ^= __shfl_xor_sync(0xffffffffu, acc, offset);

@@ -25,9 +25,11 @@ __all__ = [
 ]
 
 # The recorded decode-attention benchmark: (machine, result names), merged by `load_results`:
-# block 16 with SDPA and kernel="auto", and blocks 32 and 128. (The evict-last twins of every
-# prefetch setting, block 16, are the separate result "attention_evict_last".)
-ATTENTION = ("h200", ("attention", "attention_block_sizes"))
+# block 16 with SDPA and kernel="auto", blocks 32 and 128, and a plain read of each point's bytes
+# (from a run of gqa, SDPA and the read alone, whose own gqa and SDPA rows `nearest_rows` leaves
+# to the first result's). (The evict-last twins of every prefetch setting, block 16, are the
+# separate result "attention_evict_last".)
+ATTENTION = ("h200", ("attention", "attention_block_sizes", "attention_read"))
 # KVPR: the grid (kvpr_opt, kvpr_llama: row schedule, resident weights) and the column schedule
 # in 4 GPU batches with resident and offloaded weights (kvpr_schedules). The ablations (kvpr_eager,
 # kvpr_chunks4) stay out of the dashboard: they repeat points of the grid under other settings.

@@ -47,7 +47,7 @@ KV_DTYPES = ("float16", "fp8")
 BLOCK_ORDERS = ("scattered", "in order")  # of the cache's blocks in its pool
 # "equal": one context for the batch; else kvlab.workload.lognormal_spec's specs, as recorded
 LENGTHS = ("equal", "lognormal:3200,16384", "lognormal:3200,32768", "lognormal:1536,2048")
-MIXED_FLAGS = ("--kernels", "vllm_v1", "gqa", "--prefetch", "none")  # as attention_mixed.json
+MIXED_FLAGS = ("--kernels", "vllm_v1", "gqa", "read", "--prefetch", "none")  # as attention_mixed
 BLOCK_SIZES = (8, 16, 32, 64, 128, 256)  # gqa's; vllm_v1 supports 8, 16, 32
 FIGURE_HEIGHTS = {"bandwidth": 440, "speedup": 440}
 
@@ -61,9 +61,9 @@ def measure_point(
     """Measure one point on this GPU with `kvlab.bench.attention.run`, as the CLI would:
     vllm_v1 (where it supports `block_size`) and gqa at prefetch none / bulk / line at `distance`,
     (with `fp8`, gqa on an fp8 cache too; with `in_order`, each family without prefetch on a
-    cache whose blocks lie in order too) and SDPA, all timed in turn in one loop. With `lengths`
-    a lognormal spec, a batch of those lengths instead of `context`: vllm_v1, gqa and
-    gqa_split_longest, without prefetch (`--lengths`).
+    cache whose blocks lie in order too), SDPA and a plain read of the same bytes, all timed in
+    turn in one loop. With `lengths` a lognormal spec, a batch of those lengths instead of
+    `context`: vllm_v1, gqa, gqa_split_longest and the read, without prefetch (`--lengths`).
 
     Returns the benchmark's result dict (rows of every kernel; gpu, roofline_copy_gbps, ...).
     `on_progress(num_done, num_total)` is called once the loop is timed. Needs torch with CUDA
@@ -72,8 +72,8 @@ def measure_point(
     from kvlab.bench import attention  # imports torch and CuPy: the GPU path only
     from kvlab.bench.cli import parse
 
-    shape = (["--contexts", str(context)] if lengths == "equal" else
-             ["--lengths", lengths, *MIXED_FLAGS])
+    shape = (["--contexts", str(context), "--kernels", *FAMILIES, "sdpa", "read"]
+             if lengths == "equal" else ["--lengths", lengths, *MIXED_FLAGS])
     args = parse(["bench", "attention", "--models", model, "--batches", str(batch), *shape,
                   "--block-sizes", str(block_size), "--distances", str(distance),
                   *(["--fp8"] if fp8 else []), *(["--in-order"] if in_order else [])])
@@ -378,7 +378,7 @@ class DecodeKernelsTab:
         block_size = v["block_size"] if v["block_size"] in sizes else sizes[0]
         shown = [r for r in rows if r["prefetch"] == "none"
                  and r["block_size"] in (block_size, None)
-                 and (r["kernel"] == "sdpa" or r.get("block_order"))]
+                 and (r["kernel"] in ("sdpa", "read") or r.get("block_order"))]
         notes = []
         if not measured:
             notes.append(f"blocks in order recorded at block_size {', '.join(map(str, sizes))} "

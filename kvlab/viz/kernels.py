@@ -19,12 +19,13 @@ __all__ = ["AUTO_MODES", "PAPER_REFERENCE", "bandwidth_figure", "block_order_fig
 PAPER_REFERENCE = "paper: 1.84-2.15x, vLLM + L2 prefetch on H20 (arXiv 2504.06319)"
 KERNEL_COLORS = {"vllm_v1": "#1f77b4", "vllm_v1_in_order": "#0b3c68", "gqa": "#2ca02c",
                  "gqa_in_order": "#145a14", "gqa_fp8": "#98df8a", "gqa_split_longest": "#bcbd22",
-                 "auto": "#17becf", "sdpa": "#7f7f7f"}
+                 "auto": "#17becf", "sdpa": "#7f7f7f", "read": "#d4a017"}
 KERNEL_NAMES = {"vllm_v1": "vllm_v1", "vllm_v1_in_order": "vllm_v1, blocks in order", "gqa": "gqa",
                 "gqa_in_order": "gqa, blocks in order",
                 "gqa_fp8": "gqa on an fp8 cache (its bytes)",
                 "gqa_split_longest": "gqa, split planned as if all were the longest",
-                "auto": "auto: kvlab's choice", "sdpa": "sdpa (PyTorch, dense K, V)"}
+                "auto": "auto: kvlab's choice", "sdpa": "sdpa (PyTorch, dense K, V)",
+                "read": "read: the same bytes, one plain read (the bound at this size)"}
 # How a kernel="auto" row chose its family and prefetch setting (`auto_mode`)
 AUTO_MODES = {"tuned": "tuned at this point", "reused": "reused from another shape of its bucket",
               "recorded": "the recorded choice"}
@@ -37,9 +38,10 @@ LEGEND_GAP_PX = 75  # from the plot's bottom edge to the legend, below the axis 
 def variant(row: dict) -> str:
     """A row's kernel and prefetch setting, e.g. "gqa / line K+V d=1"; for kernel="auto" the
     family it ran and, where recorded, how it chose ("auto tuned (gqa) / none": tuned here,
-    reused from another shape of its bucket, or the recorded choice); sdpa rows are "sdpa"."""
-    if row["kernel"] == "sdpa":
-        return "sdpa"
+    reused from another shape of its bucket, or the recorded choice); sdpa rows are "sdpa", plain
+    reads "read"."""
+    if row["kernel"] in ("sdpa", "read"):
+        return row["kernel"]
     kernel = row["kernel"]
     if kernel == "auto":
         mode = f" {row['auto_mode']}" if row.get("auto_mode") else ""
@@ -279,7 +281,8 @@ def block_order_figure(result_rows: list[dict], model: str, provenance: str, hei
 def mixed_figure(result_rows: list[dict], model: str, lengths: str, provenance: str,
                  height: int = 420, note: str = "") -> go.Figure:
     """Grouped bars: % of the copy roofline of each kernel without prefetch (gqa, gqa planned as
-    if every sequence were the longest, vllm_v1) on `model`'s batches of `lengths` (a spec such
+    if every sequence were the longest, vllm_v1, and where timed a plain read of the batch's
+    bytes) on `model`'s batches of `lengths` (a spec such
     as "lognormal:3200,16384", the rows' `lengths`), one group per batch; a dashed line at the
     roofline. Raises ValueError where `model` has no rows of those lengths."""
     rows = [r for r in result_rows if r["model"] == model and r.get("lengths") == lengths

@@ -220,7 +220,7 @@ def test_mixed_lengths_show_the_kernels_at_the_nearest_recorded_batch(tab):
     tab.controls["lengths"].value = "lognormal:1536,2048"
     rows = mixed_rows("llama3-8b", "lognormal:1536,2048", 64)
     bars = tab.figures["bandwidth"].figure.data[0]
-    assert list(bars.y) == ["vllm_v1 / none", "gqa / none", "gqa_split_longest / none"]
+    assert list(bars.y) == ["vllm_v1 / none", "gqa / none", "gqa_split_longest / none", "read"]
     assert list(bars.x) == [r["gbps"] for r in rows]
     status = tab.status.value
     assert "batch=64 of lognormal:1536,2048" in status and "requested batch=50" in status
@@ -240,7 +240,7 @@ def test_mixed_lengths_show_the_kernels_at_the_nearest_recorded_batch(tab):
 def test_mixed_lengths_for_a_model_not_recorded_name_the_command(tab):
     tab.controls["model"].value = "opt-6.7b"
     tab.controls["lengths"].value = "lognormal:3200,32768"
-    assert "--lengths lognormal:3200,32768 --kernels vllm_v1 gqa --prefetch none" in (
+    assert "--lengths lognormal:3200,32768 --kernels vllm_v1 gqa read --prefetch none" in (
         tab.status.value)
 
 
@@ -262,7 +262,7 @@ def test_run_button_measures_mixed_lengths_with_a_fake_measurement(monkeypatch):
     assert "press Run to measure these lengths" in tab.status.value
     tab.run_button.click()
     assert calls == [("llama3-8b", 16, "lognormal:3200,16384")]
-    assert list(tab.figures["bandwidth"].figure.data[0].x) == [1.0, 1.0, 1.0]
+    assert list(tab.figures["bandwidth"].figure.data[0].x) == [1.0] * 4
     assert "measured on FAKE GPU" in tab.figures["speedup"].figure.layout.title.text
 
 
@@ -273,7 +273,7 @@ def test_run_button_measures_mixed_lengths_on_this_gpu(monkeypatch):
                            lengths="lognormal:1536,2048")
     tab.run_button.click()
     bars = tab.figures["bandwidth"].figure.data[0]
-    assert set(bars.y) == {"vllm_v1 / none", "gqa / none", "gqa_split_longest / none"}
+    assert set(bars.y) == {"vllm_v1 / none", "gqa / none", "gqa_split_longest / none", "read"}
     assert all(gbps > 0 for gbps in bars.x)
     assert "measured on" in tab.figures["speedup"].figure.layout.title.text
 
@@ -307,9 +307,9 @@ def test_run_button_measures_both_block_orders_with_a_fake_measurement(monkeypat
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(("view", "kernels"), [
-    ({"kv_dtype": "fp8"}, {"gqa / none", "gqa_fp8 / none", "sdpa"}),
+    ({"kv_dtype": "fp8"}, {"gqa / none", "gqa_fp8 / none", "sdpa", "read"}),
     ({"blocks": "in order"}, {"vllm_v1 / none", "vllm_v1_in_order / none", "gqa / none",
-                              "gqa_in_order / none", "sdpa"}),
+                              "gqa_in_order / none", "sdpa", "read"}),
 ])
 def test_run_button_measures_a_view_on_this_gpu(monkeypatch, view, kernels):
     monkeypatch.delenv("KVLAB_BACKEND", raising=False)
@@ -329,5 +329,5 @@ def test_run_button_measures_the_point_on_this_gpu(monkeypatch):
     assert tab.progress.value == tab.progress.max == 1
     assert "measured on" in tab.figures["bandwidth"].figure.layout.title.text
     bars = tab.figures["bandwidth"].figure.data[0]
-    assert {"sdpa", "gqa / none", "vllm_v1 / bulk K+V d=2"} <= set(bars.y)
+    assert {"sdpa", "read", "gqa / none", "vllm_v1 / bulk K+V d=2"} <= set(bars.y)
     assert all(gbps > 0 for gbps in bars.x)

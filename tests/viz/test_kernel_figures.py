@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvlab.results import label, load_result, nearest_rows
+from kvlab.results import ATTENTION, label, load_result, load_results, nearest_rows
 from kvlab.viz.kernels import (
     bandwidth_figure,
     block_order_figure,
@@ -45,6 +45,22 @@ def test_bandwidth_figure_draws_recorded_rows():
     assert "recorded on NVIDIA H200" in fig.layout.title.text and fig.layout.height
     widths = bars.marker.line.width
     assert widths[list(bars.y).index("gqa / line K+V d=1")] > 0 and sum(w > 0 for w in widths) == 1
+
+
+def test_the_dashboards_recorded_point_has_a_read_of_its_bytes_from_its_own_run():
+    result = load_results(*ATTENTION)
+    rows = nearest_rows(result, "qwen2.5-7b", 1, 32768)
+    read = [r for r in rows if r["kernel"] == "read"]
+    assert [r["source"] for r in read] == ["attention_read"]
+    # gqa's and SDPA's rows of that run are left to the grid's, whose loop holds every setting
+    assert {r["source"] for r in rows if r["block_size"] in (16, None)
+            and r["kernel"] != "read"} == {"attention"}
+    fig = bandwidth_figure([r for r in rows if r["block_size"] in (16, None)],
+                           result["roofline_copy_gbps"], label(result, rows))
+    bars, *keys, _ = fig.data
+    assert "read" in list(bars.y)
+    assert keys[-1].name == "read: the same bytes, one plain read (the bound at this size)"
+    assert read[0]["gbps"] > max(r["gbps"] for r in rows if r["kernel"] != "read")
 
 
 def test_bandwidth_figure_rejects_mixed_points():

@@ -3,13 +3,12 @@
 
 For every launch recorded by `bench counters` at the points given, the model replays the launch
 as the kernels plan it (kvlab.sim.plan.launch_spec) and is set beside ncu's L2 hit rate and DRAM
-bytes. The plan is the current code's, but for gqa launches recorded before its CTAs of 8 warps
-(v12: their kernel names lack the WARPS argument), which are replayed as planned then. Where a
-planner or a kernel's occupancy changed otherwise after the counters were recorded (their
-git_revision), record them again before running this. Where `bench attention --sms` timed the
-same launch (results/h200/attention_sms.json, taken to be recorded by the current kernels: block
-16, none / bulk / line at distance 1), the model's time is set beside that time; where the
-current plan differs from the profiled launch (warps or partitions), no time is compared. The
+bytes. The plan is the current code's: where a planner or a kernel's occupancy changed after
+the counters were recorded (their git_revision), record them again before running this (a gqa
+launch profiled in CTAs of other warps than the plan's, its kernel name's last template
+argument, stops the run and says so). Where `bench attention --sms` timed the same launch
+(results/h200/attention_sms.json, taken to be recorded by the current kernels: block 16, none /
+bulk / line at distance 1), the model's time is set beside that time. The
 launches (COUNTERS): four models, vllm_v1 and gqa, block 16, none and "bulk K+V d=1" on 132 / 80
 / 32 SMs (counters_sms.json); "line K+V d=1", "bulk K+V d=2" and "bulk K+V d=4" on the whole
 GPU (counters_prefetch.json); block 32 (counters_block32.json). A launch recorded twice (each file
@@ -67,32 +66,33 @@ LAUNCH = ("model", "kernel", "batch", "context", "block_size", "num_sms_used", "
 TARGETS = {"hit_mae_points": 10.0, "time_median_rel": 0.15, "time_within_25pct": 0.80}
 
 
-def recorded_with_8_warps_possible(kernel_name: str) -> bool:
-    """Whether a recorded gqa_decode instance comes from gqa v12 or later, whose planner may pick
-    CTAs of 8 warps: its template has the WARPS argument, 11 arguments (10 before)."""
-    args = kernel_name[kernel_name.index("<") + 1:kernel_name.index(">(")]
-    return args.count(",") + 1 >= 11
-
-
-def launch_of(launch: dict, eight_warps: bool = True):
-    """The TraceSpec of a recorded launch (a counters row), planned as the kernels plan it, or,
-    with `eight_warps` False, as gqa planned before v12."""
-    return launch_spec(launch["model"], launch["kernel"], launch["batch"], launch["context"],
-                       launch["num_sms_used"], PrefetchConfig.from_label(launch["prefetch"]),
-                       eight_warps=eight_warps, block_size=launch["block_size"])
+def profiled_warps(launch: dict) -> int:
+    """The warps of a CTA of a recorded launch (a counters row): gqa_decode's last template
+    argument (WARPS); vllm_decode's CTAs are 4 warps."""
+    if launch["kernel"] != "gqa":
+        return 4
+    name = launch["kernel_name"]
+    return int(name[name.index("<") + 1:name.index(">(")].split(",")[-1])
 
 
 def model_row(launch: dict) -> dict:
-    """The model's answer for one recorded launch (a counters_sms row)."""
-    spec = launch_of(launch, launch["kernel"] != "gqa"
-                     or recorded_with_8_warps_possible(launch["kernel_name"]))
+    """The model's answer for one recorded launch (a counters_sms row). Raises ValueError where
+    the launch ran CTAs of other warps than the current plan's (the counters predate a change
+    of the planner: record them again)."""
+    spec = launch_spec(launch["model"], launch["kernel"], launch["batch"], launch["context"],
+                       launch["num_sms_used"], PrefetchConfig.from_label(launch["prefetch"]),
+                       block_size=launch["block_size"])
+    if spec.warps != profiled_warps(launch):
+        raise ValueError(
+            f"{launch['model']} {launch['kernel']} {launch['batch']}x{launch['context']} on "
+            f"{launch['num_sms_used']} SMs was profiled in CTAs of {profiled_warps(launch)} "
+            f"warps; the current plan runs {spec.warps}: record the counters again "
+            "(python -m kvlab bench counters)")
     result = simulate(spec, L2Cache())
     return {**{k: launch[k] for k in ("model", "kernel", "batch", "context", "block_size",
                                       "prefetch")},
             "sms": launch["num_sms_used"], "partition_size": spec.partition_size,
             "warps": spec.warps,
-            # the launch attention_sms.json timed (the current plan) is this one
-            "timed_as_profiled": launch_of(launch) == spec,
             "ncu_hit_pct": launch["l2_hit_pct"],
             # recorded since revision af1c220; None in counters before it
             "ncu_load_hit_pct": 100 * launch["l2_read_hit_bytes"] / launch["l2_read_bytes"]
@@ -205,8 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                 **{int(k): v for k, v in attention["roofline_copy_gbps_by_sms"].items()}}
     for row in rows:
         row["ms"] = times.get((row["model"], row["kernel"], row["batch"], row["context"],
-                               row["block_size"], row["sms"], row["prefetch"])) \
-            if row["timed_as_profiled"] else None
+                               row["block_size"], row["sms"], row["prefetch"]))
         row["fitted"] = row["sms"] == whole and row["prefetch"] == "none"
     params = fit([r for r in rows if r["fitted"] and r["ms"] is not None], roofline)
     for r in rows:

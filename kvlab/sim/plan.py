@@ -27,11 +27,10 @@ from kvlab.sim.spec import TraceSpec
 
 
 def launch_spec(model: str, kernel: str, batch: int, context: int, num_sms: int,
-                prefetch: PrefetchConfig, eight_warps: bool = True, **fields) -> TraceSpec:
+                prefetch: PrefetchConfig, **fields) -> TraceSpec:
     """The TraceSpec of one decode launch of `kernel` for `model` (a kvlab.MODELS name) at batch
-    x context on num_sms SMs with `prefetch`, planned as the kernels plan it; `eight_warps`
-    False plans gqa as before its CTAs of 8 warps (v12, revision bcfeff1), to replay a launch
-    recorded then; `fields` set the TraceSpec's other fields (placement, seed, jitter_rounds).
+    x context on num_sms SMs with `prefetch`, planned as the kernels plan it; `fields` set the
+    TraceSpec's other fields (placement, seed, jitter_rounds).
     Raises ValueError for an unknown model or kernel and for what TraceSpec refuses."""
     if model not in MODELS:
         raise ValueError(f"model={model!r}: must be one of {', '.join(MODELS)}")
@@ -44,7 +43,7 @@ def launch_spec(model: str, kernel: str, batch: int, context: int, num_sms: int,
     else:
         part, warps = split_plan(batch, m.num_kv_heads, context, num_sms, ctas_per_sm(m.head_dim),
                                  2 * m.head_dim * 2,  # fp16 K and V
-                                 eight_warps=eight_warps and ctas_per_sm(m.head_dim, 2, 8) >= 1)
+                                 eight_warps=ctas_per_sm(m.head_dim, 2, 8) >= 1)
         slots = ctas_per_sm(m.head_dim, 2, warps)
         part = 0 if part >= context else part
     return TraceSpec(family=kernel, num_seqs=batch, context=context, num_qo_heads=m.num_qo_heads,

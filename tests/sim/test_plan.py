@@ -29,9 +29,6 @@ def test_the_modelled_launch_is_planned_as_the_kernels_plan_it():
     # 64 lone CTAs cannot keep HBM busy: 8 warps, unsplit, one an SM (kvlab.kernels.geometry)
     eight = launch_spec("qwen2.5-7b", "gqa", 16, 1024, 132, NONE)
     assert (eight.warps, eight.partition_size, eight.ctas_per_sm) == (8, 0, 1)
-    # as gqa planned before v12: 4 partitions of 256 tokens, two CTAs an SM
-    four = launch_spec("qwen2.5-7b", "gqa", 16, 1024, 132, NONE, eight_warps=False)
-    assert (four.warps, four.partition_size, four.ctas_per_sm) == (4, 256, 2)
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -66,8 +66,9 @@ SMALL_POINTS = [(1, 32768), (1, 8192), (16, 1024)]
 
 
 def small_table(result: dict, points=SMALL_POINTS) -> list[str]:
-    """gqa (no prefetch) at small points, per model (results/h200/attention_small.json, gqa and
-    SDPA in one loop per point): its % of the copy roofline and its speed over SDPA's."""
+    """gqa (no prefetch) at small points, per model (results/h200/attention_small.json, gqa,
+    SDPA and a plain read of the same bytes in one loop per point): its % of the copy roofline,
+    its speed over SDPA's, and the read's % of the roofline."""
     def row(model, batch, context, kernel):
         return next(r for r in result["rows"] if r["kernel"] == kernel and
                     r["prefetch"] == "none" and (r["model"], r["batch"], r["context"]) == (
@@ -78,8 +79,9 @@ def small_table(result: dict, points=SMALL_POINTS) -> list[str]:
     for model in dict.fromkeys(r["model"] for r in result["rows"]):
         cells = []
         for batch, context in points:
-            gqa, sdpa = (row(model, batch, context, k) for k in ("gqa", "sdpa"))
-            cells.append(f"{gqa['pct_roofline']:.1f}% ({sdpa['ms'] / gqa['ms']:.3f}x SDPA)")
+            gqa, sdpa, read = (row(model, batch, context, k) for k in ("gqa", "sdpa", "read"))
+            cells.append(f"{gqa['pct_roofline']:.1f}% ({sdpa['ms'] / gqa['ms']:.3f}x SDPA; "
+                         f"read {read['pct_roofline']:.1f}%)")
         lines.append(f"| {model} ({_heads(model)}) | " + " | ".join(cells) + " |")
     return lines
 
@@ -424,7 +426,8 @@ MIXED_POINTS = [(16, "lognormal:3200,16384"), (64, "lognormal:3200,16384"),
 def mixed_table(result: dict, points=MIXED_POINTS) -> list[str]:
     """gqa on batches of mixed lengths (results/h200/attention_mixed.json), per model and point:
     its % of the copy roofline, and its speed over the same kernel with the split planned for the
-    longest sequence (kernel "gqa_split_longest", same loop); vllm_v1's % beside."""
+    longest sequence (kernel "gqa_split_longest", same loop); vllm_v1's % and a plain read's of
+    the batch's bytes beside."""
     def rows(model, batch, spec):
         return {r["kernel"]: r for r in result["rows"]
                 if (r["model"], r["batch"], r.get("lengths")) == (model, batch, spec)}
@@ -442,13 +445,41 @@ def mixed_table(result: dict, points=MIXED_POINTS) -> list[str]:
             r = rows(model, batch, spec)
             gain = r["gqa_split_longest"]["ms"] / r["gqa"]["ms"]
             cells.append(f"{r['gqa']['pct_roofline']:.1f}% ({gain:.2f}x; vllm_v1 "
-                         f"{r['vllm_v1']['pct_roofline']:.0f}%)")
+                         f"{r['vllm_v1']['pct_roofline']:.0f}%; read "
+                         f"{r['read']['pct_roofline']:.0f}%)")
         lines.append(f"| {model} ({_heads(model)}) | " + " | ".join(cells) + " |")
     return lines
 
 
-# From this many tokens (batch x context) a point counts as large in block_order_table.
+# From this many tokens (batch x context) a point counts as large in block_order_table and
+# read_table.
 LARGE_TOKENS = 256 * 1024
+
+
+def _spread(ratios) -> str:
+    return f"{min(ratios):.3f}-{max(ratios):.3f}x (median {statistics.median(ratios):.3f}x)"
+
+
+def read_table(result: dict) -> list[str]:
+    """gqa (no prefetch) and SDPA against a plain read of the same bytes, one loop per point
+    (results/h200/attention_read.json), per model, below and from LARGE_TOKENS: the read's % of
+    the copy roofline, and the range and median of each kernel's speed over the read's."""
+    loops = {}
+    for r in result["rows"]:
+        loops.setdefault((r["model"], r["batch"], r["context"]), {})[r["kernel"]] = r
+    lines = ["| model (q:kv) | points | read: % of the roofline | gqa / read | SDPA / read |",
+             "|---|---|---|---|---|"]
+    for model in dict.fromkeys(r["model"] for r in result["rows"]):
+        for large in (False, True):
+            points = [p for (m, batch, context), p in loops.items()
+                      if m == model and (batch * context >= LARGE_TOKENS) == large]
+            read = [p["read"]["pct_roofline"] for p in points]
+            over = {k: [p["read"]["ms"] / p[k]["ms"] for p in points] for k in ("gqa", "sdpa")}
+            lines.append(f"| {model} ({_heads(model)}) | {len(points)} "
+                         f"{'from' if large else 'below'} {LARGE_TOKENS // 1024}k tokens | "
+                         f"{min(read):.1f}-{max(read):.1f}% | {_spread(over['gqa'])} | "
+                         f"{_spread(over['sdpa'])} |")
+    return lines
 
 
 def block_order_table(result: dict) -> list[str]:
@@ -459,9 +490,6 @@ def block_order_table(result: dict) -> list[str]:
     loops = {}
     for r in result["rows"]:
         loops.setdefault((r["model"], r["batch"], r["context"]), {})[r["kernel"]] = r
-
-    def spread(ratios):
-        return f"{min(ratios):.3f}-{max(ratios):.3f}x (median {statistics.median(ratios):.3f}x)"
 
     def against_sdpa(points, kernel):
         ratios = [p["sdpa"]["ms"] / p[kernel]["ms"] for _, p in points]
@@ -476,8 +504,8 @@ def block_order_table(result: dict) -> list[str]:
         points = [(batch * context, p) for (m, batch, context), p in loops.items() if m == model]
         gain = {f: [p[f]["ms"] / p[f"{f}_in_order"]["ms"] for _, p in points]
                 for f in ("gqa", "vllm_v1")}
-        lines.append(f"| {model} ({_heads(model)}) | {spread(gain['gqa'])} | "
-                     f"{spread(gain['vllm_v1'])} | {against_sdpa(points, 'gqa')} | "
+        lines.append(f"| {model} ({_heads(model)}) | {_spread(gain['gqa'])} | "
+                     f"{_spread(gain['vllm_v1'])} | {against_sdpa(points, 'gqa')} | "
                      f"{against_sdpa(points, 'gqa_in_order')} |")
     return lines
 
@@ -503,6 +531,7 @@ def main() -> None:
     print("\n".join(mixed_table(load_result("h200", "attention_mixed"))), end="\n\n")
     print("\n".join(block_order_table(load_result("h200", "attention_block_order"))),
           end="\n\n")
+    print("\n".join(read_table(load_result("h200", "attention_read"))), end="\n\n")
     for mode, (worst, median, within, total) in auto_summary(attention).items():
         print(f"auto ({mode}): worst {worst:.3f}x, median {median:.3f}x, within 3% at {within} "
               f"of {total}")

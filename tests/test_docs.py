@@ -37,6 +37,7 @@ def tables():
             load_result("h200", "attention_mixed"))),
         ("benchmarks/README.md", lambda t: t.block_order_table(
             load_result("h200", "attention_block_order"))),
+        ("benchmarks/README.md", lambda t: t.read_table(load_result("h200", "attention_read"))),
         ("benchmarks/README.md", lambda t: t.l2_validation_table(
             load_result("cpu", "l2_validation"))),
         ("benchmarks/README.md", lambda t: t.table_5_2(load_result("h200", "counters"))),

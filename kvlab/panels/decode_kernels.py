@@ -1,5 +1,6 @@
 """The "Decode kernels" tab: GB/s of the vllm_v1 and gqa decode kernels, with and without L2
-prefetch, against the copy roofline; and the speedup prefetch gives across batch and context.
+prefetch, against the copy roofline and a plain read of the same bytes (the bound at that size);
+and the speedup prefetch gives across batch and context.
 
 Wiring only. Without a GPU (backend "sim") the figures show the recorded H200 results
 (`kvlab.results`) at the recorded point nearest the controls, and the block sizes offered are the
@@ -9,9 +10,11 @@ chosen point with `kvlab.bench.attention` (`measure_point`); torch and CuPy load
 The KV cache dtype control shows gqa on an fp8 cache against fp16 (recorded:
 `attention_fp8.json`; measured: the same loop with `--fp8`). The batch lengths control shows
 batches of mixed (lognormal) lengths, without prefetch: gqa, gqa with its split planned for the
-longest sequence, and vllm_v1 (recorded: `attention_mixed.json`; measured: `--lengths`). The KV
-blocks control shows each family on blocks in order beside blocks scattered through the pool, and
-SDPA, without prefetch (recorded: `attention_block_order.json`; measured: `--in-order`).
+longest sequence, vllm_v1 and the read (recorded: `attention_mixed.json`; measured:
+`--lengths`). The KV blocks control shows each family on blocks in order beside blocks scattered
+through the pool, and SDPA, without prefetch (recorded: `attention_block_order.json`; measured:
+`--in-order`). The read is recorded in `attention_read.json`, a run of its own beside gqa and SDPA
+(`kvlab.results.ATTENTION`); a Run times it in the point's loop.
 """
 
 from __future__ import annotations

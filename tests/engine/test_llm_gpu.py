@@ -82,7 +82,10 @@ def test_cuda_graphs_decode_the_eager_tokens(name, attention, monkeypatch):
     from step to step (graph buckets 1, 2 and 4), and spans from 16 tokens make the sequences
     cross from one span's graphs to the next (64 to 128: every batch holds a sequence of 33
     tokens or more); the graphs give the eager steps' tokens, with each step waited for and
-    with steps queued one ahead (async_decode, their token ids copied on the GPU)."""
+    with steps queued one ahead (async_decode, their token ids copied on the GPU). A graph's
+    plan is made for its bucket and span, not the step's batch (`kvlab.engine.graphs`), so its
+    sums may round otherwise: a request may part from the eager tokens only at a near tie of
+    the eager model's two best logits (`check_tokens`)."""
     monkeypatch.setattr(engine_graphs, "MIN_SPAN", 16)
     prompts = [torch.randint(0, 1024, (n,), generator=torch.Generator().manual_seed(n)).tolist()
                for n in (5, 33, 70, 18)]
@@ -94,7 +97,13 @@ def test_cuda_graphs_decode_the_eager_tokens(name, attention, monkeypatch):
         if graphs:
             assert len({size for size, _ in llm.graphs.captured}) >= 2
             assert len({span for _, span in llm.graphs.captured}) >= 2
-    assert runs[True, True].tokens == runs[True, False].tokens == runs[False, False].tokens
+    eager = runs[False, False].tokens
+    if runs[True, True].tokens != eager or runs[True, False].tokens != eager:
+        llm = kvlab.LLM(name, attention=attention, device="cuda", num_blocks=64,
+                        cuda_graphs=False)
+        logits = forced_logits(llm, prompts, list(zip(*(t[:-1] for t in eager), strict=True)))
+        for graphs in (runs[True, True], runs[True, False]):
+            check_tokens(graphs.tokens, eager, logits, tolerance=2e-2)
     assert runs[True, True].step_batch == runs[True, False].step_batch
     assert len(set(runs[True, True].step_batch)) > 1
 

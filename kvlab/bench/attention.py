@@ -62,7 +62,8 @@ from kvlab.workload import lognormal_lengths, lognormal_spec
 
 LAYOUTS = {"vllm_v1": vllm_v1.LAYOUT, "gqa": gqa.LAYOUT}
 AUTO_MODES = ("tuned", "reused", "recorded")
-# What one loop's copies of the K/V (each family's caches, SDPA's dense one) may hold together.
+# What one loop's copies of the K/V (each family's caches, SDPA's dense one, the read's buffer)
+# may hold together.
 MAX_LOOP_KV_BYTES = 120 * 2**30
 DENSE = ("sdpa", "read")  # the variants that read a dense buffer, not the paged cache
 SDPA_BACKENDS = (("cudnn", "cudnn"), ("flash", "flash"), ("fmha", "efficient"),
@@ -363,8 +364,9 @@ def run(args) -> dict:
 
 
 def loop_ratios(rows) -> dict[int, dict]:
-    """Per loop: the fastest setting of each family, gqa over SDPA, and each auto row's time over
-    the fastest setting of its family ({loop: {...}}), from rows of one loop only."""
+    """Per loop: the fastest setting of each family, gqa over SDPA, gqa and SDPA over the plain
+    read (`over_read`), and each auto row's time over the fastest setting of its family
+    ({loop: {...}}), from rows of one loop only."""
     by_loop = {}
     for row in rows:
         by_loop.setdefault(row["loop"], []).append(row)

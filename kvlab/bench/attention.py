@@ -216,9 +216,11 @@ def kv_copies(args, mixed: bool) -> float:
             + ("sdpa" in args.kernels and not mixed) + ("read" in args.kernels))
 
 
-def loop_variants(model, batch: int, context, block_size: int, args, dtype) -> dict:
+def loop_variants(model, batch: int, context, block_size: int, args, dtype,
+                  kv_bytes: int) -> dict:
     """Every variant of one loop: {key: (row fields, callable)}. context: an int, or the batch's
-    lengths (mixed: no SDPA, and kernel="auto" not reused from a sibling shape)."""
+    lengths (mixed: no SDPA, and kernel="auto" not reused from a sibling shape); kv_bytes: the
+    batch's K and V in 16-bit elements, what the plain read reads."""
     mixed = not isinstance(context, int)
     variants = prefetch_variants(args.prefetch, args.distances, args.evict_last)
     q = torch.randn(batch, model.num_qo_heads, model.head_dim, device="cuda", dtype=dtype)
@@ -287,9 +289,7 @@ def loop_variants(model, batch: int, context, block_size: int, args, dtype) -> d
         found["sdpa"] = ({"kernel": "sdpa", "prefetch": "none", "sdpa_backend":
                           sdpa_backend(kernels), "sdpa_kernels": kernels}, sdpa)
     if "read" in args.kernels:
-        tokens = batch * context if not mixed else sum(context)
-        found["read"] = ({"kernel": "read", "prefetch": "none"},
-                         PlainRead(2 * tokens * model.kv_size * dtype.itemsize).read)
+        found["read"] = ({"kernel": "read", "prefetch": "none"}, PlainRead(kv_bytes).read)
     return found
 
 
@@ -340,7 +340,7 @@ def run(args) -> dict:
                 if sms is not None and str(held) not in result["roofline_copy_gbps_by_sms"]:
                     result["roofline_copy_gbps_by_sms"][str(held)] = round(
                         copy_roofline_gbps(timer), 1)
-                found = loop_variants(model, batch, shape, block_size, args, dtype)
+                found = loop_variants(model, batch, shape, block_size, args, dtype, kv_bytes)
                 times = timer.times_ms({key: fn for key, (_, fn) in found.items()})
             for key, (fields, _) in found.items():
                 ms = statistics.median(times[key])

@@ -1,6 +1,6 @@
 """Small launches of every kernel family and prefetch mode, and of a whole decoder's decode
-steps (the layer ops of kernels/layer_ops.cu), and the plain read of kernels/read_bytes.cu, for
-compute-sanitizer:
+steps (the layer ops of kernels/layer_ops.cu), the plain read of kernels/read_bytes.cu, and gqa
+and the read built with the timeline stamps (kvlab.kernels.timeline), for compute-sanitizer:
 
     compute-sanitizer --tool memcheck python benchmarks/sanitize_cases.py
     compute-sanitizer --tool racecheck python benchmarks/sanitize_cases.py
@@ -11,6 +11,8 @@ import torch
 import kvlab
 from kvlab.cache import PagedKVCache
 from kvlab.kernels.read import PlainRead
+from kvlab.kernels.timeline import Tracer
+from kvlab.timing import Timer
 
 PREFETCHES = [kvlab.PrefetchConfig(), kvlab.PrefetchConfig("bulk", evict_last=True),
               kvlab.PrefetchConfig("line")]
@@ -41,6 +43,16 @@ def main() -> None:
         llm.generate([[3] * 20, [5] * 41], max_new_tokens=4)
     for num_words in (1, 513, 1_100_003):  # below a CTA, a few CTAs, past the unrolled loop
         PlainRead(16 * num_words).read()
+    # the timeline build (kvlab.kernels.timeline), split and whole: its stamps stay in bounds
+    for lens in ([700] * 2, [200] * 3):
+        cache = PagedKVCache(96, 16, 2, 128, device="cuda", layout="hnd", seed=1)
+        seq_ids = [cache.add_sequence(*torch.randn(2, n, 2, 128, device="cuda").half())
+                   for n in lens]
+        q = torch.randn(len(lens), 8, 128, device="cuda", dtype=torch.float16)
+        tracer = Tracer(cache, seq_ids, 8, 2 * sum(lens) * 2 * 128 * 2)
+        timer = Timer("cuda", flush_l2=False)
+        tracer.trace_gqa(q, torch.empty_like(q), timer, spin=1000)
+        tracer.trace_read(timer, spin=1000)
     torch.cuda.synchronize()
     print("sanitize cases ran")
 

@@ -301,6 +301,7 @@
 #include <cuda_fp16.h>
 
 #include "prefetch.cuh"
+#include "timeline.cuh"
 
 namespace kvlab {
 
@@ -507,6 +508,8 @@ __device__ __forceinline__ void decode_body(
   constexpr int RUN = BLOCK_SIZE < TILE_TOKENS ? BLOCK_SIZE : TILE_TOKENS;  // prefetch call, tokens
   constexpr bool PREFETCH = PF_MODE != PF_NONE && (PF_K || PF_V);
 
+  namespace tl = timeline::decode;
+  timeline::start(tl::REGION, tl::ENTRY);
   // the natural grid, or a work list of (sequence, partition) pairs (see the launch contract)
   const int item = blockIdx.x / num_kv_heads;
   const int partition = work ? work[2 * item + 1] : blockIdx.x;
@@ -768,6 +771,7 @@ __device__ __forceinline__ void decode_body(
     }
     cp_async_commit();
   }
+  timeline::stamp(tl::REGION, tl::ISSUED);
   // Block ids for the next load (and its prefetch) are looked up one iteration early, so the
   // block-table read overlaps the math instead of stalling the cp.async issue.
   RowBlocks<BLOCK_SIZE> blocks = first[STAGES - 1], pf_blocks = pf_first[STAGES - 1];
@@ -789,12 +793,14 @@ __device__ __forceinline__ void decode_body(
 
     cp_async_wait<STAGES - 1>();  // this lane's copies of `tile` have landed ...
     __syncwarp();                 // ... and every lane's are visible to the warp
+    if (tile == 0) timeline::stamp(tl::REGION, tl::LANDED);
     compute_tile(tile, read_stage);
     read_stage = read_stage == STAGES - 1 ? 0 : read_stage + 1;
     write_stage = write_stage == STAGES - 1 ? 0 : write_stage + 1;
   }
   cp_async_wait<0>();  // only empty groups remain; drained before the stages are reused
   __syncthreads();     // all warps done with the stages
+  timeline::stamp(tl::REGION, tl::LOOP_DONE);
 
   // ---- merge the 4 warps (aliases the stages) -----------------------------------------------
   // red_o [NUM_WARPS][MAX_GROUP][HEAD_DIM + 4] fp32 (the +4 spreads a warp's stores over 32 banks),
@@ -860,6 +866,7 @@ __device__ __forceinline__ void decode_body(
             sum > 0.f ? (m_max + __log2f(sum)) * LN2 : neg_inf();
     }
   }
+  timeline::stamp(tl::REGION, tl::END);
 }
 
 }  // namespace gqa
@@ -916,15 +923,12 @@ __global__ void __launch_bounds__(128) gqa_merge(
   constexpr int THREADS = 128;
   constexpr int VECS = HEAD_DIM / 4;      // float4 per partial row: 16 .. 64
   constexpr int ROWS = THREADS / VECS;    // partitions read at once: 2 .. 8
+  namespace tl = timeline::merge;
+  timeline::start(tl::REGION, tl::ENTRY);
   const int head = blockIdx.x, seq = blockIdx.y, num_qo_heads = gridDim.x;
-  // gqa_decode does not write seq_lens: read it while the decode grid still runs
+  // gqa_decode does not write seq_lens: read it, and work out what to load, while the decode
+  // grid still runs
   const int seq_len = seq_lens[seq];
-#if __CUDA_ARCH__ >= 900
-  // Launched as a programmatic dependent of gqa_decode: wait until its partials are written.
-  // The test on seq_len (never negative) keeps the load ahead of the wait: without it ptxas
-  // issues the wait first, and the load's round trip follows the decode grid's end.
-  if (seq_len >= 0) asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
   const int num_partitions =
       seq_len > 0 ? min((seq_len + partition_size - 1) / partition_size, max_num_partitions) : 0;
   const long long row = static_cast<long long>(seq) * num_qo_heads + head;
@@ -936,19 +940,29 @@ __global__ void __launch_bounds__(128) gqa_merge(
   const int slot = threadIdx.x / VECS, vec = threadIdx.x % VECS;
   const bool reads = slot < ROWS;  // 128 % VECS threads idle for head_dim 80, 96, 112
   const int num_mine = reads ? (num_partitions - slot + ROWS - 1) / ROWS : 0;  // this slot's
+#if __CUDA_ARCH__ >= 900
+  // Launched as a programmatic dependent of gqa_decode: wait until its partials are written.
+  // The test on num_mine (never negative) keeps the work above ahead of the wait: without
+  // one ptxas issues the wait first, and the seq_len round trip follows the decode grid's end.
+  if (num_mine >= 0) asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+  timeline::stamp(tl::REGION, tl::RELEASED);
+  // The partials are read with ld.global.cg (__ldcg), not through the read-only path that
+  // `const __restrict__` allows: ptxas hoists read-only loads above the wait (seen with the work
+  // above moved ahead of it), and they would read the partials before the decode grid wrote them.
   float4 first[LOADS];
   float first_lse[LOADS];
 #pragma unroll
   for (int i = 0; i < LOADS; ++i) {
     const int c = slot + i * ROWS;
-    first[i] = i < num_mine ? po[static_cast<long long>(c) * VECS + vec]
+    first[i] = i < num_mine ? __ldcg(po + static_cast<long long>(c) * VECS + vec)
                             : make_float4(0.f, 0.f, 0.f, 0.f);
-    first_lse[i] = i < num_mine ? lse[c] : gqa::neg_inf();
+    first_lse[i] = i < num_mine ? __ldcg(lse + c) : gqa::neg_inf();
   }
   float m = gqa::neg_inf();  // the largest lse of this slot's partitions
 #pragma unroll
   for (int i = 0; i < LOADS; ++i) m = fmaxf(m, first_lse[i]);
-  for (int i = LOADS; i < num_mine; ++i) m = fmaxf(m, lse[slot + i * ROWS]);
+  for (int i = LOADS; i < num_mine; ++i) m = fmaxf(m, __ldcg(lse + slot + i * ROWS));
   const float shift = m == gqa::neg_inf() ? 0.f : m;  // no partition: every weight is 0
 
   float sum = 0.f;
@@ -960,10 +974,11 @@ __global__ void __launch_bounds__(128) gqa_merge(
   };
 #pragma unroll
   for (int i = 0; i < LOADS; ++i) add(first_lse[i], first[i]);  // past num_mine: w = 0, p = 0
+  timeline::stamp_after(tl::REGION, tl::LOADED, acc.x);
 #pragma unroll 4
   for (int i = LOADS; i < num_mine; ++i) {
     const int c = slot + i * ROWS;
-    add(lse[c], po[static_cast<long long>(c) * VECS + vec]);
+    add(__ldcg(lse + c), __ldcg(po + static_cast<long long>(c) * VECS + vec));
   }
 
   __shared__ float4 red[ROWS][VECS];
@@ -991,6 +1006,7 @@ __global__ void __launch_bounds__(128) gqa_merge(
     for (int r = 0; r < ROWS; ++r) value += f[r] * reinterpret_cast<const float*>(red[r])[d];
     out[row * HEAD_DIM + d] = gqa::Mma<T>::from_float(weights > 0.f ? value / weights : 0.f);
   }
+  timeline::stamp(tl::REGION, tl::END);
 }
 
 }  // namespace kvlab

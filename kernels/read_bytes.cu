@@ -16,6 +16,8 @@
 // No setting came within 3 points of the fastest at every size: below ~100 MB a read's speed
 // is known to about 3 points. torch's sum of the words as int32 read 13-18%.
 
+#include "timeline.cuh"
+
 constexpr int READ_THREADS = 512;
 constexpr int READ_UNROLL = 4;
 constexpr int READ_WARPS = READ_THREADS / 32;
@@ -26,6 +28,8 @@ __device__ __forceinline__ unsigned int xor_words(const uint4 w) {
 
 extern "C" __global__ void __launch_bounds__(READ_THREADS)
     read_bytes(const uint4* __restrict__ src, long long num_words, unsigned int* sink) {
+  namespace tl = kvlab::timeline::read;
+  kvlab::timeline::start(tl::REGION, tl::ENTRY);
   const long long stride = static_cast<long long>(gridDim.x) * READ_THREADS;
   long long i = static_cast<long long>(blockIdx.x) * READ_THREADS + threadIdx.x;
   unsigned int acc = 0;
@@ -46,4 +50,5 @@ extern "C" __global__ void __launch_bounds__(READ_THREADS)
   acc = threadIdx.x < READ_WARPS ? warp_acc[threadIdx.x] : 0;
   for (int offset = 16; offset > 0; offset /= 2) acc ^= __shfl_xor_sync(0xffffffffu, acc, offset);
   if (threadIdx.x == 0) sink[blockIdx.x] = acc;
+  kvlab::timeline::stamp(tl::REGION, tl::END);
 }

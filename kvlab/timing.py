@@ -38,7 +38,7 @@ class Timer:
             torch.zeros(FLUSH_BYTES // 4, dtype=torch.float32, device=device) if flush_l2 else None
         )
 
-    def _spin_cycles(self, fn) -> int:
+    def spin_cycles(self, fn) -> int:
         """GPU cycles to spin before each timed call: 4x the host time of one call of `fn` (the
         fastest of the warm-up calls, at least two: the first may set up libraries), and at
         least MIN_SPIN_S."""
@@ -55,7 +55,7 @@ class Timer:
         calls (at least two). The callables are timed in turn, run 1 of each, then run 2 of
         each, ..., so that slow drifts (clocks, temperature) fall on all of them alike (two
         timings of one kernel taken one after the other were seen 9% apart on the H200)."""
-        spin = max(self._spin_cycles(fn) for fn in fns.values())
+        spin = max(self.spin_cycles(fn) for fn in fns.values())
         events = {
             key: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                   for _ in range(self.num_runs)]
@@ -64,15 +64,21 @@ class Timer:
         for run in range(self.num_runs):
             for key, fn in fns.items():
                 start, end = events[key][run]
-                if self._scratch is not None:
-                    self._scratch.sum()  # reads evict whatever the last run left in L2
-                torch.cuda._sleep(spin)  # the host enqueues the timed call meanwhile
+                self.prepare(spin)
                 start.record()
                 fn()
                 end.record()
         torch.cuda.synchronize(self.device)
         return {key: [start.elapsed_time(end) for start, end in runs]
                 for key, runs in events.items()}
+
+    def prepare(self, spin: int) -> None:
+        """What precedes every timed run, on the current stream: the L2 flushed by a read
+        (unless this timer measures a warm cache), then the stream held for `spin` GPU cycles
+        (`spin_cycles`) while the host enqueues the run."""
+        if self._scratch is not None:
+            self._scratch.sum()  # reads evict whatever the last run left in L2
+        torch.cuda._sleep(spin)
 
     def medians_ms(self, fns: Mapping[K, Callable[[], object]]) -> dict[K, float]:
         """The median of `times_ms` for each callable."""

@@ -231,6 +231,20 @@ def _add_counters(parser: argparse.ArgumentParser) -> None:
                              "this, its profiled process included); killed past it")
 
 
+def _add_timeline(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--models", nargs="+", default=["llama2-7b", "llama3-8b", "qwen2.5-7b",
+                                                        "qwen2.5-14b"], choices=list(MODELS),
+                        metavar="MODEL", help=f"one or more of {', '.join(MODELS)}")
+    parser.add_argument("--points", nargs="+", type=batch_x_context, metavar="BATCHxCONTEXT",
+                        default=[(1, 32768), (1, 8192), (16, 1024), (16, 4096)])
+    parser.add_argument("--runs", type=positive_int, default=25,
+                        help="timed runs of gqa and of the read per point (median)")
+    parser.add_argument("--traces", type=positive_int, default=7,
+                        help="traced steps of each per point (their phases' medians are kept)")
+    parser.add_argument("--checkpoint", metavar="PATH",
+                        help="rewrite the result so far as JSON after every point")
+
+
 # name -> (module, how to add its options, what it measures)
 def _add_e2e(parser: argparse.ArgumentParser) -> None:
     from kvlab.bench.e2e import VARIANTS
@@ -273,6 +287,8 @@ BENCHMARKS = {
     "l2sim": ("kvlab.bench.l2sim", _add_cache, "the L2 model's speed on one CPU core"),
     "counters": ("kvlab.bench.counters", _add_counters,
                  "ncu counters beside the L2-prefetch paper's Table 5.2 (GPU, Nsight Compute)"),
+    "timeline": ("kvlab.bench.timeline", _add_timeline,
+                 "where a gqa decode step's time goes, CTA by CTA, beside a plain read (GPU)"),
     "e2e": ("kvlab.bench.e2e", _add_e2e,
             "decode throughput of whole models on kvlab.LLM beside HF's static cache (GPU)"),
 }

@@ -113,6 +113,7 @@ class Gqa:
         d, group = cache.head_dim, num_qo_heads // cache.num_kv_heads
         names = name_expressions(q_dtype, d, cache.block_size, group, prefetch, cache.dtype,
                                  self.warps)
+        self.names = names  # the decode kernel's instantiation and the merge kernel's
         self.decode, self.merge = load(SOURCE, names, cache.device.index)
         # fp8: the per-head scales, read at launch (a later first write may still set them)
         self.scales = (cache.k_scale, cache.v_scale) if cache.k_scale is not None else None
@@ -126,12 +127,22 @@ class Gqa:
                 torch.empty(shape, dtype=torch.float32, device=cache.device),
             )
 
+    @property
+    def decode_grid(self) -> tuple[int, int, int]:
+        """The decode launch's grid (see the launch contract in the kernel's source)."""
+        if self.work is None:
+            return self.num_partitions, self.num_kv_heads, self.num_seqs
+        return self.work.shape[0] * self.num_kv_heads, 1, 1
+
+    @property
+    def merge_grid(self) -> tuple[int, int] | None:
+        """The merge launch's grid; None where the decode launch writes `out` itself."""
+        return (self.num_qo_heads, self.num_seqs) if self.partials else None
+
     def __call__(self, out, q, k_cache, v_cache, block_tables, seq_lens, scale: float) -> None:
         partial_out, partial_lse = map(ptr, self.partials) if self.partials else (NULL, NULL)
-        if self.work is None:
-            grid, work = (self.num_partitions, self.num_kv_heads, self.num_seqs), NULL
-        else:
-            grid, work = (self.work.shape[0] * self.num_kv_heads, 1, 1), ptr(self.work)
+        grid = self.decode_grid
+        work = NULL if self.work is None else ptr(self.work)
         k_scale, v_scale = map(ptr, self.scales) if self.scales else (NULL, NULL)
         launch(self.decode, grid, (32 * self.warps,), (
             ptr(out), partial_out, partial_lse, ptr(q), ptr(k_cache), ptr(v_cache), k_scale,
@@ -140,7 +151,7 @@ class Gqa:
             np.int32(self.num_partitions), np.float32(scale),
         ), out.device, self.smem)
         if self.partials:  # starts while the decode launch ends (it waits for its results)
-            launch_dependent(self.merge, (self.num_qo_heads, self.num_seqs), (MERGE_THREADS,), (
+            launch_dependent(self.merge, self.merge_grid, (MERGE_THREADS,), (
                 ptr(out), partial_out, partial_lse, ptr(seq_lens), np.int32(self.partition_size),
                 np.int32(self.num_partitions),
             ), out.device)

@@ -10,11 +10,13 @@ import shutil
 import subprocess
 
 import pytest
+import torch
 
 from kvlab.checks import HEAD_DIMS
-from kvlab.kernels import gqa, layer_ops, vllm_v1
+from kvlab.kernels import gqa, layer_ops, read, timeline, vllm_v1
 from kvlab.kernels.geometry import ctas_per_sm, gqa_smem_bytes, gqa_stages
 from kvlab.kernels.loader import compile_options, source_dir
+from kvlab.kernels.prefetch import PrefetchConfig
 
 NVCC = shutil.which("nvcc")
 pytestmark = [pytest.mark.compile,
@@ -130,3 +132,36 @@ def test_gqa_shared_memory_layout_serves_sectors_whole_without_bank_conflicts(tm
     unit = tmp_path / "layout.cu"
     unit.write_text("\n".join([*lines, ""]))
     nvcc(unit, tmp_path)
+
+
+def test_the_timeline_layout_is_the_one_python_reads(tmp_path):
+    """kernels/timeline.cuh's array and each kernel's region and slots are those
+    kvlab.kernels.timeline reads: checked by static_assert under nvcc."""
+    ns = "kvlab::timeline"
+    lines = ['#include "timeline.cuh"']
+    lines += [f'static_assert({ns}::{field} == {value}, "{field}");' for field, value in
+              (("REGIONS", timeline.REGIONS), ("MAX_CTAS", timeline.MAX_CTAS),
+               ("SLOTS", timeline.SLOTS), ("SM", timeline.SM_SLOT))]
+    for kernel, (region, stamps) in timeline.KERNELS.items():
+        lines.append(f'static_assert({ns}::{kernel}::REGION == {region}, "{kernel}");')
+        lines += [f'static_assert({ns}::{kernel}::{stamp.upper()} == {slot}, "{kernel} {stamp}");'
+                  for slot, stamp in enumerate(stamps, start=1)]
+    unit = tmp_path / "timeline.cu"
+    unit.write_text("\n".join([*lines, ""]))
+    nvcc(unit, tmp_path)
+
+
+def test_the_timeline_build_compiles_without_spills(tmp_path):
+    """What `bench timeline` runs: gqa (the paper's four models' groups, CTAs of 4 and 8 warps)
+    and the read, with KVLAB_TIMELINE defined."""
+    names = [n for group in (1, 4, 5, 7) for warps in (4, 8)
+             for n in gqa.name_expressions(torch.float16, 128, 16, group, PrefetchConfig(),
+                                           warps=warps)]
+    lines = [f'#include "{gqa.SOURCE}"', f'#include "{read.SOURCE}"',
+             "void kvlab_instantiate() {", *(f"  (void)&{n};" for n in dict.fromkeys(names)), "}"]
+    unit = tmp_path / "traced.cu"
+    unit.write_text("\n".join([*lines, ""]))
+    report = nvcc(unit, tmp_path, "-DKVLAB_TIMELINE")
+    assert not [m.group(0) for m in SPILL.finditer(report) if m.group(0).split()[0] != "0"
+                or m.group(2) != "0"]
+    assert len(re.findall(r"Compiling entry function", report)) == len(set(names)) + 1

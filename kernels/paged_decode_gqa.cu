@@ -598,6 +598,7 @@ __device__ __forceinline__ void decode_body(
     }
   }
 
+  timeline::stamp_after(tl::REGION, tl::READY, first[0].id[0] ^ seq_len);
   // NOTE: partition 0 always runs, so that an empty sequence still gets (zero) outputs.
   if (partition > 0 && partition_start >= seq_len) return;
   const int partition_end =

@@ -22,9 +22,10 @@ constexpr int SM = 0;               // every record's slot 0: the SM
 
 namespace decode {  // region 0 of paged_decode_gqa.cu's modules: gqa_decode
 constexpr int REGION = 0;
-enum : int { ENTRY = 1, ISSUED, LANDED, LOOP_DONE, END };
-// ISSUED: its warps' first copies issued (the block table read); LANDED: warp 0's first tile in
-// shared memory; LOOP_DONE: every warp out of the main loop.
+enum : int { ENTRY = 1, READY, ISSUED, LANDED, LOOP_DONE, END };
+// READY: thread 0's first block ids and seq_len in registers (the block table read); ISSUED: its
+// first copies issued; LANDED: warp 0's first tile in shared memory; LOOP_DONE: every warp out of
+// the main loop.
 }  // namespace decode
 namespace merge {  // region 1: gqa_merge
 constexpr int REGION = 1;
@@ -75,6 +76,11 @@ __device__ __forceinline__ void stamp_after(int region, int slot, float value) {
   if (__float_as_uint(value) != 0xffffffffu) stamp(region, slot);
 }
 
+// The same for an int that is never INT_MIN (a block id, a length, their XOR).
+__device__ __forceinline__ void stamp_after(int region, int slot, int value) {
+  if (value != static_cast<int>(0x80000000u)) stamp(region, slot);
+}
+
 // Thread 0 writes its CTA's SM, and the time now into `entry`.
 __device__ __forceinline__ void start(int region, int entry) {
   stamp(region, entry);
@@ -89,6 +95,7 @@ __device__ __forceinline__ void start(int region, int entry) {
 #else
 __device__ __forceinline__ void stamp(int, int) {}
 __device__ __forceinline__ void stamp_after(int, int, float) {}
+__device__ __forceinline__ void stamp_after(int, int, int) {}
 __device__ __forceinline__ void start(int, int) {}
 #endif
 

@@ -10,8 +10,8 @@ runs are. Each row holds the timed medians, the phases of each traced step and t
 (what the dashboard draws).
 
 The gap between a small step and a read of its bytes is the sum of what a read does not do: the
-block table and q read before the first K/V copy (`issued_us`), the last tile's math and the
-epilogue (`epilogue_us`), and the merge of a split launch after the decode grid's end
+block table read before the first K/V copy (`ready_us`), the last tile's math and the epilogue
+(`epilogue_us`), and the merge of a split launch after the decode grid's end
 (`merge_end_after_us`). The spans here are the GPU's: CUDA events add the launches' start
 (the timed `ms` minus the traced span).
 """
@@ -115,10 +115,10 @@ def run(args) -> dict:
 def report(result: dict) -> str:
     lines = [f"{result['gpu']}: copy roofline {result['roofline_copy_gbps']:.0f} GB/s. Timed: "
              "us (% of the roofline). Traced (us, medians): the step's span and the read's, and "
-             "per decode CTA the time to its first copies, to its first tile, in its loop and "
-             "after it; the merge's end after the decode's last CTA",
+             "per decode CTA the time to its block ids, to its first copies issued, to its "
+             "first tile, in its loop and after it; the merge's end after the decode's last CTA",
              f"{'model':<12} {'point':>9} {'gqa':>15} {'read':>15} {'span':>6} {'read':>6} "
-             f"{'issued':>6} {'landed':>6} {'loop':>6} {'epilog':>6} {'merge':>6}"]
+             f"{'ready':>6} {'issued':>6} {'landed':>6} {'loop':>6} {'epilog':>6} {'merge':>6}"]
     for r in result["rows"]:
         p, ms, pct = r["phases"], r["ms"], r["pct_roofline"]
         merge = p.get("merge_end_after_us")
@@ -126,7 +126,8 @@ def report(result: dict) -> str:
             f"{r['model']:<12} {r['batch']:>3}x{r['context']:<5} "
             f"{ms['gqa'] * 1000:>6.1f} ({pct['gqa']:>5.1f}%) "
             f"{ms['read'] * 1000:>6.1f} ({pct['read']:>5.1f}%) "
-            f"{p['step_span_us']:>6.1f} {p['read_span_us']:>6.1f} {p['issued_us']:>6.2f} "
+            f"{p['step_span_us']:>6.1f} {p['read_span_us']:>6.1f} {p['ready_us']:>6.2f} "
+            f"{p['issued_us']:>6.2f} "
             f"{p['landed_us']:>6.2f} {p['loop_us']:>6.1f} {p['epilogue_us']:>6.2f} "
             + (f"{merge:>6.2f}" if merge is not None else f"{'-':>6}"))
     return "\n".join(lines)

@@ -10,10 +10,11 @@ traced launch is prepared as a timed one is (L2 flushed by a read, the stream he
 enqueues: `kvlab.timing.Timer.prepare`), and its stamps are read back after it.
 
 Stamps, in ns after the first CTA of the launch began (the merge's after the decode's first):
-- decode: `entry`; `issued`, its warps' first K/V copies issued (block ids, seq_len and q read);
-  `landed`, warp 0's first tile in shared memory; `loop_done`, every warp out of the main loop;
-  `end`, its output written. A CTA whose partition starts past its sequence's end stops after
-  `entry` (the others are then -1).
+- decode: `entry`; `ready`, thread 0's first block ids and seq_len in registers (the block
+  table read that a read of contiguous bytes does not have); `issued`, its first K/V copies
+  issued; `landed`, warp 0's first tile in shared memory; `loop_done`, every warp out of the main
+  loop; `end`, its output written. A CTA whose partition starts past its sequence's end stops
+  after `ready` (the later stamps are then -1).
 - merge (split launches only): `entry` (a programmatic dependent launch starts early);
   `released`, its griddepcontrol.wait returned (the decode grid done, its writes visible);
   `loaded`, thread 0's first partials in registers; `end`.
@@ -37,7 +38,7 @@ REGIONS, MAX_CTAS, SLOTS = 2, 1 << 15, 8  # kernels/timeline.cuh
 SM_SLOT = 0
 # kernel -> (its region in its module, its stamps in slot order from slot 1): the enumerators
 # of kernels/timeline.cuh (tests/kernels/test_nvcc.py checks they agree)
-KERNELS = {"decode": (0, ("entry", "issued", "landed", "loop_done", "end")),
+KERNELS = {"decode": (0, ("entry", "ready", "issued", "landed", "loop_done", "end")),
            "merge": (1, ("entry", "released", "loaded", "end")),
            "read": (0, ("entry", "end"))}
 
@@ -75,14 +76,15 @@ def _us(ns) -> float:
 
 def phases(decode: Launch, merge: Launch | None, read: Launch) -> dict[str, float]:
     """Where one traced step's time went, in us: the decode launch's span (first entry to last
-    end) and, per CTA (medians), the time to its first copies, to its first tile, in its main
-    loop and after it; when its CTAs ended; the merge's release, loads and end after the decode's
-    last CTA; and the read's span and first end."""
+    end) and, per CTA (medians), the time to its block ids, to its first copies issued, to its
+    first tile, in its main loop and after it; when its CTAs ended; the merge's release, loads
+    and end after the decode's last CTA; and the read's span and first end."""
     d = decode.stamps
     done = d["end"] >= 0
     s = {"decode_ctas": int(decode.sm.size), "decode_ctas_done": int(done.sum()),
          "decode_span_us": _us(d["end"][done].max()),
          "decode_last_entry_us": _us(d["entry"].max()),
+         "ready_us": _us(np.median(d["ready"][done] - d["entry"][done])),
          "issued_us": _us(np.median(d["issued"][done] - d["entry"][done])),
          "landed_us": _us(np.median(d["landed"][done] - d["entry"][done])),
          "loop_us": _us(np.median(d["loop_done"][done] - d["landed"][done])),

@@ -31,7 +31,7 @@ def test_a_model_gqa_cannot_run_is_refused_by_name(monkeypatch):
 def test_a_small_run_times_and_traces_each_point(tmp_path, capsys):
     out = tmp_path / "timeline.json"
     main(["bench", "timeline", "--json", str(out), "--models", "llama3-8b", "--points",
-          "1x4096", "4x1024", "--runs", "3", "--traces", "3"])
+          "1x4096", "16x1024", "--runs", "3", "--traces", "3"])
     result = json.loads(out.read_text())
     assert result["benchmark"] == "timeline" and result["roofline_copy_gbps"] > 0
     split, whole = result["rows"]

@@ -28,11 +28,12 @@ T = 10**12  # a %globaltimer reading: ns since some epoch
 
 def test_stamps_count_from_the_first_entry_and_missing_ones_are_minus_one():
     launch = Launch.from_records("decode", records("decode", [
-        [T + 500, T + 1500, T + 3500, T + 20500, T + 21500],
-        [T + 100, 0, 0, 0, 0],  # a CTA past its sequence's end: entry only
+        [T + 500, T + 1300, T + 1500, T + 3500, T + 20500, T + 21500],
+        [T + 100, T + 900, 0, 0, 0, 0],  # a CTA past its sequence's end: stops when ready
     ]))
     assert launch.t0 == T + 100
     assert launch.stamps["entry"].tolist() == [400, 0]
+    assert launch.stamps["ready"].tolist() == [1200, 800]
     assert launch.stamps["end"].tolist() == [21400, -1]
     assert launch.sm.tolist() == [0, 1]
     merge = Launch.from_records("merge", records("merge", [[T + 200, T + 22000, T + 22900,
@@ -48,9 +49,9 @@ def test_a_launch_without_stamps_is_refused():
 
 def test_phases_sum_up_a_step():
     decode = Launch.from_records("decode", records("decode", [
-        [T, T + 1000, T + 3000, T + 20000, T + 21000],
-        [T + 200, T + 1400, T + 3400, T + 22400, T + 23000],
-        [T + 100, 0, 0, 0, 0],
+        [T, T + 800, T + 1000, T + 3000, T + 20000, T + 21000],
+        [T + 200, T + 1000, T + 1400, T + 3400, T + 22400, T + 23000],
+        [T + 100, T + 900, 0, 0, 0, 0],
     ]))
     merge = Launch.from_records("merge", records("merge", [
         [T + 900, T + 23700, T + 24600, T + 24900],
@@ -60,7 +61,7 @@ def test_phases_sum_up_a_step():
     p = phases(decode, merge, read)
     assert p["decode_ctas"] == 3 and p["decode_ctas_done"] == 2
     assert p["decode_span_us"] == 23.0 and p["decode_first_end_us"] == 21.0
-    assert p["issued_us"] == 1.1 and p["landed_us"] == 3.1
+    assert p["ready_us"] == 0.8 and p["issued_us"] == 1.1 and p["landed_us"] == 3.1
     assert p["loop_us"] == 18.0 and p["epilogue_us"] == 0.8
     assert p["merge_released_after_us"] == 0.7 and p["merge_end_after_us"] == 2.0
     assert p["merge_loads_us"] == 0.95 and p["merge_rest_us"] == 0.25

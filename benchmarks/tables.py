@@ -510,6 +510,27 @@ def block_order_table(result: dict) -> list[str]:
     return lines
 
 
+def timeline_table(result: dict) -> list[str]:
+    """Where a gqa step's time goes against a plain read of its bytes
+    (results/h200/timeline.json): per point, the timed medians, the traced spans (the step's, its
+    decode launch's and the read's), when a decode CTA has its block ids, has issued its first
+    copies and holds its first tile, its time after its loop, and the merge's end after the
+    decode launch's last CTA (medians of the traced steps)."""
+    lines = ["| model (q:kv) | point | CTAs | timed, us: gqa / read | traced span, us: step / "
+             "decode / read | per CTA, us: block ids / copies issued / first tile | after the "
+             "loop, us | merge, us after the decode |", "|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        p, ms = r["phases"], r["ms"]
+        merge = p.get("merge_end_after_us")
+        lines.append(
+            f"| {r['model']} ({_heads(r['model'])}) | {r['batch']} x {_context(r['context'])} | "
+            f"{p['decode_ctas']} | {ms['gqa'] * 1000:.1f} / {ms['read'] * 1000:.1f} | "
+            f"{p['step_span_us']:.1f} / {p['decode_span_us']:.1f} / {p['read_span_us']:.1f} | "
+            f"{p['ready_us']:.2f} / {p['issued_us']:.2f} / {p['landed_us']:.2f} | "
+            f"{p['epilogue_us']:.2f} | {'-' if merge is None else f'{merge:.2f}'} |")
+    return lines
+
+
 def main() -> None:
     attention = load_result("h200", "attention")
     print("\n".join(decode_table(attention)), end="\n\n")
@@ -532,6 +553,7 @@ def main() -> None:
     print("\n".join(block_order_table(load_result("h200", "attention_block_order"))),
           end="\n\n")
     print("\n".join(read_table(load_result("h200", "attention_read"))), end="\n\n")
+    print("\n".join(timeline_table(load_result("h200", "timeline"))), end="\n\n")
     for mode, (worst, median, within, total) in auto_summary(attention).items():
         print(f"auto ({mode}): worst {worst:.3f}x, median {median:.3f}x, within 3% at {within} "
               f"of {total}")

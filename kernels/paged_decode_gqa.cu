@@ -47,7 +47,10 @@
 //     Launched as a programmatic dependent of gqa_decode (sm_90: every decode CTA signals
 //     griddepcontrol.launch_dependents at its start, the merge's griddepcontrol.wait returns once
 //     the decode grid has finished and its writes are visible), so the merge's launch overlaps
-//     the decode's tail. Launched plainly, both instructions do nothing.
+//     the decode's tail. Launched plainly, both instructions do nothing. It reads the partials
+//     with ld.global.cg after the wait (see gqa_merge).
+//   Built with KVLAB_TIMELINE defined, both stamp each CTA's start, stages and end for
+//   `bench timeline` (timeline.cuh); otherwise the stamps compile to nothing.
 //
 // Design (WARPS = 4 or 8 warps per CTA; each warp runs its own cp.async pipeline, no CTA barrier
 // in the loop):
@@ -297,6 +300,15 @@
 //       scatter them over the pool; in order (attention_block_order.json, revision 4b3b419) gqa
 //       ran 0.992-1.017x SDPA there on the 8-KV-head models, against 0.979-1.012x scattered
 //       (benchmarks/README.md, "Blocks in order").
+//       Where a small step's time goes, CTA by CTA (timeline.json, revision 1be3641; benchmarks/
+//       README.md, "Where a small step's time goes"): a CTA holds its first block ids 0.26-0.51 us
+//       after it starts and its first tile 2.0-3.9 us after; it spends 0.51-0.80 us after its
+//       loop; the merge ends 1.9-2.4 us after the decode grid's last CTA.
+//       Tried and dropped (observed, not recorded; one loop a point against the build before,
+//       12 points of the four models): K/V copies tagged L2::evict_first (createpolicy), so that
+//       streamed K/V would not evict the partials before the merge reads them, timed together
+//       with the merge's index math moved ahead of its wait (kept): 0.992-1.009x, median 1.003x,
+//       and the merge took as long.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

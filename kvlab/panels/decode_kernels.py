@@ -15,6 +15,9 @@ longest sequence, vllm_v1 and the read (recorded: `attention_mixed.json`; measur
 through the pool, and SDPA, without prefetch (recorded: `attention_block_order.json`; measured:
 `--in-order`). The read is recorded in `attention_read.json`, a run of its own beside gqa and SDPA
 (`kvlab.results.ATTENTION`); a Run times it in the point's loop.
+A third figure draws one gqa step CTA by CTA beside a read of the same bytes, at the traced point
+nearest the model, batch and context (recorded: `timeline.json`; on a GPU the Trace CTAs button
+traces the point, `trace_point`).
 """
 
 from __future__ import annotations
@@ -29,7 +32,14 @@ from kvlab.device import backend, device_label
 from kvlab.kernels import FAMILIES
 from kvlab.kernels.prefetch import MAX_DISTANCE, MODES, PrefetchConfig
 from kvlab.panels.widgets import control_grid, figure_widget, labeled, show_figure
-from kvlab.results import ATTENTION, label, load_results, nearest_rows, recorded_models
+from kvlab.results import (
+    ATTENTION,
+    label,
+    load_results,
+    nearest_point,
+    nearest_rows,
+    recorded_models,
+)
 from kvlab.viz.kernels import (
     bandwidth_figure,
     block_order_figure,
@@ -39,6 +49,7 @@ from kvlab.viz.kernels import (
     variant,
 )
 from kvlab.viz.layout import note_figure
+from kvlab.viz.timeline import timeline_figure
 from kvlab.workload import lognormal_spec
 
 RECORDED = ATTENTION  # (machine, result names) of the recorded results shown without a GPU
@@ -46,15 +57,18 @@ RECORDED_FP8 = ("h200", ("attention_fp8",))  # gqa on fp8 against fp16, prefetch
 RECORDED_MIXED = ("h200", ("attention_mixed",))  # mixed lengths, prefetch none, block 16
 # both block orders, prefetch none, block 16
 RECORDED_BLOCK_ORDER = ("h200", ("attention_block_order",))
+RECORDED_TIMELINE = ("h200", ("timeline",))  # traced steps: gqa and the read, CTA by CTA
 KV_DTYPES = ("float16", "fp8")
 BLOCK_ORDERS = ("scattered", "in order")  # of the cache's blocks in its pool
 # "equal": one context for the batch; else kvlab.workload.lognormal_spec's specs, as recorded
 LENGTHS = ("equal", "lognormal:3200,16384", "lognormal:3200,32768", "lognormal:1536,2048")
 MIXED_FLAGS = ("--kernels", "vllm_v1", "gqa", "read", "--prefetch", "none")  # as attention_mixed
 BLOCK_SIZES = (8, 16, 32, 64, 128, 256)  # gqa's; vllm_v1 supports 8, 16, 32
-FIGURE_HEIGHTS = {"bandwidth": 440, "speedup": 440}
+FIGURE_HEIGHTS = {"bandwidth": 440, "speedup": 440, "timeline": 620}
+TRACE_RUNS, TRACE_STEPS = 10, 3  # a traced point's timed runs and traced steps on a GPU
+TIMELINE_TITLE = "A decode step, CTA by CTA: where the time goes"
 
-__all__ = ["DecodeKernelsTab", "measure_point"]
+__all__ = ["DecodeKernelsTab", "measure_point", "trace_point"]
 
 
 def measure_point(
@@ -86,6 +100,20 @@ def measure_point(
     return result
 
 
+def trace_point(model: str, batch: int, context: int) -> dict:
+    """Trace one point on this GPU as `python -m kvlab bench timeline` does (TRACE_RUNS timed
+    runs, TRACE_STEPS traced steps; the copy roofline measured first): its row
+    (`kvlab.bench.timeline.point_row`), the roofline in `roofline_copy_gbps`. Needs torch with
+    CUDA and CuPy."""
+    from kvlab.bench.timeline import point_row  # imports torch and CuPy: the GPU path only
+    from kvlab.timing import Timer, copy_roofline_gbps
+
+    timer = Timer("cuda", num_runs=TRACE_RUNS)
+    roofline = copy_roofline_gbps(timer)
+    return {**point_row(model, batch, context, timer, TRACE_STEPS, roofline),
+            "roofline_copy_gbps": roofline}
+
+
 def _gqa_text(model: str) -> str:
     m = MODELS[model]
     return f"{m.num_qo_heads}:{m.num_kv_heads} (group of {m.num_qo_heads // m.num_kv_heads})"
@@ -100,9 +128,9 @@ class DecodeKernelsTab:
 
     controls: model, block_size, batch, context (disabled while lengths are mixed), kernel,
         prefetch, distance, gqa_ratio (read-only, the model's num_qo_heads:num_kv_heads),
-        kv_dtype, lengths, blocks. figures: bandwidth, speedup (`FigurePane`s).
-    On the "cuda" backend, `run_button` measures the chosen point (`progress` follows it);
-    on "sim" both are None and the recorded result `RECORDED` is shown.
+        kv_dtype, lengths, blocks. figures: bandwidth, speedup, timeline (`FigurePane`s).
+    On the "cuda" backend, `run_button` measures the chosen point (`progress` follows it) and
+    `trace_button` traces it; on "sim" they are None and the recorded results are shown.
     """
 
     key = "decode_kernels"
@@ -123,13 +151,15 @@ class DecodeKernelsTab:
     ):
         self.backend = backend()
         self.recorded = load_results(*RECORDED)
-        self.recorded_fp8, self.recorded_mixed, self.recorded_order = map(
-            _recorded_or_none, (RECORDED_FP8, RECORDED_MIXED, RECORDED_BLOCK_ORDER))
+        self.recorded_fp8, self.recorded_mixed, self.recorded_order, self.recorded_timeline = map(
+            _recorded_or_none,
+            (RECORDED_FP8, RECORDED_MIXED, RECORDED_BLOCK_ORDER, RECORDED_TIMELINE))
         block_sizes = BLOCK_SIZES if self.backend == "cuda" else sorted(
             {r["block_size"] for r in self.recorded["rows"]} - {None})
         # `_key()`: (model, batch, context, block_size, distance, fp8, lengths, in_order) ->
         # result of measure_point
         self.measured: dict[tuple, dict] = {}
+        self.traced: dict[tuple, dict] = {}  # (model, batch, context) -> trace_point's row
         self.controls = {
             "model": labeled(
                 widgets.Dropdown, "model", options=list(MODELS), value=model
@@ -162,11 +192,13 @@ class DecodeKernelsTab:
         }
         self.figures = {name: figure_widget(h) for name, h in FIGURE_HEIGHTS.items()}
         self.status = widgets.HTML()
-        self.run_button = self.progress = None
+        self.run_button = self.progress = self.trace_button = None
         if self.backend == "cuda":
             self.run_button = widgets.Button(description="Run", button_style="primary")
             self.progress = widgets.IntProgress(min=0, max=1, value=0, description="measuring")
             self.run_button.on_click(self.run)
+            self.trace_button = widgets.Button(description="Trace CTAs")
+            self.trace_button.on_click(self.trace)
         for name, control in self.controls.items():
             if name != "gqa_ratio":
                 control.observe(self.refresh, names="value")
@@ -175,7 +207,8 @@ class DecodeKernelsTab:
 
     def _layout(self) -> widgets.Widget:
         c = self.controls
-        run = [self.run_button, self.progress] if self.run_button is not None else []
+        run = ([self.run_button, self.progress, self.trace_button]
+               if self.run_button is not None else [])
         order = ("model", "kernel", "gqa_ratio", "block_size", "batch", "prefetch", "context",
                  "distance", "kv_dtype", "lengths", "blocks")
         return widgets.VBox([control_grid([c[name] for name in order]), widgets.HBox(run),
@@ -201,11 +234,19 @@ class DecodeKernelsTab:
                                                    lengths=lengths, in_order=in_order)
         self.refresh()
 
+    def trace(self, button=None) -> None:
+        """Trace the chosen model, batch and context on this GPU (`trace_point`), then show it."""
+        v = {name: control.value for name, control in self.controls.items()}
+        key = (v["model"], v["batch"], v["context"])
+        self.traced[key] = trace_point(*key)
+        self.refresh()
+
     def refresh(self, change=None) -> None:
         """Show the measured result for the controls if there is one, else the recorded one."""
         v = {name: control.value for name, control in self.controls.items()}
         self.controls["gqa_ratio"].value = _gqa_text(v["model"])
         self.controls["context"].disabled = v["lengths"] != "equal"  # the lengths set it
+        self._refresh_timeline(v)
         if v["lengths"] != "equal":
             self._refresh_mixed(v)
             return
@@ -400,6 +441,42 @@ class DecodeKernelsTab:
             FIGURE_HEIGHTS["bandwidth"]))
         show_figure(self.figures["speedup"], block_order_figure(
             result["rows"], v["model"], provenance, FIGURE_HEIGHTS["speedup"]))
+
+    def _refresh_timeline(self, v: dict) -> None:
+        """The timeline figure: the step traced here at the model, batch and context if there is
+        one, else the recorded one nearest them; the command that records one where the model
+        has none."""
+        row = self.traced.get((v["model"], v["batch"], v["context"]))
+        notes = []
+        if row is not None:
+            provenance = device_label()
+        else:
+            result = self.recorded_timeline
+            if result is None or v["model"] not in recorded_models(result):
+                command = (f"python -m kvlab bench timeline --models {v['model']} --points "
+                           f"{v['batch']}x{v['context']}")
+                where = ("press Trace CTAs to trace it here" if self.backend == "cuda" else
+                         "run on a GPU")
+                provenance = "not recorded" if result is None else f"not {label(result)}"
+                show_figure(self.figures["timeline"], note_figure(
+                    TIMELINE_TITLE, provenance, f"{v['model']}: not recorded;<br>{where}:<br>"
+                    f"{command}", FIGURE_HEIGHTS["timeline"]))
+                return
+            batch, context = nearest_point(result, v["model"], v["batch"], v["context"])
+            row = next(r for r in result["rows"] if r["model"] == v["model"]
+                       and r["batch"] == batch and r["context"] == context)
+            provenance = label(result)
+            if (batch, context) != (v["batch"], v["context"]):
+                notes.append(f"asked for batch={v['batch']} context={v['context']}: the nearest "
+                             "traced point shown")
+            if self.backend == "cuda":
+                notes.append("press Trace CTAs to trace this point on this GPU")
+        if (v["kv_dtype"], v["lengths"], v["blocks"]) != ("float16", "equal", "scattered") or (
+                v["block_size"] != row["block_size"]):
+            notes.append(f"traced on an fp16 cache of block {row['block_size']}, blocks "
+                         "scattered, equal lengths")
+        show_figure(self.figures["timeline"], timeline_figure(
+            row, provenance, FIGURE_HEIGHTS["timeline"], note="; ".join(notes)))
 
     def _show_not_recorded(self, v: dict, fp8: bool = False, in_order: bool = False) -> None:
         """Figures and status for a model with no recorded rows: the command that records it."""

@@ -153,7 +153,7 @@ def test_a_reload_brings_every_figure_back_with_its_data(walkthrough):
         out.get_by_role("tab", name=tab).click()
         time.sleep(1)
     plots = [p for p in wait_for_plots(page, timeout_s=90) if p["in_dashboard"]]
-    assert len(plots) == live == 14
+    assert len(plots) == live == 15
     empty = [i for i, p in enumerate(plots) if not p["note"] and not (p["traces"] and p["points"])]
     assert not empty, f"dashboard charts without data after a reload: {empty} of {live}"
     assert page.evaluate(STATIC_FIGURES) == static >= 10

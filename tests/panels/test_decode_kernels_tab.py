@@ -32,7 +32,7 @@ def test_dashboard_has_the_tab_after_paged_cache(monkeypatch):
     dash = dashboard()
     assert list(dash.controls)[1] == "decode_kernels"
     assert dash.tab_widget.titles[1] == "Decode kernels"
-    assert set(dash.figures["decode_kernels"]) == {"bandwidth", "speedup"}
+    assert set(dash.figures["decode_kernels"]) == {"bandwidth", "speedup", "timeline"}
 
 
 def test_sim_shows_recorded_rows_and_no_run_button(tab):
@@ -95,7 +95,8 @@ def test_unrecorded_model_shows_the_command_that_records_it(tab):
         assert figure.data == ()
         (note,) = figure.layout.annotations
         assert "tiny-llama: not recorded" in note.text
-        assert "python -m kvlab bench attention --models tiny-llama" in note.text
+        bench = "timeline" if pane is tab.figures["timeline"] else "attention"
+        assert f"python -m kvlab bench {bench} --models tiny-llama" in note.text
         assert "not recorded on NVIDIA H200" in figure.layout.title.text
     tab.controls["model"].value = "llama3-8b"  # back to recorded: the notes are gone
     assert tab.figures["bandwidth"].figure.layout.annotations == ()
@@ -331,3 +332,71 @@ def test_run_button_measures_the_point_on_this_gpu(monkeypatch):
     bars = tab.figures["bandwidth"].figure.data[0]
     assert {"sdpa", "read", "gqa / none", "vllm_v1 / bulk K+V d=2"} <= set(bars.y)
     assert all(gbps > 0 for gbps in bars.x)
+
+
+def timeline_row(result, model, batch, context):
+    return next(r for r in result["rows"]
+                if (r["model"], r["batch"], r["context"]) == (model, batch, context))
+
+
+def test_the_timeline_shows_the_nearest_traced_step(tab):
+    recorded = load_results("h200", ("timeline",))
+    tab.controls["batch"].value, tab.controls["context"].value = 1, 30000
+    fig = tab.figures["timeline"].figure
+    title = fig.layout.title.text
+    assert "llama3-8b batch=1 context=32768" in title and "recorded on NVIDIA H200" in title
+    assert "asked for batch=1 context=30000: the nearest traced point shown" in title
+    row = timeline_row(recorded, "llama3-8b", 1, 32768)
+    main = next(d for d in fig.data if d.name == "decode: main loop")
+    starts = [x for x in main.x[0::3]]
+    assert starts == [t / 1000 for t in row["trace"]["decode"]["landed"]]
+    assert any(d.name.startswith("merge:") for d in fig.data)  # a split step
+    tab.controls["batch"].value, tab.controls["context"].value = 16, 1024
+    fig = tab.figures["timeline"].figure
+    assert "nearest" not in fig.layout.title.text
+    assert not any(d.name.startswith("merge:") for d in fig.data)
+
+
+def test_the_timeline_says_what_it_traced_in_other_views(tab):
+    tab.controls["kv_dtype"].value = "fp8"
+    assert ("traced on an fp16 cache of block 16, blocks scattered, equal lengths"
+            in tab.figures["timeline"].figure.layout.title.text)
+
+
+def test_a_model_without_a_traced_step_shows_the_command(tab):
+    tab.controls["model"].value = "opt-6.7b"
+    note = tab.figures["timeline"].figure.layout.annotations[0].text
+    assert "opt-6.7b: not recorded;<br>run on a GPU:" in note
+    assert "python -m kvlab bench timeline --models opt-6.7b --points 16x8192" in note
+
+
+def test_trace_button_wiring_with_a_fake_trace(monkeypatch):
+    import kvlab.panels.decode_kernels as module
+
+    recorded = load_results("h200", ("timeline",))
+    calls = []
+
+    def fake_trace(model, batch, context):
+        calls.append((model, batch, context))
+        return timeline_row(recorded, "llama3-8b", 16, 1024)
+
+    monkeypatch.setattr(module, "backend", lambda: "cuda")
+    monkeypatch.setattr(module, "device_label", lambda: "measured on FAKE GPU")
+    monkeypatch.setattr(module, "trace_point", fake_trace)
+    tab = module.DecodeKernelsTab(batch=16, context=1024)
+    assert "press Trace CTAs" in tab.figures["timeline"].figure.layout.title.text
+    tab.trace_button.click()
+    assert calls == [("llama3-8b", 16, 1024)]
+    title = tab.figures["timeline"].figure.layout.title.text
+    assert "measured on FAKE GPU" in title and "press Trace CTAs" not in title
+
+
+@pytest.mark.gpu
+def test_trace_button_traces_the_point_on_this_gpu(monkeypatch):
+    monkeypatch.delenv("KVLAB_BACKEND", raising=False)
+    tab = DecodeKernelsTab(model="llama3-8b", batch=1, context=4096)
+    tab.trace_button.click()
+    fig = tab.figures["timeline"].figure
+    assert "measured on" in fig.layout.title.text
+    assert "llama3-8b batch=1 context=4096" in fig.layout.title.text
+    assert any(d.name.startswith("merge:") for d in fig.data)

@@ -112,9 +112,7 @@ def median_phases(traces: list[dict[str, float]]) -> dict[str, float]:
 
 
 def _global(module):
-    from kvlab.kernels.loader import import_cupy
-
-    cupy = import_cupy()
+    cupy = loader.import_cupy()
     return cupy.ndarray((REGIONS, MAX_CTAS, SLOTS), cupy.uint64,
                         module.get_global("kvlab_timeline"))
 

@@ -467,14 +467,14 @@ class DecodeKernelsTab:
                        and r["batch"] == batch and r["context"] == context)
             provenance = label(result)
             if (batch, context) != (v["batch"], v["context"]):
-                notes.append(f"asked for batch={v['batch']} context={v['context']}: the nearest "
+                notes.append(f"asked for batch={v['batch']} context={v['context']}: nearest "
                              "traced point shown")
             if self.backend == "cuda":
                 notes.append("press Trace CTAs to trace this point on this GPU")
         if (v["kv_dtype"], v["lengths"], v["blocks"]) != ("float16", "equal", "scattered") or (
                 v["block_size"] != row["block_size"]):
-            notes.append(f"traced on an fp16 cache of block {row['block_size']}, blocks "
-                         "scattered, equal lengths")
+            notes.append(f"traced: fp16, block {row['block_size']}, scattered blocks, equal "
+                         "lengths")
         show_figure(self.figures["timeline"], timeline_figure(
             row, provenance, FIGURE_HEIGHTS["timeline"], note="; ".join(notes)))
 

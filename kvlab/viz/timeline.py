@@ -81,9 +81,9 @@ def timeline_figure(row: dict, provenance: str, height: int = 620, note: str = "
     fig.update_xaxes(title_text="us after the launch's first CTA started", row=2, col=1)
     ms = row["ms"]
     details = [f"{row['model']} batch={row['batch']} context={row['context']}, fp16, block "
-               f"{row['block_size']}, blocks scattered; timed: gqa {ms['gqa'] * 1000:.1f} us, "
-               f"read {ms['read'] * 1000:.1f} us (a traced step: the median span of "
-               f"{len(row['phases_runs'])})"]
+               f"{row['block_size']}, scattered blocks",
+               f"timed: gqa {ms['gqa'] * 1000:.1f} us, read {ms['read'] * 1000:.1f} us; drawn: "
+               f"the median of {len(row['phases_runs'])} traced steps"]
     if note:
         details.append(note)
     fig.update_layout(plot_bgcolor="white")

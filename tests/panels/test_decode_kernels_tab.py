@@ -345,7 +345,7 @@ def test_the_timeline_shows_the_nearest_traced_step(tab):
     fig = tab.figures["timeline"].figure
     title = fig.layout.title.text
     assert "llama3-8b batch=1 context=32768" in title and "recorded on NVIDIA H200" in title
-    assert "asked for batch=1 context=30000: the nearest traced point shown" in title
+    assert "asked for batch=1 context=30000: nearest traced point shown" in title
     row = timeline_row(recorded, "llama3-8b", 1, 32768)
     main = next(d for d in fig.data if d.name == "decode: main loop")
     starts = [x for x in main.x[0::3]]
@@ -359,7 +359,7 @@ def test_the_timeline_shows_the_nearest_traced_step(tab):
 
 def test_the_timeline_says_what_it_traced_in_other_views(tab):
     tab.controls["kv_dtype"].value = "fp8"
-    assert ("traced on an fp16 cache of block 16, blocks scattered, equal lengths"
+    assert ("traced: fp16, block 16, scattered blocks, equal lengths"
             in tab.figures["timeline"].figure.layout.title.text)
 
 

@@ -515,15 +515,18 @@ def timeline_table(result: dict) -> list[str]:
     (results/h200/timeline.json): per point, the timed medians, the traced spans (the step's, its
     decode launch's and the read's), when a decode CTA has its block ids, has issued its first
     copies and holds its first tile, its time after its loop, and the merge's end after the
-    decode launch's last CTA (medians of the traced steps)."""
+    decode launch's last CTA (medians of the traced steps). A batch of mixed lengths is named by
+    its mean and longest length."""
     lines = ["| model (q:kv) | point | CTAs | timed, us: gqa / read | traced span, us: step / "
              "decode / read | per CTA, us: block ids / copies issued / first tile | after the "
              "loop, us | merge, us after the decode |", "|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         p, ms = r["phases"], r["ms"]
         merge = p.get("merge_end_after_us")
+        point = (f"{r['batch']} x ~{_context(r['context'])} (longest {_context(r['max_context'])})"
+                 if "lengths" in r else f"{r['batch']} x {_context(r['context'])}")
         lines.append(
-            f"| {r['model']} ({_heads(r['model'])}) | {r['batch']} x {_context(r['context'])} | "
+            f"| {r['model']} ({_heads(r['model'])}) | {point} | "
             f"{p['decode_ctas']} | {ms['gqa'] * 1000:.1f} / {ms['read'] * 1000:.1f} | "
             f"{p['step_span_us']:.1f} / {p['decode_span_us']:.1f} / {p['read_span_us']:.1f} | "
             f"{p['ready_us']:.2f} / {p['issued_us']:.2f} / {p['landed_us']:.2f} | "

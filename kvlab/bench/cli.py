@@ -236,7 +236,12 @@ def _add_timeline(parser: argparse.ArgumentParser) -> None:
                                                         "qwen2.5-14b"], choices=list(MODELS),
                         metavar="MODEL", help=f"one or more of {', '.join(MODELS)}")
     parser.add_argument("--points", nargs="+", type=batch_x_context, metavar="BATCHxCONTEXT",
-                        default=[(1, 32768), (1, 8192), (16, 1024), (16, 4096)])
+                        help="default: 1x32768 1x8192 16x1024 16x4096")
+    parser.add_argument("--lengths", nargs="+", type=lengths_spec, metavar="SPEC",
+                        help="batches of mixed lengths instead of --points: lognormal:MEAN,MAX "
+                             "(sigma 1, seed 0) per --batches size")
+    parser.add_argument("--batches", nargs="+", type=positive_int,
+                        help="the sizes of the --lengths batches (default: 16 64)")
     parser.add_argument("--runs", type=positive_int, default=25,
                         help="timed runs of gqa and of the read per point (median)")
     parser.add_argument("--traces", type=positive_int, default=7,

@@ -1,13 +1,15 @@
 """Where a decode step's time goes, CTA by CTA: `python -m kvlab bench timeline`.
 
-At each point (model, BATCHxCONTEXT; fp16, block 16, blocks scattered over the pool as in
-`bench attention`), one loop times `gqa` and a plain read of the point's K/V bytes in turn
+At each point (model, BATCHxCONTEXT, or a batch of mixed lengths with `--lengths
+lognormal:MEAN,MAX` as in `bench attention`; fp16, block 16, blocks scattered over the pool),
+one loop times `gqa` and a plain read of the point's K/V bytes in turn
 (`kvlab.timing.Timer`: L2 flushed by a read, medians of --runs), with the copy roofline measured
 in the same run. Then --traces steps of each are traced, in turn, on builds of the same kernels
 that stamp every CTA's start, stages and end (`kvlab.kernels.timeline`), prepared as the timed
 runs are. Each row holds the timed medians, the phases of each traced step and their medians
 (`kvlab.kernels.timeline.phases`), and the stamps of the traced step whose span is the median
-(what the dashboard draws).
+(what the dashboard draws). A row of mixed lengths carries `lengths` (the spec), `context` (the
+batch's mean length, rounded) and `max_context`.
 
 The gap between a small step and a read of its bytes is the sum of what a read does not do: the
 block table read before the first K/V copy (`ready_us`), the last tile's math and the epilogue
@@ -32,13 +34,32 @@ from kvlab.kernels.geometry import GQA_MAX_GROUP
 from kvlab.kernels.read import PlainRead
 from kvlab.kernels.timeline import Tracer, median_phases, phases
 from kvlab.timing import METHOD, Timer, copy_roofline_gbps
+from kvlab.workload import lognormal_lengths, lognormal_spec
 
 BLOCK_SIZE = 16
+DEFAULT_POINTS = [(1, 32768), (1, 8192), (16, 1024), (16, 4096)]
+DEFAULT_BATCHES = [16, 64]  # of each --lengths spec
+
+
+def shapes(args) -> list[tuple[int, int | str]]:
+    """(batch, context or lengths spec) of each point, for every model: each --lengths spec at
+    each of --batches (default DEFAULT_BATCHES), else --points (default DEFAULT_POINTS)."""
+    if args.lengths:
+        return [(b, spec) for b in (args.batches or DEFAULT_BATCHES) for spec in args.lengths]
+    return list(args.points or DEFAULT_POINTS)
 
 
 def check(args) -> None:
-    """Raise ValueError for a model `gqa` cannot run, or without a CUDA GPU and CuPy."""
+    """Raise ValueError for points given two ways, a model `gqa` cannot run, or without a CUDA
+    GPU and CuPy."""
     from kvlab.device import backend
+
+    if args.points and args.lengths:
+        raise ValueError("--points and --lengths: give one (--points are batches of equal "
+                         "lengths)")
+    if args.batches and not args.lengths:
+        raise ValueError("--batches: the sizes of the --lengths batches; without --lengths "
+                         "give --points")
 
     for name in args.models:
         m = MODELS[name]
@@ -51,16 +72,24 @@ def check(args) -> None:
                          "and CuPy (kvlab.backend() is 'sim' here)")
 
 
-def point_row(name: str, batch: int, context: int, timer: Timer, num_traces: int,
+def point_row(name: str, batch: int, shape: int | str, timer: Timer, num_traces: int,
               roofline_gbps: float) -> dict:
-    """Time and trace one point (see the module's docstring)."""
+    """Time and trace one point: `batch` sequences of `shape` tokens, or of the lengths of a
+    lognormal spec (see the module's docstring)."""
     m = MODELS[name]
-    cache, ids, _ = filled_cache(batch, context, BLOCK_SIZE, m.num_kv_heads, m.head_dim,
+    if isinstance(shape, str):  # mixed lengths
+        lengths = lognormal_lengths(batch, *lognormal_spec(shape))
+        context, tokens = round(float(lengths.mean())), int(lengths.sum())
+        mixed = {"lengths": shape, "max_context": int(lengths.max())}
+        shape = lengths.tolist()
+    else:
+        context, tokens, mixed = shape, batch * shape, {}
+    cache, ids, _ = filled_cache(batch, shape, BLOCK_SIZE, m.num_kv_heads, m.head_dim,
                                  layout="hnd", dtype=torch.float16)
     q = torch.randn(batch, m.num_qo_heads, m.head_dim, device=cache.device,
                     dtype=torch.float16)
     out = torch.empty_like(q)
-    kv_bytes = 2 * batch * context * m.kv_size * 2
+    kv_bytes = 2 * tokens * m.kv_size * 2
     tracer = Tracer(cache, ids, m.num_qo_heads, kv_bytes)
     plan, read = DecodePlan(cache, ids, m.num_qo_heads, "gqa"), PlainRead(kv_bytes, cache.device)
     times = timer.times_ms({"gqa": lambda: plan.run(q, out=out), "read": read.read})
@@ -81,7 +110,8 @@ def point_row(name: str, batch: int, context: int, timer: Timer, num_traces: int
     ms = {k: statistics.median(v) for k, v in times.items()}
     gbps = {k: kv_bytes / (v * 1e-3) / 1e9 for k, v in ms.items()}
     return {"model": name, "num_qo_heads": m.num_qo_heads, "num_kv_heads": m.num_kv_heads,
-            "batch": batch, "context": context, "block_size": BLOCK_SIZE, "kv_bytes": kv_bytes,
+            "batch": batch, "context": context, **mixed, "block_size": BLOCK_SIZE,
+            "kv_bytes": kv_bytes,
             "partition_size": launcher.partition_size if launcher.num_partitions > 1 else 0,
             "num_partitions": launcher.num_partitions, "warps": launcher.warps,
             "ms": {k: round(v, 5) for k, v in ms.items()},
@@ -101,10 +131,10 @@ def run(args) -> dict:
     result["roofline_copy_gbps"] = round(copy_roofline_gbps(timer), 1)
     result["clocks_after_roofline"] = gpu_state()
     result["rows"] = []
-    points = [(name, batch, context) for name in args.models for batch, context in args.points]
-    for i, (name, batch, context) in enumerate(points):
-        print(f"[{i + 1}/{len(points)}] {name} {batch}x{context}", file=sys.stderr)
-        result["rows"].append(point_row(name, batch, context, timer, args.traces,
+    points = [(name, batch, shape) for name in args.models for batch, shape in shapes(args)]
+    for i, (name, batch, shape) in enumerate(points):
+        print(f"[{i + 1}/{len(points)}] {name} {batch}x{shape}", file=sys.stderr)
+        result["rows"].append(point_row(name, batch, shape, timer, args.traces,
                                         result["roofline_copy_gbps"]))
         torch.cuda.empty_cache()
         write_checkpoint(args.checkpoint, result)
@@ -122,6 +152,7 @@ def report(result: dict) -> str:
     for r in result["rows"]:
         p, ms, pct = r["phases"], r["ms"], r["pct_roofline"]
         merge = p.get("merge_end_after_us")
+        mixed = f" mixed, longest {r['max_context']}" if "lengths" in r else ""
         lines.append(
             f"{r['model']:<12} {r['batch']:>3}x{r['context']:<5} "
             f"{ms['gqa'] * 1000:>6.1f} ({pct['gqa']:>5.1f}%) "
@@ -129,5 +160,5 @@ def report(result: dict) -> str:
             f"{p['step_span_us']:>6.1f} {p['read_span_us']:>6.1f} {p['ready_us']:>6.2f} "
             f"{p['issued_us']:>6.2f} "
             f"{p['landed_us']:>6.2f} {p['loop_us']:>6.1f} {p['epilogue_us']:>6.2f} "
-            + (f"{merge:>6.2f}" if merge is not None else f"{'-':>6}"))
+            + (f"{merge:>6.2f}" if merge is not None else f"{'-':>6}") + mixed)
     return "\n".join(lines)

@@ -16,8 +16,8 @@ through the pool, and SDPA, without prefetch (recorded: `attention_block_order.j
 `--in-order`). The read is recorded in `attention_read.json`, a run of its own beside gqa and SDPA
 (`kvlab.results.ATTENTION`); a Run times it in the point's loop.
 A third figure draws one gqa step CTA by CTA beside a read of the same bytes, at the traced point
-nearest the model, batch and context (recorded: `timeline.json`; on a GPU the Trace CTAs button
-traces the point, `trace_point`).
+nearest the model, batch and context, or batch of mixed lengths (recorded: `timeline.json`,
+`timeline_mixed.json`; on a GPU the Trace CTAs button traces the point, `trace_point`).
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ RECORDED_MIXED = ("h200", ("attention_mixed",))  # mixed lengths, prefetch none,
 # both block orders, prefetch none, block 16
 RECORDED_BLOCK_ORDER = ("h200", ("attention_block_order",))
 RECORDED_TIMELINE = ("h200", ("timeline",))  # traced steps: gqa and the read, CTA by CTA
+RECORDED_TIMELINE_MIXED = ("h200", ("timeline_mixed",))  # the same, batches of mixed lengths
 KV_DTYPES = ("float16", "fp8")
 BLOCK_ORDERS = ("scattered", "in order")  # of the cache's blocks in its pool
 # "equal": one context for the batch; else kvlab.workload.lognormal_spec's specs, as recorded
@@ -100,9 +101,10 @@ def measure_point(
     return result
 
 
-def trace_point(model: str, batch: int, context: int) -> dict:
+def trace_point(model: str, batch: int, shape: int | str) -> dict:
     """Trace one point on this GPU as `python -m kvlab bench timeline` does (TRACE_RUNS timed
-    runs, TRACE_STEPS traced steps; the copy roofline measured first): its row
+    runs, TRACE_STEPS traced steps; the copy roofline measured first): `batch` sequences of
+    `shape` tokens, or of a lognormal lengths spec. Returns its row
     (`kvlab.bench.timeline.point_row`), the roofline in `roofline_copy_gbps`. Needs torch with
     CUDA and CuPy."""
     from kvlab.bench.timeline import point_row  # imports torch and CuPy: the GPU path only
@@ -110,8 +112,13 @@ def trace_point(model: str, batch: int, context: int) -> dict:
 
     timer = Timer("cuda", num_runs=TRACE_RUNS)
     roofline = copy_roofline_gbps(timer)
-    return {**point_row(model, batch, context, timer, TRACE_STEPS, roofline),
+    return {**point_row(model, batch, shape, timer, TRACE_STEPS, roofline),
             "roofline_copy_gbps": roofline}
+
+
+def _trace_key(v: dict) -> tuple:
+    """What the timeline traces at the controls `v`: (model, batch, context or lengths spec)."""
+    return v["model"], v["batch"], v["context"] if v["lengths"] == "equal" else v["lengths"]
 
 
 def _gqa_text(model: str) -> str:
@@ -151,15 +158,16 @@ class DecodeKernelsTab:
     ):
         self.backend = backend()
         self.recorded = load_results(*RECORDED)
-        self.recorded_fp8, self.recorded_mixed, self.recorded_order, self.recorded_timeline = map(
-            _recorded_or_none,
-            (RECORDED_FP8, RECORDED_MIXED, RECORDED_BLOCK_ORDER, RECORDED_TIMELINE))
+        (self.recorded_fp8, self.recorded_mixed, self.recorded_order, self.recorded_timeline,
+         self.recorded_timeline_mixed) = map(_recorded_or_none, (
+            RECORDED_FP8, RECORDED_MIXED, RECORDED_BLOCK_ORDER, RECORDED_TIMELINE,
+            RECORDED_TIMELINE_MIXED))
         block_sizes = BLOCK_SIZES if self.backend == "cuda" else sorted(
             {r["block_size"] for r in self.recorded["rows"]} - {None})
         # `_key()`: (model, batch, context, block_size, distance, fp8, lengths, in_order) ->
         # result of measure_point
         self.measured: dict[tuple, dict] = {}
-        self.traced: dict[tuple, dict] = {}  # (model, batch, context) -> trace_point's row
+        self.traced: dict[tuple, dict] = {}  # `_trace_key` -> trace_point's row
         self.controls = {
             "model": labeled(
                 widgets.Dropdown, "model", options=list(MODELS), value=model
@@ -235,9 +243,10 @@ class DecodeKernelsTab:
         self.refresh()
 
     def trace(self, button=None) -> None:
-        """Trace the chosen model, batch and context on this GPU (`trace_point`), then show it."""
+        """Trace the chosen model and batch (of the context, or of the mixed lengths) on this
+        GPU (`trace_point`), then show it."""
         v = {name: control.value for name, control in self.controls.items()}
-        key = (v["model"], v["batch"], v["context"])
+        key = _trace_key(v)
         self.traced[key] = trace_point(*key)
         self.refresh()
 
@@ -443,18 +452,22 @@ class DecodeKernelsTab:
             result["rows"], v["model"], provenance, FIGURE_HEIGHTS["speedup"]))
 
     def _refresh_timeline(self, v: dict) -> None:
-        """The timeline figure: the step traced here at the model, batch and context if there is
-        one, else the recorded one nearest them; the command that records one where the model
-        has none."""
-        row = self.traced.get((v["model"], v["batch"], v["context"]))
+        """The timeline figure: the step traced here at the controls if there is one, else the
+        recorded one nearest them (of the same lengths spec where they are mixed); the command
+        that records one where the model has none."""
+        mixed = v["lengths"] != "equal"
+        row = self.traced.get(_trace_key(v))
         notes = []
         if row is not None:
             provenance = device_label()
         else:
-            result = self.recorded_timeline
-            if result is None or v["model"] not in recorded_models(result):
-                command = (f"python -m kvlab bench timeline --models {v['model']} --points "
-                           f"{v['batch']}x{v['context']}")
+            result = self.recorded_timeline_mixed if mixed else self.recorded_timeline
+            rows = [r for r in (result or {}).get("rows", ()) if r["model"] == v["model"]
+                    and r.get("lengths") == (v["lengths"] if mixed else None)]
+            if not rows:
+                shape = (f"--lengths {v['lengths']} --batches {v['batch']}" if mixed else
+                         f"--points {v['batch']}x{v['context']}")
+                command = f"python -m kvlab bench timeline --models {v['model']} {shape}"
                 where = ("press Trace CTAs to trace it here" if self.backend == "cuda" else
                          "run on a GPU")
                 provenance = "not recorded" if result is None else f"not {label(result)}"
@@ -462,19 +475,24 @@ class DecodeKernelsTab:
                     TIMELINE_TITLE, provenance, f"{v['model']}: not recorded;<br>{where}:<br>"
                     f"{command}", FIGURE_HEIGHTS["timeline"]))
                 return
-            batch, context = nearest_point(result, v["model"], v["batch"], v["context"])
-            row = next(r for r in result["rows"] if r["model"] == v["model"]
-                       and r["batch"] == batch and r["context"] == context)
+            if mixed:
+                batch = _nearest(v["batch"], sorted({r["batch"] for r in rows}))
+                row = next(r for r in rows if r["batch"] == batch)
+                if batch != v["batch"]:
+                    notes.append(f"asked for batch={v['batch']}: nearest traced batch shown")
+            else:
+                batch, context = nearest_point({"rows": rows}, v["model"], v["batch"],
+                                               v["context"])
+                row = next(r for r in rows if (r["batch"], r["context"]) == (batch, context))
+                if (batch, context) != (v["batch"], v["context"]):
+                    notes.append(f"asked for batch={v['batch']} context={v['context']}: "
+                                 "nearest traced point shown")
             provenance = label(result)
-            if (batch, context) != (v["batch"], v["context"]):
-                notes.append(f"asked for batch={v['batch']} context={v['context']}: nearest "
-                             "traced point shown")
             if self.backend == "cuda":
                 notes.append("press Trace CTAs to trace this point on this GPU")
-        if (v["kv_dtype"], v["lengths"], v["blocks"]) != ("float16", "equal", "scattered") or (
+        if (v["kv_dtype"], v["blocks"]) != ("float16", "scattered") or (
                 v["block_size"] != row["block_size"]):
-            notes.append(f"traced: fp16, block {row['block_size']}, scattered blocks, equal "
-                         "lengths")
+            notes.append("traced at the cache settings above, not this view's")
         show_figure(self.figures["timeline"], timeline_figure(
             row, provenance, FIGURE_HEIGHTS["timeline"], note="; ".join(notes)))
 

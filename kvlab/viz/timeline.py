@@ -80,8 +80,10 @@ def timeline_figure(row: dict, provenance: str, height: int = 620, note: str = "
         fig.update_yaxes(title_text="SM", row=r, col=1, rangemode="tozero")
     fig.update_xaxes(title_text="us after the launch's first CTA started", row=2, col=1)
     ms = row["ms"]
-    details = [f"{row['model']} batch={row['batch']} context={row['context']}, fp16, block "
-               f"{row['block_size']}, scattered blocks",
+    shape = (f"of {row['lengths']}: mean {row['context']}, longest {row['max_context']}"
+             if "lengths" in row else f"context={row['context']}")
+    details = [f"{row['model']} batch={row['batch']} {shape}",
+               f"fp16, block {row['block_size']}, blocks scattered over the pool",
                f"timed: gqa {ms['gqa'] * 1000:.1f} us, read {ms['read'] * 1000:.1f} us; drawn: "
                f"the median of {len(row['phases_runs'])} traced steps"]
     if note:

@@ -359,8 +359,9 @@ def test_the_timeline_shows_the_nearest_traced_step(tab):
 
 def test_the_timeline_says_what_it_traced_in_other_views(tab):
     tab.controls["kv_dtype"].value = "fp8"
-    assert ("traced: fp16, block 16, scattered blocks, equal lengths"
-            in tab.figures["timeline"].figure.layout.title.text)
+    title = tab.figures["timeline"].figure.layout.title.text
+    assert "fp16, block 16, blocks scattered over the pool" in title
+    assert "traced at the cache settings above, not this view's" in title
 
 
 def test_a_model_without_a_traced_step_shows_the_command(tab):
@@ -389,6 +390,27 @@ def test_trace_button_wiring_with_a_fake_trace(monkeypatch):
     assert calls == [("llama3-8b", 16, 1024)]
     title = tab.figures["timeline"].figure.layout.title.text
     assert "measured on FAKE GPU" in title and "press Trace CTAs" not in title
+
+
+def test_trace_button_traces_the_mixed_lengths_of_the_view(monkeypatch):
+    import kvlab.panels.decode_kernels as module
+
+    row = timeline_row(load_results("h200", ("timeline",)), "llama3-8b", 16, 1024)
+    calls = []
+
+    def fake_trace(model, batch, shape):
+        calls.append((model, batch, shape))
+        return {**row, "lengths": shape, "max_context": 7000}
+
+    monkeypatch.setattr(module, "backend", lambda: "cuda")
+    monkeypatch.setattr(module, "device_label", lambda: "measured on FAKE GPU")
+    monkeypatch.setattr(module, "trace_point", fake_trace)
+    tab = module.DecodeKernelsTab(batch=16, lengths="lognormal:3200,16384")
+    tab.trace_button.click()
+    assert calls == [("llama3-8b", 16, "lognormal:3200,16384")]
+    title = tab.figures["timeline"].figure.layout.title.text
+    assert "batch=16 of lognormal:3200,16384: mean 1024, longest 7000" in title
+    assert "measured on FAKE GPU" in title
 
 
 @pytest.mark.gpu

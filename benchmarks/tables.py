@@ -523,7 +523,7 @@ def timeline_table(result: dict) -> list[str]:
     for r in result["rows"]:
         p, ms = r["phases"], r["ms"]
         merge = p.get("merge_end_after_us")
-        point = (f"{r['batch']} x ~{_context(r['context'])} (longest {_context(r['max_context'])})"
+        point = (f"{r['batch']}, mean {r['context']}, longest {r['max_context']}"
                  if "lengths" in r else f"{r['batch']} x {_context(r['context'])}")
         lines.append(
             f"| {r['model']} ({_heads(r['model'])}) | {point} | "
@@ -557,6 +557,7 @@ def main() -> None:
           end="\n\n")
     print("\n".join(read_table(load_result("h200", "attention_read"))), end="\n\n")
     print("\n".join(timeline_table(load_result("h200", "timeline"))), end="\n\n")
+    print("\n".join(timeline_table(load_result("h200", "timeline_mixed"))), end="\n\n")
     for mode, (worst, median, within, total) in auto_summary(attention).items():
         print(f"auto ({mode}): worst {worst:.3f}x, median {median:.3f}x, within 3% at {within} "
               f"of {total}")

@@ -39,6 +39,8 @@ def tables():
             load_result("h200", "attention_block_order"))),
         ("benchmarks/README.md", lambda t: t.read_table(load_result("h200", "attention_read"))),
         ("benchmarks/README.md", lambda t: t.timeline_table(load_result("h200", "timeline"))),
+        ("benchmarks/README.md", lambda t: t.timeline_table(
+            load_result("h200", "timeline_mixed"))),
         ("benchmarks/README.md", lambda t: t.l2_validation_table(
             load_result("cpu", "l2_validation"))),
         ("benchmarks/README.md", lambda t: t.table_5_2(load_result("h200", "counters"))),

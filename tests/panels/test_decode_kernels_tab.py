@@ -371,6 +371,22 @@ def test_a_model_without_a_traced_step_shows_the_command(tab):
     assert "python -m kvlab bench timeline --models opt-6.7b --points 16x8192" in note
 
 
+def test_the_timeline_of_mixed_lengths_is_the_traced_batch_of_those_lengths(tab):
+    tab.controls["lengths"].value = "lognormal:3200,16384"
+    tab.controls["batch"].value = 50
+    title = tab.figures["timeline"].figure.layout.title.text
+    row = next(r for r in load_results("h200", ("timeline_mixed",))["rows"]
+               if r["model"] == "llama3-8b" and r["batch"] == 64
+               and r["lengths"] == "lognormal:3200,16384")
+    assert (f"batch=64 of lognormal:3200,16384: mean {row['context']}, longest "
+            f"{row['max_context']}") in title
+    assert "asked for batch=50: nearest traced batch shown" in title
+    tab.controls["model"].value = "opt-6.7b"
+    note = tab.figures["timeline"].figure.layout.annotations[0].text
+    assert ("python -m kvlab bench timeline --models opt-6.7b --lengths lognormal:3200,16384 "
+            "--batches 50") in note
+
+
 def test_trace_button_wiring_with_a_fake_trace(monkeypatch):
     import kvlab.panels.decode_kernels as module
 

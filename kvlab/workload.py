@@ -16,6 +16,7 @@ import numpy as np
 __all__ = [
     "DISTRIBUTIONS",
     "Workload",
+    "batch_shape",
     "lognormal",
     "lognormal_lengths",
     "lognormal_spec",
@@ -230,6 +231,19 @@ def lognormal_lengths(num_seqs: int, mean: int, max_len: int, sigma: float = 1.0
         raise ValueError(f"mean={mean}: must be in [1, max_len={max_len}]")
     median = max(1, round(mean / float(np.exp(sigma**2 / 2))))
     return lognormal(num_seqs, median, 1, sigma, max_len, seed).prompt_lens
+
+
+def batch_shape(batch: int, shape: int | str) -> tuple[int | list[int], int, int, dict]:
+    """A benchmark point's batch: `batch` sequences of `shape` tokens, or of the lengths of a
+    `lognormal:MEAN,MAX` spec (`lognormal_spec`, `lognormal_lengths`). Returns what a filled
+    cache takes (the context, or the lengths), the mean length (rounded), the tokens in all, and
+    what a result row of mixed lengths records: {"lengths": the spec, "max_context": the
+    longest} ({} for one context)."""
+    if isinstance(shape, str):
+        lengths = lognormal_lengths(batch, *lognormal_spec(shape))
+        return (lengths.tolist(), round(float(lengths.mean())), int(lengths.sum()),
+                {"lengths": shape, "max_context": int(lengths.max())})
+    return shape, shape, batch * shape, {}
 
 
 def lognormal(

@@ -184,3 +184,14 @@ def test_lognormal_lengths_have_about_the_mean_and_stay_under_the_max():
     assert np.array_equal(lens, lognormal_lengths(4096, 3200, 16384))  # seeded
     with pytest.raises(ValueError, match=r"mean=5000: must be in \[1, max_len=4096\]"):
         lognormal_lengths(4, 5000, 4096)
+
+
+def test_batch_shape_of_one_context_and_of_mixed_lengths():
+    from kvlab.workload import batch_shape
+
+    assert batch_shape(4, 1024) == (1024, 1024, 4096, {})
+    shape, context, tokens, mixed = batch_shape(8, "lognormal:512,2048")
+    lengths = lognormal_lengths(8, 512, 2048)
+    assert shape == lengths.tolist() and tokens == int(lengths.sum())
+    assert context == round(float(lengths.mean()))
+    assert mixed == {"lengths": "lognormal:512,2048", "max_context": int(lengths.max())}

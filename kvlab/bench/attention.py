@@ -58,7 +58,7 @@ from kvlab.kernels.geometry import FAMILY_BLOCK_SIZES
 from kvlab.kernels.prefetch import PrefetchConfig
 from kvlab.kernels.read import PlainRead
 from kvlab.timing import METHOD, Timer, copy_roofline_gbps
-from kvlab.workload import lognormal_lengths, lognormal_spec
+from kvlab.workload import batch_shape
 
 LAYOUTS = {"vllm_v1": vllm_v1.LAYOUT, "gqa": gqa.LAYOUT}
 AUTO_MODES = ("tuned", "reused", "recorded")
@@ -319,13 +319,7 @@ def run(args) -> dict:
     loop = 0
     for i, (name, batch, shape) in enumerate(points):
         model = MODELS[name]
-        if isinstance(shape, str):  # mixed lengths
-            lengths = lognormal_lengths(batch, *lognormal_spec(shape))
-            context, tokens = round(float(lengths.mean())), int(lengths.sum())
-            mixed = {"lengths": shape, "max_context": int(lengths.max())}
-            shape = lengths.tolist()
-        else:
-            context, tokens, mixed = shape, batch * shape, {}
+        shape, context, tokens, mixed = batch_shape(batch, shape)
         kv_bytes = 2 * tokens * model.kv_size * 2
         copies = kv_copies(args, mixed=bool(mixed))
         if kv_bytes * copies > MAX_LOOP_KV_BYTES:

@@ -34,7 +34,7 @@ from kvlab.kernels.geometry import GQA_MAX_GROUP
 from kvlab.kernels.read import PlainRead
 from kvlab.kernels.timeline import Tracer, median_phases, phases
 from kvlab.timing import METHOD, Timer, copy_roofline_gbps
-from kvlab.workload import lognormal_lengths, lognormal_spec
+from kvlab.workload import batch_shape
 
 BLOCK_SIZE = 16
 DEFAULT_POINTS = [(1, 32768), (1, 8192), (16, 1024), (16, 4096)]
@@ -77,13 +77,7 @@ def point_row(name: str, batch: int, shape: int | str, timer: Timer, num_traces:
     """Time and trace one point: `batch` sequences of `shape` tokens, or of the lengths of a
     lognormal spec (see the module's docstring)."""
     m = MODELS[name]
-    if isinstance(shape, str):  # mixed lengths
-        lengths = lognormal_lengths(batch, *lognormal_spec(shape))
-        context, tokens = round(float(lengths.mean())), int(lengths.sum())
-        mixed = {"lengths": shape, "max_context": int(lengths.max())}
-        shape = lengths.tolist()
-    else:
-        context, tokens, mixed = shape, batch * shape, {}
+    shape, context, tokens, mixed = batch_shape(batch, shape)
     cache, ids, _ = filled_cache(batch, shape, BLOCK_SIZE, m.num_kv_heads, m.head_dim,
                                  layout="hnd", dtype=torch.float16)
     q = torch.randn(batch, m.num_qo_heads, m.head_dim, device=cache.device,

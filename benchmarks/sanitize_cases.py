@@ -41,10 +41,24 @@ def main() -> None:
         llm = kvlab.LLM(model, attention=attention, device="cuda", num_blocks=16,
                         cuda_graphs=False)
         llm.generate([[3] * 20, [5] * 41], max_new_tokens=4)
+    # gqa planned for capture (the natural grid, split as if both had 700 tokens), run on
+    # shorter sequences: one split and one whole (its merge CTAs return at once), then none split
+    # (only the merge's CTA (0, 0) waits for the decode grid)
+    cache = PagedKVCache(96, 16, 2, 128, device="cuda", layout="hnd", seed=1)
+    seq_ids = [cache.add_sequence(*torch.randn(2, n, 2, 128, device="cuda").half())
+               for n in (700, 5)]
+    plan = kvlab.DecodePlan.for_capture(cache, 2, 700, 8, kernel="gqa")
+    q = torch.randn(2, 8, 128, device="cuda", dtype=torch.float16)
+    for ids in (seq_ids, seq_ids[::-1], seq_ids[1:] * 2):
+        tables = cache.block_tables(ids)
+        plan.block_tables[:, :tables.shape[1]] = tables
+        plan.seq_lens.copy_(cache.seq_lens(ids))
+        plan.run(q)
     for num_words in (1, 513, 1_100_003):  # below a CTA, a few CTAs, past the unrolled loop
         PlainRead(16 * num_words).read()
-    # the timeline build (kvlab.kernels.timeline), split and whole: its stamps stay in bounds
-    for lens in ([700] * 2, [200] * 3):
+    # the timeline build (kvlab.kernels.timeline), split, whole and mixed: its stamps stay in
+    # bounds
+    for lens in ([700] * 2, [200] * 3, [700, 5]):
         cache = PagedKVCache(96, 16, 2, 128, device="cuda", layout="hnd", seed=1)
         seq_ids = [cache.add_sequence(*torch.randn(2, n, 2, 128, device="cuda").half())
                    for n in lens]

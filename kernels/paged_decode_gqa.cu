@@ -40,10 +40,13 @@
 //     k_scale, v_scale: float [num_kv_heads] for an fp8 cache (value = stored * scale), else
 //     null.
 //     partition_size: a multiple of 256 (16 * WARPS suffices). When max_num_partitions == 1 the one
-//     partition is the whole sequence whatever partition_size says, and the CTA writes `out`;
-//     otherwise it writes partial_out (fp32, normalised by its own sum) and partial_lse (natural
-//     log, scaled-logit domain), and gqa_merge writes `out`.
-//   gqa_merge: grid (num_qo_heads, num_seqs), block 128 threads, no dynamic shared memory.
+//     partition is the whole sequence whatever partition_size says. A CTA whose sequence has one
+//     partition (max_num_partitions == 1, or seq_len <= partition_size) writes `out`; the others
+//     write partial_out (fp32, normalised by its own sum) and partial_lse (natural log,
+//     scaled-logit domain), and gqa_merge writes `out` of their sequences (and leaves the others).
+//   gqa_merge: grid (num_qo_heads, num_merged), block 128 threads, no dynamic shared memory.
+//     seqs: int32 [num_merged], the sequences to merge (the work list's split ones), or null for
+//     all num_seqs in order (num_merged = num_seqs).
 //     Launched as a programmatic dependent of gqa_decode (sm_90: every decode CTA signals
 //     griddepcontrol.launch_dependents at its start, the merge's griddepcontrol.wait returns once
 //     the decode grid has finished and its writes are visible), so the merge's launch overlaps
@@ -845,7 +848,9 @@ __device__ __forceinline__ void decode_body(
   __syncthreads();
 
   // out / partial_out rows of the group: [.., kv_head * GROUP + g, ..]. A thread combines 4
-  // consecutive dims of one head: the warps' weights once, float4 reads and one store.
+  // consecutive dims of one head: the warps' weights once, float4 reads and one store. A
+  // sequence of one partition is written whole: the merge skips it.
+  const bool whole = max_num_partitions == 1 || seq_len <= partition_size;
   constexpr int CHUNKS = HEAD_DIM / 4;
   for (int idx = threadIdx.x; idx < GROUP * CHUNKS; idx += NUM_THREADS) {
     const int g = idx / CHUNKS, d = 4 * (idx % CHUNKS);
@@ -868,7 +873,7 @@ __device__ __forceinline__ void decode_body(
     const float norm = sum > 0.f ? out_scale / sum : 0.f;
     acc.x *= norm; acc.y *= norm; acc.z *= norm; acc.w *= norm;
     const long long head = static_cast<long long>(seq) * num_qo_heads + kv_head * GROUP + g;
-    if (max_num_partitions == 1) {
+    if (whole) {
       *reinterpret_cast<uint2*>(out + head * HEAD_DIM + d) =
           make_uint2(Mma<T>::pack(acc.x, acc.y), Mma<T>::pack(acc.z, acc.w));
     } else {
@@ -919,8 +924,10 @@ __global__ void __launch_bounds__(32 * WARPS, gqa::Smem<HEAD_DIM, sizeof(KV), WA
 
 // Combine the partitions of each (sequence, query head):
 // out = sum_c w_c partial_out_c / sum_c w_c with w_c = exp(lse_c - max lse). Sequence s has
-// ceil(seq_lens[s] / partition_size) partitions (at most max_num_partitions).
-// grid (num_qo_heads, num_seqs), block 128, no dynamic shared memory.
+// ceil(seq_lens[s] / partition_size) partitions (at most max_num_partitions); one of one
+// partition is left alone (gqa_decode wrote it).
+// grid (num_qo_heads, num_merged), block 128, no dynamic shared memory: CTA (h, i) merges head h
+// of sequence seqs[i], or of sequence i where seqs is null.
 // The partial rows are read as float4: VECS = HEAD_DIM / 4 threads cover one partition's row, and
 // the block reads ROWS = 128 / VECS partitions at a time: thread (slot, vec) sums dims
 // 4 vec .. 4 vec + 3 over partitions slot, slot + ROWS, ..., weighted against the largest lse of
@@ -931,14 +938,15 @@ __global__ void __launch_bounds__(32 * WARPS, gqa::Smem<HEAD_DIM, sizeof(KV), WA
 template <typename T, int HEAD_DIM>
 __global__ void __launch_bounds__(128) gqa_merge(
     T* __restrict__ out, const float* __restrict__ partial_out,
-    const float* __restrict__ partial_lse, const int* __restrict__ seq_lens, int partition_size,
-    int max_num_partitions) {
+    const float* __restrict__ partial_lse, const int* __restrict__ seq_lens,
+    const int* __restrict__ seqs, int partition_size, int max_num_partitions) {
   constexpr int THREADS = 128;
   constexpr int VECS = HEAD_DIM / 4;      // float4 per partial row: 16 .. 64
   constexpr int ROWS = THREADS / VECS;    // partitions read at once: 2 .. 8
   namespace tl = timeline::merge;
   timeline::start(tl::REGION, tl::ENTRY);
-  const int head = blockIdx.x, seq = blockIdx.y, num_qo_heads = gridDim.x;
+  const int head = blockIdx.x, seq = seqs ? seqs[blockIdx.y] : blockIdx.y;
+  const int num_qo_heads = gridDim.x;
   // gqa_decode does not write seq_lens: read it, and work out what to load, while the decode
   // grid still runs
   const int seq_len = seq_lens[seq];
@@ -953,6 +961,10 @@ __global__ void __launch_bounds__(128) gqa_merge(
   const int slot = threadIdx.x / VECS, vec = threadIdx.x % VECS;
   const bool reads = slot < ROWS;  // 128 % VECS threads idle for head_dim 80, 96, 112
   const int num_mine = reads ? (num_partitions - slot + ROWS - 1) / ROWS : 0;  // this slot's
+  // gqa_decode wrote the out of a sequence of one partition itself: nothing to merge. CTA (0, 0)
+  // still waits, so the merge grid ends after the decode grid whatever the lengths.
+  const bool merges = num_partitions > 1;
+  if (!merges && (blockIdx.x | blockIdx.y) != 0) return;
 #if __CUDA_ARCH__ >= 900
   // Launched as a programmatic dependent of gqa_decode: wait until its partials are written.
   // The test on num_mine (never negative) keeps the work above ahead of the wait: without
@@ -960,6 +972,7 @@ __global__ void __launch_bounds__(128) gqa_merge(
   if (num_mine >= 0) asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
   timeline::stamp(tl::REGION, tl::RELEASED);
+  if (!merges) return;
   // The partials are read with ld.global.cg (__ldcg), not through the read-only path that
   // `const __restrict__` allows: ptxas hoists read-only loads above the wait (seen with the work
   // above moved ahead of it), and they would read the partials before the decode grid wrote them.

@@ -184,7 +184,11 @@ def split_plan(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int,
     306bef0; batches 32 and 128 of lognormal lengths, mean 800 and 6k, max 4k and 32k; the three
     GQA models, 12 points): 0.4 points below the fastest size on average, at most 2.2 (qwen2.5-7b
     128 x mean 800: 2,048-token partitions 71.4%, 1,280 73.6%), and 2.3-12.2 points above gqa
-    v9 with the model before. `bench attention --lengths` checks it.
+    v9 with the model before. `bench attention --lengths` checks it. Rechecked once the merge
+    left sequences of one partition to the decode launch (the same probe, that change on
+    revision 0c2da42; 12 points of batches 16, 64 and 256, max 2k to 32k): 0.8 points below the
+    fastest size on average, at most 2.0 (qwen2.5-7b 16 sequences of mean 2.1k, max 7k: 768
+    tokens 61.0%, 512 63.0%).
     8 warps (gqa v12), in two session probes (not recorded; one loop a point):
     - at revision 93d7cc5, every partition size that changes the count down to a sixteenth of
       the sequence, and 32 partitions, with 4 warps and with 8 where those CTAs are lone, SDPA

@@ -105,11 +105,15 @@ class Gqa:
         self.num_partitions = -(-max_seq_len // self.partition_size)
         # mixed lengths: only the partitions that hold tokens, longest first (in one wave, long
         # and short paired an SM)
-        self.work = None
+        self.work = self.merged = None
         if mixed:
             work = one_wave_order(work_list(seq_lens, self.partition_size), cache.num_kv_heads,
                                   num_sms, per_sm)
             self.work = torch.from_numpy(work).to(cache.device)
+            # the merge's sequences: the split ones (a sequence of one partition is written by
+            # its decode CTA)
+            split = np.flatnonzero(np.asarray(seq_lens) > self.partition_size).astype(np.int32)
+            self.merged = torch.from_numpy(split).to(cache.device)
         d, group = cache.head_dim, num_qo_heads // cache.num_kv_heads
         names = name_expressions(q_dtype, d, cache.block_size, group, prefetch, cache.dtype,
                                  self.warps)
@@ -136,8 +140,11 @@ class Gqa:
 
     @property
     def merge_grid(self) -> tuple[int, int] | None:
-        """The merge launch's grid; None where the decode launch writes `out` itself."""
-        return (self.num_qo_heads, self.num_seqs) if self.partials else None
+        """The merge launch's grid (query heads, sequences merged); None where the decode launch
+        writes every `out` itself."""
+        if not self.partials:
+            return None
+        return self.num_qo_heads, self.num_seqs if self.merged is None else self.merged.numel()
 
     def __call__(self, out, q, k_cache, v_cache, block_tables, seq_lens, scale: float) -> None:
         partial_out, partial_lse = map(ptr, self.partials) if self.partials else (NULL, NULL)
@@ -152,6 +159,7 @@ class Gqa:
         ), out.device, self.smem)
         if self.partials:  # starts while the decode launch ends (it waits for its results)
             launch_dependent(self.merge, self.merge_grid, (MERGE_THREADS,), (
-                ptr(out), partial_out, partial_lse, ptr(seq_lens), np.int32(self.partition_size),
+                ptr(out), partial_out, partial_lse, ptr(seq_lens),
+                NULL if self.merged is None else ptr(self.merged), np.int32(self.partition_size),
                 np.int32(self.num_partitions),
             ), out.device)

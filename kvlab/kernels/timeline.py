@@ -17,7 +17,8 @@ Stamps, in ns after the first CTA of the launch began (the merge's after the dec
   after `ready` (the later stamps are then -1).
 - merge (split launches only): `entry` (a programmatic dependent launch starts early);
   `released`, its griddepcontrol.wait returned (the decode grid done, its writes visible);
-  `loaded`, thread 0's first partials in registers; `end`.
+  `loaded`, thread 0's first partials in registers; `end`. A CTA whose sequence has one
+  partition (the decode launch wrote its output) stops after `entry` (CTA (0, 0): `released`).
 - read: `entry`, `end`.
 """
 
@@ -90,9 +91,12 @@ def phases(decode: Launch, merge: Launch | None, read: Launch) -> dict[str, floa
          "loop_us": _us(np.median(d["loop_done"][done] - d["landed"][done])),
          "epilogue_us": _us(np.median(d["end"][done] - d["loop_done"][done])),
          "decode_first_end_us": _us(d["end"][done].min())}
-    if merge is not None:
-        m, last = merge.stamps, d["end"][done].max()
-        s.update({"merge_ctas": int(merge.sm.size), "merge_first_entry_us": _us(m["entry"].min()),
+    # merge CTAs of sequences of one partition stop at once (the decode launch wrote them)
+    merged = None if merge is None else merge.stamps["end"] >= 0
+    if merged is not None and merged.any():
+        m, last = {k: v[merged] for k, v in merge.stamps.items()}, d["end"][done].max()
+        s.update({"merge_ctas": int(merge.sm.size), "merge_ctas_merging": int(merged.sum()),
+                  "merge_first_entry_us": _us(merge.stamps["entry"].min()),
                   "merge_released_after_us": _us(m["released"].min() - last),
                   "merge_loads_us": _us(np.median(m["loaded"] - m["released"])),
                   "merge_rest_us": _us(np.median(m["end"] - m["loaded"])),

@@ -217,6 +217,7 @@ def test_gqa_split_replays_in_a_cuda_graph():
     cache, seq_ids = make_batch("gqa", torch.float16, 128, 16, [3000, 200], seed=7)
     plan = kvlab.DecodePlan(cache, seq_ids, 8, kernel="gqa")
     assert plan.launcher.num_partitions > 1
+    assert plan.launcher.merged.tolist() == [0]  # the short one: written by its decode CTA
     q = torch.randn(2, 8, 128, device="cuda", dtype=torch.float16)
     out = torch.empty_like(q)
     plan.run(q, out=out)  # compiled and warm before the capture
@@ -228,6 +229,30 @@ def test_gqa_split_replays_in_a_cuda_graph():
         out.fill_(math.nan)
         graph.replay()
         assert rel_l2(out, reference(q, cache, seq_ids)) < TOLERANCE[torch.float16]
+
+
+@pytest.mark.gpu
+def test_a_captured_split_plan_replays_batches_of_split_and_whole_sequences():
+    """A plan for capture splits as if every sequence had max_seq_len tokens; at replay a
+    sequence of one partition is written by its decode CTA and its merge CTAs return at once.
+    Where none is split, only the merge's CTA (0, 0) waits for the decode grid."""
+    cache, seq_ids = make_batch("gqa", torch.float16, 128, 16, [3000, 200, 5], seed=9)
+    plan = kvlab.DecodePlan.for_capture(cache, 3, 3000, 8, kernel="gqa", prefetch=BULK)
+    assert plan.launcher.num_partitions > 1 and plan.launcher.merged is None
+    q = torch.randn(3, 8, 128, device="cuda", dtype=torch.float16)
+    out = torch.empty_like(q)
+    plan.run(q, out=out)  # compiled and warm before the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        plan.run(q, out=out)
+    for batch in ([0, 1, 2], [1, 2, 1], [2, 1, 0]):
+        ids = [seq_ids[i] for i in batch]
+        tables = cache.block_tables(ids)
+        plan.block_tables[:, :tables.shape[1]] = tables
+        plan.seq_lens.copy_(cache.seq_lens(ids))
+        out.fill_(math.nan)
+        graph.replay()
+        assert rel_l2(out, reference(q, cache, ids)) < TOLERANCE[torch.float16], batch
 
 
 @pytest.mark.gpu

@@ -70,6 +70,12 @@ def test_phases_sum_up_a_step():
     unsplit = phases(decode, None, read)
     assert unsplit["step_span_us"] == unsplit["decode_span_us"]
     assert "merge_ctas" not in unsplit
+    # a merge CTA whose sequence had one partition stops at once: left out of the merge's phases
+    idle = Launch.from_records("merge", records("merge", [
+        [T + 900, T + 23700, T + 24600, T + 24900], [T + 300, 0, 0, 0]]), t0=decode.t0)
+    some = phases(decode, idle, read)
+    assert some["merge_ctas"] == 2 and some["merge_ctas_merging"] == 1
+    assert some["merge_released_after_us"] == 0.7 and some["merge_first_entry_us"] == 0.3
     assert median_phases([p, {**p, "loop_us": 30.0}, {**p, "loop_us": 10.0}])["loop_us"] == 18.0
 
 
@@ -116,7 +122,7 @@ def test_a_traced_step_stamps_every_cta_in_the_order_of_its_work(num_seqs, conte
     if merge is not None:
         m = merge.stamps
         # a programmatic dependent: released only once every decode CTA has ended
-        assert (m["released"] >= d["end"].max()).all()
+        assert (m["released"] >= d["end"].max()).all()  # one sequence, split: all merge
         assert ((m["loaded"] >= m["released"]) & (m["end"] >= m["loaded"])).all()
     assert read.sm.size == tracer.read.num_ctas
     assert (read.stamps["end"] >= read.stamps["entry"]).all()

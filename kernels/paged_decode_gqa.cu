@@ -274,7 +274,7 @@
 //       investigated). Why the clusters ran slower was not measured (a guess, untested: a
 //       cluster's CTAs must be placed together on one GPC, and all wait at the barrier for the
 //       slowest).
-//   v12 this file: CTAs of 8 warps (WARPS), 128-token tiles, twice the stages, one CTA an SM at
+//   v12 CTAs of 8 warps (WARPS), 128-token tiles, twice the stages, one CTA an SM at
 //       head_dim 128. A lone CTA of 4 warps handles about 86M tokens/s (kvlab/kernels/geometry.py):
 //       where a launch has fewer CTAs than that rate needs to keep HBM busy (fp16: fewer than 98
 //       at head_dim 128; fp8, whose tokens carry half the bytes: fewer than 195), the split model
@@ -312,6 +312,20 @@
 //       streamed K/V would not evict the partials before the merge reads them, timed together
 //       with the merge's index math moved ahead of its wait (kept): 0.992-1.009x, median 1.003x,
 //       and the merge took as long.
+//   v13 this file: a sequence of one partition is written by its decode CTA, not merged. A
+//       mixed batch's merge is launched over its split sequences only (`seqs`); on the natural
+//       grid, whose lengths the host may not know (a plan captured for replay), the merge CTAs
+//       of such a sequence return before their wait, and CTA (0, 0) waits whatever its sequence,
+//       so that the merge grid still ends after the decode grid. v12 launched a merge CTA for
+//       every sequence and query head: at 64 lognormal sequences of max 16k, 1,792-2,560 CTAs,
+//       most of which could start only once decode CTAs had ended, and its merge ended 8.2-10.7
+//       us after the decode grid's last CTA (timeline_mixed.json at revision 76d5db5). Timed
+//       against v12 in one loop (session probe, not recorded; 21 points of the four models;
+//       outputs bit-equal): 64 long sequences (max 16k and 32k) 1.022-1.052x (qwen2.5-7b 88.2 ->
+//       92.7% of the copy roofline), 16 long ones 0.999-1.023x, 16 short ones (max 2k)
+//       0.982-1.044x; unsplit points, whose launches did not change, 0.994-1.002x. Recorded
+//       (revision 717010b): attention_mixed.json, and timeline_mixed.json, where that merge now
+//       ends 2.8-4.9 us after the decode grid.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

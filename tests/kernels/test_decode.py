@@ -210,6 +210,17 @@ def test_resident_ctas_are_what_the_l2_model_and_the_split_assume():
             assert resident_ctas(kernel, 32 * warps, smem, device) == ctas_per_sm(128, 2, warps)
 
 
+def captured(plan, q):
+    """A CUDA graph of plan.run(q) into a new out, compiled and run once before the capture:
+    (graph, out)."""
+    out = torch.empty_like(q)
+    plan.run(q, out=out)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        plan.run(q, out=out)
+    return graph, out
+
+
 @pytest.mark.gpu
 def test_gqa_split_replays_in_a_cuda_graph():
     """The merge is a programmatic dependent launch: it must capture into a graph, and each
@@ -219,11 +230,7 @@ def test_gqa_split_replays_in_a_cuda_graph():
     assert plan.launcher.num_partitions > 1
     assert plan.launcher.merged.tolist() == [0]  # the short one: written by its decode CTA
     q = torch.randn(2, 8, 128, device="cuda", dtype=torch.float16)
-    out = torch.empty_like(q)
-    plan.run(q, out=out)  # compiled and warm before the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        plan.run(q, out=out)
+    graph, out = captured(plan, q)
     for seed in range(3):
         q.copy_(torch.randn(q.shape, generator=torch.Generator().manual_seed(seed)).half())
         out.fill_(math.nan)
@@ -240,11 +247,7 @@ def test_a_captured_split_plan_replays_batches_of_split_and_whole_sequences():
     plan = kvlab.DecodePlan.for_capture(cache, 3, 3000, 8, kernel="gqa", prefetch=BULK)
     assert plan.launcher.num_partitions > 1 and plan.launcher.merged is None
     q = torch.randn(3, 8, 128, device="cuda", dtype=torch.float16)
-    out = torch.empty_like(q)
-    plan.run(q, out=out)  # compiled and warm before the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        plan.run(q, out=out)
+    graph, out = captured(plan, q)
     for batch in ([0, 1, 2], [1, 2, 1], [2, 1, 0]):
         ids = [seq_ids[i] for i in batch]
         tables = cache.block_tables(ids)

@@ -122,7 +122,7 @@ def test_a_traced_step_stamps_every_cta_in_the_order_of_its_work(num_seqs, conte
     if merge is not None:
         m = merge.stamps
         # a programmatic dependent: released only once every decode CTA has ended
-        assert (m["released"] >= d["end"].max()).all()  # one sequence, split: all merge
+        assert (m["released"] >= d["end"].max()).all()  # equal lengths, split: every CTA merges
         assert ((m["loaded"] >= m["released"]) & (m["end"] >= m["loaded"])).all()
     assert read.sm.size == tracer.read.num_ctas
     assert (read.stamps["end"] >= read.stamps["entry"]).all()

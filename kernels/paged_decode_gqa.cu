@@ -326,6 +326,13 @@
 //       0.982-1.044x; unsplit points, whose launches did not change, 0.994-1.002x. Recorded
 //       (revision 717010b): attention_mixed.json, and timeline_mixed.json, where that merge now
 //       ends 2.8-4.9 us after the decode grid.
+//       Tried and dropped (observed, not recorded): gqa_merge with LOADS = 8, not 16. ptxas
+//       gives the merge 127 registers at head_dim 128 (64 with LOADS = 8) and the decode 151,
+//       so one merge CTA fits an SM beside two decode CTAs and four once they end; in the
+//       timeline of 64 long sequences, 25-40% of the 704-880 merge CTAs started after the
+//       decode grid's last CTA. Timed in one loop against v13 (12 points): 64 long sequences
+//       1.001-1.009x, 16 sequences 0.989-1.017x, 1 x 32k 1.002-1.014x at 8 and 32 partitions,
+//       and 0.954x at qwen2.5-7b's 64, whose partials then take more round trips.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

@@ -333,6 +333,33 @@
 //       decode grid's last CTA. Timed in one loop against v13 (12 points): 64 long sequences
 //       1.001-1.009x, 16 sequences 0.989-1.017x, 1 x 32k 1.002-1.014x at 8 and 32 partitions,
 //       and 0.954x at qwen2.5-7b's 64, whose partials then take more round trips.
+//       Tried and dropped (observed, not recorded): a streamed launch for batches of mixed
+//       lengths (the issue's persistent grid). The batch's tiles, its sequences laid end to end,
+//       were cut into ranges of equal work, 2 x num_sms / num_kv_heads of them, a CTA a (range,
+//       KV head), all resident at once. A CTA walked its range's pieces (a span of one sequence
+//       each) with one cp.async pipeline that ran on into the next piece (whose q it copied,
+//       with the last tile, into a ring in shared memory), combined its warps at each piece's
+//       end (two CTA barriers, through the stage it had just read), and gqa_merge combined the
+//       pieces of the sequences a cut had split. Outputs matched the reference in 152 cases
+//       (every head_dim and 16-bit dtype, fp8, groups 1-8, blocks 8-256, prefetch, up to 160
+//       pieces a range). Timed against the work list in one loop, both on the same build (26
+//       points of the four models, batches 16 to 256, max 2k to 32k): 0.885-0.996x, median
+//       0.968x (llama2-7b 64 sequences of max 16k 105.6 -> 102.2% of the copy roofline, qwen2.5-7b
+//       64 of max 2k 77.7 -> 69.0%, where it adds a merge the work list does not need). With 2,
+//       4 and 8 times as many ranges (smaller pieces, finer balance) it ran slower still,
+//       0.64-0.98x of the work list (a second probe, 7 points): more pieces, each ending in two
+//       barriers, and more split sequences to merge cost more than the finer balance saved
+//       (which of the two weighs more was not measured). The work list's uneven CTA ends cost
+//       less: the CTAs that follow them start their copies at once. (In other runs of the same
+//       session v13 ran 7 of those work lists 0.4-5.5% faster than that build did.)
+//       Rechecked at v13 in two more session probes (not recorded; one loop a point): L2
+//       prefetch (bulk and line, distances 1, 2 and 4, evict-last) on the mixed batches, whose
+//       short CTAs leave long ones alone on their SMs, ran 0.70-0.92x of none (7 points), and
+//       0.74-0.96x at 16 x 1k, 16 x 8k and 1 x 32k; partitions of the whole sequence down to
+//       a 32nd of it (7 sizes), with 4 and 8 warps, at 16 x 1k, 16 x 4k, 16 x 8k, 8 x 4k and
+//       1 x 32k of llama3-8b and qwen2.5-14b: the plan's choice was within 1.5 points of the
+//       fastest (two launches of one plan differed by up to 0.9), and no choice reached SDPA at
+//       16 x 4k or 16 x 8k (best 92.7-97.9% against 93.4-99.4%).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

@@ -360,6 +360,28 @@
 //       1 x 32k of llama3-8b and qwen2.5-14b: the plan's choice was within 1.5 points of the
 //       fastest (two launches of one plan differed by up to 0.9), and no choice reached SDPA at
 //       16 x 4k or 16 x 8k (best 92.7-97.9% against 93.4-99.4%).
+//       Tried and dropped (observed, not recorded): work stealing, for the tail that the CTAs'
+//       unequal shares of HBM leave (benchmarks/README.md, "Blocks in order"), in two designs
+//       timed against v13 in one loop at llama3-8b 16 x 4k and 16 x 8k (128 lone CTAs). Both
+//       kept an atomic word a CTA (front, back, two flags): its owner claimed from the front, a
+//       CTA done with its own partition took the open word with the most left and claimed from
+//       its back, and left its share (O, lse) for the owner, which waited for it and added it
+//       before writing. Outputs matched v13.
+//       - Each warp claimed units of 16 tokens, c at a time, its next claim issued c units
+//         before its use. Each claim cost a whole round trip, 0.55-0.68 us, however far ahead
+//         it was issued (3 to 32 units, 3 to 30 us): c = 3, 4, 8, 16, 32 ran 0.85, 0.86, 0.94,
+//         0.97, 0.98x as fast at 16 x 8k, 0.82, 0.85, 0.93, 0.96, 0.98x at 16 x 4k.
+//       - A fifth warp claimed the CTA's tiles, 1 or 2 a claim, and kept 2 tiles owned past
+//         the compute warps' next loads, which waited in shared memory where a tile was not
+//         yet owned: 0.94-0.96x at both points.
+//       In neither did a thief find work: 0-1 steals in a launch of 128 CTAs, at thresholds of
+//       2 to 8 units or tiles left. In timeline.json's traces of 16 x 4k, when the first CTA
+//       ends the slowest has about 6 tiles (of 64 tokens) left and the median one 3, while the
+//       claims held work ahead of the math to hide their round trip: 4-5 tiles (the claim
+//       warp), up to 2c units a warp (the warps' own claims). The bound it aimed at, from the
+//       same traces: were every CTA to keep its measured rate to one common end, the last loop
+//       would end 2.7-3.2 us sooner at 16 x 4k and 2.8-3.0 us at 1 x 32k (8-KV-head models),
+//       before the owner's wait for its thief.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

@@ -534,6 +534,91 @@ def timeline_table(result: dict) -> list[str]:
     return lines
 
 
+# The decode kernels' targets against the copy roofline: (batch, context) -> % at least, in
+# results/h200/attention_small.json; every batch of results/h200/attention_mixed.json at least
+# MIXED_TARGET.
+SMALL_TARGETS = {(1, 32768): 80.0, (16, 1024): 70.0}
+MIXED_TARGET = 85.0
+
+
+def _pct(values) -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo:.1f}%" if f"{lo:.1f}" == f"{hi:.1f}" else f"{lo:.1f}-{hi:.1f}%"
+
+
+def roofline_targets_table(small: dict, mixed: dict) -> list[str]:
+    """The targets on gqa's % of the copy roofline (no prefetch; SMALL_TARGETS in
+    results/h200/attention_small.json, MIXED_TARGET over results/h200/attention_mixed.json), per
+    model: the points that meet the target, and those that miss it, apart by whether a plain
+    read of the same bytes, timed in the same loop, reaches the target there."""
+    def loops(result):
+        out = {}
+        for r in result["rows"]:
+            if r["prefetch"] == "none":
+                key = (r["model"], r["batch"], r["context"], r.get("lengths"))
+                out.setdefault(key, {})[r["kernel"]] = r
+        return out
+
+    def rows(target, points):
+        for model in dict.fromkeys(key[0] for key, _ in points):
+            mine = [(p["gqa"]["pct_roofline"], p["read"]["pct_roofline"])
+                    for key, p in points if key[0] == model]
+            met = [g for g, _ in mine if g >= target]
+            cells = [f"{len(met)} of {len(mine)}" + (f": {_pct(met)}" if met else "")]
+            for read_reaches in (True, False):
+                missed = [(g, r) for g, r in mine if g < target and (r >= target) == read_reaches]
+                cells.append(f"{len(missed)}: gqa {_pct([g for g, _ in missed])}, read "
+                             f"{_pct([r for _, r in missed])}" if missed else "-")
+            yield f"| {model} ({_heads(model)}) | " + " | ".join(cells) + " |"
+
+    lines = ["| target | model (q:kv) | met | missed, where a read reaches the target | missed, "
+             "where a read does not |", "|---|---|---|---|---|"]
+    for (batch, context), target in SMALL_TARGETS.items():
+        points = [(k, p) for k, p in loops(small).items() if k[1:3] == (batch, context)]
+        lines += [f"| {batch} x {_context(context)} at {target:.0f}% " + line
+                  for line in rows(target, points)]
+    lines += [f"| mixed lengths at {MIXED_TARGET:.0f}% " + line
+              for line in rows(MIXED_TARGET, list(loops(mixed).items()))]
+    return lines
+
+
+def ratio_targets_table(grid: dict, fp8: dict, attention_vllm: dict,
+                        vllm_own: dict) -> list[str]:
+    """The decode kernels' targets on speed ratios, per model: gqa (no prefetch) at least SDPA's
+    speed at every point of results/h200/attention.json; gqa on fp8 at least 1.8x fp16's
+    tokens/s from FP8_LARGE_TOKENS (results/h200/attention_fp8.json); vllm_v1 within 7% of
+    vLLM's recorded figures (results/h200/attention_vllm.json against vllm_own.json). A cell: the
+    points that meet it, and the range of the ratio over all of them."""
+    def pairs(result, over, under, keep=lambda r: True):
+        loops = {}
+        for r in result["rows"]:
+            if r["prefetch"] == "none" and r["block_size"] in (16, None) and keep(r):
+                loops.setdefault((r["model"], r["batch"], r["context"]), {})[r["kernel"]] = r
+        return {key: p[over]["ms"] / p[under]["ms"] for key, p in loops.items()}
+
+    own = {(r["model"], r["batch"], r["context"]): r["gbps"] for r in vllm_own["rows"]}
+    ours = {(r["model"], r["batch"], r["context"]): r["gbps"] for r in attention_vllm["rows"]
+            if r["kernel"] == "vllm_v1" and r["prefetch"] == "none"}
+    targets = [
+        ("gqa at least SDPA's speed", pairs(grid, "sdpa", "gqa"), lambda x: x >= 1),
+        (f"fp8 at least 1.8x fp16's tokens/s, from {FP8_LARGE_TOKENS // 1024}k tokens",
+         pairs(fp8, "gqa", "gqa_fp8", lambda r: r["batch"] * r["context"] >= FP8_LARGE_TOKENS),
+         lambda x: x >= 1.8),
+        ("vllm_v1 within 7% of vLLM's own", {key: ours[key] / gbps for key, gbps in own.items()},
+         lambda x: abs(x - 1) <= 0.07)]
+    models = list(dict.fromkeys(key[0] for key in own))
+    lines = ["| target | " + " | ".join(f"{m} ({_heads(m)})" for m in models) + " |",
+             "|---|" + "---|" * len(models)]
+    for name, ratios, meets in targets:
+        cells = []
+        for model in models:
+            mine = [x for key, x in ratios.items() if key[0] == model]
+            cells.append(f"{sum(map(meets, mine))} of {len(mine)} "
+                         f"({min(mine):.3f}-{max(mine):.3f}x)")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def main() -> None:
     attention = load_result("h200", "attention")
     print("\n".join(decode_table(attention)), end="\n\n")
@@ -558,6 +643,10 @@ def main() -> None:
     print("\n".join(read_table(load_result("h200", "attention_read"))), end="\n\n")
     print("\n".join(timeline_table(load_result("h200", "timeline"))), end="\n\n")
     print("\n".join(timeline_table(load_result("h200", "timeline_mixed"))), end="\n\n")
+    print("\n".join(roofline_targets_table(load_result("h200", "attention_small"),
+                                            load_result("h200", "attention_mixed"))), end="\n\n")
+    print("\n".join(ratio_targets_table(*(load_result("h200", name) for name in (
+        "attention", "attention_fp8", "attention_vllm", "vllm_own")))), end="\n\n")
     for mode, (worst, median, within, total) in auto_summary(attention).items():
         print(f"auto ({mode}): worst {worst:.3f}x, median {median:.3f}x, within 3% at {within} "
               f"of {total}")

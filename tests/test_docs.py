@@ -9,6 +9,7 @@ import pytest
 from kvlab.results import load_result, load_results
 
 ROOT = Path(__file__).resolve().parents[1]
+RATIO_TARGET_RESULTS = ("attention", "attention_fp8", "attention_vllm", "vllm_own")
 
 
 def tables():
@@ -38,6 +39,10 @@ def tables():
         ("benchmarks/README.md", lambda t: t.block_order_table(
             load_result("h200", "attention_block_order"))),
         ("benchmarks/README.md", lambda t: t.read_table(load_result("h200", "attention_read"))),
+        ("benchmarks/README.md", lambda t: t.roofline_targets_table(
+            load_result("h200", "attention_small"), load_result("h200", "attention_mixed"))),
+        ("benchmarks/README.md", lambda t: t.ratio_targets_table(*(load_result("h200", name) for
+                                                                   name in RATIO_TARGET_RESULTS))),
         ("benchmarks/README.md", lambda t: t.timeline_table(load_result("h200", "timeline"))),
         ("benchmarks/README.md", lambda t: t.timeline_table(
             load_result("h200", "timeline_mixed"))),
@@ -65,3 +70,23 @@ def test_auto_table_is_the_recorded_data():
     for mode, (worst, median, within, total) in summary.items():
         line = f"| {labels[mode]} | {worst:.3f}x | {median:.3f}x | {within} of {total} |"
         assert line in text, f"benchmarks/README.md lacks: {line}"
+
+
+def test_roofline_targets_table_tells_a_miss_the_read_allows_from_one_it_does_not():
+    def point(model, batch, context, gqa, read):
+        return [{"model": model, "batch": batch, "context": context, "kernel": kernel,
+                 "prefetch": "none", "pct_roofline": pct} for kernel, pct in (("gqa", gqa),
+                                                                              ("read", read))]
+
+    small = {"rows": point("llama3-8b", 1, 32768, 80.0, 91.0) + point("llama3-8b", 16, 1024,
+                                                                      69.9, 79.0)}
+    mixed = {"rows": [dict(r, lengths=spec) for batch, spec, gqa, read in (
+        (16, "lognormal:3200,16384", 76.5, 90.0), (16, "lognormal:1536,2048", 60.0, 77.0),
+        (64, "lognormal:1536,2048", 95.0, 98.0)) for r in point("llama3-8b", batch, 2000, gqa,
+                                                                read)]}
+    lines = tables().roofline_targets_table(small, mixed)
+    assert lines[2:] == [
+        "| 1 x 32k at 80% | llama3-8b (32:8) | 1 of 1: 80.0% | - | - |",
+        "| 16 x 1k at 70% | llama3-8b (32:8) | 0 of 1 | 1: gqa 69.9%, read 79.0% | - |",
+        "| mixed lengths at 85% | llama3-8b (32:8) | 1 of 3: 95.0% | 1: gqa 76.5%, read 90.0% | "
+        "1: gqa 60.0%, read 77.0% |"]

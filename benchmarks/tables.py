@@ -456,6 +456,17 @@ def mixed_table(result: dict, points=MIXED_POINTS) -> list[str]:
 LARGE_TOKENS = 256 * 1024
 
 
+def _loops(result: dict, keep=lambda r: True) -> dict:
+    """The rows of a result that `keep` accepts, by point: (model, batch, context, lengths spec
+    or None) -> {kernel: row}, the variants timed in that point's loop."""
+    loops = {}
+    for r in result["rows"]:
+        if keep(r):
+            key = (r["model"], r["batch"], r["context"], r.get("lengths"))
+            loops.setdefault(key, {})[r["kernel"]] = r
+    return loops
+
+
 def _spread(ratios) -> str:
     return f"{min(ratios):.3f}-{max(ratios):.3f}x (median {statistics.median(ratios):.3f}x)"
 
@@ -464,14 +475,12 @@ def read_table(result: dict) -> list[str]:
     """gqa (no prefetch) and SDPA against a plain read of the same bytes, one loop per point
     (results/h200/attention_read.json), per model, below and from LARGE_TOKENS: the read's % of
     the copy roofline, and the range and median of each kernel's speed over the read's."""
-    loops = {}
-    for r in result["rows"]:
-        loops.setdefault((r["model"], r["batch"], r["context"]), {})[r["kernel"]] = r
+    loops = _loops(result)
     lines = ["| model (q:kv) | points | read: % of the roofline | gqa / read | SDPA / read |",
              "|---|---|---|---|---|"]
     for model in dict.fromkeys(r["model"] for r in result["rows"]):
         for large in (False, True):
-            points = [p for (m, batch, context), p in loops.items()
+            points = [p for (m, batch, context, _), p in loops.items()
                       if m == model and (batch * context >= LARGE_TOKENS) == large]
             read = [p["read"]["pct_roofline"] for p in points]
             over = {k: [p["read"]["ms"] / p[k]["ms"] for p in points] for k in ("gqa", "sdpa")}
@@ -487,9 +496,7 @@ def block_order_table(result: dict) -> list[str]:
     SDPA either way, one loop per point (results/h200/attention_block_order.json), per model:
     the range and median of the speed ratios; against SDPA, the points where gqa is at least as
     fast and the median over the large ones (batch x context >= LARGE_TOKENS)."""
-    loops = {}
-    for r in result["rows"]:
-        loops.setdefault((r["model"], r["batch"], r["context"]), {})[r["kernel"]] = r
+    loops = _loops(result)
 
     def against_sdpa(points, kernel):
         ratios = [p["sdpa"]["ms"] / p[kernel]["ms"] for _, p in points]
@@ -501,7 +508,8 @@ def block_order_table(result: dict) -> list[str]:
     lines = ["| model (q:kv) | gqa, in order / scattered | vllm_v1, in order / scattered | "
              "gqa >= SDPA, scattered | gqa >= SDPA, in order |", "|---|---|---|---|---|"]
     for model in dict.fromkeys(r["model"] for r in result["rows"]):
-        points = [(batch * context, p) for (m, batch, context), p in loops.items() if m == model]
+        points = [(batch * context, p) for (m, batch, context, _), p in loops.items()
+                  if m == model]
         gain = {f: [p[f]["ms"] / p[f"{f}_in_order"]["ms"] for _, p in points]
                 for f in ("gqa", "vllm_v1")}
         lines.append(f"| {model} ({_heads(model)}) | {_spread(gain['gqa'])} | "
@@ -534,6 +542,8 @@ def timeline_table(result: dict) -> list[str]:
     return lines
 
 
+# The results ratio_targets_table reads, in its arguments' order.
+RATIO_TARGET_RESULTS = ("attention", "attention_fp8", "attention_vllm", "vllm_own")
 # The decode kernels' targets against the copy roofline: (batch, context) -> % at least, in
 # results/h200/attention_small.json; every batch of results/h200/attention_mixed.json at least
 # MIXED_TARGET.
@@ -551,13 +561,8 @@ def roofline_targets_table(small: dict, mixed: dict) -> list[str]:
     results/h200/attention_small.json, MIXED_TARGET over results/h200/attention_mixed.json), per
     model: the points that meet the target, and those that miss it, apart by whether a plain
     read of the same bytes, timed in the same loop, reaches the target there."""
-    def loops(result):
-        out = {}
-        for r in result["rows"]:
-            if r["prefetch"] == "none":
-                key = (r["model"], r["batch"], r["context"], r.get("lengths"))
-                out.setdefault(key, {})[r["kernel"]] = r
-        return out
+    def no_prefetch(r):
+        return r["prefetch"] == "none"
 
     def rows(target, points):
         for model in dict.fromkeys(key[0] for key, _ in points):
@@ -574,11 +579,12 @@ def roofline_targets_table(small: dict, mixed: dict) -> list[str]:
     lines = ["| target | model (q:kv) | met | missed, where a read reaches the target | missed, "
              "where a read does not |", "|---|---|---|---|---|"]
     for (batch, context), target in SMALL_TARGETS.items():
-        points = [(k, p) for k, p in loops(small).items() if k[1:3] == (batch, context)]
+        points = [(k, p) for k, p in _loops(small, no_prefetch).items()
+                  if k[1:3] == (batch, context)]
         lines += [f"| {batch} x {_context(context)} at {target:.0f}% " + line
                   for line in rows(target, points)]
     lines += [f"| mixed lengths at {MIXED_TARGET:.0f}% " + line
-              for line in rows(MIXED_TARGET, list(loops(mixed).items()))]
+              for line in rows(MIXED_TARGET, list(_loops(mixed, no_prefetch).items()))]
     return lines
 
 
@@ -590,10 +596,8 @@ def ratio_targets_table(grid: dict, fp8: dict, attention_vllm: dict,
     vLLM's recorded figures (results/h200/attention_vllm.json against vllm_own.json). A cell: the
     points that meet it, and the range of the ratio over all of them."""
     def pairs(result, over, under, keep=lambda r: True):
-        loops = {}
-        for r in result["rows"]:
-            if r["prefetch"] == "none" and r["block_size"] in (16, None) and keep(r):
-                loops.setdefault((r["model"], r["batch"], r["context"]), {})[r["kernel"]] = r
+        loops = _loops(result, lambda r: r["prefetch"] == "none" and r["block_size"] in (16, None)
+                       and keep(r))
         return {key: p[over]["ms"] / p[under]["ms"] for key, p in loops.items()}
 
     own = {(r["model"], r["batch"], r["context"]): r["gbps"] for r in vllm_own["rows"]}
@@ -645,8 +649,8 @@ def main() -> None:
     print("\n".join(timeline_table(load_result("h200", "timeline_mixed"))), end="\n\n")
     print("\n".join(roofline_targets_table(load_result("h200", "attention_small"),
                                             load_result("h200", "attention_mixed"))), end="\n\n")
-    print("\n".join(ratio_targets_table(*(load_result("h200", name) for name in (
-        "attention", "attention_fp8", "attention_vllm", "vllm_own")))), end="\n\n")
+    print("\n".join(ratio_targets_table(*(load_result("h200", name)
+                                           for name in RATIO_TARGET_RESULTS))), end="\n\n")
     for mode, (worst, median, within, total) in auto_summary(attention).items():
         print(f"auto ({mode}): worst {worst:.3f}x, median {median:.3f}x, within 3% at {within} "
               f"of {total}")

@@ -9,7 +9,6 @@ import pytest
 from kvlab.results import load_result, load_results
 
 ROOT = Path(__file__).resolve().parents[1]
-RATIO_TARGET_RESULTS = ("attention", "attention_fp8", "attention_vllm", "vllm_own")
 
 
 def tables():
@@ -41,8 +40,8 @@ def tables():
         ("benchmarks/README.md", lambda t: t.read_table(load_result("h200", "attention_read"))),
         ("benchmarks/README.md", lambda t: t.roofline_targets_table(
             load_result("h200", "attention_small"), load_result("h200", "attention_mixed"))),
-        ("benchmarks/README.md", lambda t: t.ratio_targets_table(*(load_result("h200", name) for
-                                                                   name in RATIO_TARGET_RESULTS))),
+        ("benchmarks/README.md", lambda t: t.ratio_targets_table(*(
+            load_result("h200", name) for name in t.RATIO_TARGET_RESULTS))),
         ("benchmarks/README.md", lambda t: t.timeline_table(load_result("h200", "timeline"))),
         ("benchmarks/README.md", lambda t: t.timeline_table(
             load_result("h200", "timeline_mixed"))),

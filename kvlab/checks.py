@@ -4,6 +4,7 @@ Each raises ValueError naming the parameter, the value and what is allowed. Pure
 this module costs nothing.
 """
 
+import math
 import numbers
 
 HEAD_DIMS = (64, 80, 96, 112, 128, 256)
@@ -22,9 +23,47 @@ def is_int(value) -> bool:
     )
 
 
-def check_int(name: str, value, minimum: int) -> None:
-    if not is_int(value) or value < minimum:
-        raise ValueError(f"{name}={value!r}: must be an integer >= {minimum}")
+def is_real(value) -> bool:
+    """True for a finite real number: a Python or numpy int or float, but not a bool (nor NaN, an
+    infinity or an int past the float range). A caller that keeps the value stores
+    `float(value)`."""
+    # (numpy's bool is not a numbers.Real)
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int past float's range
+        return False
+
+
+def check_int(name: str, value, minimum: int, maximum: int | None = None) -> None:
+    """ValueError unless `value` is an integer (is_int) in [minimum, maximum]."""
+    if not is_int(value) or value < minimum or (maximum is not None and value > maximum):
+        allowed = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise ValueError(f"{name}={value!r}: must be an integer {allowed}")
+
+
+def check_real(name: str, value, minimum: float | None = None, maximum: float | None = None, *,
+               open_min: bool = False) -> None:
+    """ValueError unless `value` is a finite real number (is_real) >= minimum (> minimum with
+    open_min) and <= maximum, where given."""
+    ok = is_real(value)  # NOTE: first: a str or None must not reach the comparisons
+    if ok and minimum is not None:
+        ok = value > minimum if open_min else value >= minimum
+    if ok and maximum is not None:
+        ok = value <= maximum
+    if not ok:
+        bounds = [f"{'>' if open_min else '>='} {minimum}"] if minimum is not None else []
+        bounds += [f"<= {maximum}"] if maximum is not None else []
+        raise ValueError(f"{name}={value!r}: must be a finite number"
+                         + (f" {' and '.join(bounds)}" if bounds else ""))
+
+
+def check_bool(name: str, value) -> None:
+    """ValueError unless `value` is True or False (a numpy bool too)."""
+    numpy_bool = type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")
+    if not (value is True or value is False or numpy_bool):
+        raise ValueError(f"{name}={value!r}: must be True or False")
 
 
 def check_positive_int(name: str, value) -> None:

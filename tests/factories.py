@@ -1,5 +1,7 @@
 """Small factories for tests: explicit data, no hidden fixtures."""
 
+import contextlib
+import signal
 import subprocess
 import sys
 
@@ -88,3 +90,19 @@ def force_gqa_warps(monkeypatch, warps: int) -> None:
 
     plan = gqa.split_plan
     monkeypatch.setattr(gqa, "split_plan", lambda *a, **k: plan(*a, **k)._replace(warps=warps))
+
+
+@contextlib.contextmanager
+def no_hang(seconds: int = 20):
+    """Fail (TimeoutError) instead of waiting forever: a hang of the code under test (or a list
+    of a trillion entries it builds) must not hang the suite."""
+    def expire(*_):
+        raise TimeoutError(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

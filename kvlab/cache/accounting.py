@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvlab.cache.block_manager import BlockManager
-from kvlab.checks import check_block_size, check_positive_int
+from kvlab.cache.block_pool import as_list
+from kvlab.checks import check_block_size, check_positive_int, is_real
 from kvlab.workload import Workload
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
 ]
 
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+INT64_MAX = int(np.iinfo(np.int64).max)
 
 
 @dataclass(frozen=True)
@@ -120,22 +122,26 @@ def _paged_costs(workload: Workload, block_sizes: np.ndarray) -> tuple[np.ndarra
     return num_new_blocks, num_new_tokens
 
 
-def _num_fit(cum_bytes: np.ndarray, budget_bytes: int | None) -> int | None:
-    """Requests that fit, given non-decreasing cumulative bytes `[num_requests]`."""
+def _num_fit(cum_units: np.ndarray, unit_bytes: int, budget_bytes: float | None) -> int | None:
+    """Requests that fit, given non-decreasing cumulative units `[num_requests]` of
+    `unit_bytes` each (counted in units, so that no byte count passes int64)."""
     if budget_bytes is None:
         return None
-    return int(np.searchsorted(cum_bytes, budget_bytes, side="right"))
+    units = budget_bytes // unit_bytes
+    if units >= cum_units[-1]:
+        return len(cum_units)
+    return int(np.searchsorted(cum_units, units, side="right"))
 
 
 def _contiguous_usage(
-    workload: Workload, bytes_per_token: int, budget_bytes: int | None
+    workload: Workload, bytes_per_token: int, budget_bytes: float | None
 ) -> CacheUsage:
     per_request = workload.max_seq_len * bytes_per_token
-    cum_bytes = per_request * np.arange(1, workload.num_requests + 1, dtype=np.int64)
     return CacheUsage(
         reserved_bytes=workload.num_requests * per_request,
         token_bytes=int(workload.seq_lens.sum()) * bytes_per_token,
-        num_requests_fit=_num_fit(cum_bytes, budget_bytes),
+        num_requests_fit=_num_fit(np.arange(1, workload.num_requests + 1, dtype=np.int64),
+                                  per_request, budget_bytes),
     )
 
 
@@ -152,17 +158,20 @@ def memory_report(
         bytes_per_token: K and V bytes of one token over all layers, >= 1
             (`ModelConfig.kv_bytes_per_token()`).
         block_size: tokens per block, a power of two in [1, 256].
-        budget_bytes: KV memory available, >= 0; None skips the requests-that-fit count.
+        budget_bytes: KV memory available, a finite number >= 0; None skips the
+            requests-that-fit count.
 
-    Raises ValueError naming the argument when one is out of range.
+    Raises ValueError naming the argument when one is out of range. Byte counts are Python
+    ints: exact at any size.
     """
     check_positive_int("bytes_per_token", bytes_per_token)
     check_block_size(block_size)
-    if budget_bytes is not None and not budget_bytes >= 0:
-        raise ValueError(f"budget_bytes={budget_bytes!r}: must be >= 0 (or None)")
+    if budget_bytes is not None and not (is_real(budget_bytes) and budget_bytes >= 0):
+        raise ValueError(f"budget_bytes={budget_bytes!r}: must be >= 0 (a finite number of "
+                         "bytes) or None")
     num_new_blocks, num_new_tokens = _paged_costs(workload, np.array([block_size], dtype=np.int64))
     num_new_blocks, num_new_tokens = num_new_blocks[0], num_new_tokens[0]
-    block_bytes = block_size * bytes_per_token
+    block_bytes = int(block_size) * int(bytes_per_token)
     num_blocks = int(num_new_blocks.sum())
     group_ids, group_sizes = np.unique(
         workload.prefix_group[workload.prefix_group >= 0], return_counts=True
@@ -171,7 +180,7 @@ def memory_report(
     paged = CacheUsage(
         reserved_bytes=num_blocks * block_bytes,
         token_bytes=int(num_new_tokens.sum()) * bytes_per_token,
-        num_requests_fit=_num_fit(np.cumsum(num_new_blocks) * block_bytes, budget_bytes),
+        num_requests_fit=_num_fit(np.cumsum(num_new_blocks), block_bytes, budget_bytes),
     )
     return MemoryReport(
         workload_name=workload.name,
@@ -197,19 +206,25 @@ def fragmentation_sweep(
     Args:
         workload: the requests at their final lengths.
         bytes_per_token: K and V bytes of one token over all layers, >= 1.
-        block_sizes: non-empty sequence of powers of two in [1, 256].
+        block_sizes: a non-empty sequence (any iterable) of powers of two in [1, 256].
 
-    Raises ValueError naming the argument when one is out of range.
+    Raises ValueError naming the argument when one is out of range, or when a byte count would
+    pass int64.
     """
     check_positive_int("bytes_per_token", bytes_per_token)
+    block_sizes = as_list("block_sizes", block_sizes, "a sequence of powers of two in [1, 256]")
     if len(block_sizes) == 0:
         raise ValueError("block_sizes=(): must hold at least one block size")
     for block_size in block_sizes:
         check_block_size(block_size)
     sizes = np.asarray(block_sizes, dtype=np.int64)
     num_new_blocks, num_new_tokens = _paged_costs(workload, sizes)
-    reserved = num_new_blocks.sum(axis=1) * sizes * bytes_per_token
-    tokens = num_new_tokens.sum(axis=1) * bytes_per_token
+    reserved_tokens = num_new_blocks.sum(axis=1) * sizes  # >= the tokens held
+    if int(reserved_tokens.max()) * int(bytes_per_token) > INT64_MAX:
+        raise ValueError(f"bytes_per_token={bytes_per_token}: the workload's "
+                         f"{int(reserved_tokens.max())} reserved tokens pass int64 bytes")
+    reserved = reserved_tokens * int(bytes_per_token)
+    tokens = num_new_tokens.sum(axis=1) * int(bytes_per_token)
     fragmentation = np.where(reserved > 0, 100.0 * (1.0 - tokens / np.maximum(reserved, 1)), 0.0)
     return FragmentationSweep(
         block_sizes=sizes,

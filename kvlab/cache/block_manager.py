@@ -11,7 +11,7 @@ are equal. No hash of a hash is involved, so no collision can alias two differen
 
 from dataclasses import dataclass, field
 
-from kvlab.cache.block_pool import BlockPool, OutOfBlocksError
+from kvlab.cache.block_pool import BlockPool, OutOfBlocksError, as_list
 from kvlab.checks import check_int, check_positive_int, is_int
 
 
@@ -170,7 +170,7 @@ class BlockManager:
         per sequence, or for ids given while a sequence still has tokens without them;
         OutOfBlocksError when the new blocks do not fit.
         """
-        seq_ids = list(seq_ids)
+        seq_ids = as_list("seq_ids", seq_ids, "a sequence of seq ids")
         seqs = [self._seq(seq_id) for seq_id in seq_ids]
         if len(set(seq_ids)) < len(seq_ids):
             index, seq_id = next((i, s) for i, s in enumerate(seq_ids) if seq_ids.index(s) < i)
@@ -226,7 +226,7 @@ class BlockManager:
         of the earliest such token of sequence seq_ids[i]. A block it fills becomes shareable.
         Raises ValueError for a sequence that is not live, is named twice or has no such token,
         or for token ids that are not one integer per sequence; nothing changes then."""
-        seq_ids = list(seq_ids)
+        seq_ids = as_list("seq_ids", seq_ids, "a sequence of seq ids")
         seqs = [self._seq(seq_id) for seq_id in seq_ids]
         token_ids = self._check_token_ids(token_ids, len(seqs))
         if len(set(seq_ids)) < len(seq_ids):
@@ -277,12 +277,7 @@ class BlockManager:
         """`token_ids` as a list of `num_tokens` plain ints, or None."""
         if token_ids is None:
             return None
-        try:
-            token_ids = list(token_ids)
-        except TypeError:
-            raise ValueError(
-                f"token_ids={token_ids!r:.60}: must be None or a sequence of integers"
-            ) from None
+        token_ids = as_list("token_ids", token_ids, "None or a sequence of integers")
         if len(token_ids) != num_tokens:
             raise ValueError(
                 f"token_ids has {len(token_ids)} ids: must have one per token ({num_tokens})"

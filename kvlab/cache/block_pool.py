@@ -9,7 +9,9 @@ import random
 from collections import Counter, deque
 from collections.abc import Hashable, Iterable
 
-from kvlab.checks import check_block_size, check_int, check_positive_int, is_int
+from kvlab.checks import check_block_size, check_int, is_int
+
+MAX_NUM_BLOCKS = 2**31 - 1  # block ids are int32 in the block tables the kernels read
 
 
 class OutOfBlocksError(RuntimeError):
@@ -23,8 +25,20 @@ class OutOfBlocksError(RuntimeError):
         self.num_free = num_free
 
 
+def as_list(name: str, values, allowed: str) -> list:
+    """`values` (any iterable but a string) as a list; ValueError "{name}=...: must be
+    {allowed}" for a string or what is not iterable."""
+    try:
+        if isinstance(values, (str, bytes)):
+            raise TypeError
+        return list(values)
+    except TypeError:
+        raise ValueError(f"{name}={values!r:.60}: must be {allowed}") from None
+
+
 class BlockPool:
-    """`num_blocks` blocks of `block_size` token slots each, identified by ids 0..num_blocks-1.
+    """`num_blocks` blocks (at most MAX_NUM_BLOCKS) of `block_size` token slots each, identified
+    by ids 0..num_blocks-1.
 
     A block is free exactly when its ref count is 0; then it sits in the free queue. With a `seed`,
     the queue starts in a random order, so block tables come out scattered over the pool as in a
@@ -35,7 +49,7 @@ class BlockPool:
     """
 
     def __init__(self, num_blocks: int, block_size: int, seed: int | None = None):
-        check_positive_int("num_blocks", num_blocks)
+        check_int("num_blocks", num_blocks, 1, MAX_NUM_BLOCKS)
         check_block_size(block_size)
         if seed is not None and not is_int(seed):
             raise ValueError(f"seed={seed!r}: must be None or an integer")
@@ -119,7 +133,7 @@ class BlockPool:
 
     def _check_in_use(self, block_ids: Iterable[int], action: str) -> list[int]:
         """`block_ids` as a list of plain ints, each naming a block in use."""
-        block_ids = list(block_ids)
+        block_ids = as_list("block_ids", block_ids, "a sequence of block ids")
         ref_cnt, num_blocks = self._ref_cnt, self.num_blocks
         for block_id in block_ids:
             # NOTE: a cheap test of the common case (plain ints); the full check once one fails.

@@ -15,7 +15,8 @@ import torch
 
 from kvlab.cache import fp8
 from kvlab.cache.block_manager import Allocation, BlockManager
-from kvlab.checks import check_block_size, check_head_dim, check_positive_int
+from kvlab.cache.block_pool import as_list
+from kvlab.checks import check_block_size, check_head_dim, check_positive_int, is_int
 
 LAYOUTS = ("hnd", "vllm")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, fp8.FP8_DTYPE)
@@ -34,6 +35,13 @@ def cache_shapes(num_blocks, block_size, num_kv_heads, head_dim, dtype, layout):
         (num_blocks, num_kv_heads, head_dim // x, block_size, x),
         (num_blocks, num_kv_heads, head_dim, block_size),
     )
+
+
+def cache_nbytes(num_blocks, block_size, num_kv_heads, head_dim, dtype, layout) -> int:
+    """Bytes of a paged cache's K and V tensors (the sizes plain ints, so that a huge count is
+    sized, not allocated). Raises ValueError for a layout not in LAYOUTS."""
+    k_shape, v_shape = cache_shapes(num_blocks, block_size, num_kv_heads, head_dim, dtype, layout)
+    return (math.prod(k_shape) + math.prod(v_shape)) * dtype.itemsize
 
 
 class PagedKVCache:
@@ -82,8 +90,10 @@ class PagedKVCache:
         k_shape, v_shape = cache_shapes(
             num_blocks, block_size, num_kv_heads, head_dim, dtype, layout
         )
-        device = _check_device(device)
-        _check_fits(num_blocks, (math.prod(k_shape) + math.prod(v_shape)) * dtype.itemsize, device)
+        device = check_device(device)
+        check_fits(f"num_blocks={num_blocks}: the K/V tensors",
+                   cache_nbytes(num_blocks, block_size, num_kv_heads, head_dim, dtype, layout),
+                   device)
         try:
             self.manager = manager or BlockManager(num_blocks, block_size, seed)
             self.k_cache = torch.zeros(k_shape, dtype=dtype, device=device)
@@ -157,6 +167,9 @@ class PagedKVCache:
         add_sequence or append returned for them, k, v the K/V of those n tokens (the sequence's
         last n), as `append` takes them. Copy-on-write copies and a shared prefix are handled as
         `add_sequence` and `append` handle them."""
+        if not isinstance(alloc, Allocation):
+            raise ValueError(f"alloc={alloc!r:.60}: must be an Allocation (what the manager's "
+                             "add_sequence or append returned)")
         self._check_kv(k, v)
         seq_len = self.manager.seq_len(alloc.seq_id)
         if k.shape[0] > seq_len:
@@ -183,6 +196,7 @@ class PagedKVCache:
     def block_tables(self, seq_ids) -> torch.Tensor:
         """int32 [len(seq_ids), max_num_blocks] on the cache's device. Rows are padded with 0
         (a valid block id, so that an over-read stays in bounds): use seq_lens to bound them."""
+        seq_ids = as_list("seq_ids", seq_ids, "a sequence of seq ids")
         tables = [self.manager.block_table(s) for s in seq_ids]
         width = max((len(t) for t in tables), default=0)
         padded = [t + [0] * (width - len(t)) for t in tables]
@@ -190,6 +204,7 @@ class PagedKVCache:
 
     def seq_lens(self, seq_ids) -> torch.Tensor:
         """int32 [len(seq_ids)] on the cache's device."""
+        seq_ids = as_list("seq_ids", seq_ids, "a sequence of seq ids")
         lens = [self.manager.seq_len(s) for s in seq_ids]
         return torch.tensor(lens, dtype=torch.int32, device=self.device)
 
@@ -216,7 +231,16 @@ class PagedKVCache:
     def copy_blocks(self, copies) -> None:
         """Copy whole blocks, (src_block_id, dst_block_id) pairs: an Allocation's copy-on-write
         `copies`, for a caller that places tokens with a shared manager and writes them with
-        `write_slots`."""
+        `write_slots`. Raises ValueError, before copying any, for a pair that is not two block
+        ids."""
+        if not copies:  # NOTE: a decode step calls this for every layer, nearly always with none
+            return
+        copies = tuple(copies)
+        for i, pair in enumerate(copies):
+            if not (isinstance(pair, (tuple, list)) and len(pair) == 2
+                    and all(is_int(b) and 0 <= b < self.num_blocks for b in pair)):
+                raise ValueError(f"copies[{i}]={pair!r}: must be a (src_block_id, dst_block_id) "
+                                 f"pair of block ids, integers in [0, {self.num_blocks})")
         for src, dst in copies:
             self.k_cache[dst] = self.k_cache[src]
             self.v_cache[dst] = self.v_cache[src]
@@ -227,12 +251,21 @@ class PagedKVCache:
         block id * block_size + offset in the block, as BlockManager.slot_mapping gives them).
         k, v: [n, num_kv_heads, head_dim] as `append` takes them. No block bookkeeping: for a
         caller that has placed the tokens with a shared manager (one placement, many layers'
-        caches) and applied its copies with `copy_blocks`."""
+        caches) and applied its copies with `copy_blocks`. Raises ValueError for a slot outside
+        the cache (checked with one device sync, except while a CUDA graph is being captured)."""
         self._check_kv(k, v)
         if slots.shape != (k.shape[0],) or slots.dtype != torch.int64 or (
                 slots.device != self.device):
             raise ValueError(f"slots: int64 [{k.shape[0]}] on {self.device} (one per token), "
                              f"got {slots.dtype} {tuple(slots.shape)} on {slots.device}")
+        num_slots = self.num_blocks * self.block_size
+        if slots.numel() and not (self.device.type == "cuda"
+                                  and torch.cuda.is_current_stream_capturing()):
+            lo, hi = (int(x) for x in slots.aminmax())
+            if lo < 0 or hi >= num_slots:
+                bad = lo if lo < 0 else hi
+                raise ValueError(f"slots: holds {bad}, must be in [0, num_blocks x block_size = "
+                                 f"{num_slots})")
         self._quantize_scatter(slots, k, v)
 
     @torch.no_grad()  # NOTE: K/V that require grad must not pull the cache into autograd.
@@ -274,7 +307,9 @@ class PagedKVCache:
         return k, self.v_cache[block, :, :, offset]
 
 
-def _check_device(device) -> torch.device:
+def check_device(device) -> torch.device:
+    """`device` as a torch.device. Raises ValueError, naming it, for what is not a device, or a
+    CUDA device that is not there."""
     try:
         device = torch.device(device)
     except (RuntimeError, TypeError) as err:
@@ -308,11 +343,10 @@ def _free_bytes(device: torch.device) -> int | None:
     return None
 
 
-def _check_fits(num_blocks: int, num_bytes: int, device: torch.device) -> None:
-    """ValueError unless `num_bytes` fit in the free memory of `device` (where that is known)."""
+def check_fits(what: str, num_bytes: int, device: torch.device) -> None:
+    """ValueError unless `num_bytes` fit in the free memory of `device` (where that is known).
+    what: the argument and the tensors it sizes, e.g. "num_blocks=8: the K/V tensors"."""
     num_free = _free_bytes(device)
     if num_free is not None and num_bytes > num_free:
-        raise ValueError(
-            f"num_blocks={num_blocks}: the K/V tensors need {num_bytes:,} bytes, but {device} has "
-            f"{num_free:,} bytes free"
-        )
+        raise ValueError(f"{what} need {num_bytes:,} bytes, but {device} has {num_free:,} bytes "
+                         "free")

@@ -12,9 +12,11 @@ pass; a longer prompt alone). Admitted requests decode together, one token each 
 finished one frees its blocks at once, and waiting ones join at the next step. When a step's new
 blocks do not fit, the most recently admitted requests are preempted: they give their blocks back
 and wait at the head of the queue with the tokens they have, to be recomputed (prefilled again)
-later, so a full cache slows requests down instead of failing them. A request that the whole cache
-cannot hold is refused before anything runs. Prompts that share whole blocks of tokens with a live
-request share those blocks (the manager's prefix sharing), with their K, V written once.
+later, so a full cache slows requests down instead of failing them. A request that the free blocks
+cannot hold (the whole cache, or what an LLM sharing it leaves) is refused before anything runs.
+However generate ends (an exception, an interrupt too), its requests give their blocks back.
+Prompts that share whole blocks of tokens with a live request share those blocks (the manager's
+prefix sharing), with their K, V written once.
 
 Asynchronous decode (async_decode, on by default on a GPU): a decode step is queued before the
 previous step's tokens reach the host. It reads them on the GPU (its token ids are the previous
@@ -44,7 +46,6 @@ together).
 
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -53,12 +54,21 @@ from dataclasses import dataclass, field
 import torch
 
 from kvlab.cache import BlockManager
-from kvlab.checks import check_block_size, check_positive_int, is_int
+from kvlab.cache.paged_cache import PagedKVCache, cache_nbytes, check_fits
+from kvlab.checks import (
+    check_block_size,
+    check_bool,
+    check_int,
+    check_positive_int,
+    check_real,
+    is_int,
+    is_real,
+)
 from kvlab.config import MODELS, ModelConfig
 from kvlab.engine import checkpoint, forward, offloaded, tp
 from kvlab.engine.generation import Generation, SampledTokens, TokenLog, clock_ms
 from kvlab.engine.graphs import bucket as graphs_bucket
-from kvlab.engine.weights import ModelWeights
+from kvlab.engine.weights import SEED_RANGE, ModelWeights
 from kvlab.kernels import layer_ops
 from kvlab.kernels.prefetch import PrefetchConfig
 from kvlab.offload.model import resolve_device
@@ -76,6 +86,7 @@ def cache_layout(attention: str) -> str:
 
 DEFAULT_CACHED_TOKENS = 65536
 DEFAULT_PREFILL_TOKENS = 8192
+SAMPLING_SEEDS = (-2**63, 2**64 - 1)  # what torch.Generator.manual_seed takes
 
 
 @dataclass
@@ -84,7 +95,7 @@ class _Request:
     prompt: list[int]
     max_new_tokens: int
     tokens: list[int] = field(default_factory=list)
-    seq_id: int | None = None
+    seq_id: int | None = None  # its sequence in the manager while it holds blocks
     alloc: object = None  # the manager's placement of its context, until it is prefilled
     finish_reason: str | None = None
 
@@ -121,15 +132,17 @@ class LLM:
         prefetch: a PrefetchConfig for the CUDA kernels (None: none, or the fastest with "auto").
         dtype: of the weights and the cache; default fp16 on a GPU, fp32 on the CPU.
         device: default "cuda" when kvlab.backend() is "cuda", else "cpu".
-        seed: of the random weights (and the default of generate's sampling seed).
+        seed: of the random weights (and the default of generate's sampling seed), an
+            integer in SEED_RANGE.
         block_size: tokens per cache block (8, 16 or 32 for vllm_v1; 8-256 otherwise).
         num_blocks: blocks in the cache, shared by all layers; default enough for 65,536 tokens.
+            Their K, V tensors must fit in the device's free memory.
         cuda_graphs: replay decode steps as CUDA graphs (kvlab.engine.graphs) for batches of
             up to 256 sequences of up to graph_max_len tokens, eagerly beyond; default True
             with the CUDA kernels (they alone can be captured).
         graph_max_len: the longest sequence a graph serves (the longest span a graph's kernels
             are planned for; like vLLM's max_seq_len_to_capture), default the model's context
-            limit or 8192, whichever is less.
+            limit or 8192, whichever is less; no more than the cache holds is used.
         max_prefill_tokens: the most prompt tokens one prefill pass takes (the requests admitted
             together, in order; a longer prompt is prefilled alone), default 8192.
         offload: keep the K, V in host memory and decode through the KVPR runtime
@@ -149,7 +162,8 @@ class LLM:
             without tensor parallelism).
         async_decode: queue each decode step before the previous step's tokens reach the host
             (see the module's docstring); default True on a GPU. Not with offload.
-    Raises ValueError, before allocating anything, for anything it cannot run.
+    Flags are bools (numpy's too), counts integers (numpy's too, never bools). Raises
+    ValueError, before allocating anything, for anything it cannot run.
     """
 
     def __init__(self, model: str | ModelConfig = "tiny-llama", *, attention: str = "auto",
@@ -161,6 +175,10 @@ class LLM:
                  max_prefill_tokens: int = DEFAULT_PREFILL_TOKENS, offload: bool = False,
                  offload_rates: LinkAndCompute | None = None, async_decode: bool | None = None,
                  _cache_of: LLM | None = None):
+        cuda_graphs = _flag("cuda_graphs", cuda_graphs, optional=True)
+        async_decode = _flag("async_decode", async_decode, optional=True)
+        offload = _flag("offload", offload)
+        tensor_parallel = _flag("tensor_parallel", tensor_parallel)
         self._graph_args = {"cuda_graphs": cuda_graphs, "graph_max_len": graph_max_len,
                             "tensor_parallel": tensor_parallel, "async_decode": async_decode}
         check_positive_int("max_prefill_tokens", max_prefill_tokens)
@@ -178,13 +196,9 @@ class LLM:
             raise ValueError(f"attention={attention!r}: must be one of {ATTENTIONS}")
         _check_offload(offload, offload_rates, attention, prefetch, num_blocks, tensor_parallel,
                        async_decode, cuda)
-        if not any(async_decode is v for v in (None, True, False)):
-            raise ValueError(f"async_decode={async_decode!r}: must be None or a bool")
         self.async_decode = cuda and not offload if async_decode is None else async_decode
         self.offload, self.offload_rates, self.offload_graphs = offload, offload_rates, False
         if offload:  # the runtime's attention and graphs; the paged cache's do not apply
-            if cuda_graphs not in (None, True, False):
-                raise ValueError(f"cuda_graphs={cuda_graphs!r}: must be None or a bool")
             self.offload_graphs = cuda and cuda_graphs is not False
             attention, cuda_graphs = offloaded.ATTENTION, False
         if attention == "auto" and not cuda:
@@ -219,21 +233,22 @@ class LLM:
         if num_blocks is None:
             num_blocks = -(-DEFAULT_CACHED_TOKENS // block_size)
         check_positive_int("num_blocks", num_blocks)
-        if not is_int(seed):
-            raise ValueError(f"seed={seed!r}: must be an integer")
+        check_int("seed", seed, *SEED_RANGE)
         if cuda_graphs is None:
             cuda_graphs = attention != "reference"
-        if cuda_graphs is not False and (cuda_graphs is not True or attention == "reference"):
-            raise ValueError(f"cuda_graphs={cuda_graphs!r}: must be a bool, and False with "
+        if cuda_graphs and attention == "reference":
+            raise ValueError("cuda_graphs=True: must be a bool, and False with "
                              "attention='reference' (only the CUDA kernels can be captured)")
         if graph_max_len is None:
             graph_max_len = min(self.model.max_position, 8192)
         check_positive_int("graph_max_len", graph_max_len)
-        self.seed, self.block_size = int(seed), int(block_size)
-
-        from kvlab.cache import PagedKVCache
-
+        self.seed, self.block_size, num_blocks = int(seed), int(block_size), int(num_blocks)
         m = self.local
+        if not offload and _cache_of is None:
+            check_fits(f"num_blocks={num_blocks}: the K/V tensors of {m.num_layers} layers",
+                       m.num_layers * cache_nbytes(num_blocks, self.block_size, m.num_kv_heads,
+                                                   m.head_dim, dtype, cache_layout(attention)),
+                       self.device)
         if weights is None:
             weights = (ModelWeights.random(self.model, self.seed, dtype, self.device)
                        if checkpoint_path is None else
@@ -253,8 +268,11 @@ class LLM:
                                         manager=self.manager)
                            for _ in range(m.num_layers)]
             self._scratch_ids: list[int] = []  # the graphs' scratch sequences in the manager
-        self.rope = (RopeTable.build(m, m.max_position, dtype, self.device)
-                     if m.position == "rope" else None)
+        # NOTE: no sequence outgrows the cache: the tables need not reach the context limit (with
+        # offload, each generate makes the table of its prompts)
+        longest = min(m.max_position, num_blocks * self.block_size)
+        self.rope = (RopeTable.build(m, longest, dtype, self.device)
+                     if m.position == "rope" and not offload else None)
         self.graphs = None
         if cuda_graphs:  # a block of its own for the graphs' padding rows
             from kvlab.engine.graphs import DecodeGraphs
@@ -262,7 +280,8 @@ class LLM:
             scratch = self.manager.add_sequence(1).seq_id
             self._scratch_ids.append(scratch)
             self.graphs = DecodeGraphs(
-                m, self.weights, self.caches, self.rope, attention, prefetch, int(graph_max_len),
+                m, self.weights, self.caches, self.rope, attention, prefetch,
+                min(int(graph_max_len), longest),
                 (self.manager.block_table(scratch)[0], self.manager.slot_mapping(scratch, 0, 1)[0]),
                 self._reduce)
 
@@ -291,8 +310,7 @@ class LLM:
         own, or with share_cache this LLM's (an attention of the same cache layout; the two must not
         generate at once: each generate starts from, and leaves, an empty cache). Raises
         ValueError as the constructor does."""
-        if share_cache is not False and share_cache is not True:
-            raise ValueError(f"share_cache={share_cache!r}: must be a bool")
+        share_cache = _flag("share_cache", share_cache)
         if self.offload:
             raise ValueError("with_attention: this LLM decodes through KVPR (offload=True), with "
                              "no attention to swap; make kvlab.LLM(..., weights=llm.weights) "
@@ -323,53 +341,72 @@ class LLM:
 
         temperature 0 is greedy; above 0, tokens are sampled from softmax(logits / temperature)
         within the smallest set of top tokens whose probability reaches top_p (generator seeded
-        with `seed`, default the LLM's). A request stops at max_new_tokens, or at eos_token_id
-        unless ignore_eos. Raises ValueError, before anything runs, for a prompt that is empty,
-        not token ids of the vocabulary, or longer than the context limit with its new tokens,
-        for max_new_tokens < 1, a request the whole cache cannot hold, or arrivals with
-        tensor_parallel (each rank would admit by its own clock)."""
+        with `seed`, an integer in SAMPLING_SEEDS, default the LLM's). A request stops at
+        max_new_tokens, or at eos_token_id unless ignore_eos (a bool). Numbers may be numpy
+        scalars, never bools.
+
+        Raises ValueError, before anything runs, for a prompt that is empty, not token ids of
+        the vocabulary, or longer than the context limit with its new tokens, for
+        max_new_tokens < 1, a request that the free blocks cannot hold (the whole cache, or
+        what sequences outside this generate leave free: an LLM sharing this cache), arrivals
+        with tensor_parallel (each rank would admit by its own clock), or any other argument
+        out of its range; RuntimeError if blocks taken outside while it runs leave a request
+        that has arrived no way ever to be admitted. However it ends (its results, an
+        exception, an interrupt), its requests' blocks are given back.
+        """
         requests = self._requests(prompts, max_new_tokens)
-        arrival_s = [0.0] * len(requests) if arrivals is None else list(arrivals)
-        if len(arrival_s) != len(requests) or not all(
-                isinstance(t, (int, float)) and math.isfinite(t) and t >= 0 for t in arrival_s):
-            raise ValueError(f"arrivals: must be {len(requests)} finite numbers >= 0 (seconds "
-                             "after the call), one per prompt")
+        arrival_s = _arrival_times(arrivals, len(requests))
         if arrivals is not None and self._reduce is not None:
             raise ValueError("arrivals: with tensor_parallel=True every rank must admit the same "
                              "requests at the same step, and arrivals are timed by each rank's "
                              "own clock; serve without tensor parallelism")
-        if not (isinstance(temperature, (int, float)) and math.isfinite(temperature)
-                and temperature >= 0):
-            raise ValueError(f"temperature={temperature!r}: must be a finite number >= 0")
-        if not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
+        check_real("temperature", temperature, 0)
+        if not (is_real(top_p) and 0 < top_p <= 1):
             raise ValueError(f"top_p={top_p!r}: must be a number in (0, 1]")
         if eos_token_id is not None and not (is_int(eos_token_id) and
                                              0 <= eos_token_id < self.model.vocab_size):
             raise ValueError(f"eos_token_id={eos_token_id!r}: must be None or a token id in "
                              f"[0, {self.model.vocab_size})")
-        generator = torch.Generator(self.device).manual_seed(self.seed if seed is None else seed)
-        stop = None if ignore_eos else eos_token_id
+        check_bool("ignore_eos", ignore_eos)
+        if seed is not None:
+            check_int("seed", seed, *SAMPLING_SEEDS)
+        if on_finish is not None and not callable(on_finish):
+            raise ValueError(f"on_finish={on_finish!r}: must be None or a callable")
+        if self.offload:
+            offloaded.check_batch(requests, arrivals)
+        generator = torch.Generator(self.device).manual_seed(
+            self.seed if seed is None else int(seed))
+        stop = None if ignore_eos or eos_token_id is None else int(eos_token_id)
+        temperature, top_p = float(temperature), float(top_p)
 
         def sample(logits):
             return _sample(logits, temperature, top_p, generator)
 
-        if self.offload:
-            offloaded.check_batch(requests, arrivals)
-            return offloaded.generate(self, requests, sample, stop, self.offload_rates,
-                                      on_finish)
+        try:
+            if self.offload:
+                return offloaded.generate(self, requests, sample, stop, self.offload_rates,
+                                          on_finish)
+            return self._serve(requests, arrival_s, sample,
+                               TokenLog(len(requests), stop, time.perf_counter(), on_finish))
+        finally:
+            self._release(requests)
 
+    def _serve(self, requests: list[_Request], arrival_s: list[float],
+               sample: Callable[[torch.Tensor], torch.Tensor], log: TokenLog) -> Generation:
+        """Run the requests on the paged cache to their ends (the module's docstring): the
+        requests admitted, prefilled, decoded together, preempted when the cache is full."""
         waiting = deque(sorted(requests, key=lambda r: arrival_s[r.index]))
         running: list[_Request] = []
         prefill_ms, step_ms, step_batch = [0.0] * len(requests), [], []
-        preemptions, began = 0, time.perf_counter()
-        log = TokenLog(len(requests), stop, began, on_finish)
+        preemptions = 0
 
         def now() -> float:
-            return time.perf_counter() - began
+            return time.perf_counter() - log.began
 
         def take(request: _Request, token: int) -> None:
             if log.take(request, token):  # its end: it leaves `running` and frees its blocks
                 self.manager.free(request.seq_id)
+                request.seq_id = None
                 running.remove(request)
 
         step: _Step | None = None  # the decode step in flight: launched, its tokens not taken
@@ -388,8 +425,8 @@ class LLM:
                         prefill_ms[request.index] += elapsed
                 preemptions += self._make_room(running, waiting)
                 if not running:
-                    if waiting:  # the next request has not arrived yet
-                        time.sleep(max(arrival_s[waiting[0].index] - now(), 0.0))
+                    if waiting:
+                        self._await(waiting[0], arrival_s, now)
                     continue
                 step = self._launch(list(running), [r.tokens[-1] for r in running], sample,
                                     clock_ms(self.device))
@@ -412,6 +449,35 @@ class LLM:
         return Generation([r.tokens for r in requests], [r.finish_reason for r in requests],
                           prefill_ms, step_ms, step_batch, preemptions, self.attention,
                           arrival_s, log.first_token_s, log.finish_s)
+
+    def _await(self, head: _Request, arrival_s: list[float], now: Callable[[], float]) -> None:
+        """With nothing running, wait for the head of the queue to arrive (at most a second at
+        a time, so that any finite arrival can be waited for). RuntimeError if it has arrived
+        and the free blocks cannot hold it: nothing running would free any."""
+        wait_s = arrival_s[head.index] - now()
+        if wait_s > 0:
+            time.sleep(min(wait_s, 1.0))
+        elif not self._admissible(head, []):
+            free, needed = self.manager.num_free_blocks, self._blocks(_context_len(head))
+            raise RuntimeError(
+                f"request {head.index} ({_context_len(head)} tokens, {needed} blocks) can never "
+                f"be admitted: nothing runs to free blocks, and {free} of the cache's "
+                f"{self.usable_blocks} blocks for requests {'is' if free == 1 else 'are'} free "
+                "(the others hold sequences outside this generate)")
+
+    def _release(self, requests: list[_Request]) -> None:
+        """Give back the blocks that `requests` hold, however generate ended: those of running
+        requests and of requests placed but not prefilled yet (preempted and finished ones hold
+        none)."""
+        for request in requests:
+            if request.seq_id is not None:
+                self.manager.free(request.seq_id)
+                request.seq_id = None
+        if self.device.type == "cuda":
+            # NOTE: left by an exception, generate may leave decode steps queued on the GPU,
+            # writing K, V into the blocks freed above and reading the graphs' pinned inputs,
+            # which the next steps rewrite: nothing reuses either until they are done.
+            torch.cuda.synchronize(self.device)
 
     # ---- the steps ------------------------------------------------------------------------
 
@@ -554,19 +620,57 @@ class LLM:
                 raise ValueError(f"prompts[{i}]: {len(prompt)} tokens + max_new_tokens="
                                  f"{max_new_tokens} exceed {m.name}'s context limit of "
                                  f"{m.max_position} tokens")
-            if self.manager is not None and self._blocks(total) > self.usable_blocks:
-                raise ValueError(f"prompts[{i}]: {total} tokens need {self._blocks(total)} "
-                                 f"blocks; the cache has {self.usable_blocks} for requests "
-                                 f"(num_blocks={self.manager.num_blocks})")
+            if self.manager is not None:
+                self._check_room(i, total)
             requests.append(_Request(i, [int(t) for t in prompt], int(max_new_tokens)))
         return requests
+
+    def _check_room(self, i: int, total: int) -> None:
+        """ValueError unless the free blocks hold prompts[i] with its new tokens, `total` tokens:
+        those of the whole cache, less any that sequences outside this generate hold (an LLM
+        sharing the cache), which nothing in it can free."""
+        needed, usable, free = self._blocks(total), self.usable_blocks, self.manager.num_free_blocks
+        if needed > usable:
+            raise ValueError(f"prompts[{i}]: {total} tokens need {needed} blocks; the cache has "
+                             f"{usable} for requests (num_blocks={self.manager.num_blocks})")
+        if needed > free:
+            raise ValueError(f"prompts[{i}]: {total} tokens need {needed} blocks; {free} of the "
+                             f"cache's {usable} blocks for requests are free, the others hold "
+                             "sequences outside this generate (an LLM sharing this cache)")
+
+
+def _flag(name: str, value, *, optional: bool = False) -> bool | None:
+    """`value` as a bool (a numpy bool too), or None where `optional`; ValueError for anything
+    else."""
+    if optional and value is None:
+        return None
+    try:
+        check_bool(name, value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r}: must be {'None or ' if optional else ''}a "
+                         "bool") from None
+    return bool(value)
+
+
+def _arrival_times(arrivals, num_requests: int) -> list[float]:
+    """generate's arrivals as floats (all 0.0 for None); ValueError unless they are
+    num_requests finite numbers >= 0."""
+    if arrivals is None:
+        return [0.0] * num_requests
+    try:
+        times = list(arrivals)
+    except TypeError:
+        times = None
+    if times is None or len(times) != num_requests or not all(is_real(t) and t >= 0
+                                                              for t in times):
+        raise ValueError(f"arrivals: must be {num_requests} finite numbers >= 0 (seconds after "
+                         "the call), one per prompt")
+    return [float(t) for t in times]
 
 
 def _check_offload(offload, rates, attention, prefetch, num_blocks, tensor_parallel,
                    async_decode, cuda: bool) -> None:
     """ValueError unless the offload arguments fit the others."""
-    if offload is not False and offload is not True:
-        raise ValueError(f"offload={offload!r}: must be a bool")
     if not offload:
         if rates is not None:
             raise ValueError(f"offload_rates={rates!r}: only with offload=True")
@@ -588,8 +692,6 @@ def _check_offload(offload, rates, attention, prefetch, num_blocks, tensor_paral
 
 def _tensor_parallel_rank(tensor_parallel) -> tuple[int, int]:
     """(rank, world size) of this process: (0, 1) without tensor parallelism."""
-    if tensor_parallel is not False and tensor_parallel is not True:
-        raise ValueError(f"tensor_parallel={tensor_parallel!r}: must be a bool")
     if not tensor_parallel:
         return 0, 1
     distributed = torch.distributed
@@ -602,23 +704,33 @@ def _tensor_parallel_rank(tensor_parallel) -> tuple[int, int]:
 def _resolve_model(model) -> ModelConfig:
     if isinstance(model, ModelConfig):
         return model
-    if model not in MODELS:
+    if not isinstance(model, str) or model not in MODELS:
         raise ValueError(f"model={model!r}: must be a ModelConfig, a checkpoint folder with a "
                          f"config.json, or one of {', '.join(MODELS)}")
     return MODELS[model]
+
+
+FP32 = torch.finfo(torch.float32)
 
 
 def _sample(logits: torch.Tensor, temperature: float, top_p: float,
             generator: torch.Generator) -> torch.Tensor:
     """One token id per row of logits [batch, vocab], int64 [batch] on their device (no wait
     for the GPU): greedy at temperature 0, else from the top-p nucleus of
-    softmax(logits / temperature) in fp32."""
+    softmax(logits / temperature) in fp32. Any temperature > 0 and top_p in (0, 1] sample
+    right: the logits are divided after their max is taken off (all <= 0, so nothing
+    overflows), by the temperature clamped to [FP32.tiny, 1 / FP32.tiny], where it and its
+    reciprocal are normal fp32 numbers (beyond, the draw is the limit's: greedy, ties split
+    evenly, or uniform); the nucleus always keeps the top token."""
     if temperature == 0:
         return layer_ops.argmax(logits) if layer_ops.usable(logits) else logits.argmax(dim=-1)
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    logits = logits.float()
+    shifted = logits - logits.amax(dim=-1, keepdim=True)
+    probs = torch.softmax(shifted / min(max(temperature, FP32.tiny), 1 / FP32.tiny), dim=-1)
     sorted_probs, order = probs.sort(dim=-1, descending=True)
     # keep the top tokens up to and including the one that brings the total to top_p
     outside = sorted_probs.cumsum(dim=-1) - sorted_probs >= top_p
+    outside[:, 0] = False  # the top token, whatever top_p rounds to in fp32
     sorted_probs = sorted_probs.masked_fill(outside, 0.0)
     picks = torch.multinomial(sorted_probs, 1, generator=generator)
     return order.gather(-1, picks)[:, 0]

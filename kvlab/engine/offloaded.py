@@ -25,6 +25,7 @@ from kvlab.engine.generation import Generation, TokenLog, clock_ms
 from kvlab.offload.host import HostStore
 from kvlab.offload.loop import decode
 from kvlab.offload.profiler import DriftMonitor, profile
+from kvlab.offload.recompute import RopeTable
 from kvlab.offload.runtime import KVPRDecoder
 from kvlab.offload.scheduler import LinkAndCompute
 
@@ -74,12 +75,14 @@ def generate(llm, requests, sample: Callable, stop: int | None, rates: LinkAndCo
 
     start = clock_ms(device)
     per_pass = max(1, llm.max_prefill_tokens // prompt_len)  # prompts a prefill pass takes
+    rope = (RopeTable.build(model, prompt_len, llm.dtype, device) if model.position == "rope"
+            else None)  # the prompts' positions (the decoder makes its own for the store's)
     last = []
     for first in range(0, batch, per_pass):
         rows = slice(first, min(first + per_pass, batch))
         prompts = [torch.tensor(r.prompt, dtype=torch.long, device=device)
                    for r in requests[rows]]
-        last += forward.run_prompts(model, w, prompts, llm.rope, keeper(rows))
+        last += forward.run_prompts(model, w, prompts, rope, keeper(rows))
     store.length = prompt_len
     take([sample(row[None]).item() for row in last])  # one draw each, as the paged engine makes
     prefill_ms = clock_ms(device) - start

@@ -22,18 +22,24 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kvlab.cache.paged_cache import check_fits
+from kvlab.checks import check_int
 from kvlab.config import ModelConfig
 from kvlab.offload.model import (
     Fused,
     LayerWeights,
     check_layers,
     fuse,
+    named_tensors,
     random_layers,
     resolve_device,
 )
 from kvlab.offload.recompute import seeded_randn
 
 OPT_POSITION_OFFSET = 2  # HF's OPT keeps two unused rows before position 0
+# the seeds of random weights: torch's generators take [-2**63, 2**64), and each tensor's seed
+# is the model's plus an offset of a few million
+SEED_RANGE = (-2**63, 2**63 - 1)
 
 
 @dataclass
@@ -53,8 +59,15 @@ class ModelWeights:
     def random(cls, model: ModelConfig, seed: int = 0, dtype=torch.float32,
                device="cpu") -> ModelWeights:
         """Seeded random weights of `model`'s shapes (the layers as `random_layers` makes them),
-        made on `device`; scaled so that activations and logits stay O(1)."""
-        device = resolve_device(device)
+        made on `device`; scaled so that activations and logits stay O(1). Raises ValueError
+        for a seed out of SEED_RANGE, a bad device, or weights that do not fit in the device's
+        free memory (OPT's learned positions alone are max_position + 2 rows), before
+        allocating anything."""
+        check_int("seed", seed, *SEED_RANGE)
+        seed, device = int(seed), resolve_device(device)
+        if device.type != "meta":
+            check_fits(f"model={model.name!r}: its random weights",
+                       cls.random(model, dtype=dtype, device="meta").nbytes, device)
         rand = seeded_randn(seed + 2_000_003, dtype, device)
         h, opt = model.hidden_size, model.family == "opt"
         # 2 / sqrt(h): OPT's tied LM head then gives logits of O(1) as well
@@ -76,6 +89,14 @@ class ModelWeights:
     @property
     def device(self) -> torch.device:
         return self.embed.device
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tensors, each counted once (OPT's LM head is its embedding)."""
+        own = [self.embed, self.positions, self.norm_weight, self.norm_bias,
+               None if self.lm_head is self.embed else self.lm_head]
+        layers = [t for w in self.layers for t in named_tensors(w).values()]  # views of `fused`
+        return sum(t.nbytes for t in own + layers if t is not None)
 
     def check(self, model: ModelConfig) -> None:
         """Raise ValueError unless every tensor has `model`'s shape, one dtype and one device;

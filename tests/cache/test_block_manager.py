@@ -300,6 +300,8 @@ def test_append_one_starts_a_block_where_the_last_is_full_and_shares_filled_bloc
     ([0, 1], [1], ValueError, "token_ids has 1 ids: must have one per token (2)"),
     ([0, 1], [1, 2.0], ValueError, "token_ids[1]=2.0: must be an integer"),
     ([0, 1, 2], [1, 1, 1], OutOfBlocksError, "out of KV blocks: 3 requested, 2 free"),
+    (0, [1], ValueError, "seq_ids=0: must be a sequence of seq ids"),
+    (None, None, ValueError, "seq_ids=None: must be a sequence of seq ids"),
 ])
 def test_a_failed_append_one_leaves_the_manager_unchanged(seq_ids, token_ids, error, message):
     """In the last case the blocks run out only at the third sequence: the first two must not

@@ -68,9 +68,12 @@ def test_bad_block_size(block_size):
         BlockPool(8, block_size)
 
 
-@pytest.mark.parametrize("num_blocks", [0, -1, 2.5, 4.0, "4", True])
+@pytest.mark.parametrize("num_blocks", [0, -1, 2.5, 4.0, "4", True, 2**40, 2**70])
 def test_bad_num_blocks(num_blocks):
-    with pytest.raises(ValueError, match="num_blocks="):
+    """Block ids are int32 in the kernels' block tables: 2**31 blocks and more are refused
+    (2**70 was an OverflowError from building the free queue)."""
+    with pytest.raises(ValueError, match=re.escape(f"num_blocks={num_blocks!r}: must be an "
+                                                   "integer in [1, 2147483647]")):
         BlockPool(num_blocks, 16)
 
 
@@ -107,6 +110,8 @@ BAD_ID = r"must be a block id, an integer in \[0, 4\)"
         (lambda pool: pool.allocate(1.0), r"num_blocks=1.0: must be an integer >= 0"),
         (lambda pool: pool.allocate(True), r"num_blocks=True: must be an integer >= 0"),
         (lambda pool: pool.can_allocate(-1), r"num_blocks=-1: must be an integer >= 0"),
+        (lambda pool: pool.free(5), r"block_ids=5: must be a sequence of block ids"),
+        (lambda pool: pool.share(None), r"block_ids=None: must be a sequence of block ids"),
     ],
 )
 def test_bad_calls_raise_value_error_and_change_nothing(call, message):

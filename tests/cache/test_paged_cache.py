@@ -177,6 +177,36 @@ def test_a_failed_allocation_is_a_value_error(monkeypatch):
     assert isinstance(err.value.__cause__, torch.OutOfMemoryError)
 
 
+def test_block_copies_must_name_blocks_of_the_cache():
+    """A negative id copied into the last block silently; one past the end was torch's
+    IndexError."""
+    cache = make_cache(num_blocks=8, block_size=4)
+    seq_id, k, v = make_seq(cache, 5)
+    before = cache_state(cache)
+    for copies, message in [([(0, -1)], r"copies\[0\]=\(0, -1\)"),
+                            ([(0, 1), (8, 2)], r"copies\[1\]=\(8, 2\)"),
+                            ([(0, True)], r"copies\[0\]=\(0, True\)"),
+                            ([(0, 1.0)], r"copies\[0\]=\(0, 1.0\)"),
+                            ([(0, 1, 2)], r"copies\[0\]=\(0, 1, 2\)"),
+                            ([5], r"copies\[0\]=5")]:
+        with pytest.raises(ValueError, match=message + r": must be a \(src_block_id, "
+                                                       r"dst_block_id\) pair of block ids, "
+                                                       r"integers in \[0, 8\)"):
+            cache.copy_blocks(copies)
+        assert_unchanged(cache, before)
+    cache.copy_blocks(iter([(np.int64(0), 7)]))
+    torch.testing.assert_close(cache.k_cache[7], cache.k_cache[0])
+
+
+def test_seq_ids_that_are_not_a_sequence_or_an_allocation_are_refused_by_name():
+    cache = make_cache(num_blocks=8)
+    for call in (cache.block_tables, cache.seq_lens):
+        with pytest.raises(ValueError, match="seq_ids=3: must be a sequence of seq ids"):
+            call(3)
+    with pytest.raises(ValueError, match="alloc=0: must be an Allocation"):
+        cache.write(0, *make_kv(cache, 1))
+
+
 def test_cache_shapes_refuses_an_unknown_layout():
     with pytest.raises(ValueError, match=r"layout='bogus': must be one of \('hnd', 'vllm'\)"):
         cache_shapes(3, 8, 2, 64, torch.float16, "bogus")
@@ -277,3 +307,17 @@ def test_a_cache_larger_than_the_gpu_is_refused_before_allocating():
                                          r"72,057,594,037,927,936 bytes, but cuda has"):
         PagedKVCache(2**40, 16, 8, 128, device="cuda")
     assert torch.cuda.mem_get_info()[0] >= free_before
+
+
+@pytest.mark.parametrize("bad", [-1, 32, 2**40])
+def test_slots_outside_the_cache_are_refused_before_writing(bad):
+    """An index past the end was torch's IndexError on the CPU, a device assert on a GPU."""
+    cache = make_cache(num_blocks=8, block_size=4)
+    before = cache_state(cache)
+    k = torch.ones(2, cache.num_kv_heads, cache.head_dim, dtype=cache.dtype)
+    with pytest.raises(ValueError, match=rf"slots: holds {bad}, must be in \[0, num_blocks x "
+                                         r"block_size = 32\)"):
+        cache.write_slots(torch.tensor([0, bad]), k, k)
+    assert_unchanged(cache, before)
+    cache.write_slots(torch.tensor([0, 31]), k, k)
+    assert torch.equal(cache_state(cache)[2].count_nonzero(), torch.tensor(2 * k[0].numel()))

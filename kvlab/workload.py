@@ -8,10 +8,13 @@ preallocate per request. The generators (`uniform`, `lognormal`, `shared_prefix`
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
+
+from kvlab.checks import check_int, is_int, is_real
 
 __all__ = [
     "DISTRIBUTIONS",
@@ -25,13 +28,21 @@ __all__ = [
     "uniform",
 ]
 
+# A request's KV length: the kernels take seq_lens as int32, so sums of two stay in int64.
+MAX_SEQ_LEN = 2**31 - 1
+# Requests of a generated workload: its three int64 arrays take at most 384 MiB.
+MAX_NUM_REQUESTS = 2**24
+
 
 def _int_array(name: str, values) -> np.ndarray:
+    """`values` as a read-only 1-D int64 array; ValueError for another dtype or shape, or for a
+    value past MAX_SEQ_LEN (checked before the cast, so that a uint64 cannot wrap around)."""
     arr = np.asarray(values)
     if arr.size and not np.issubdtype(arr.dtype, np.integer):
         raise ValueError(f"{name}: dtype {arr.dtype}: must be an integer array")
     if arr.ndim != 1:
         raise ValueError(f"{name}: shape {arr.shape}: must be 1-D")
+    _check_all(name, arr, arr <= MAX_SEQ_LEN, f"<= {MAX_SEQ_LEN}")
     arr = arr.astype(np.int64)
     arr.setflags(write=False)
     return arr
@@ -45,12 +56,27 @@ def _check_all(name: str, arr: np.ndarray, ok: np.ndarray, allowed: str) -> None
         raise ValueError(f"{name}[{i}]={int(arr[i])}: must be {allowed}")
 
 
-def _check_count(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+def _check_count(name: str, value, minimum: int, maximum: int = MAX_SEQ_LEN) -> int:
+    """`value` as an int; ValueError unless it is an integer in [minimum, maximum]."""
+    if not is_int(value):
         raise ValueError(f"{name}={value!r}: must be an int >= {minimum}")
     if value < minimum:
         raise ValueError(f"{name}={value}: must be >= {minimum}")
+    if value > maximum:
+        raise ValueError(f"{name}={value}: must be <= {maximum}")
     return int(value)
+
+
+def _check_fraction(name: str, value) -> float:
+    if not is_real(value) or not 0 <= value <= 1:
+        raise ValueError(f"{name}={value!r}: must be in [0, 1]")
+    return float(value)
+
+
+def _check_sigma(sigma) -> float:
+    if not is_real(sigma) or sigma < 0:
+        raise ValueError(f"sigma={sigma!r}: must be >= 0, a finite number")
+    return float(sigma)
 
 
 @dataclass(frozen=True, eq=False)
@@ -60,16 +86,16 @@ class Workload:
     Attributes:
         prompt_lens: int64 `[num_requests]`, >= 1. Prompt tokens, shared prefix included.
         output_lens: int64 `[num_requests]`, >= 0. Generated tokens.
-        max_seq_len: per-request length a contiguous cache preallocates; every
-            `prompt_lens[i] + output_lens[i] <= max_seq_len`.
+        max_seq_len: per-request length a contiguous cache preallocates, at most MAX_SEQ_LEN;
+            every `prompt_lens[i] + output_lens[i] <= max_seq_len`.
         prefix_group: int64 `[num_requests]`; -1 = no shared prefix, else an index into
             `prefix_lens`. Default: no request shares a prefix.
         prefix_lens: int64 `[num_groups]`, >= 1. Request i in group g begins with the
             `prefix_lens[g]` tokens of that group, so `prompt_lens[i] >= prefix_lens[g]`.
         name: label for plots and tables.
 
-    Arrays are converted to read-only int64. Raises ValueError on any violated constraint,
-    naming the field, the index and the value.
+    Arrays are converted to read-only int64. Raises ValueError on any violated constraint
+    (every length at most MAX_SEQ_LEN too), naming the field, the index and the value.
     """
 
     prompt_lens: np.ndarray
@@ -141,8 +167,10 @@ class Workload:
         prefix tokens; every other token id is unique across the whole workload, so prefix
         caching can share exactly the blocks this workload says are shared.
 
-        Raises IndexError if `i` is not in [0, num_requests).
+        Raises IndexError if `i` is not in [0, num_requests), ValueError if it is not an integer.
         """
+        if not is_int(i):
+            raise ValueError(f"i={i!r}: must be an integer in [0, {self.num_requests})")
         if not 0 <= i < self.num_requests:
             raise IndexError(f"i={i}: must be in [0, {self.num_requests})")
         seq_len = int(self.seq_lens[i])
@@ -181,17 +209,22 @@ def uniform(
     """Lengths drawn uniformly from the inclusive ranges `prompt_len` and `output_len`.
 
     Args:
-        num_requests: >= 1.
+        num_requests: in [1, MAX_NUM_REQUESTS].
         prompt_len: (lo, hi) with 1 <= lo <= hi.
         output_len: (lo, hi) with 0 <= lo <= hi.
         max_seq_len: contiguous preallocation per request; default `prompt_len[1] + output_len[1]`,
-            and it must be at least that.
-        seed: seed of `numpy.random.default_rng`.
+            and it must be at least that, and at most MAX_SEQ_LEN.
+        seed: an int >= 0, the seed of `numpy.random.default_rng`.
+
+    Raises ValueError for an argument out of range, naming it.
     """
-    num_requests = _check_count("num_requests", num_requests, 1)
+    num_requests = _check_count("num_requests", num_requests, 1, MAX_NUM_REQUESTS)
     p_lo, p_hi = _check_range("prompt_len", prompt_len, 1)
     o_lo, o_hi = _check_range("output_len", output_len, 0)
+    check_int("seed", seed, 0)
     longest = p_hi + o_hi
+    if longest > MAX_SEQ_LEN:
+        raise ValueError(f"prompt_len[1] + output_len[1] = {longest}: must be <= {MAX_SEQ_LEN}")
     if max_seq_len is None:
         max_seq_len = longest
     elif _check_count("max_seq_len", max_seq_len, 1) < longest:
@@ -209,15 +242,17 @@ def uniform(
 
 def lognormal_spec(text: str) -> tuple[int, int]:
     """(mean, max_len) of a `lognormal:MEAN,MAX` spec (the arguments of `lognormal_lengths`).
-    Raises ValueError unless both are integers with 1 <= MEAN <= MAX."""
-    kind, _, numbers = text.partition(":")
-    parts = numbers.split(",")
-    if kind == "lognormal" and len(parts) == 2 and all(p.strip().isdigit() for p in parts):
+    Raises ValueError unless both are integers (ASCII digits) with 1 <= MEAN <= MAX <=
+    MAX_SEQ_LEN."""
+    kind, _, numbers = text.partition(":") if isinstance(text, str) else ("", "", "")
+    parts = [p.strip() for p in numbers.split(",")]
+    if (kind == "lognormal" and len(parts) == 2
+            and all(p.isascii() and p.isdigit() and len(p) <= 10 for p in parts)):
         mean, max_len = (int(p) for p in parts)
-        if 1 <= mean <= max_len:
+        if 1 <= mean <= max_len <= MAX_SEQ_LEN:
             return mean, max_len
-    raise ValueError(f"{text!r}: must be lognormal:MEAN,MAX with integers 1 <= MEAN <= MAX, "
-                     "e.g. lognormal:3200,16384")
+    raise ValueError(f"{text!r}: must be lognormal:MEAN,MAX with integers 1 <= MEAN <= MAX <= "
+                     f"{MAX_SEQ_LEN}, e.g. lognormal:3200,16384")
 
 
 def lognormal_lengths(num_seqs: int, mean: int, max_len: int, sigma: float = 1.0,
@@ -225,11 +260,14 @@ def lognormal_lengths(num_seqs: int, mean: int, max_len: int, sigma: float = 1.0
     """int64 [num_seqs] KV lengths of a batch of mixed lengths: the prompts of `lognormal` with
     the median that gives `mean` before clipping (mean / exp(sigma^2 / 2)), clipped into
     [1, max_len] (so the batch's mean ends a little below `mean`). Raises ValueError for
-    mean < 1 or mean > max_len (and as `lognormal`)."""
+    num_seqs not in [1, MAX_NUM_REQUESTS], max_len not in [1, MAX_SEQ_LEN], mean not in
+    [1, max_len] (and as `lognormal`)."""
+    num_seqs = _check_count("num_seqs", num_seqs, 1, MAX_NUM_REQUESTS)
     mean, max_len = _check_count("mean", mean, 1), _check_count("max_len", max_len, 1)
     if mean > max_len:
         raise ValueError(f"mean={mean}: must be in [1, max_len={max_len}]")
-    median = max(1, round(mean / float(np.exp(sigma**2 / 2))))
+    sigma = _check_sigma(sigma)
+    median = max(1, round(mean * math.exp(-sigma * sigma / 2)))  # sigma * sigma: inf, not raise
     return lognormal(num_seqs, median, 1, sigma, max_len, seed).prompt_lens
 
 
@@ -238,11 +276,14 @@ def batch_shape(batch: int, shape: int | str) -> tuple[int | list[int], int, int
     `lognormal:MEAN,MAX` spec (`lognormal_spec`, `lognormal_lengths`). Returns what a filled
     cache takes (the context, or the lengths), the mean length (rounded), the tokens in all, and
     what a result row of mixed lengths records: {"lengths": the spec, "max_context": the
-    longest} ({} for one context)."""
+    longest} ({} for one context). Raises ValueError for batch not in [1, MAX_NUM_REQUESTS], or
+    shape neither an integer in [1, MAX_SEQ_LEN] nor such a spec."""
+    batch = _check_count("batch", batch, 1, MAX_NUM_REQUESTS)
     if isinstance(shape, str):
         lengths = lognormal_lengths(batch, *lognormal_spec(shape))
         return (lengths.tolist(), round(float(lengths.mean())), int(lengths.sum()),
                 {"lengths": shape, "max_context": int(lengths.max())})
+    shape = _check_count("shape", shape, 1)
     return shape, shape, batch * shape, {}
 
 
@@ -260,25 +301,28 @@ def lognormal(
     so every request fits `max_seq_len`.
 
     Args:
-        num_requests: >= 1.
+        num_requests: in [1, MAX_NUM_REQUESTS].
         prompt_median: in [1, max_seq_len].
         output_median: in [1, max_seq_len].
-        sigma: >= 0, spread of log-length (0 gives every request the medians).
-        max_seq_len: >= 1, contiguous preallocation per request.
-        seed: seed of `numpy.random.default_rng`.
+        sigma: a finite number >= 0, spread of log-length (0 gives every request the medians).
+        max_seq_len: in [1, MAX_SEQ_LEN], contiguous preallocation per request.
+        seed: an int >= 0, the seed of `numpy.random.default_rng`.
+
+    Raises ValueError for an argument out of range, naming it.
     """
-    num_requests = _check_count("num_requests", num_requests, 1)
+    num_requests = _check_count("num_requests", num_requests, 1, MAX_NUM_REQUESTS)
     max_seq_len = _check_count("max_seq_len", max_seq_len, 1)
     for name, median in [("prompt_median", prompt_median), ("output_median", output_median)]:
         if _check_count(name, median, 1) > max_seq_len:
             raise ValueError(f"{name}={median}: must be in [1, max_seq_len={max_seq_len}]")
-    if not sigma >= 0:
-        raise ValueError(f"sigma={sigma}: must be >= 0")
+    sigma = _check_sigma(sigma)
+    check_int("seed", seed, 0)
     rng = np.random.default_rng(seed)
-    prompt = np.rint(prompt_median * rng.lognormal(0.0, sigma, num_requests)).astype(np.int64)
-    output = np.rint(output_median * rng.lognormal(0.0, sigma, num_requests)).astype(np.int64)
-    prompt = np.clip(prompt, 1, max_seq_len)
-    output = np.clip(output, 0, max_seq_len - prompt)
+    # NOTE: clipped as floats, then cast: a long tail (exp of a large sigma: inf) cannot wrap
+    prompt = np.clip(np.rint(prompt_median * rng.lognormal(0.0, sigma, num_requests)), 1,
+                     max_seq_len).astype(np.int64)
+    output = np.clip(np.rint(output_median * rng.lognormal(0.0, sigma, num_requests)), 0,
+                     max_seq_len - prompt).astype(np.int64)
     return Workload(
         prompt_lens=prompt,
         output_lens=output,
@@ -304,18 +348,22 @@ def shared_prefix(
     Args:
         base: a workload without shared prefixes.
         shared_fraction: in [0, 1].
-        prefix_len: >= 1, tokens of each shared prefix.
-        num_prefixes: >= 1, number of distinct prefixes (prefix groups).
-        seed: seed of `numpy.random.default_rng`.
+        prefix_len: in [1, MAX_SEQ_LEN - base.max_seq_len], tokens of each shared prefix.
+        num_prefixes: in [1, MAX_NUM_REQUESTS], number of distinct prefixes (prefix groups).
+        seed: an int >= 0, the seed of `numpy.random.default_rng`.
+
+    Raises ValueError for an argument out of range, naming it.
     """
+    if not isinstance(base, Workload):
+        raise ValueError(f"base={base!r}: must be a Workload")
     if len(base.prefix_lens):
         raise ValueError(
             f"base has {len(base.prefix_lens)} prefix groups: must have none to add shared prefixes"
         )
-    if not 0.0 <= shared_fraction <= 1.0:
-        raise ValueError(f"shared_fraction={shared_fraction}: must be in [0, 1]")
-    prefix_len = _check_count("prefix_len", prefix_len, 1)
-    num_prefixes = _check_count("num_prefixes", num_prefixes, 1)
+    shared_fraction = _check_fraction("shared_fraction", shared_fraction)
+    prefix_len = _check_count("prefix_len", prefix_len, 1, MAX_SEQ_LEN - base.max_seq_len)
+    num_prefixes = _check_count("num_prefixes", num_prefixes, 1, MAX_NUM_REQUESTS)
+    check_int("seed", seed, 0)
     rng = np.random.default_rng(seed)
     num_shared = int(round(shared_fraction * base.num_requests))
     shared_ids = rng.permutation(base.num_requests)[:num_shared]
@@ -378,16 +426,17 @@ def make_workload(
     result's `max_seq_len` is exactly `max_seq_len` (e.g. the model's context length) whatever
     the shared fraction. `shared_fraction=0` or `prefix_len=0` gives no shared prefix.
 
-    Raises ValueError for an unknown `distribution` or `prefix_len` not in [0, max_seq_len).
+    Raises ValueError for an unknown `distribution`, `prefix_len` not in [0, max_seq_len), and
+    as the generators (max_seq_len at most MAX_SEQ_LEN, seed an int >= 0).
     """
-    if distribution not in DISTRIBUTIONS:
+    if not isinstance(distribution, str) or distribution not in DISTRIBUTIONS:
         raise ValueError(f"distribution={distribution!r}: must be one of {sorted(DISTRIBUTIONS)}")
     max_seq_len = _check_count("max_seq_len", max_seq_len, 1)
     prefix_len = _check_count("prefix_len", prefix_len, 0)
     if prefix_len >= max_seq_len:
         raise ValueError(f"prefix_len={prefix_len}: must be in [0, max_seq_len={max_seq_len})")
-    if not 0.0 <= shared_fraction <= 1.0:
-        raise ValueError(f"shared_fraction={shared_fraction}: must be in [0, 1]")
+    shared_fraction = _check_fraction("shared_fraction", shared_fraction)
+    check_int("seed", seed, 0)
     base = DISTRIBUTIONS[distribution](num_requests, max_seq_len - prefix_len, seed)
     if shared_fraction == 0 or prefix_len == 0:
         return replace(base, max_seq_len=max_seq_len)

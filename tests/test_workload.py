@@ -1,5 +1,7 @@
 """Workload: validation, generator ranges and determinism, shared prefixes, synthetic token ids."""
 
+import warnings
+
 import numpy as np
 import pytest
 from factories import make_workload_of
@@ -195,3 +197,116 @@ def test_batch_shape_of_one_context_and_of_mixed_lengths():
     assert shape == lengths.tolist() and tokens == int(lengths.sum())
     assert context == round(float(lengths.mean()))
     assert mixed == {"lengths": "lognormal:512,2048", "max_context": int(lengths.max())}
+
+
+# -- hostile inputs: each refused naming its parameter, before any allocation -----------------
+
+def test_batch_shape_refuses_batches_and_contexts_that_are_not_counts():
+    from kvlab.workload import MAX_NUM_REQUESTS, batch_shape
+
+    for batch in (-1, 0, 2.5, True, MAX_NUM_REQUESTS + 1):
+        with pytest.raises(ValueError, match=f"batch={batch!r}"):
+            batch_shape(batch, 128)
+    for shape in (0, -4, 2.5, 2**62, None):
+        with pytest.raises(ValueError, match=f"shape={shape!r}"):
+            batch_shape(4, shape)
+    assert batch_shape(np.int64(4), np.int32(16)) == (16, 16, 64, {})
+
+
+@pytest.mark.parametrize("sigma", [float("inf"), float("nan"), -1.0, True, "1"])
+def test_sigma_must_be_a_finite_number_at_least_0(sigma):
+    for make in (lambda: lognormal_lengths(4, 10, 20, sigma=sigma),
+                 lambda: lognormal(4, 10, 10, sigma=sigma)):
+        with pytest.raises(ValueError, match=r"sigma=.*: must be >= 0, a finite number"):
+            make()
+
+
+def test_a_huge_sigma_clips_into_range_without_overflow():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no invalid casts
+        w = lognormal(64, 10, 10, sigma=1e300, max_seq_len=100)
+        lens = lognormal_lengths(64, 10, 100, sigma=1e200)
+    assert set(w.prompt_lens.tolist()) <= {1, 10, 100} and w.seq_lens.max() <= 100
+    assert lens.min() >= 1 and lens.max() <= 100
+
+
+def test_lognormal_lengths_name_num_seqs():
+    with pytest.raises(ValueError, match=r"num_seqs=-1: must be >= 1"):
+        lognormal_lengths(-1, 10, 20)
+    with pytest.raises(ValueError, match=r"num_seqs=2.5: must be an int >= 1"):
+        lognormal_lengths(2.5, 10, 20)
+
+
+@pytest.mark.parametrize("max_len", [2**31, 2**70])
+def test_lengths_past_int32_are_refused(max_len):
+    with pytest.raises(ValueError, match=f"max_len={max_len}: must be <= 2147483647"):
+        lognormal_lengths(4, 10, max_len)
+    with pytest.raises(ValueError, match=f"max_seq_len={max_len}: must be <= 2147483647"):
+        lognormal(4, 10, 10, max_seq_len=max_len)
+
+
+@pytest.mark.parametrize("text", ["lognormal:²,16", "lognormal:٣,16", "lognormal:1,9" + "9" * 40,
+                                  "lognormal:10,2147483648", "lognormal:1_0,20", 5, None])
+def test_lognormal_spec_refuses_what_int_cannot_take(text):
+    from kvlab.workload import lognormal_spec
+
+    with pytest.raises(ValueError, match="must be lognormal:MEAN,MAX with integers"):
+        lognormal_spec(text)
+
+
+def test_lognormal_spec_takes_ascii_digits_with_spaces():
+    from kvlab.workload import lognormal_spec
+
+    assert lognormal_spec("lognormal: 3200 , 16384") == (3200, 16384)
+    assert lognormal_spec("lognormal:1,2147483647") == (1, 2**31 - 1)
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    (dict(prompt_lens=[2**62], output_lens=[2**62], max_seq_len=2**31 - 1),
+     r"prompt_lens\[0\]=4611686018427387904: must be <= 2147483647"),
+    (dict(prompt_lens=[1], output_lens=[2**63 - 1], max_seq_len=8),
+     r"output_lens\[0\]=9223372036854775807: must be <= 2147483647"),
+    (dict(prompt_lens=np.array([2**64 - 1], dtype=np.uint64), output_lens=[0], max_seq_len=8),
+     r"prompt_lens\[0\]=18446744073709551615: must be <= 2147483647"),
+    (dict(prompt_lens=[1], output_lens=[0], max_seq_len=8,
+          prefix_group=np.array([2**64 - 1], dtype=np.uint64), prefix_lens=[]),
+     r"prefix_group\[0\]=18446744073709551615"),
+    (dict(prompt_lens=[1], output_lens=[0], max_seq_len=2**63), r"max_seq_len=9223372036854775808"),
+    (dict(prompt_lens=[1], output_lens=[0], max_seq_len=8.0), r"max_seq_len=8.0: must be an int"),
+])
+def test_workload_refuses_lengths_that_would_overflow(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        make_workload_of(**kwargs)
+
+
+def test_token_ids_take_an_integer_index():
+    w = make_workload_of([3, 5], [0, 2], 8)
+    for i in (1.5, True, "1"):
+        with pytest.raises(ValueError, match=f"i={i!r}: must be an integer in \\[0, 2\\)"):
+            w.token_ids(i)
+    assert w.token_ids(np.int64(1)) == w.token_ids(1)
+
+
+@pytest.mark.parametrize(("make", "match"), [
+    (lambda: uniform(2**40), r"num_requests=1099511627776: must be <= 16777216"),
+    (lambda: uniform(4, prompt_len=(1, 2**62)), r"prompt_len\[1\]=4611686018427387904: must be <="),
+    (lambda: uniform(4, prompt_len=(1, 2**31 - 1), output_len=(0, 1)),
+     r"prompt_len\[1\] \+ output_len\[1\] = 2147483648: must be <= 2147483647"),
+    (lambda: uniform(4, seed=-1), r"seed=-1: must be an integer >= 0"),
+    (lambda: uniform(4, seed=1.5), r"seed=1.5: must be an integer >= 0"),
+    (lambda: lognormal(4, 10, 10, seed="x"), r"seed='x': must be an integer >= 0"),
+    (lambda: shared_prefix(uniform(4), float("nan"), 4), r"shared_fraction=nan: must be in"),
+    (lambda: shared_prefix(uniform(4), True, 4), r"shared_fraction=True: must be in \[0, 1\]"),
+    (lambda: shared_prefix(uniform(4), "0.5", 4), r"shared_fraction='0.5': must be in \[0, 1\]"),
+    (lambda: shared_prefix(uniform(4), 0.5, 2**70), r"prefix_len=1180591620717411303424: must "
+                                                    r"be <= 2147482111"),
+    (lambda: shared_prefix(uniform(4), 0.5, 4, num_prefixes=2**40), r"num_prefixes=1099511627776"),
+    (lambda: shared_prefix("uniform", 0.5, 4), r"base='uniform': must be a Workload"),
+    (lambda: make_workload("uniform", 4, 2**63), r"max_seq_len=9223372036854775808: must be <="),
+    (lambda: make_workload("uniform", 4, 100, float("nan"), 10), r"shared_fraction=nan"),
+    (lambda: make_workload(["uniform"], 4, 100), r"distribution=\['uniform'\]: must be one of"),
+    (lambda: make_workload("uniform", 4, 100, seed=-2), r"seed=-2: must be an integer >= 0"),
+])
+def test_generators_refuse_hostile_arguments(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()

@@ -6,17 +6,22 @@ exit status 2 before torch loads or any GPU work starts. A benchmark module
 (`kvlab.bench.<name>`) is imported only to run; it provides `check(args)` (raises ValueError for
 what the options alone cannot tell: a GPU to run on, a file to resume), `run(args)` and
 `report(result)`.
+
+Every path option is checked before any work: an output (--json, --checkpoint) must name a file
+that can be written (not "", not a folder or a name ending in a separator, in a folder that
+exists), an input (--resume, --vllm-cubin) a file that can be read. Counts are integers in
+[1, MAX_COUNT]; numbers finite.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import shlex
 import sys
 
+from kvlab.bench.env import write_json
 from kvlab.checks import MAX_BLOCK_SIZE, check_block_size
 from kvlab.config import MODELS
 from kvlab.kernels import FAMILIES
@@ -30,6 +35,13 @@ PROG = "python -m kvlab"
 PAPER_PREFETCH = "bulk K+V d=1"  # the paper's Algorithm 1: the next tile, one warp stride ahead
 # What `bench kvpr` times at each point: KVPR's split under each model of time, and the two ends.
 KVPR_SETTINGS = (*(f"kvpr-{m}" for m in MODELS_OF_TIME), "full-transfer", "full-recompute")
+MAX_COUNT = 2**31 - 1  # the kernels count tokens, blocks and sequences in int32
+# seconds per profiled launch: an ncu run of N launches waits N times this in poll(), whose
+# timeout in ms must fit an int32 (24.8 days): an hour each keeps up to 596 launches in range
+MAX_TIMEOUT_S = 3600.0
+NAME_MAX = 255  # bytes of a file name, on Linux's file systems
+OUTPUT_PATHS = ("json", "checkpoint")
+INPUT_PATHS = ("resume", "vllm_cubin")
 
 
 class Parser(argparse.ArgumentParser):
@@ -46,6 +58,8 @@ def positive_int(text: str) -> int:
         value = None
     if value is None or value < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: must be an integer >= 1")
+    if value > MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be an integer in [1, {MAX_COUNT}]")
     return value
 
 
@@ -63,6 +77,13 @@ def positive_float(text: str) -> float:
     value = nonnegative_float(text)
     if value == 0:
         raise argparse.ArgumentTypeError(f"{text!r}: must be a number > 0")
+    return value
+
+
+def timeout_s(text: str) -> float:
+    value = positive_float(text)
+    if value > MAX_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a number in (0, {MAX_TIMEOUT_S:g}]")
     return value
 
 
@@ -226,9 +247,10 @@ def _add_counters(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sms", nargs="+", type=positive_int, metavar="N",
                         help="profile on a CUDA green context of N SMs, for each N (78: the "
                              "H20's count; default: the whole GPU)")
-    parser.add_argument("--timeout", type=positive_float, default=DEFAULT_TIMEOUT_S,
-                        help="seconds per profiled launch (an ncu run of N launches gets N times "
-                             "this, its profiled process included); killed past it")
+    parser.add_argument("--timeout", type=timeout_s, default=DEFAULT_TIMEOUT_S,
+                        help="seconds per profiled launch, at most "
+                             f"{MAX_TIMEOUT_S:g} (an ncu run of N launches gets N times this, its "
+                             "profiled process included); killed past it")
 
 
 def _add_timeline(parser: argparse.ArgumentParser) -> None:
@@ -318,27 +340,47 @@ def refuse(name: str, message: str):
 
 
 def check_writable(option: str, path: str) -> None:
-    """Raise ValueError unless a file can be written at `path` (before the benchmark runs)."""
-    folder = os.path.dirname(os.path.abspath(path))
+    """Raise ValueError unless a file can be written at `path` (before the benchmark runs): not
+    "", not a folder nor a name ending in a separator, a name of at most NAME_MAX bytes, in a
+    folder that exists, where a new file (or the file there) can be written."""
+    where = f"{option} {shlex.quote(path)}"
+    if not path or "\0" in path:
+        raise ValueError(f"{where}: must be a file path")
     if os.path.isdir(path):
-        raise ValueError(f"{option} {path}: is a folder, must be a file path")
+        raise ValueError(f"{where}: is a folder, must be a file path")
+    if path.endswith((os.sep, os.altsep or os.sep)):
+        raise ValueError(f"{where}: ends in a separator, must be a file path")
+    folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
-        raise ValueError(f"{option} {path}: the folder {folder} does not exist")
+        what = "is not a folder" if os.path.exists(folder) else "does not exist"
+        raise ValueError(f"{where}: the folder {folder} {what}")
+    if len(os.fsencode(os.path.basename(path))) > NAME_MAX:
+        raise ValueError(f"{where}: the file name is longer than {NAME_MAX} bytes")
     if not os.access(path if os.path.exists(path) else folder, os.W_OK):
-        raise ValueError(f"{option} {path}: not writable")
+        raise ValueError(f"{where}: not writable")
+
+
+def check_readable(option: str, path: str) -> None:
+    """Raise ValueError unless `path` is a file that can be read."""
+    where = f"{option} {shlex.quote(path)}"
+    if not path or "\0" in path or not os.path.isfile(path):
+        raise ValueError(f"{where}: no such file")
+    if not os.access(path, os.R_OK):
+        raise ValueError(f"{where}: not readable")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     """The options of `python -m kvlab <argv>`, checked as `main` checks them (SystemExit 2 on a
-    bad value), with `command` set to the whole command line."""
+    bad value, every path included), with `command` set to the whole command line."""
     args = parser().parse_args(argv)
-    for option in ("json", "checkpoint"):
-        path = getattr(args, option, None)
-        if path is not None:
-            try:
-                check_writable(f"--{option}", path)
-            except ValueError as err:
-                refuse(args.name, str(err))
+    for options, check in ((OUTPUT_PATHS, check_writable), (INPUT_PATHS, check_readable)):
+        for option in options:
+            path = getattr(args, option, None)
+            if path is not None:
+                try:
+                    check(f"--{option.replace('_', '-')}", path)
+                except ValueError as err:
+                    refuse(args.name, str(err))
     args.command = f"{PROG} " + shlex.join(argv)  # quoted: labels like 'bulk K+V d=1' have spaces
     return args
 
@@ -356,8 +398,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     result["command"] = args.command
     print(module.report(result))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
-            f.write("\n")
+    if args.json is not None:
+        write_json(args.json, result, indent=2)
     return 0

@@ -143,9 +143,17 @@ def run_info() -> dict:
     }
 
 
+def write_json(path: str, result: dict, indent: int | None = None) -> None:
+    """Write `result` as JSON at `path`, serialized whole before the file is opened: a value JSON
+    cannot hold raises (TypeError, ValueError) with the file there, a checkpoint of the points
+    before, left as it was."""
+    text = json.dumps(result, indent=indent) + "\n"
+    with open(path, "w") as f:
+        f.write(text)
+
+
 def write_checkpoint(path: str | None, result: dict) -> None:
     """Rewrite `result` as it stands as JSON at `path` (a benchmark's --checkpoint), if given: a
     run cut short keeps what it measured."""
-    if path:
-        with open(path, "w") as f:
-            json.dump(result, f)
+    if path is not None:
+        write_json(path, result)

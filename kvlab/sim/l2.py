@@ -80,6 +80,12 @@ _FULL_MASK = (1 << SECTORS_PER_LINE) - 1
 _CHUNK_LINES = 1 << 20
 _GROUP_STATE_BYTES = 1 << 17
 _WAY_STATE_BYTES = 50
+# Memory: L2Cache refuses a geometry whose state (_WAY_STATE_BYTES a way: 24.6 MB for the H200)
+# passes MAX_CACHE_BYTES; `access` refuses a request of more than MAX_REQUEST_BYTES (its lookups
+# are sorted in one chunk: two 8-byte keys a line) and bytes from MAX_ADDRESS on.
+MAX_CACHE_BYTES = 512 * 2**20
+MAX_REQUEST_BYTES = _CHUNK_LINES * LINE_BYTES  # 128 MiB
+MAX_ADDRESS = 2**62
 _FIBONACCI = np.uint64(0x9E3779B97F4A7C15)  # 2^64 / golden ratio
 _SHIFT = np.uint64(32)
 
@@ -176,7 +182,8 @@ class L2Cache:
     num_sets, num_ways: geometry; the default is the H200's 60 MiB as 30,720 sets x 16 ways of
     128-byte lines. set_index: "hash" or "modulo" (see the module docstring).
     fill_latency_rounds: rounds (float >= 0) from a miss to its fill being ready; 0 makes every
-    fill instant. Raises ValueError for a bad argument.
+    fill instant. Raises ValueError for a bad argument, and for a geometry whose state would take
+    more than MAX_CACHE_BYTES (before allocating it).
     """
 
     def __init__(self, num_sets: int = NUM_SETS, num_ways: int = NUM_WAYS,
@@ -185,7 +192,13 @@ class L2Cache:
         check_positive_int("num_ways", num_ways)
         if num_sets >= 1 << 32:
             raise ValueError(f"num_sets={num_sets}: must be < 2**32")
-        if set_index not in SET_INDEXES:
+        state_bytes = int(num_sets) * int(num_ways) * _WAY_STATE_BYTES
+        if state_bytes > MAX_CACHE_BYTES:
+            raise ValueError(f"num_sets={num_sets} x num_ways={num_ways}: the cache's state "
+                             f"would take {state_bytes / 2**20:,.0f} MiB ({_WAY_STATE_BYTES} "
+                             f"bytes a way), more than MAX_CACHE_BYTES = "
+                             f"{MAX_CACHE_BYTES // 2**20} MiB")
+        if not isinstance(set_index, str) or set_index not in SET_INDEXES:
             raise ValueError(f"set_index={set_index!r}: must be one of {SET_INDEXES}")
         if (isinstance(fill_latency_rounds, bool) or not isinstance(fill_latency_rounds, Real)
                 or not 0 <= fill_latency_rounds < math.inf):
@@ -219,18 +232,19 @@ class L2Cache:
     def access(self, addrs, nbytes, kinds, times=None) -> L2Result:
         """Replays requests in order and returns what they did.
 
-        addrs: [n] integer byte addresses >= 0; nbytes: [n] integer sizes >= 1 (or one int for
-        all); kinds: [n] values of KINDS (or one for all); times: [n] finite times in rounds,
+        addrs: [n] integer byte addresses >= 0; nbytes: [n] integer sizes in [1,
+        MAX_REQUEST_BYTES] (or one int for all); addrs + nbytes < MAX_ADDRESS (2**62);
+        kinds: [n] values of KINDS (or one for all); times: [n] finite times in rounds,
         nondecreasing and not before an earlier call's (or one for all; default: `self.time`, once
         every earlier fill is ready). Request i touches the sectors that overlap
         [addrs[i], addrs[i] + nbytes[i]). Raises ValueError before touching the cache.
         """
-        addrs = _check_array("addrs", addrs, 0)
-        nbytes = _check_array("nbytes", nbytes, 1, like=addrs)
-        kinds = _check_array("kinds", kinds, 0, like=addrs)
+        addrs = _check_array("addrs", addrs, 0, MAX_ADDRESS)
+        nbytes = _check_array("nbytes", nbytes, 1, MAX_REQUEST_BYTES, like=addrs)
+        kinds = _check_array("kinds", kinds, 0, np.iinfo(np.int64).max, like=addrs)
         if kinds.size and kinds.max() > max(KINDS):
             raise ValueError(f"kinds={kinds.max()}: must be one of {KINDS}")
-        if addrs.size and (addrs + nbytes).max() >= 1 << 62:
+        if addrs.size and (addrs + nbytes).max() >= MAX_ADDRESS:  # no overflow: both bounded
             raise ValueError(f"addrs + nbytes={(addrs + nbytes).max()}: must be < 2**62")
         times = self._check_times(self.time if times is None else times, addrs)
         counts = np.zeros(len(fields(L2Result)), dtype=np.int64)
@@ -258,9 +272,9 @@ class L2Cache:
         return times
 
 
-def _check_array(name: str, value, minimum: int, like=None) -> np.ndarray:
-    """`value` as a contiguous int64 array, all >= minimum: 1-D, or (given `like`) one value or
-    an array of like's shape, broadcast to it."""
+def _check_array(name: str, value, minimum: int, maximum: int, like=None) -> np.ndarray:
+    """`value` as a contiguous int64 array, all in [minimum, maximum]: 1-D, or (given `like`) one
+    value or an array of like's shape, broadcast to it."""
     array = np.asarray(value)
     if like is None:
         allowed, shape_ok = "a 1-D integer array", array.ndim == 1
@@ -271,6 +285,8 @@ def _check_array(name: str, value, minimum: int, like=None) -> np.ndarray:
         raise ValueError(f"{name}: dtype={array.dtype}, shape={array.shape}: must be {allowed}")
     if array.size and array.min() < minimum:
         raise ValueError(f"{name}={array.min()}: must be >= {minimum}")
+    if array.size and array.max() > maximum:  # before the cast: uint64 past int64 stays big
+        raise ValueError(f"{name}={array.max()}: must be <= {maximum}")
     return np.ascontiguousarray(np.broadcast_to(array, array.shape if like is None else
                                                 like.shape), dtype=np.int64)
 

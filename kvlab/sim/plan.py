@@ -14,6 +14,10 @@ its shared memory (kvlab.kernels.geometry.ctas_per_sm), which ncu confirms (its
 launch__occupancy_limit_shared_mem = 2 for head_dim 128, as ctas_per_sm(128) says).
 """
 
+from dataclasses import fields as dataclass_fields
+from dataclasses import replace
+
+from kvlab.checks import check_int
 from kvlab.config import MODELS
 from kvlab.kernels import FAMILIES
 from kvlab.kernels.geometry import (
@@ -25,18 +29,37 @@ from kvlab.kernels.geometry import (
 from kvlab.kernels.prefetch import PrefetchConfig
 from kvlab.sim.spec import TraceSpec
 
+# the TraceSpec fields launch_spec plans; `fields` may set the others
+PLANNED = ("family", "num_seqs", "context", "num_qo_heads", "num_kv_heads", "head_dim",
+           "partition_size", "ctas_per_sm", "prefetch", "num_sms", "warps")
+
 
 def launch_spec(model: str, kernel: str, batch: int, context: int, num_sms: int,
                 prefetch: PrefetchConfig, **fields) -> TraceSpec:
     """The TraceSpec of one decode launch of `kernel` for `model` (a kvlab.MODELS name) at batch
     x context on num_sms SMs with `prefetch`, planned as the kernels plan it; `fields` set the
-    TraceSpec's other fields (placement, seed, jitter_rounds).
-    Raises ValueError for an unknown model or kernel and for what TraceSpec refuses."""
-    if model not in MODELS:
+    TraceSpec's other fields (block_size, placement, seed, jitter_rounds).
+    Raises ValueError for an unknown model or kernel, batch, context or num_sms not an integer
+    >= 1, a field it plans or that TraceSpec lacks, and for what TraceSpec refuses (a trace past
+    its memory limit too), all before planning."""
+    if not isinstance(model, str) or model not in MODELS:
         raise ValueError(f"model={model!r}: must be one of {', '.join(MODELS)}")
-    if kernel not in FAMILIES:
+    if not isinstance(kernel, str) or kernel not in FAMILIES:
         raise ValueError(f"kernel={kernel!r}: must be one of {', '.join(FAMILIES)}")
+    for name, value in (("batch", batch), ("context", context), ("num_sms", num_sms)):
+        check_int(name, value, 1)
+    settable = [f.name for f in dataclass_fields(TraceSpec) if f.name not in PLANNED]
+    if set(fields) - set(settable):
+        raise ValueError(f"fields: {', '.join(sorted(set(fields) - set(settable)))}: "
+                         f"launch_spec plans these or TraceSpec lacks them; it takes "
+                         f"{', '.join(settable)}")
     m = MODELS[model]
+    # NOTE: the shape is checked whole before planning (the planner's work grows with context):
+    # unsplit, in the widest CTAs, a launch runs its fewest iterations, so a plan can only add
+    shape = TraceSpec(family=kernel, num_seqs=batch, context=context,
+                      num_qo_heads=m.num_qo_heads, num_kv_heads=m.num_kv_heads,
+                      head_dim=m.head_dim, partition_size=0, ctas_per_sm=1, prefetch=prefetch,
+                      num_sms=num_sms, warps=4 if kernel == "vllm_v1" else 8, **fields)
     if kernel == "vllm_v1":
         part = 512 if use_partitions(batch, m.num_qo_heads, context) else 0
         slots, warps = VLLM_CTAS_PER_SM, 4
@@ -46,7 +69,4 @@ def launch_spec(model: str, kernel: str, batch: int, context: int, num_sms: int,
                                  eight_warps=ctas_per_sm(m.head_dim, 2, 8) >= 1)
         slots = ctas_per_sm(m.head_dim, 2, warps)
         part = 0 if part >= context else part
-    return TraceSpec(family=kernel, num_seqs=batch, context=context, num_qo_heads=m.num_qo_heads,
-                     num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, partition_size=part,
-                     ctas_per_sm=slots, prefetch=prefetch, num_sms=num_sms, warps=warps,
-                     **fields)
+    return replace(shape, partition_size=part, ctas_per_sm=slots, warps=warps)

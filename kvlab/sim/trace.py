@@ -17,7 +17,8 @@ The CTAs' iterations come in the order of kvlab.sim.spec.timed_schedule.
 Within an iteration the order is warp 0's requests, warp 1's, ...; the K and V copies of a gqa
 tile, interleaved per instruction in the kernel, come K range then V range (no reuse between them).
 
-Memory: the schedule holds two int64 and one float64 per CTA iteration; requests come in chunks.
+Memory: the schedule holds two int64 and one float64 per CTA iteration (TraceSpec bounds it by
+MAX_TRACE_BYTES); requests come in chunks, each within MAX_TRACE_BYTES too.
 """
 
 import numba
@@ -27,17 +28,34 @@ from kvlab.checks import check_int
 from kvlab.kernels.geometry import GQA_WARP_TOKENS
 from kvlab.kernels.geometry import VLLM_NUM_WARPS as NUM_WARPS
 from kvlab.sim.l2 import DEMAND, PREFETCH, PREFETCH_LINES
-from kvlab.sim.spec import TraceSpec, block_tables, timed_schedule
+from kvlab.sim.spec import (
+    MAX_TRACE_BYTES,
+    TraceSpec,
+    block_tables,
+    check_spec,
+    timed_schedule,
+)
 
 # Most requests per CTA iteration and warp: vllm a load + a prefetch; gqa K + V of 2 blocks, x 2.
 _MAX_REQUESTS = {"vllm_v1": 2, "gqa": 8}
+_REQUEST_BYTES = 25  # int64 address and size, uint8 kind, float64 time
+_MAX_WARPS = 8
+# the most CTA iterations whose request buffers fit MAX_TRACE_BYTES, at any shape
+MAX_CHUNK_ITERATIONS = MAX_TRACE_BYTES // (_REQUEST_BYTES * max(_MAX_REQUESTS.values())
+                                           * _MAX_WARPS)
 
 
 def iter_requests(spec: TraceSpec, chunk_iterations: int = 1 << 16):
-    """Yields (addrs, nbytes, kinds, times) chunks of the trace, each [n] int64 / int64 / uint8 /
-    float64 (rounds, nondecreasing), for chunk_iterations CTA iterations at a time (bounded
-    memory for any shape)."""
-    check_int("chunk_iterations", chunk_iterations, 1)
+    """An iterator of (addrs, nbytes, kinds, times) chunks of the trace, each [n] int64 / int64 /
+    uint8 / float64 (rounds, nondecreasing), for chunk_iterations CTA iterations at a time
+    (bounded memory for any shape). Raises ValueError at once for a spec that is not a TraceSpec
+    or chunk_iterations not in [1, MAX_CHUNK_ITERATIONS]."""
+    check_spec(spec)
+    check_int("chunk_iterations", chunk_iterations, 1, MAX_CHUNK_ITERATIONS)
+    return _chunks(spec, int(chunk_iterations))
+
+
+def _chunks(spec: TraceSpec, chunk_iterations: int):
     tables = block_tables(spec)
     cta_ids, iterations, times = timed_schedule(spec)
     pf = spec.prefetch
@@ -64,7 +82,15 @@ def iter_requests(spec: TraceSpec, chunk_iterations: int = 1 << 16):
 
 
 def requests(spec: TraceSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The whole trace as one (addrs, nbytes, kinds, times) tuple: for small shapes and tests."""
+    """The whole trace as one (addrs, nbytes, kinds, times) tuple: for small shapes and tests.
+    Raises ValueError for a spec whose requests could take more than MAX_TRACE_BYTES (iterate
+    over `iter_requests` instead)."""
+    check_spec(spec)
+    nbytes = spec.num_iterations * _MAX_REQUESTS[spec.family] * spec.warps * _REQUEST_BYTES
+    if 2 * nbytes > MAX_TRACE_BYTES:  # the chunks and their concatenation
+        raise ValueError(f"num_seqs={spec.num_seqs}, context={spec.context}: the whole trace "
+                         f"could take {2 * nbytes / 2**20:,.0f} MiB, more than MAX_TRACE_BYTES "
+                         f"= {MAX_TRACE_BYTES // 2**20} MiB: iterate over iter_requests(spec)")
     return tuple(np.concatenate(parts) for parts in zip(*iter_requests(spec), strict=True))
 
 

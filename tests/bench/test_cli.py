@@ -2,6 +2,7 @@
 line with exit status 2 before any benchmark work (CPU)."""
 
 import json
+import shlex
 import subprocess
 import sys
 
@@ -118,3 +119,98 @@ def test_a_checkpoint_is_the_result_as_it_stands(tmp_path):
     write_checkpoint(str(path), {"rows": [1]})
     write_checkpoint(str(path), {"rows": [1, 2]})
     assert json.loads(path.read_text()) == {"rows": [1, 2]}
+
+
+# -- every path option checked before any work ------------------------------------------------
+
+def refused(argv, capsys) -> str:
+    """The one line `cli.parse(argv)` ends with (exit status 2)."""
+    with pytest.raises(SystemExit) as exit_:
+        cli.parse(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1, err
+    return err
+
+
+OUTPUTS = [(name, "--json") for name in cli.BENCHMARKS] + [
+    (name, "--checkpoint") for name in ("attention", "kvpr", "timeline", "e2e")]
+
+
+@pytest.mark.parametrize(("name", "option"), OUTPUTS)
+def test_every_output_path_is_checked_before_the_run(name, option, tmp_path, capsys):
+    (tmp_path / "a_file").write_text("")
+    bad = {"": "must be a file path",
+           str(tmp_path): "is a folder, must be a file path",
+           f"{tmp_path}/newdir/": "ends in a separator, must be a file path",
+           f"{tmp_path}/": "is a folder, must be a file path",
+           f"{tmp_path}/no/such/x.json": "the folder",
+           f"{tmp_path}/a_file/x.json": f"the folder {tmp_path}/a_file is not a folder",
+           f"{tmp_path}/{'x' * 256}.json": "the file name is longer than 255 bytes",
+           f"{tmp_path}/nul\0.json": "must be a file path"}
+    for path, message in bad.items():
+        err = refused(["bench", name, option, path], capsys)
+        assert f"python -m kvlab bench {name}: error: {option} " in err and message in err, err
+    args = cli.parse(["bench", name, option, str(tmp_path / "ok.json")])
+    assert getattr(args, option[2:]) == str(tmp_path / "ok.json")
+    assert not (tmp_path / "ok.json").exists()  # checked, not written
+
+
+def test_an_output_where_nothing_can_be_written_is_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(cli.os, "access", lambda path, mode: False)
+    err = refused(["bench", "cache", "--json", str(tmp_path / "x.json")], capsys)
+    assert f"--json {tmp_path / 'x.json'}: not writable" in err
+
+
+@pytest.mark.parametrize(("name", "option"), [("kvpr", "--resume"), ("attention", "--vllm-cubin")])
+def test_input_paths_must_be_files(name, option, tmp_path, capsys):
+    for path in ("", str(tmp_path), str(tmp_path / "missing.json")):
+        assert f"{option} {shlex.quote(path)}: no such file" in refused(
+            ["bench", name, option, path], capsys)
+
+
+@pytest.mark.parametrize("path", ["", "newdir/"])
+def test_a_json_path_that_cannot_take_the_result_fails_before_the_benchmark(path, tmp_path):
+    out = subprocess.run([sys.executable, "-m", "kvlab", "bench", "cache", "--quick", "--json",
+                          path], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert out.returncode == 2 and out.stdout == "", out.stderr  # nothing ran
+    assert out.stderr.count("\n") == 1
+    assert "python -m kvlab bench cache: error: --json" in out.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- numbers -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["attention", "--runs", "-3"], "argument --runs: '-3': must be an integer >= 1"),
+    (["attention", "--runs", "2147483648"], "'2147483648': must be an integer in [1, 2147483647]"),
+    (["attention", "--batches", "9" * 23], "must be an integer in [1, 2147483647]"),
+    (["attention", "--points", "1x99999999999999"], "must be BATCHxCONTEXT"),
+    (["attention", "--runs", "2.5"], "'2.5': must be an integer >= 1"),
+    (["attention", "--lengths", "lognormal:10,99999999999"], "MAX <= 2147483647"),
+    (["attention", "--lengths", "lognormal:²,16"], "must be lognormal:MEAN,MAX"),
+    (["timeline", "--traces", "0"], "argument --traces: '0': must be an integer >= 1"),
+    (["kvpr", "--min-seconds", "inf"], "'inf': must be a finite number >= 0"),
+    (["kvpr", "--min-seconds", "-1"], "'-1': must be a finite number >= 0"),
+    (["kvpr", "--host-budget-gib", "nan"], "'nan': must be a finite number >= 0"),
+    (["kvpr", "--hf-max-tokens", "1e3"], "'1e3': must be an integer >= 1"),
+    (["counters", "--timeout", "1e9"], "argument --timeout: '1e9': must be a number in (0, 3600]"),
+    (["counters", "--timeout", "0"], "'0': must be a number > 0"),
+    (["counters", "--block-size", "0"], "'0': must be an integer >= 1"),
+    (["e2e", "--serve-rates", "nan"], "'nan': must be a finite number >= 0"),
+    (["e2e", "--serve-requests", "-5"], "'-5': must be an integer >= 1"),
+    (["e2e", "--tp", "4294967296"], "must be an integer in [1, 2147483647]"),
+])
+def test_hostile_numbers_end_in_one_line(argv, message, capsys):
+    err = refused(["bench", *argv], capsys)
+    assert message in err, err
+
+
+def test_a_result_json_cannot_hold_leaves_the_checkpoint_before_it(tmp_path):
+    from kvlab.bench.env import write_checkpoint
+
+    path = tmp_path / "checkpoint.json"
+    write_checkpoint(str(path), {"rows": [1]})
+    for bad in ({"rows": [1, object()]}, {"rows": [1], "x": {(1, 2): 3}}):
+        with pytest.raises(TypeError):
+            write_checkpoint(str(path), bad)
+        assert json.loads(path.read_text()) == {"rows": [1]}

@@ -61,8 +61,11 @@ def test_a_cubin_is_recorded_by_name_hash_and_build(tmp_path):
     ([], "no such file"),
 ])
 def test_vllm_cubin_refuses_what_vllms_kernels_cannot_run(tmp_path, capsys, options, message):
+    cubin = tmp_path / "vllm.cubin"
+    if options:  # the options are refused even though the file is there
+        cubin.write_bytes(b"\x7fELF not really")
     with pytest.raises(SystemExit) as exit_:
-        main(["bench", "attention", "--vllm-cubin", str(tmp_path / "missing.cubin"), *options])
+        main(["bench", "attention", "--vllm-cubin", str(cubin), *options])
     assert exit_.value.code == 2
     assert message in capsys.readouterr().err
 

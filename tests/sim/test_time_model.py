@@ -5,6 +5,7 @@ import re
 
 import pytest
 
+import kvlab.results
 from kvlab.results import load_result
 from kvlab.sim import L2Result
 from kvlab.sim.time_model import TimeModel, copy_roofline_gbps
@@ -53,7 +54,16 @@ def test_copy_roofline_between_measured_sm_counts():
     assert copy_roofline_gbps(56, measured) == pytest.approx(2900.0)  # halfway 32 -> 80
     assert copy_roofline_gbps(16, measured) == pytest.approx(1000.0)  # in proportion below
     assert copy_roofline_gbps(144, measured) == 4300.0  # flat above the most measured
-    with pytest.raises(ValueError, match="num_sms=0: must be >= 1"):
+    with pytest.raises(ValueError, match="num_sms=0: must be an integer >= 1"):
         copy_roofline_gbps(0, measured)
     with pytest.raises(ValueError, match="needs at least one measured SM count"):
         copy_roofline_gbps(8, {})
+
+
+@pytest.mark.parametrize("text", ["{}", '{"time_model": []}', '{"time_model": {}}', "{tim"])
+def test_a_bad_recorded_fit_is_a_value_error_naming_the_file(tmp_path, monkeypatch, text):
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "l2_validation.json").write_text(text)
+    monkeypatch.setattr(kvlab.results, "results_dir", lambda: tmp_path)
+    with pytest.raises(ValueError, match="l2_validation.json|time_model|fit="):
+        TimeModel.recorded()

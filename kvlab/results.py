@@ -12,11 +12,15 @@ import math
 import re
 from pathlib import Path
 
+from kvlab.checks import is_int, is_real
+
 __all__ = [
     "ATTENTION",
     "label",
+    "load_recorded",
     "load_result",
     "load_results",
+    "load_shown",
     "nearest_point",
     "nearest_rows",
     "recorded_models",
@@ -42,6 +46,14 @@ ROW_KEY = ("model", "batch", "context", "kernel", "family", "auto_mode", "block_
 PACKAGED_DIR = Path(__file__).resolve().parent / "results_data"
 CHECKOUT_DIR = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 PATH_COMPONENT = re.compile(r"[A-Za-z0-9_.-]+")
+MAX_NAME_LEN = 128  # of `machine` and `name`: "<name>.json" stays a short file name
+# The lists of entries `load_results` merges: each must be a list of objects where present
+MERGED = ("rows", "timelines")
+# What `load_result`'s `keys` can ask a value to be: type -> (test, what it must be)
+VALUE_TYPES = {float: (is_real, "a finite number"), int: (is_int, "an integer"),
+               str: (lambda v: isinstance(v, str), "a string"),
+               dict: (lambda v: isinstance(v, dict), "an object"),
+               object: (lambda v: True, "any value")}
 
 
 def results_dir() -> Path:
@@ -57,12 +69,19 @@ def _available() -> list[str]:
     )
 
 
-def load_result(machine: str, name: str) -> dict:
+def load_result(machine: str, name: str, keys: dict | None = None) -> dict:
     """The recorded result `<machine>/<name>.json`, e.g. `load_result("h200", "attention")`, as
     written by `python -m kvlab bench <name> --json` (keys gpu, date, rows, ...).
 
+    keys: what the caller reads, checked here: `{key: what}`, `what` the tuple of keys every entry
+        of the list `result[key]` must have (e.g. `{"rows": ("model", "batch")}`), or a type that
+        `result[key]` must be: `float` (a finite number), `int`, `str`, `dict`, `object` (any).
+
     Raises ValueError naming `machine` and `name` and listing the recorded results when absent, or
-    naming the one that is not a plain file name (letters, digits, '_', '-', '.'; not '.' or '..').
+    naming the one that is not a plain file name (letters, digits, '_', '-', '.'; not '.' or '..';
+    at most MAX_NAME_LEN characters). Raises ValueError naming the file (and the key) when it
+    cannot be read, is not JSON, not an object, its `rows` or `timelines` not lists of objects, or
+    not of the shape `keys` asks for.
     """
     path = _result_path(machine, name)
     if not path.is_file():
@@ -70,17 +89,63 @@ def load_result(machine: str, name: str) -> dict:
             f"machine={machine!r}, name={name!r}: no recorded result {path}; "
             f"recorded (machine/name): {_available()}"
         )
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            result = json.load(f)
+    except OSError as error:
+        raise ValueError(f"{path}: unreadable: {error.strerror or error}") from error
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+        raise ValueError(f"{path}: not a JSON recording: {error}") from error
+    _check_shape(result, path, keys or {})
+    return result
+
+
+def _check_shape(result, path: Path, keys: dict) -> None:
+    """ValueError naming `path` (and the key) unless `result` is an object, its MERGED lists are
+    lists of objects, and it holds what `keys` asks for (see `load_result`)."""
+    if not isinstance(result, dict):
+        raise ValueError(f"{path}: holds a JSON {_kind(result)}: must hold an object (a result)")
+    wanted = {key: () for key in MERGED if key in result} | keys
+    for key, what in wanted.items():
+        if key not in result:
+            raise ValueError(f"{path}: no key {key!r}: must have the keys {list(wanted)}")
+        value = result[key]
+        if isinstance(what, tuple):
+            if not isinstance(value, list):
+                raise ValueError(f"{path}: {key!r} holds a JSON {_kind(value)}: must be an array "
+                                 "of objects")
+            for i, entry in enumerate(value):
+                missing = [k for k in what if k not in entry] if isinstance(entry, dict) else None
+                if missing is None or missing:
+                    raise ValueError(
+                        f"{path}: {key}[{i}] = {_cut(json.dumps(entry))}: must be an object with "
+                        f"the keys {list(what)}" + (f"; missing {missing}" if missing else ""))
+        elif not VALUE_TYPES[what][0](value):
+            raise ValueError(f"{path}: {key}={_cut(json.dumps(value))}: must be "
+                             f"{VALUE_TYPES[what][1]}")
+
+
+def _kind(value) -> str:
+    """The JSON name of `value`'s type: object, array, string, number, boolean, null."""
+    for kind, types in (("boolean", bool), ("number", (int, float)), ("string", str),
+                        ("array", list), ("object", dict)):
+        if isinstance(value, types):
+            return kind
+    return "null"
+
+
+def _cut(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else f"{text[:limit - 3]}..."
 
 
 def _result_path(machine: str, name: str) -> Path:
     """`<results_dir>/<machine>/<name>.json`, for plain names that stay inside the folder."""
     for param, value in (("machine", machine), ("name", name)):
-        if not (isinstance(value, str) and PATH_COMPONENT.fullmatch(value)) or value in (".", ".."):
+        if not (isinstance(value, str) and PATH_COMPONENT.fullmatch(value)) or value in (
+                ".", "..") or len(value) > MAX_NAME_LEN:
             raise ValueError(
-                f"{param}={value!r}: must be a plain file name of letters, digits, '_', '-' and "
-                f"'.' (not '.' or '..')"
+                f"{param}={_cut(repr(value))}: must be a plain file name of letters, digits, '_', "
+                f"'-' and '.' (not '.' or '..'), at most {MAX_NAME_LEN} characters"
             )
     root = results_dir().resolve()
     path = root / machine / f"{name}.json"
@@ -91,32 +156,56 @@ def _result_path(machine: str, name: str) -> Path:
     return path
 
 
-def load_results(machine: str, names) -> dict:
+def load_results(machine: str, names, keys: dict | None = None) -> dict:
     """Several recorded results of one machine as one: the first one's metadata (gpu, roofline,
     ...), the dates of all (`dates`, sorted: `label` names each; `source_dates`: each result's),
     and the rows of all, in order, each tagged `source` = its result's name (and so their
     `timelines`, where they have any). `label(merged, rows)` names the dates of those rows.
+    `keys`: what each result must hold (`load_result`).
 
     NOTE: every run measures its own no-prefetch baseline, so a row can appear once per run.
     Compare times only within one source (`speedups`): tiny kernels vary more between runs
     than prefetch changes them. Names not recorded are skipped; raises ValueError (as
-    `load_result`) when none is, or for `names` empty or not plain file names."""
+    `load_result`) when none is, for one unreadable or not of the shape asked for, or for `names`
+    empty or not plain file names."""
     names = list(names)
     if not names:
         raise ValueError("names=[]: must name at least one result")
     recorded = [n for n in names if _result_path(machine, n).is_file()]
-    loaded = {n: load_result(machine, n) for n in recorded}
+    loaded = {n: load_result(machine, n, keys) for n in recorded}
     if not loaded:
         return load_result(machine, names[0])
     merged = {**next(iter(loaded.values()))}
     merged["source_dates"] = {n: str(r.get("date", "unknown date"))[:10]
                               for n, r in loaded.items()}
     merged["dates"] = sorted(set(merged["source_dates"].values()))
-    for key in ("rows", "timelines"):
+    for key in MERGED:
         entries = [{**e, "source": n} for n, result in loaded.items() for e in result.get(key, [])]
         if key == "rows" or entries:
             merged[key] = entries
     return merged
+
+
+def load_recorded(machine: str, names, keys: dict | None = None) -> dict | None:
+    """`load_results(machine, names, keys)`, or None where none of `names` is recorded: what a
+    dashboard tab shows where it can. Raises ValueError as `load_results` does for a result that
+    is unreadable or not of the shape `keys` asks for (naming its file), or for bad names."""
+    names = list(names)
+    if names and not any(_result_path(machine, n).is_file() for n in names):
+        return None
+    return load_results(machine, names, keys)
+
+
+def load_shown(machine: str, names, keys: dict | None, unreadable: dict[str, str],
+               view: str) -> dict | None:
+    """`load_recorded(machine, names, keys)` for the dashboard's `view` of it: None where none of
+    `names` is recorded, and None where one cannot be read, its ValueError's message (naming the
+    file and why) then kept as `unreadable[view]`, for the view to show."""
+    try:
+        return load_recorded(machine, names, keys)
+    except ValueError as error:
+        unreadable[view] = str(error)
+        return None
 
 
 def speedups(rows) -> list[tuple[dict, float]]:
@@ -161,10 +250,10 @@ def nearest_point(result: dict, model: str, batch: int, context: int) -> tuple[i
     smaller context: the point with less K/V.
 
     Raises ValueError if `model` has no rows (listing the recorded models) or if `batch` or
-    `context` is not a positive integer.
+    `context` is not a positive integer (a Python or numpy int).
     """
     for name, value in (("batch", batch), ("context", context)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if not is_int(value) or value < 1:
             raise ValueError(f"{name}={value!r}: must be a positive integer")
     points = {(r["batch"], r["context"]) for r in result["rows"] if r["model"] == model}
     if not points:
@@ -174,7 +263,8 @@ def nearest_point(result: dict, model: str, batch: int, context: int) -> tuple[i
 
     def distance(point):
         b, c = point
-        d = math.hypot(math.log2(b / batch), math.log2(c / context))
+        # NOTE: differences of logs, not logs of ratios: a ratio of huge integers underflows
+        d = math.hypot(math.log2(b) - math.log2(batch), math.log2(c) - math.log2(context))
         return (round(d, 9), b, c)
 
     return min(points, key=distance)

@@ -1,8 +1,10 @@
 """Recorded results: loading, provenance label, nearest recorded point on a log2 scale."""
 
 import json
+import os
 import re
 
+import numpy as np
 import pytest
 
 import kvlab.results
@@ -175,3 +177,133 @@ def test_auto_rows_of_two_families_stay_apart():
     ]
     assert [r["family"] for r, _ in speedups(rows)] == ["vllm_v1"]  # gqa has no baseline
     assert nearest_rows({"rows": rows}, "m", 1, 8) == rows
+
+
+def write_results(tmp_path, monkeypatch, files: dict[str, bytes]):
+    """A results folder of its own holding `files` ({"machine/name": bytes of the .json})."""
+    for where, data in files.items():
+        path = tmp_path / f"{where}.json"
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(data)
+    monkeypatch.setattr(kvlab.results, "results_dir", lambda: tmp_path)
+
+
+GOOD = json.dumps(make_result([(1, 1024)])).encode()
+
+
+@pytest.mark.parametrize("data,why", [
+    (GOOD[:40], "not a JSON recording: "),  # truncated
+    (b"", "not a JSON recording: "),
+    (b"\xff\xfe{}", "not a JSON recording: "),  # not UTF-8
+    (b"[" * 100_000, "not a JSON recording: "),  # nested past the parser's recursion limit
+    (b"[]", "holds a JSON array: must hold an object"),
+    (b"null", "holds a JSON null: must hold an object"),
+    (b'"text"', "holds a JSON string: must hold an object"),
+    (b'{"rows": {}}', "'rows' holds a JSON object: must be an array of objects"),
+    (b'{"rows": 5}', "'rows' holds a JSON number: must be an array of objects"),
+    (b'{"rows": [1]}', "rows[0] = 1: must be an object"),
+    (b'{"rows": [{"model": "m"}, [1, 2]]}', "rows[1] = [1, 2]: must be an object"),
+    (b'{"rows": [], "timelines": [null]}', "timelines[0] = null: must be an object"),
+])
+def test_a_bad_file_is_a_value_error_naming_it(tmp_path, monkeypatch, data, why):
+    write_results(tmp_path, monkeypatch, {"h200/bad": data, "h200/good": GOOD})
+    path = tmp_path / "h200" / "bad.json"
+    for load in (lambda: load_result("h200", "bad"), lambda: load_results("h200", ["good", "bad"]),
+                 lambda: kvlab.results.load_recorded("h200", ["bad", "absent"])):
+        with pytest.raises(ValueError, match=re.escape(f"{path}: ") + ".*" + re.escape(why)):
+            load()
+
+
+ROW_KEYS = {"rows": ("model", "batch", "context", "ms")}
+
+
+@pytest.mark.parametrize("result,keys,why", [
+    ({}, ROW_KEYS, "no key 'rows': must have the keys ['rows']"),
+    ({"rows": [{"model": "m", "batch": 1, "context": 8}]}, ROW_KEYS,
+     "rows[0] = {\"model\": \"m\", \"batch\": 1, \"context\": 8}: must be an object with the keys "
+     "['model', 'batch', 'context', 'ms']; missing ['ms']"),
+    ({"rows": [{"model": "m", "batch": 1, "context": 8, "ms": 1.0}], "x": 1}, {"x": str},
+     "x=1: must be a string"),
+    ({"x": "fast"}, {"x": float}, 'x="fast": must be a finite number'),
+    ({"x": float("nan")}, {"x": float}, "x=NaN: must be a finite number"),
+    ({"x": True}, {"x": float}, "x=true: must be a finite number"),
+    ({"x": 1.5}, {"x": int}, "x=1.5: must be an integer"),
+    ({"x": []}, {"x": dict}, "x=[]: must be an object"),
+    ({"serving": [{"model": "m"}, {}]}, {"serving": ("model",)},
+     "serving[1] = {}: must be an object with the keys ['model']; missing ['model']"),
+])
+def test_a_result_without_what_the_caller_reads_is_a_value_error_naming_file_and_key(
+        tmp_path, monkeypatch, result, keys, why):
+    write_results(tmp_path, monkeypatch, {"h200/bad": json.dumps(result).encode()})
+    message = f"{tmp_path / 'h200' / 'bad.json'}: {why}"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        load_result("h200", "bad", keys)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        load_results("h200", ["bad"], keys)
+
+
+def test_what_the_caller_reads_passes_and_the_result_is_as_recorded(tmp_path, monkeypatch):
+    result = {**make_result([(1, 1024)]), "roofline": 3000, "serving": []}
+    write_results(tmp_path, monkeypatch, {"h200/good": json.dumps(result).encode()})
+    keys = {"rows": ("model", "batch"), "roofline": float, "serving": ("rate",), "gpu": object}
+    assert load_result("h200", "good", keys) == result
+    assert load_results("h200", ["good"], keys)["rows"] == [
+        {**r, "source": "good"} for r in result["rows"]]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
+def test_an_unreadable_file_is_a_value_error_naming_it(tmp_path, monkeypatch):
+    write_results(tmp_path, monkeypatch, {"h200/locked": GOOD})
+    path = tmp_path / "h200" / "locked.json"
+    path.chmod(0)
+    with pytest.raises(ValueError, match=re.escape(f"{path}: unreadable: Permission denied")):
+        load_result("h200", "locked")
+
+
+def test_load_recorded_is_none_where_nothing_is_recorded(tmp_path, monkeypatch):
+    write_results(tmp_path, monkeypatch, {"h200/good": GOOD})
+    assert kvlab.results.load_recorded("h200", ["absent", "also_absent"]) is None
+    assert kvlab.results.load_recorded("h200", ["absent", "good"])["rows"] == [
+        {**r, "source": "good"} for r in json.loads(GOOD)["rows"]]
+    with pytest.raises(ValueError, match="names=\\[\\]"):
+        kvlab.results.load_recorded("h200", [])
+    with pytest.raises(ValueError, match="name='../good': must be a plain file name"):
+        kvlab.results.load_recorded("h200", ["../good"])
+
+
+@pytest.mark.parametrize("bad", ["machine", "name"])
+def test_over_long_names_are_refused_as_other_bad_names(bad):
+    names = {"machine": "h200", "name": "attention", bad: "a" * 300}
+    message = f"{bad}='{'a' * 56}...: must be a plain file name of letters, digits"
+    with pytest.raises(ValueError, match=re.escape(message) + ".*at most 128 characters"):
+        load_result(**names)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        load_results(names["machine"], [names["name"]])
+
+
+@pytest.mark.parametrize("batch,context,expected", [
+    (np.int64(100), np.int32(5000), (128, 4096)),  # numpy integers, as a slider may give
+    (np.uint16(1), 1024, (1, 1024)),
+    (2**70, 2**70, (128, 32768)),  # huge: the grid's corner
+    pytest.param(2**2000, 1, (128, 1024), id="2**2000"),  # past a float's range
+])
+def test_nearest_point_takes_any_integer(h200, batch, context, expected):
+    assert nearest_point(h200, "llama3-8b", batch, context) == expected
+
+
+@pytest.mark.parametrize("batch,context", [(np.float64(16), 1024), (np.bool_(True), 1024),
+                                           (16, float("nan")), (16, "1024"), (None, 1024)])
+def test_nearest_point_refuses_what_is_not_an_integer(h200, batch, context):
+    with pytest.raises(ValueError, match="must be a positive integer"):
+        nearest_point(h200, "llama3-8b", batch, context)
+
+
+def test_load_shown_keeps_why_a_recording_cannot_be_read_for_its_view(tmp_path, monkeypatch):
+    write_results(tmp_path, monkeypatch, {"h200/good": GOOD, "h200/bad": b"{"})
+    unreadable = {}
+    assert kvlab.results.load_shown("h200", ["absent"], None, unreadable, "a") is None
+    assert kvlab.results.load_shown("h200", ["good"], {"rows": ("model",)}, unreadable, "b")
+    assert unreadable == {}
+    assert kvlab.results.load_shown("h200", ["good", "bad"], None, unreadable, "c") is None
+    assert list(unreadable) == ["c"]
+    assert unreadable["c"].startswith(f"{tmp_path / 'h200' / 'bad.json'}: not a JSON recording")

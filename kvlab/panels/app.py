@@ -21,7 +21,7 @@ from kvlab.panels.kvpr import KVPRTab
 from kvlab.panels.l2 import L2Tab
 from kvlab.panels.paged_cache import PagedCacheTab
 from kvlab.panels.widgets import FigurePane
-from kvlab.viz.export import figure_csv, html_report
+from kvlab.viz.export import figure_csv, html_report, new_export_folder, write_new_files
 
 __all__ = ["Dashboard", "DashboardTab", "dashboard", "export_tab", "header_html"]
 
@@ -44,20 +44,19 @@ def header_html(backend_name: str, label: str) -> str:
     )
 
 
-def export_tab(tab: DashboardTab, folder: Path, header: str) -> list[Path]:
-    """Write what `tab` shows into `folder`: one CSV per chart (the data behind it) and one
-    self-contained HTML report (the controls' values and every chart). Returns the paths."""
-    folder.mkdir(parents=True, exist_ok=True)
+def export_tab(tab: DashboardTab, folder, header: str) -> list[Path]:
+    """Write what `tab` shows into `folder` (a str or os.PathLike; made where absent): one CSV per
+    chart (the data behind it) and one self-contained HTML report (the controls' values and every
+    chart), each a new regular file (`write_new_files`). Returns the paths.
+
+    Raises ValueError, before writing anything, for a `folder` of another type, one that is a
+    symbolic link or not a folder, or one that holds a file of those names already."""
     figures = {name: pane.figure for name, pane in tab.figures.items()}
-    paths = []
-    for name, fig in figures.items():
-        paths.append(folder / f"{tab.key}-{name}.csv")
-        paths[-1].write_text(figure_csv(fig))
-    paths.append(folder / f"{tab.key}.html")
+    files = {f"{tab.key}-{name}.csv": figure_csv(fig) for name, fig in figures.items()}
     settings = {name: control.value for name, control in tab.controls.items()
                 if hasattr(control, "value")}
-    paths[-1].write_text(html_report(f"kvlab: {tab.title}", header, settings, figures))
-    return paths
+    files[f"{tab.key}.html"] = html_report(f"kvlab: {tab.title}", header, settings, figures)
+    return write_new_files(folder, files)
 
 
 class Dashboard:
@@ -81,7 +80,7 @@ class Dashboard:
             tooltip="CSV of each chart's data and a self-contained HTML report, in "
                     f"{EXPORT_FOLDER}/ beside the notebook")
         self.export_links = widgets.HTML()
-        self.export_button.on_click(self.export)
+        self.export_button.on_click(self._on_export)
         self.widget = widgets.VBox([self.header, self.tab_widget,
                                     widgets.HBox([self.export_button, self.export_links])])
 
@@ -93,17 +92,29 @@ class Dashboard:
     def figures(self) -> dict[str, dict[str, FigurePane]]:
         return {tab.key: tab.figures for tab in self.tabs}
 
-    def export(self, button=None, folder: Path | None = None) -> list[Path]:
-        """Export the selected tab (`export_tab`) into `folder` (default: EXPORT_FOLDER/<time>
-        under the working directory) and show links to the files."""
+    def export(self, button=None, folder=None) -> list[Path]:
+        """Export the selected tab (`export_tab`) into `folder` (a str or os.PathLike; default: a
+        new folder EXPORT_FOLDER/<time>, with a suffix where an export of the same second took
+        that, under the working directory) and show links to the files.
+
+        Raises ValueError as `export_tab` does."""
         tab = self.tabs[self.tab_widget.selected_index or 0]
         if folder is None:
-            folder = Path(EXPORT_FOLDER) / time.strftime("%Y%m%d-%H%M%S")
+            folder = new_export_folder(EXPORT_FOLDER, time.strftime("%Y%m%d-%H%M%S"))
         paths = export_tab(tab, folder, f"{backend()}: {device_label()}")
         links = ", ".join(f"<a href='{html.escape(str(p))}' target='_blank'>"
                           f"{html.escape(p.name)}</a>" for p in paths)
         self.export_links.value = f"{html.escape(tab.title)} exported: {links}"
         return paths
+
+    def _on_export(self, button) -> None:
+        """The button's export: a click handler's traceback reaches only the log, so an error is
+        shown beside the button."""
+        try:
+            self.export()
+        except (ValueError, OSError) as error:
+            self.export_links.value = (f"<span style='color:#d62728'>export failed: "
+                                       f"{html.escape(str(error))}</span>")
 
     def _repr_mimebundle_(self, **kwargs):
         return self.widget._repr_mimebundle_(**kwargs)

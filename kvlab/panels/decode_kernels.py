@@ -35,7 +35,7 @@ from kvlab.panels.widgets import control_grid, figure_widget, labeled, show_figu
 from kvlab.results import (
     ATTENTION,
     label,
-    load_results,
+    load_shown,
     nearest_point,
     nearest_rows,
     recorded_models,
@@ -48,7 +48,7 @@ from kvlab.viz.kernels import (
     prefetch_speedup_figure,
     variant,
 )
-from kvlab.viz.layout import note_figure
+from kvlab.viz.layout import note_figure, unreadable_figure
 from kvlab.viz.timeline import timeline_figure
 from kvlab.workload import lognormal_spec
 
@@ -59,6 +59,21 @@ RECORDED_MIXED = ("h200", ("attention_mixed",))  # mixed lengths, prefetch none,
 RECORDED_BLOCK_ORDER = ("h200", ("attention_block_order",))
 RECORDED_TIMELINE = ("h200", ("timeline",))  # traced steps: gqa and the read, CTA by CTA
 RECORDED_TIMELINE_MIXED = ("h200", ("timeline_mixed",))  # the same, batches of mixed lengths
+# What the tab reads of each recording (`kvlab.results.load_result`'s keys)
+ATTENTION_ROWS = ("model", "batch", "context", "kernel", "prefetch", "block_size", "ms", "gbps",
+                  "pct_roofline")
+TIMELINE_ROWS = ("model", "batch", "context", "block_size", "ms", "phases", "phases_runs", "trace")
+MIXED_ROWS = ("lengths", "max_context")
+# the view that shows a recording -> (machine, result names), the keys read
+RECORDINGS = {
+    "attention": (RECORDED, {"roofline_copy_gbps": float, "rows": ATTENTION_ROWS}),
+    "fp8": (RECORDED_FP8, {"roofline_copy_gbps": float, "rows": ATTENTION_ROWS}),
+    "mixed": (RECORDED_MIXED, {"roofline_copy_gbps": float,
+                               "rows": (*ATTENTION_ROWS, *MIXED_ROWS)}),
+    "block_order": (RECORDED_BLOCK_ORDER, {"roofline_copy_gbps": float, "rows": ATTENTION_ROWS}),
+    "timeline": (RECORDED_TIMELINE, {"rows": TIMELINE_ROWS}),
+    "timeline_mixed": (RECORDED_TIMELINE_MIXED, {"rows": (*TIMELINE_ROWS, *MIXED_ROWS)}),
+}
 KV_DTYPES = ("float16", "fp8")
 BLOCK_ORDERS = ("scattered", "in order")  # of the cache's blocks in its pool
 # "equal": one context for the batch; else kvlab.workload.lognormal_spec's specs, as recorded
@@ -137,7 +152,9 @@ class DecodeKernelsTab:
         prefetch, distance, gqa_ratio (read-only, the model's num_qo_heads:num_kv_heads),
         kv_dtype, lengths, blocks. figures: bandwidth, speedup, timeline (`FigurePane`s).
     On the "cuda" backend, `run_button` measures the chosen point (`progress` follows it) and
-    `trace_button` traces it; on "sim" they are None and the recorded results are shown.
+    `trace_button` traces it; on "sim" they are None and the recorded results are shown. A view
+    whose recording cannot be read says which file and why (`unreadable`: view -> why); the
+    others work. Raises ValueError naming a parameter whose value its control does not offer.
     """
 
     key = "decode_kernels"
@@ -157,33 +174,39 @@ class DecodeKernelsTab:
         blocks: str = "scattered",
     ):
         self.backend = backend()
-        self.recorded = load_results(*RECORDED)
-        (self.recorded_fp8, self.recorded_mixed, self.recorded_order, self.recorded_timeline,
-         self.recorded_timeline_mixed) = map(_recorded_or_none, (
-            RECORDED_FP8, RECORDED_MIXED, RECORDED_BLOCK_ORDER, RECORDED_TIMELINE,
-            RECORDED_TIMELINE_MIXED))
-        block_sizes = BLOCK_SIZES if self.backend == "cuda" else sorted(
-            {r["block_size"] for r in self.recorded["rows"]} - {None})
+        self.unreadable: dict[str, str] = {}  # a view of RECORDINGS -> why its recording is not
+        (self.recorded, self.recorded_fp8, self.recorded_mixed, self.recorded_order,
+         self.recorded_timeline, self.recorded_timeline_mixed) = (
+            load_shown(*recorded, keys, self.unreadable, view)
+            for view, (recorded, keys) in RECORDINGS.items())
+        block_sizes = BLOCK_SIZES if self.backend == "cuda" or self.recorded is None else sorted(
+            {r["block_size"] for r in self.recorded["rows"]} - {None}) or BLOCK_SIZES
         # `_key()`: (model, batch, context, block_size, distance, fp8, lengths, in_order) ->
         # result of measure_point
         self.measured: dict[tuple, dict] = {}
         self.traced: dict[tuple, dict] = {}  # `_trace_key` -> trace_point's row
         self.controls = {
             "model": labeled(
-                widgets.Dropdown, "model", options=list(MODELS), value=model
+                widgets.Dropdown, "model", name="model", options=list(MODELS), value=model
             ),
             "block_size": labeled(
-                widgets.Dropdown, "block_size (tokens)", options=block_sizes, value=block_size
+                widgets.Dropdown, "block_size (tokens)", name="block_size", options=block_sizes,
+                value=block_size
             ),
-            "batch": labeled(widgets.BoundedIntText, "batch", min=1, max=1024, value=batch),
+            "batch": labeled(widgets.BoundedIntText, "batch", name="batch", min=1, max=1024,
+                             value=batch),
             "context": labeled(
-                widgets.BoundedIntText, "context (tokens)", min=1, max=131072, value=context
+                widgets.BoundedIntText, "context (tokens)", name="context", min=1, max=131072,
+                value=context
             ),
-            "kernel": labeled(widgets.Dropdown, "kernel family", options=FAMILIES, value=kernel),
-            "prefetch": labeled(widgets.Dropdown, "L2 prefetch", options=MODES, value=prefetch),
+            "kernel": labeled(widgets.Dropdown, "kernel family", name="kernel", options=FAMILIES,
+                              value=kernel),
+            "prefetch": labeled(widgets.Dropdown, "L2 prefetch", name="prefetch", options=MODES,
+                                value=prefetch),
             "distance": labeled(
                 widgets.IntSlider,
                 "prefetch distance",
+                name="distance",
                 min=1,
                 max=MAX_DISTANCE,
                 value=distance,
@@ -192,11 +215,12 @@ class DecodeKernelsTab:
             "gqa_ratio": labeled(
                 widgets.Text, "GQA qo:kv heads", value=_gqa_text(model), disabled=True
             ),
-            "kv_dtype": labeled(widgets.Dropdown, "KV cache dtype", options=KV_DTYPES,
-                                value=kv_dtype),
-            "lengths": labeled(widgets.Dropdown, "batch lengths", options=LENGTHS,
+            "kv_dtype": labeled(widgets.Dropdown, "KV cache dtype", name="kv_dtype",
+                                options=KV_DTYPES, value=kv_dtype),
+            "lengths": labeled(widgets.Dropdown, "batch lengths", name="lengths", options=LENGTHS,
                                value=lengths),
-            "blocks": labeled(widgets.Dropdown, "KV blocks", options=BLOCK_ORDERS, value=blocks),
+            "blocks": labeled(widgets.Dropdown, "KV blocks", name="blocks", options=BLOCK_ORDERS,
+                              value=blocks),
         }
         self.figures = {name: figure_widget(h) for name, h in FIGURE_HEIGHTS.items()}
         self.status = widgets.HTML()
@@ -272,7 +296,8 @@ class DecodeKernelsTab:
             }
         )
         measured = self.measured.get(self._key())
-        if measured is None and v["model"] not in recorded_models(self.recorded):
+        if measured is None and (self.recorded is None
+                                 or v["model"] not in recorded_models(self.recorded)):
             self._show_not_recorded(v)
             return
         if measured is not None:
@@ -462,6 +487,11 @@ class DecodeKernelsTab:
             provenance = device_label()
         else:
             result = self.recorded_timeline_mixed if mixed else self.recorded_timeline
+            why = self.unreadable.get("timeline_mixed" if mixed else "timeline")
+            if why is not None:
+                show_figure(self.figures["timeline"], unreadable_figure(
+                    TIMELINE_TITLE, why, FIGURE_HEIGHTS["timeline"]))
+                return
             rows = [r for r in (result or {}).get("rows", ()) if r["model"] == v["model"]
                     and r.get("lengths") == (v["lengths"] if mixed else None)]
             if not rows:
@@ -493,32 +523,41 @@ class DecodeKernelsTab:
         if (v["kv_dtype"], v["blocks"]) != ("float16", "scattered") or (
                 v["block_size"] != row["block_size"]):
             notes.append("traced at the cache settings above, not this view's")
-        show_figure(self.figures["timeline"], timeline_figure(
-            row, provenance, FIGURE_HEIGHTS["timeline"], note="; ".join(notes)))
+        try:
+            figure = timeline_figure(row, provenance, FIGURE_HEIGHTS["timeline"],
+                                     note="; ".join(notes))
+        except ValueError as error:  # a row without its trace
+            figure = note_figure(TIMELINE_TITLE, provenance, html.escape(str(error)),
+                                 FIGURE_HEIGHTS["timeline"])
+        show_figure(self.figures["timeline"], figure)
 
     def _show_not_recorded(self, v: dict, fp8: bool = False, in_order: bool = False) -> None:
-        """Figures and status for a model with no recorded rows: the command that records it."""
-        shape = (f"--contexts {v['context']}" if v["lengths"] == "equal" else
-                 f"--lengths {v['lengths']} {' '.join(MIXED_FLAGS)}")
+        """Figures and status for a model with no recorded rows: the command that records it; or,
+        where the view's recording cannot be read, which file and why."""
+        mixed = v["lengths"] != "equal"
+        speed = ("fp8 KV cache: gqa's tokens/s over fp16's" if fp8 else
+                 "Blocks in order: speed over blocks scattered through the pool" if in_order else
+                 "Mixed lengths: % of the copy roofline by batch" if mixed else
+                 f"L2 prefetch speedup over none: {v['kernel']}")
+        titles = {"bandwidth": "Decode attention: GB/s of K+V read", "speedup": speed}
+        why = self.unreadable.get("fp8" if fp8 else "block_order" if in_order else
+                                  "mixed" if mixed else "attention")
+        if why is not None:
+            self.status.value = html.escape(f"unreadable recording: {why}")
+            for name, title in titles.items():
+                show_figure(self.figures[name],
+                            unreadable_figure(title, why, FIGURE_HEIGHTS[name]))
+            return
+        shape = (f"--lengths {v['lengths']} {' '.join(MIXED_FLAGS)}" if mixed else
+                 f"--contexts {v['context']}")
         command = (f"python -m kvlab bench attention --models {v['model']} "
                    f"--batches {v['batch']} {shape}" + (" --fp8" if fp8 else "")
                    + (" --in-order" if in_order else ""))
         where = "press Run to measure it here" if self.backend == "cuda" else "run on a GPU"
         note = f"{v['model']}: not recorded;<br>{where}:<br>{command}"
         self.status.value = html.escape(f"{v['model']}: not recorded; {where}: {command}")
-        provenance = f"not {label(self.recorded)}"
-        speed = ("fp8 KV cache: gqa's tokens/s over fp16's" if fp8 else
-                 "Blocks in order: speed over blocks scattered through the pool" if in_order else
-                 "Mixed lengths: % of the copy roofline by batch" if v["lengths"] != "equal" else
-                 f"L2 prefetch speedup over none: {v['kernel']}")
-        for name, title in (("bandwidth", "Decode attention: GB/s of K+V read"),
-                            ("speedup", speed)):
+        provenance = ("not recorded" if self.recorded is None else
+                      f"not {label(self.recorded)}")
+        for name, title in titles.items():
             show_figure(self.figures[name],
                         note_figure(title, provenance, note, FIGURE_HEIGHTS[name]))
-
-
-def _recorded_or_none(recorded: tuple[str, tuple[str, ...]]) -> dict | None:
-    try:
-        return load_results(*recorded)
-    except ValueError:  # not recorded
-        return None

@@ -22,14 +22,19 @@ from kvlab.bench.e2e import prefetch_pairs
 from kvlab.config import MODELS
 from kvlab.device import backend, device_label
 from kvlab.panels.widgets import control_grid, figure_widget, labeled, show_figure
-from kvlab.results import label, load_result, load_results, recorded_models
+from kvlab.results import label, load_shown, recorded_models
 from kvlab.viz.e2e import steps_figure, tensor_parallel_figure, throughput_figure
-from kvlab.viz.layout import note_figure
+from kvlab.viz.layout import note_figure, unreadable_figure
 
 RECORDED = ("h200", ("e2e", "e2e_qwen7b", "e2e_qwen14b"))  # 256 new tokens (e2e_2048: 2,048)
-SERVING = ("h200", "e2e_serving")  # its `serving` entries; its one row only loads the model
+SERVING = ("h200", ("e2e_serving",))  # its `serving` entries; its one row only loads the model
 # tensor-parallel runs of N GPUs (rows with "tp": N), the prefetch paper's section 5.5
-TENSOR_PARALLEL = tuple((f"h200x{n}", "e2e") for n in (2, 4, 8))
+TENSOR_PARALLEL = tuple((f"h200x{n}", ("e2e",)) for n in (2, 4, 8))
+# What the tab reads of the recordings (`kvlab.results.load_result`'s keys)
+E2E_ROWS = ("model", "variant", "batch", "prompt", "new_tokens", "step_ms", "tokens_per_s",
+            "step_ms_runs", "roofline_ms", "ratio_to_roofline")
+SERVING_KEYS = {"serving": ("model", "variant", "rate", "requests", "output_tokens_per_s",
+                            "tpot_ms_p50", "tpot_ms_p99", "ttft_ms_p50", "preemptions")}
 FIGURE_HEIGHTS = {"throughput": 420, "steps": 360, "tensor_parallel": 360}
 PROMPT_TOKENS = 512
 RECORD_COMMAND = "python -m kvlab bench e2e --json benchmarks/results/h200/e2e.json"
@@ -44,27 +49,25 @@ class EndToEndTab:
 
     controls: model, batch (the recorded ones); on the "cuda" backend also new_tokens, and
     `generate_button` runs kvlab.LLM at the chosen model and batch (on "sim" it is None).
-    `generated` holds the last run: (model, batch, kvlab.engine.Generation)."""
+    `generated` holds the last run: (model, batch, kvlab.engine.Generation). A recording that
+    cannot be read (`unreadable`: "recorded", "serving" or the machine of a tensor-parallel run
+    -> why) is named, with why, where it would be shown. A model or batch not recorded falls back
+    to a recorded one; raises ValueError for `new_tokens` outside [2, 2048] on "cuda"."""
 
     key = "e2e"
     title = "End-to-end"
 
     def __init__(self, model: str = "llama3-8b", batch: int = 64, new_tokens: int = 64):
         self.backend = backend()
-        try:
-            self.recorded = load_results(*RECORDED)
-        except ValueError:  # nothing recorded
-            self.recorded = {"rows": []}
-        try:
-            self.serving = load_result(*SERVING)
-        except ValueError:
-            self.serving = {"serving": []}
-        self.tensor_parallel = []  # the recorded tensor-parallel results
-        for machine, name in TENSOR_PARALLEL:
-            try:
-                self.tensor_parallel.append(load_result(machine, name))
-            except ValueError:  # not recorded
-                pass
+        self.unreadable: dict[str, str] = {}
+        self.recorded = load_shown(*RECORDED, {"rows": E2E_ROWS}, self.unreadable,
+                                   "recorded") or {"rows": []}
+        self.serving = load_shown(*SERVING, SERVING_KEYS, self.unreadable,
+                                  "serving") or {"serving": []}
+        self.tensor_parallel = [  # the recorded tensor-parallel results
+            result for machine, names in TENSOR_PARALLEL
+            if (result := load_shown(machine, names, {"tp": int, "rows": E2E_ROWS},
+                                     self.unreadable, machine))]
         recorded = recorded_models(self.recorded)
         models = [*recorded, *(m for m in MODELS if m not in recorded)]
         batches = sorted({r["batch"] for r in self.recorded["rows"]}) or [batch]
@@ -75,8 +78,9 @@ class EndToEndTab:
                              value=batch if batch in batches else batches[-1]),
         }
         if self.backend == "cuda":  # for Generate
-            self.controls["new_tokens"] = labeled(widgets.BoundedIntText, "new tokens", min=2,
-                                                  max=2048, value=new_tokens)
+            self.controls["new_tokens"] = labeled(widgets.BoundedIntText, "new tokens",
+                                                  name="new_tokens", min=2, max=2048,
+                                                  value=new_tokens)
         self.figures = {name: figure_widget(h) for name, h in FIGURE_HEIGHTS.items()}
         self.status = widgets.HTML()
         self.generated = None
@@ -119,6 +123,12 @@ class EndToEndTab:
                 for result in self.tensor_parallel]
         runs = [(result, tp_rows) for result, tp_rows in runs if tp_rows]
         height = FIGURE_HEIGHTS["tensor_parallel"]
+        unreadable = [why for machine, _ in TENSOR_PARALLEL
+                      if (why := self.unreadable.get(machine))]
+        if not runs and unreadable:
+            show_figure(self.figures["tensor_parallel"], unreadable_figure(
+                f"Tensor parallel: {model}, batch {batch}", unreadable[0], height))
+            return []
         if not runs:
             show_figure(self.figures["tensor_parallel"], note_figure(
                 f"Tensor parallel: {model}, batch {batch}",
@@ -151,13 +161,21 @@ class EndToEndTab:
     def refresh(self, change=None) -> None:
         model, batch = self.controls["model"].value, self.controls["batch"].value
         rows = [r for r in self.recorded["rows"] if r["model"] == model]
+        unreadable = [f"unreadable recording: {why}" for why in self.unreadable.values()]
+        if not rows and "recorded" in self.unreadable:
+            for name, height in FIGURE_HEIGHTS.items():
+                show_figure(self.figures[name], unreadable_figure(
+                    "Decode throughput", self.unreadable["recorded"], height))
+            self.status.value = "<br>".join(map(html.escape, unreadable))
+            return
         if not rows:
             for name, height in FIGURE_HEIGHTS.items():
                 show_figure(self.figures[name], note_figure(
                     "Decode throughput", "not recorded on the H200",
                     f"no recorded run of {html.escape(model)}: record one on a GPU with<br>"
                     + RECORD_COMMAND, height))
-            self.status.value = "No end-to-end run recorded."
+            self.status.value = "<br>".join(["No end-to-end run recorded.",
+                                             *map(html.escape, unreadable)])
             return
         provenance = label(self.recorded, rows)
         show_figure(self.figures["throughput"],
@@ -173,9 +191,12 @@ class EndToEndTab:
                          f"{statistics.median(out.step_ms):.2f} ms, "
                          f"{out.decode_tokens_per_s:,.0f} tokens/s; request 0's first tokens "
                          f"{html.escape(str(out.tokens[0][:12]))}")
-        show_figure(self.figures["steps"], steps_figure(
-            steps, title, source, f"prompts of {rows[0]['prompt']} tokens",
-            FIGURE_HEIGHTS["steps"]))
+        try:
+            figure = steps_figure(steps, title, source, f"prompts of {rows[0]['prompt']} tokens",
+                                  FIGURE_HEIGHTS["steps"])
+        except ValueError as error:  # a recorded run without its steps
+            figure = note_figure(title, source, html.escape(str(error)), FIGURE_HEIGHTS["steps"])
+        show_figure(self.figures["steps"], figure)
         best = min((r for r in rows if r["batch"] == batch and r["variant"] != "hf-static"),
                    key=lambda r: r["step_ms"])
         hf = next((r for r in rows if r["batch"] == batch and r["variant"] == "hf-static"), None)
@@ -186,6 +207,7 @@ class EndToEndTab:
             lines.append("The paper's prefetch at this batch: " + ", ".join(gains))
         lines += self._show_tensor_parallel(model, batch, rows)
         lines += self._serving_lines(model)
+        lines += map(html.escape, unreadable)
         self.status.value = "<br>".join([
             f"{html.escape(model)} batch {batch} ({html.escape(provenance)}): fastest "
             f"{html.escape(best['variant'])} {best['step_ms']:.2f} ms a step, "

@@ -30,8 +30,8 @@ from kvlab.config import MODELS
 from kvlab.device import backend, device_label
 from kvlab.offload.scheduler import SCHEDULES, WEIGHTS, LinkAndCompute, best_split, unit_shape
 from kvlab.panels.widgets import control_grid, figure_widget, labeled, show_figure
-from kvlab.results import KVPR, label, load_results
-from kvlab.viz.layout import note_figure
+from kvlab.results import KVPR, label, load_shown
+from kvlab.viz.layout import note_figure, unreadable_figure
 from kvlab.viz.offload import (
     describe_point,
     nearest_timeline,
@@ -52,6 +52,10 @@ MAX_CONTEXT = 32768
 MEASURE_STEPS = 5  # timed decode steps per setting when measuring here
 TOGGLE_STYLE = {"button_width": "84px"}  # two buttons beside the description in a grid cell
 COLUMN_GPU_BATCHES = 4  # GPU batches of a column (sharing one weight load): recorded, GPU default
+# What the tab reads of the recording (`kvlab.results.load_result`'s keys)
+KVPR_KEYS = {"rows": ("model", "batch", "context", "setting", "step_ms", "tokens_per_s",
+                      "h2d_gbps", "recompute_tflops"),
+             "timelines": ("model", "batch", "context", "setting", "spans")}
 
 
 def recorded_options(result: dict, key: str, order: tuple[str, ...]) -> list[str]:
@@ -68,26 +72,31 @@ class KVPRTab:
     a GPU to measure on); on a GPU also gpu_batches (of the column schedule) and hf (measure HF's
     offloaded cache too). figures: split, timeline, speedup (`FigurePane`s). On the "cuda"
     backend `measure_button` measures the chosen point (`progress` follows it); on "sim" both
-    are None."""
+    are None. Where the recording cannot be read (`unreadable["kvpr"]`: why), the figures of
+    steps say which file and why, and the curves take what-if rates. Raises ValueError naming
+    a parameter whose value its control does not offer."""
 
     key = "kvpr"
     title = "KVPR"
 
     def __init__(self, model: str = "opt-6.7b", batch: int = 16, context: int = 1024):
         self.backend = backend()
-        self.recorded = load_results(*KVPR)
+        self.unreadable: dict[str, str] = {}
+        self.recorded = load_shown(*KVPR, KVPR_KEYS, self.unreadable, "kvpr")
         # `_key` of the controls -> measure_point's {"rows": [...], "timeline": {...} or None}
         self.measured: dict[tuple, dict] = {}
         gpu = self.backend == "cuda"
-        schedules = list(SCHEDULES) if gpu else recorded_options(self.recorded, "schedule",
-                                                                 SCHEDULES)
-        weights = list(WEIGHTS) if gpu else recorded_options(self.recorded, "weights", WEIGHTS)
+        recorded = self.recorded if not gpu and self.recorded is not None else {"rows": []}
+        schedules = recorded_options(recorded, "schedule", SCHEDULES) or list(SCHEDULES)
+        weights = recorded_options(recorded, "weights", WEIGHTS) or list(WEIGHTS)
         self.defaults = {"schedule": schedules[0], "weights": weights[0]}
         self.controls = {
-            "model": labeled(widgets.Dropdown, "model", options=list(MODELS), value=model),
-            "batch": labeled(widgets.BoundedIntText, "batch", min=1, max=1024, value=batch),
-            "context": labeled(widgets.BoundedIntText, "context s' (tokens)", min=1,
-                               max=MAX_CONTEXT, value=context),
+            "model": labeled(widgets.Dropdown, "model", name="model", options=list(MODELS),
+                             value=model),
+            "batch": labeled(widgets.BoundedIntText, "batch", name="batch", min=1, max=1024,
+                             value=batch),
+            "context": labeled(widgets.BoundedIntText, "context s' (tokens)", name="context",
+                               min=1, max=MAX_CONTEXT, value=context),
             "rates": labeled(widgets.ToggleButtons, "rates", options=["recorded", "what-if"],
                              value="recorded", style=TOGGLE_STYLE),
             "pcie_gbps": labeled(widgets.FloatSlider, "PCIe H2D (GB/s)", min=1.0, max=128.0,
@@ -179,6 +188,8 @@ class KVPRTab:
         measured = self.measured.get(self._key(v))
         if measured is not None:
             rows, timeline, provenance = measured["rows"], measured.get("timeline"), device_label()
+        elif self.recorded is None:  # not recorded, or unreadable
+            rows, timeline, provenance = [], None, "recorded"  # its figures: "not recorded"
         else:
             rows = point_rows(self.recorded, v["model"], v["batch"], v["context"])
             timeline = nearest_timeline(self.recorded.get("timelines", []), v["model"],
@@ -187,7 +198,8 @@ class KVPRTab:
             provenance = label(self.recorded)
         points = split_points(rows, v["schedule"], v["weights"], v["gpu_batches"])
         rate_row = next((r for r in [*points, *rows] if r.get("h2d_gbps") is not None), None)
-        notes = []
+        unreadable = self.unreadable.get("kvpr") if measured is None else None
+        notes = [f"unreadable recording: {unreadable}"] if unreadable else []
         use_recorded = v["rates"] == "recorded" and rate_row is not None
         if v["rates"] == "recorded" and rate_row is None:
             notes.append(f"{v['model']}: nothing recorded; the rates are what-if")
@@ -228,7 +240,9 @@ class KVPRTab:
                    f"--contexts {v['context']}")
         where = ("press Measure to measure it here" if self.backend == "cuda" else
                  "run on a GPU")
-        if timeline and timeline.get("spans"):
+        if unreadable:
+            gantt = unreadable_figure("One decode step", unreadable, FIGURE_HEIGHTS["timeline"])
+        elif timeline and timeline.get("spans"):
             gantt = timeline_figure(timeline["spans"], provenance, FIGURE_HEIGHTS["timeline"],
                                     point=describe_point(timeline))
         else:
@@ -240,6 +254,8 @@ class KVPRTab:
         show_figure(self.figures["timeline"], gantt)
         show_figure(self.figures["speedup"], (
             speedup_figure(rows, provenance, FIGURE_HEIGHTS["speedup"]) if rows else
+            unreadable_figure(f"{v['model']}: KVPR vs the baselines", unreadable,
+                              FIGURE_HEIGHTS["speedup"]) if unreadable else
             note_figure(f"{v['model']}: KVPR vs the baselines", f"not {provenance}",
                         f"{v['model']}: no recorded KVPR steps;<br>{where}:<br>{command}",
                         FIGURE_HEIGHTS["speedup"])))

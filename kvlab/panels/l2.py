@@ -28,9 +28,9 @@ from kvlab.kernels import FAMILIES
 from kvlab.kernels.geometry import FAMILY_BLOCK_SIZES, GQA_BLOCK_SIZES, GQA_MAX_GROUP
 from kvlab.kernels.prefetch import PrefetchConfig
 from kvlab.panels.widgets import control_grid, figure_widget, labeled, show_figure
-from kvlab.results import label, load_result
+from kvlab.results import label, load_shown
 from kvlab.viz.counters import modelled_l2_figure, table_5_2_figure
-from kvlab.viz.layout import note_figure
+from kvlab.viz.layout import note_figure, unreadable_figure
 from kvlab.viz.regime import regime_figure
 
 __all__ = ["L2Tab"]
@@ -41,55 +41,51 @@ PROFILE_TIMEOUT_S = 600  # both launches, compiling included
 # the recorded `bench counters` runs the tab shows (counters_sms holds counters's points and more
 # SM counts); the first one's metadata labels them
 COUNTERS = ("counters_sms", "counters_prefetch", "counters_block32")
+REGIME = "attention_sms"  # the recorded SM scaling the regime map draws
+# What the tab reads of the recordings (`kvlab.results.load_result`'s keys)
+COUNTERS_KEYS = {"table": ("model", "kernel", "batch", "context", "block_size", "num_sms_used",
+                           "prefetch", "column", "ours_baseline", "ours_prefetch")}
+REGIME_KEYS = {"num_sms": int, "roofline_copy_gbps": float, "roofline_copy_gbps_by_sms": dict,
+               "rows": ("model", "kernel", "batch", "context", "block_size", "prefetch", "ms",
+                        "num_qo_heads", "num_kv_heads")}
 MAX_MODELLED_SECTORS = 48 * 2**20  # about a second of the model per setting on one core
 PAPER = "the paper's figures: arXiv 2504.06319, Table 5.2, NVIDIA H20"
-
-
-def _recorded(name: str) -> dict | None:
-    try:
-        return load_result("h200", name)
-    except ValueError:  # not recorded yet
-        return None
-
-
-def _recorded_counters() -> dict | None:
-    """The H200's recorded `bench counters` runs (COUNTERS) as one: the first's metadata and the
-    Table 5.2 entries of all, other prefetch settings and block sizes included. None where none
-    is recorded."""
-    runs = [r for r in map(_recorded, COUNTERS) if r is not None]
-    if not runs:
-        return None
-    return {**runs[0], "table": [e for r in runs for e in r["table"]]}
 
 
 class L2Tab:
     """Controls: model, kernel, batch, context, block_size, sms, prefetch (bulk or line),
     distance. Figures: counters, regime, modelled (`FigurePane`s). `profile_button` is there on
-    the "cuda" backend with ncu on PATH, else None (`status` says why)."""
+    the "cuda" backend with ncu on PATH, else None (`status` says why). A recording that cannot
+    be read (`unreadable`: name -> why) is named, with why, where it would be shown.
+    Raises ValueError naming a parameter whose value its control does not offer."""
 
     key, title = "l2", "L2 and counters"
 
     def __init__(self, model: str = "llama2-7b", kernel: str = "vllm_v1", batch: int = 8,
                  context: int = 4096, num_sms: int = H200_SMS, distance: int = 1,
                  block_size: int = 16, prefetch: str = "bulk"):
-        self.counters = _recorded_counters()
-        self.regime = _recorded("attention_sms")
+        self.unreadable: dict[str, str] = {}
+        self.counters = self._recorded_counters()
+        self.regime = load_shown("h200", (REGIME,), REGIME_KEYS, self.unreadable, REGIME)
         self.backend = backend()
         self.profiled: list[dict] | None = None  # Table 5.2 entries of "Profile with ncu"
         self.controls = {
-            "model": labeled(widgets.Dropdown, "model", options=list(MODELS), value=model),
-            "kernel": labeled(widgets.Dropdown, "kernel family", options=FAMILIES, value=kernel),
-            "batch": labeled(widgets.BoundedIntText, "batch", min=1, max=1024, value=batch),
-            "context": labeled(widgets.BoundedIntText, "context (tokens)", min=1,
+            "model": labeled(widgets.Dropdown, "model", name="model", options=list(MODELS),
+                             value=model),
+            "kernel": labeled(widgets.Dropdown, "kernel family", name="kernel", options=FAMILIES,
+                              value=kernel),
+            "batch": labeled(widgets.BoundedIntText, "batch", name="batch", min=1, max=1024,
+                             value=batch),
+            "context": labeled(widgets.BoundedIntText, "context (tokens)", name="context", min=1,
                                max=131072, value=context),
-            "block_size": labeled(widgets.Dropdown, "block_size (tokens)",
+            "block_size": labeled(widgets.Dropdown, "block_size (tokens)", name="block_size",
                                   options=GQA_BLOCK_SIZES, value=block_size),
-            "sms": labeled(widgets.IntSlider, "SMs", min=8, max=H200_SMS,
+            "sms": labeled(widgets.IntSlider, "SMs", name="num_sms", min=8, max=H200_SMS,
                            value=num_sms, continuous_update=False),
-            "prefetch": labeled(widgets.Dropdown, "L2 prefetch", options=("bulk", "line"),
-                                value=prefetch),
-            "distance": labeled(widgets.Dropdown, "prefetch distance", options=(1, 2, 4, 8),
-                                value=distance),
+            "prefetch": labeled(widgets.Dropdown, "L2 prefetch", name="prefetch",
+                                options=("bulk", "line"), value=prefetch),
+            "distance": labeled(widgets.Dropdown, "prefetch distance", name="distance",
+                                options=(1, 2, 4, 8), value=distance),
         }
         self.figures = {name: figure_widget(h) for name, h in FIGURE_HEIGHTS.items()}
         self.status = widgets.HTML()
@@ -108,6 +104,16 @@ class L2Tab:
         self.widget = widgets.VBox([control_grid(list(self.controls.values())),
                                     widgets.HBox(buttons), self.status, *self.figures.values()])
         self.refresh()
+
+    def _recorded_counters(self) -> dict | None:
+        """The recorded `bench counters` runs (COUNTERS) as one: the first's metadata and the
+        Table 5.2 entries of all, other prefetch settings and block sizes included. None where
+        none is recorded (or readable)."""
+        runs = [r for r in (load_shown("h200", (n,), COUNTERS_KEYS, self.unreadable, n)
+                            for n in COUNTERS) if r is not None]
+        if not runs:
+            return None
+        return {**runs[0], "table": [e for r in runs for e in r["table"]]}
 
     def _values(self) -> dict:
         return {name: control.value for name, control in self.controls.items()}
@@ -185,7 +191,9 @@ class L2Tab:
                                                   e["prefetch"] != self._prefetch(v).label()))
             entries = [e for e in entries if all(e[k] == nearest[k] for k in (
                 "batch", "context", "num_sms_used", "block_size", "prefetch"))]
-        self.status.value = html.escape(self._recorded_note(v, entries))
+        self.status.value = "<br>".join(html.escape(line) for line in [
+            self._recorded_note(v, entries),
+            *(f"unreadable recording: {why}" for why in self.unreadable.values())])
         provenance = PAPER if self.counters is None else f"{PAPER}; H200 {label(self.counters)}"
         return table_5_2_figure(v["model"], entries, provenance, FIGURE_HEIGHTS["counters"])
 
@@ -208,6 +216,8 @@ class L2Tab:
 
     def _regime(self, v: dict):
         title = f"Where L2 prefetch pays: {v['kernel']}"
+        if REGIME in self.unreadable:
+            return unreadable_figure(title, self.unreadable[REGIME], FIGURE_HEIGHTS["regime"])
         if self.regime is None:
             return note_figure(title, "not recorded on the H200 yet",
                                "SM scaling not recorded yet; run on a GPU:"

@@ -16,6 +16,7 @@ from kvlab.cache.accounting import (
     memory_report,
     replay_block_tables,
 )
+from kvlab.checks import check_int, check_positive_int
 from kvlab.config import MODELS
 from kvlab.panels.widgets import control_grid, figure_widget, labeled, show_figure
 from kvlab.viz.cache import GIB, block_table_figure, fragmentation_figure, memory_figure
@@ -37,23 +38,28 @@ def _controls(
 ) -> dict[str, widgets.Widget]:
     slider = {"continuous_update": False}
     return {
-        "model": labeled(widgets.Dropdown, "model", options=list(MODELS), value=model),
+        "model": labeled(widgets.Dropdown, "model", name="model", options=list(MODELS),
+                         value=model),
         "block_size": labeled(
             widgets.SelectionSlider,
             "block_size (tokens)",
+            name="block_size",
             options=list(BLOCK_SIZES),
             value=block_size,
             **slider,
         ),
         "num_requests": labeled(
-            widgets.IntSlider, "num requests", min=1, max=1000, value=num_requests, **slider
+            widgets.IntSlider, "num requests", name="num_requests", min=1, max=1000,
+            value=num_requests, **slider
         ),
         "distribution": labeled(
-            widgets.Dropdown, "length distribution", options=list(DISTRIBUTIONS), value=distribution
+            widgets.Dropdown, "length distribution", name="distribution",
+            options=list(DISTRIBUTIONS), value=distribution
         ),
         "shared_fraction": labeled(
             widgets.FloatSlider,
             "shared-prefix fraction",
+            name="shared_fraction",
             min=0.0,
             max=1.0,
             step=0.05,
@@ -63,6 +69,7 @@ def _controls(
         "prefix_len": labeled(
             widgets.IntSlider,
             "prefix_len (tokens)",
+            name="prefix_len",
             min=0,
             max=MODELS[model].max_position // 2,
             value=prefix_len,
@@ -71,6 +78,7 @@ def _controls(
         "budget_gib": labeled(
             widgets.FloatSlider,
             "KV budget (GiB)",
+            name="budget_gib",
             min=0.5,
             max=160.0,
             step=0.5,
@@ -86,6 +94,8 @@ class PagedCacheTab:
     controls: model, block_size, num_requests, distribution, shared_fraction, prefix_len,
         budget_gib. figures: memory, fragmentation, block_table (`FigurePane`s).
     The block-table figure replays the first `num_table_requests` requests through BlockManager.
+    Raises ValueError naming a parameter whose value its control does not offer (or for
+    `num_table_requests` not a positive integer, `seed` not an integer >= 0).
     """
 
     key = "paged_cache"
@@ -103,6 +113,8 @@ class PagedCacheTab:
         num_table_requests: int = 24,
         seed: int = 0,
     ):
+        check_positive_int("num_table_requests", num_table_requests)
+        check_int("seed", seed, 0)
         self.num_table_requests = num_table_requests
         self.seed = seed
         self.controls = _controls(

@@ -10,6 +10,8 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 import plotly.io as pio
 
+from kvlab.checks import check_int, check_real
+
 __all__ = ["CONTROL_MIN_WIDTH", "FigurePane", "control_grid", "figure_widget", "labeled",
            "show_figure"]
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
@@ -40,16 +42,33 @@ def figure_widget(height: int) -> FigurePane:
     return FigurePane(height)
 
 
-def labeled(cls, description: str, style: dict | None = None, **kwargs) -> widgets.Widget:
+def labeled(cls, description: str, style: dict | None = None, name: str | None = None,
+            **kwargs) -> widgets.Widget:
     """A control of type `cls` with the description column every tab uses, as wide as its cell
     in `control_grid`; `style` adds to the description width (e.g. a ToggleButtons' button
-    width)."""
+    width). With `name` (the parameter that gave its `value`), raises ValueError naming it unless
+    `value` is one of `options`, or a number in [`min`, `max`] (an integer for an integer
+    control): where the control would clamp it or fail otherwise."""
+    if name is not None:
+        _check_value(name, cls, kwargs)
     return cls(
         description=description,
         style={"description_width": DESCRIPTION_WIDTH, **(style or {})},
         layout={"width": "auto", "min_width": CONTROL_MIN_WIDTH},
         **kwargs,
     )
+
+
+def _check_value(name: str, cls, kwargs: dict) -> None:
+    value = kwargs["value"]
+    if "options" in kwargs:
+        options = list(kwargs["options"])
+        if type(value).__name__ in ("bool", "bool_") or value not in options:
+            raise ValueError(f"{name}={value!r}: must be one of {options}")
+    elif issubclass(cls, widgets.IntSlider | widgets.BoundedIntText):
+        check_int(name, value, kwargs["min"], kwargs["max"])
+    else:
+        check_real(name, value, kwargs["min"], kwargs["max"])
 
 
 def control_grid(controls: list[widgets.Widget]) -> widgets.GridBox:

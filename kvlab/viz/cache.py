@@ -10,7 +10,8 @@ import numpy as np
 import plotly.graph_objects as go
 
 from kvlab.cache.accounting import FragmentationSweep, MemoryReport
-from kvlab.viz.layout import style
+from kvlab.checks import check_block_size, check_positive_int
+from kvlab.viz.layout import check_height, style
 
 __all__ = ["block_table_figure", "fragmentation_figure", "memory_figure"]
 
@@ -187,15 +188,21 @@ def block_table_figure(
         block_tables: per request, physical block ids in logical order (e.g. from
             `kvlab.cache.accounting.replay_block_tables`).
         seq_lens: per request, its token count (`len(seq_lens) == len(block_tables)`).
-        block_size: tokens per block.
-        max_blocks: at most this many logical blocks (columns) are drawn.
-        height: figure height in pixels; default grows with the number of requests.
+        block_size: tokens per block (a power of two in [1, 256]).
+        max_blocks: at most this many logical blocks (columns) are drawn (>= 1).
+        height: figure height in pixels (in [10, 100000]); default grows with the number of
+            requests.
 
     Blocks held by more than one request (ref count > 1: a shared prefix) are drawn in red, in a
     second heatmap trace; private blocks are colored by physical block id.
     Hover shows request, logical block, physical block, tokens in the block and its ref count.
-    Raises ValueError if `seq_lens` and `block_tables` differ in length.
+    Raises ValueError if `seq_lens` and `block_tables` differ in length, or for a `block_size`,
+    `max_blocks` or `height` outside what is allowed above.
     """
+    check_block_size(block_size)
+    check_positive_int("max_blocks", max_blocks)
+    if height is not None:
+        check_height(height)
     if len(seq_lens) != len(block_tables):
         raise ValueError(
             f"seq_lens has {len(seq_lens)} entries: must match block_tables ({len(block_tables)})"
@@ -244,6 +251,7 @@ def block_table_figure(
         f"Block tables of the first {len(block_tables)} requests",
         PROVENANCE,
         f"block_size={block_size}{num_shown}; color = physical block id, red = shared",
-        height=height or int(np.clip(140 + 16 * len(block_tables), 320, 900)),
+        height=height if height is not None else int(np.clip(140 + 16 * len(block_tables), 320,
+                                                             900)),
         legend_y=-0.12,
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from kvlab.checks import check_real
 from kvlab.profile import paper
 from kvlab.viz.layout import LEGEND_BELOW, style
 
@@ -74,7 +75,19 @@ def modelled_l2_figure(results: dict[str, object], shape: str, provenance: str,
     `L2Result.ncu_hit_rate`); the hover gives the DRAM bytes. `shape` describes the launch
     modelled. With `times_ms` (label -> the time model's ms) and `roofline_gbps` (the copy
     roofline of the SMs), a second panel gives each setting's modelled time and its DRAM GB/s
-    as % of that roofline."""
+    as % of that roofline. Raises ValueError for `results` empty, a `roofline_gbps` or a time
+    of `times_ms` that is not a finite number > 0, or `times_ms` without a setting of
+    `results`."""
+    if not results:
+        raise ValueError(f"results={results!r}: must hold at least one prefetch setting")
+    if roofline_gbps is not None:
+        check_real("roofline_gbps", roofline_gbps, 0, open_min=True)
+    if times_ms is not None:
+        missing = [name for name in results if name not in times_ms]
+        if missing:
+            raise ValueError(f"times_ms={times_ms!r}: has no time of {missing}")
+        for name in results:
+            check_real(f"times_ms[{name!r}]", times_ms[name], 0, open_min=True)
     names = list(results)
     hits = [100 * r.hit_rate for r in results.values()]
     as_ncu = [100 * r.ncu_hit_rate for r in results.values()]

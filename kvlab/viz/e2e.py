@@ -8,6 +8,7 @@ import statistics
 
 import plotly.graph_objects as go
 
+from kvlab.checks import check_positive_int, is_real
 from kvlab.viz.layout import style
 
 __all__ = ["steps_figure", "tensor_parallel_figure", "throughput_figure"]
@@ -53,7 +54,9 @@ def tensor_parallel_figure(rows: list[dict], model: str, batch: int, provenance:
                            height: int = 360) -> go.Figure:
     """Decode tokens/s against the tensor-parallel degree (each row's `tp`, 1 where absent) for
     each kvlab variant of `model` at `batch`: the prefetch paper's section 5.5 experiment. HF's
-    rows (one GPU only) are left out. Raises ValueError when `rows` has no such row."""
+    rows (one GPU only) are left out. Raises ValueError when `rows` has no such row, or for a
+    `batch` that is not a positive integer."""
+    check_positive_int("batch", batch)
     mine = [r for r in rows if r["model"] == model and r["batch"] == batch
             and r["variant"] != "hf-static"]
     if not mine:
@@ -82,7 +85,16 @@ def steps_figure(step_ms: dict[str, list[float]], title: str, provenance: str,
                  detail: str = "", height: int = 360) -> go.Figure:
     """The time of every decode step, one line per run ({name: [ms, ...]}). The axis ends at
     twice the slowest run's median, so that the first steps (warm-up, CUDA graph capture), off
-    the scale, do not flatten the rest; hover gives every value."""
+    the scale, do not flatten the rest; hover gives every value. Raises ValueError where
+    `step_ms` holds no run, or a run that is not a non-empty list of finite ms >= 0."""
+    if not isinstance(step_ms, dict) or not step_ms:
+        raise ValueError(f"step_ms={step_ms!r}: must be a dict of at least one run "
+                         "{name: [ms, ...]}")
+    for name, ms in step_ms.items():
+        if not isinstance(ms, list | tuple) or not ms or not all(
+                is_real(t) and t >= 0 for t in ms):
+            raise ValueError(f"step_ms[{name!r}]={ms!r}: must be a non-empty list of finite "
+                             "ms >= 0")
     fig = go.Figure([go.Scatter(y=ms, x=list(range(1, len(ms) + 1)), name=name, mode="lines",
                                 line=dict(color=VARIANT_COLORS.get(name)))
                      for name, ms in step_ms.items()])

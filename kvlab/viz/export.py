@@ -1,5 +1,6 @@
 """The data behind a chart as a table (CSV), and a self-contained HTML report of several charts:
-what the dashboard's "Export" writes.
+what the dashboard's "Export" writes, into a folder of its own (`new_export_folder`), as new
+regular files only (`write_new_files`: never through a link, never over a file).
 
 `figure_table` flattens every trace of a figure into long format: one row per point, with the
 trace's name and type, and x, y (and z for heatmaps, text where the trace has it). The figure's
@@ -10,13 +11,16 @@ from __future__ import annotations
 
 import html
 import io
+import itertools
+import os
 import re
+from pathlib import Path
 
 import numpy as np
 import plotly.graph_objects as go
 import plotly.io as pio
 
-__all__ = ["figure_csv", "figure_table", "html_report"]
+__all__ = ["figure_csv", "figure_table", "html_report", "new_export_folder", "write_new_files"]
 
 
 def _values(trace, key: str) -> np.ndarray | None:
@@ -92,3 +96,71 @@ def html_report(title: str, header: str, settings: dict, figures: dict[str, go.F
              "th,td{border:1px solid #ccc;padding:2px 8px;text-align:left}")
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
             f"</title><style>{style}</style></head><body>{''.join(parts)}</body></html>")
+
+
+def _folder(folder) -> Path:
+    """`folder` (a str or os.PathLike) as a Path; ValueError naming it for anything else."""
+    path = os.fspath(folder) if isinstance(folder, (str, os.PathLike)) else None
+    if not isinstance(path, str) or not path or "\0" in path:
+        raise ValueError(f"folder={folder!r}: must be a str or os.PathLike naming a folder")
+    return Path(path)
+
+
+def new_export_folder(parent, stem: str) -> Path:
+    """A new, empty folder `parent/stem`, or `parent/stem-2`, `-3`, ... where that name is taken
+    (by an export in the same second, or by anything else: a file, a link), each made atomically
+    (`mkdir`, which fails where the name exists); `parent` (a str or os.PathLike) is made where
+    absent. Raises ValueError for a `parent` of another type."""
+    parent = _folder(parent)
+    parent.mkdir(parents=True, exist_ok=True)
+    for n in itertools.count(1):
+        folder = parent / (stem if n == 1 else f"{stem}-{n}")
+        try:
+            folder.mkdir()
+            return folder
+        except FileExistsError:
+            pass
+
+
+def write_new_files(folder, files: dict[str, str]) -> list[Path]:
+    """Write each text of `files` ({file name: text}, UTF-8) as a new regular file in `folder` (a
+    str or os.PathLike; made where absent), never through a symbolic link and never over a file.
+    Returns the paths, in the order of `files`.
+
+    Raises ValueError, before writing any file, for a `folder` of another type, one that is a
+    symbolic link or not a folder, a name that is not a plain file name, or a name that `folder`
+    holds already (a file, a folder or a link)."""
+    folder = _folder(folder)
+    bad = [n for n in files if not isinstance(n, str) or n in ("", ".", "..") or "\0" in n
+           or Path(n).name != n]
+    if bad:
+        raise ValueError(f"files={bad}: must be plain file names (no folder)")
+    if folder.is_symlink():
+        raise ValueError(f"folder={str(folder)!r}: is a symbolic link: must be a folder")
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"folder={str(folder)!r}: is not a folder")
+    folder.mkdir(parents=True, exist_ok=True)
+    # NOTE: every name opened relative to the folder's own descriptor, taken without following
+    # a link: a link swapped in for the folder after the checks above fails here (ELOOP)
+    dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        taken = [n for n in files if _exists(n, dir_fd)]
+        if taken:
+            raise ValueError(f"folder={str(folder)!r}: holds {taken} already: an export writes "
+                             "new files only (leave folder out for a new one)")
+        for name, text in files.items():
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o666, dir_fd=dir_fd)
+            with open(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+    finally:
+        os.close(dir_fd)
+    return [folder / name for name in files]
+
+
+def _exists(name: str, dir_fd: int) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from kvlab.checks import check_real
 from kvlab.results import speedups
-from kvlab.viz.layout import style
+from kvlab.viz.layout import check_height, style
 
 __all__ = ["AUTO_MODES", "PAPER_REFERENCE", "bandwidth_figure", "block_order_figure",
            "fp8_speedup_figure", "mixed_figure", "prefetch_speedup_figure", "variant"]
@@ -72,13 +73,16 @@ def bandwidth_figure(
 
     rows: benchmark rows of one (model, batch, context) and at most one block size (sdpa rows have
         block_size None); drawn in the given order.
-    roofline_gbps: the copy roofline measured in the same run; a dashed line marks it and each bar's
-        text and hover give its % of it.
+    roofline_gbps: the copy roofline measured in the same run (> 0); a dashed line marks it and
+        each bar's text and hover give its % of it.
     selected: a `variant(row)` to outline (the one chosen in the dashboard), or None.
     note: a subtitle line, e.g. how the point shown differs from the one asked for.
     The legend names each kernel's colour and the roofline; hover says how an auto row chose.
-    Raises ValueError if `rows` is empty or spans several points or block sizes.
+    Raises ValueError if `rows` is empty or spans several points or block sizes, for a
+    `roofline_gbps` that is not a finite number > 0, or a `height` not an integer in [10, 100000].
     """
+    check_real("roofline_gbps", roofline_gbps, 0, open_min=True)
+    check_height(height)
     if not rows:
         raise ValueError("rows is empty: need the rows of one benchmark point")
     model, batch, context, block_size = _one_point(rows)

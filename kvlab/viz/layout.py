@@ -9,12 +9,20 @@ the title font, about 70 of a subtitle line.
 
 from __future__ import annotations
 
+import html
+import textwrap
+
 import plotly.graph_objects as go
 
-__all__ = ["LEGEND_BELOW", "note_figure", "style", "title_text"]
+from kvlab.checks import check_int
+
+__all__ = ["LEGEND_BELOW", "check_height", "note_figure", "style", "title_text",
+           "unreadable_figure"]
 
 LEGEND_BELOW = dict(orientation="h", x=0.0, xanchor="left", y=-0.22, yanchor="top")
 TITLE_LINE_PX, SUBTITLE_LINE_PX = 30, 20  # top margin each title / subtitle line takes
+NOTE_LINE_CHARS = 72  # of a note's line, where it is wrapped here
+MIN_HEIGHT_PX, MAX_HEIGHT_PX = 10, 100_000  # of a figure: Plotly's least, and past any chart
 
 
 def _subtitle_lines(provenance: str, details) -> list[str]:
@@ -38,7 +46,9 @@ def style(
 ) -> go.Figure:
     """Give `fig` the shared layout: `title_text(title, provenance, *details)` at the top left
     with a top margin that fits its lines, autosize with `height` (px) and no width, the legend
-    below the plot area at `legend_y` (paper units, < 0). Returns `fig`."""
+    below the plot area at `legend_y` (paper units, < 0). Returns `fig`. Raises ValueError for a
+    `height` that is not an integer in [MIN_HEIGHT_PX, MAX_HEIGHT_PX]."""
+    check_height(height)
     num_sub = len(_subtitle_lines(provenance, details))
     fig.update_layout(
         title=dict(
@@ -53,11 +63,16 @@ def style(
             pad=dict(b=20, l=12),
         ),
         autosize=True,
-        height=height,
+        height=int(height),
         legend={**LEGEND_BELOW, "y": legend_y},
         margin=dict(t=TITLE_LINE_PX + 8 + SUBTITLE_LINE_PX * num_sub, r=20),
     )
     return fig
+
+
+def check_height(height) -> None:
+    """ValueError unless `height` (px) is an integer in [MIN_HEIGHT_PX, MAX_HEIGHT_PX]."""
+    check_int("height", height, MIN_HEIGHT_PX, MAX_HEIGHT_PX)
 
 
 def note_figure(title: str, provenance: str, note: str, height: int) -> go.Figure:
@@ -70,3 +85,12 @@ def note_figure(title: str, provenance: str, note: str, height: int) -> go.Figur
     )
     fig.update_layout(xaxis_visible=False, yaxis_visible=False, plot_bgcolor="white")
     return style(fig, title, provenance, height=height)
+
+
+def unreadable_figure(title: str, why: str, height: int) -> go.Figure:
+    """`note_figure` where a recording could not be read: `why`, "<file>: <reason>" (the message
+    of `kvlab.results`' ValueError), the file on lines of its own above the reason."""
+    where, _, reason = why.partition(": ")
+    lines = [*textwrap.wrap(where, NOTE_LINE_CHARS), *textwrap.wrap(reason, NOTE_LINE_CHARS)]
+    return note_figure(title, "recording unreadable", "unreadable recording:<br>"
+                       + "<br>".join(html.escape(line) for line in lines), height)

@@ -19,6 +19,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from kvlab.checks import check_int, check_positive_int
 from kvlab.offload.scheduler import (
     MODELS_OF_TIME,
     LayerShape,
@@ -184,7 +185,12 @@ def split_figure(shape: LayerShape, rates: LinkAndCompute, selected_l: int | Non
     (`kvlab.offload.scheduler.unit_shape`); a step is num_layers x `gpu_batches` units.
     `measured`: benchmark rows (`l`, `step_ms`, `setting`) of this shape, drawn as points named
     by their schedule, with `provenance` on a subtitle line; rows without a split (HF's offloaded
-    cache) are left out. `note`: a subtitle line (e.g. a context past the model's maximum)."""
+    cache) are left out. `note`: a subtitle line (e.g. a context past the model's maximum).
+    Raises ValueError for a `selected_l` not None nor an integer in [0, shape.context], or a
+    `gpu_batches` that is not a positive integer."""
+    if selected_l is not None:
+        check_int("selected_l", selected_l, 0, shape.context)
+    check_positive_int("gpu_batches", gpu_batches)
     units = shape.model.num_layers * gpu_batches
     ls = np.arange(shape.context + 1)
     fig = go.Figure()

@@ -11,6 +11,7 @@ import pytest
 from factories import check_imports_leave_out
 
 import kvlab.panels.kvpr as module
+import kvlab.results
 from kvlab.config import MODELS
 from kvlab.offload.scheduler import LayerShape, LinkAndCompute, best_split
 from kvlab.panels import dashboard
@@ -73,7 +74,8 @@ def make_result():
 @pytest.fixture
 def new_tab(monkeypatch):
     monkeypatch.setenv("KVLAB_BACKEND", "sim")
-    monkeypatch.setattr(module, "load_results", lambda machine, names: make_result())
+    monkeypatch.setattr(kvlab.results, "load_recorded",
+                        lambda machine, names, keys: make_result())
     return KVPRTab()
 
 
@@ -234,7 +236,7 @@ def test_recorded_layer_and_host_times_enter_the_pipelined_curve(monkeypatch):
     for row in result["rows"]:
         row.update(layer_ms=0.2, unit_host_ms=3.0, chunk_host_ms=1.0)
     monkeypatch.setenv("KVLAB_BACKEND", "sim")
-    monkeypatch.setattr(module, "load_results", lambda machine, names: result)
+    monkeypatch.setattr(kvlab.results, "load_recorded", lambda machine, names, keys: result)
     tab = KVPRTab()
     layers = MODELS["opt-6.7b"].num_layers
 

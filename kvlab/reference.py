@@ -12,6 +12,8 @@ import torch
 from kvlab.cache import PagedKVCache
 from kvlab.cache.fp8 import dequantize
 
+FP32_MAX = float(torch.finfo(torch.float32).max)
+
 
 def unpack_blocks(cache: PagedKVCache, block_ids: torch.Tensor):
     """K and V of the given blocks as [num_kv_heads, len(block_ids) * block_size, head_dim], in
@@ -27,6 +29,18 @@ def unpack_blocks(cache: PagedKVCache, block_ids: torch.Tensor):
     return k.reshape(num_kv_heads, -1, head_dim), v.reshape(num_kv_heads, -1, head_dim)
 
 
+def softmax_scale(scale, head_dim: int) -> float:
+    """`scale` as a float, or 1 / sqrt(head_dim) for None. ValueError unless it is a finite real
+    number of magnitude at most FP32_MAX: the kernels, and this reference, scale in fp32."""
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if (isinstance(scale, bool) or not isinstance(scale, numbers.Real)
+            or not abs(scale) <= FP32_MAX):
+        raise ValueError(f"scale={scale!r}: must be a finite real number of magnitude at most "
+                         f"{FP32_MAX:.4g} (fp32), or None")
+    return float(scale)
+
+
 def decode_attention(q: torch.Tensor, cache: PagedKVCache, seq_ids, scale: float | None = None):
     """One decode step of attention for each sequence, from the paged cache, in fp32. An fp8
     cache's K and V are dequantised first (times k_scale, v_scale per KV head).
@@ -36,23 +50,19 @@ def decode_attention(q: torch.Tensor, cache: PagedKVCache, seq_ids, scale: float
             KV head h // (num_qo_heads // num_kv_heads).
         seq_ids: B >= 1 live sequence ids of `cache`; row b of q attends to all of seq_ids[b]'s
             tokens.
-        scale: softmax scale, a finite real number; default 1 / sqrt(head_dim).
+        scale: softmax scale (`softmax_scale`); default 1 / sqrt(head_dim).
     Returns:
         float32 [B, num_qo_heads, head_dim].
     Raises:
         ValueError for no seq_ids, a q of the wrong shape, dtype or device, a head count that is
         not a positive multiple of the cache's num_kv_heads, a scale that is not a finite real
-        number, or an unknown seq_id.
+        number fp32 holds, or an unknown seq_id.
     """
     seq_ids = list(seq_ids)
     if not seq_ids:
         raise ValueError("seq_ids=[]: must name at least one sequence")
     _check_q(q, cache, len(seq_ids))
-    if scale is None:
-        scale = 1.0 / math.sqrt(cache.head_dim)
-    elif isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale):
-        raise ValueError(f"scale={scale!r}: must be a finite real number")
-    scale = float(scale)
+    scale = softmax_scale(scale, cache.head_dim)
     group = q.shape[1] // cache.num_kv_heads
     tables, seq_lens = cache.block_tables(seq_ids), cache.seq_lens(seq_ids).tolist()
     out = torch.empty(q.shape, dtype=torch.float32, device=q.device)

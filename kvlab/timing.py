@@ -19,6 +19,8 @@ from typing import TypeVar
 
 import torch
 
+from kvlab.checks import check_bool, check_int, check_positive_int
+
 FLUSH_BYTES = 256 * 2**20  # > 4x the H200's 60 MiB L2
 MAX_CLOCK_HZ = 2.0e9  # above any current GPU's SM clock, so a spin of N cycles lasts >= N / this
 MIN_SPIN_S = 50e-6
@@ -28,12 +30,15 @@ K = TypeVar("K")
 
 
 class Timer:
-    """Times callables on one GPU. `flush_l2=False` measures a warm cache on purpose."""
+    """Times callables on one GPU. `flush_l2=False` measures a warm cache on purpose. ValueError
+    unless num_runs is an integer >= 1, num_warmup one >= 0 and flush_l2 a bool."""
 
     def __init__(self, device, num_runs: int = 25, num_warmup: int = 3, flush_l2: bool = True):
-        if num_runs < 1 or num_warmup < 0:
-            raise ValueError(f"num_runs={num_runs}, num_warmup={num_warmup}: need >= 1 and >= 0")
-        self.device, self.num_runs, self.num_warmup = torch.device(device), num_runs, num_warmup
+        check_positive_int("num_runs", num_runs)
+        check_int("num_warmup", num_warmup, 0)
+        check_bool("flush_l2", flush_l2)
+        self.device = torch.device(device)
+        self.num_runs, self.num_warmup = int(num_runs), int(num_warmup)
         self._scratch = (
             torch.zeros(FLUSH_BYTES // 4, dtype=torch.float32, device=device) if flush_l2 else None
         )
@@ -99,9 +104,10 @@ def back_to_back_ms(fn: Callable[[], object], device, num_calls: int = 10,
     """Milliseconds per call of `num_calls` calls enqueued back to back, between two CUDA events,
     with no flush and no spin: the rate that a pipeline enqueueing such calls one after another
     sustains, the slower of the GPU's work and the host's enqueueing (the Timer times the GPU's
-    work alone)."""
-    if num_calls < 1 or num_warmup < 0:
-        raise ValueError(f"num_calls={num_calls}, num_warmup={num_warmup}: need >= 1 and >= 0")
+    work alone). ValueError, before any call, unless num_calls is an integer >= 1 and
+    num_warmup one >= 0."""
+    check_positive_int("num_calls", num_calls)
+    check_int("num_warmup", num_warmup, 0)
     for _ in range(num_warmup):
         fn()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -115,7 +121,9 @@ def back_to_back_ms(fn: Callable[[], object], device, num_calls: int = 10,
 
 
 def copy_roofline_gbps(timer: Timer, num_bytes: int = 4 * 2**30) -> float:
-    """HBM bandwidth of a large device-to-device copy, counting bytes read plus bytes written."""
+    """HBM bandwidth of a large device-to-device copy, counting bytes read plus bytes written
+    (`num_bytes`, an integer >= 2: half of it copied)."""
+    check_int("num_bytes", num_bytes, 2)
     src = torch.empty(num_bytes // 2, dtype=torch.uint8, device=timer.device).random_(0, 255)
     dst = torch.empty_like(src)
     ms = timer.median_ms(lambda: dst.copy_(src))

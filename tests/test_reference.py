@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -102,7 +103,7 @@ def test_bad_q():
 
 
 @pytest.mark.parametrize("scale", [float("nan"), float("inf"), -float("inf"), True, "0.3",
-                                   torch.tensor(0.3)])
+                                   torch.tensor(0.3), 1e39, -1e300, np.float64(1e300)])
 def test_bad_scale(scale):
     cache = make_cache(num_kv_heads=2)
     seq_id, _, _ = make_seq(cache, 3)

@@ -5,15 +5,14 @@ its split chosen, kernels compiled); `DecodePlan.run` is then called once per la
 launches. `decode_attention` is both in one call.
 """
 
-import math
-
 import torch
 
 from kvlab.cache.fp8 import FP8_DTYPE
-from kvlab.checks import check_num_heads, is_int
+from kvlab.checks import check_num_heads, check_positive_int, is_int
 from kvlab.kernels import FAMILIES, KERNELS, gqa, green, select, tune, vllm_v1
-from kvlab.kernels.geometry import GQA_MAX_GROUP
+from kvlab.kernels.geometry import GQA_MAX_GROUP, check_launch
 from kvlab.kernels.prefetch import PrefetchConfig
+from kvlab.reference import softmax_scale
 
 LAUNCHERS = dict(zip(FAMILIES, (vllm_v1.VllmV1, gqa.Gqa), strict=True))
 
@@ -56,6 +55,14 @@ def _check_plan(cache, num_qo_heads: int, kernel: str, prefetch) -> str:
     if prefetch is not None and not isinstance(prefetch, PrefetchConfig):
         raise ValueError(f"prefetch={prefetch!r}: must be a PrefetchConfig or None")
     return chosen
+
+
+def _check_values(cache, scale, num_sms) -> float:
+    """The softmax scale (`softmax_scale`); ValueError for it, or for a num_sms that is not a
+    positive integer or None (its upper bound, the GPU's SMs, is checked in `_setup`)."""
+    if num_sms is not None:
+        check_positive_int("num_sms", num_sms)
+    return softmax_scale(scale, cache.head_dim)
 
 
 def _check_cache(cache) -> None:
@@ -111,14 +118,15 @@ class DecodePlan:
             the candidates), or, with KVLAB_AUTOTUNE=0, taken from the recorded H200 benchmark
             for the nearest shape (kvlab.kernels.select).
         prefetch: a PrefetchConfig; None means no prefetch (or, with "auto", the fastest).
-        scale: softmax scale, default 1 / sqrt(head_dim).
+        scale: softmax scale, default 1 / sqrt(head_dim); a finite number fp32 holds.
         num_sms: the SMs the launches will have, for the split policies; None: those of the
             enclosing `kvlab.kernels.green.sm_limit` block, else the whole GPU's.
         q_dtype: the dtype of q and out. None: the cache's, fp16 over an fp8 cache. Over an fp8
             cache it may be float16 or bfloat16; over others it is the cache's.
     The plan captures the sequences' block tables and lengths now: make a new plan after the
     cache changes (once per decode step), and reuse it for every layer of that step.
-    Raises ValueError, before any launch, for anything the kernels cannot run.
+    Raises ValueError, before anything is allocated on the GPU or launched, for anything the
+    kernels cannot run (more than geometry.MAX_GRID_YZ sequences among them).
     """
 
     def __init__(self, cache, seq_ids, num_qo_heads: int, kernel: str = "auto",
@@ -126,13 +134,15 @@ class DecodePlan:
                  num_sms: int | None = None, q_dtype=None):
         chosen = _check_plan(cache, num_qo_heads, kernel, prefetch)
         q_dtype = _check_q_dtype(cache, q_dtype)
+        scale = _check_values(cache, scale, num_sms)
         seq_ids = list(seq_ids)
         if not seq_ids:
             raise ValueError("seq_ids=[]: must name at least one sequence")
-        self._setup(cache, cache.block_tables(seq_ids), cache.seq_lens(seq_ids),
-                    [cache.manager.seq_len(s) for s in seq_ids], num_qo_heads, chosen,
-                    kernel == "auto" and prefetch is None, prefetch, scale, num_sms, q_dtype,
-                    tune_here=True)
+        host_seq_lens = [cache.manager.seq_len(s) for s in seq_ids]
+        check_launch(chosen, len(seq_ids), max(host_seq_lens))
+        self._setup(cache, cache.block_tables(seq_ids), cache.seq_lens(seq_ids), host_seq_lens,
+                    num_qo_heads, chosen, kernel == "auto" and prefetch is None, prefetch, scale,
+                    num_sms, q_dtype, tune_here=True)
 
     @classmethod
     def for_capture(cls, cache, num_seqs: int, max_seq_len: int, num_qo_heads: int,
@@ -146,12 +156,18 @@ class DecodePlan:
         block id and a length of at least 1 (they start as block 0 and length 1). The kernels'
         split is planned for num_seqs sequences of max_seq_len tokens: shorter ones leave some
         CTAs with nothing to do. With kernel="auto" and prefetch None the prefetch setting is
-        the recorded choice (nothing is timed)."""
+        the recorded choice (nothing is timed). ValueError, before anything is allocated, for a
+        max_seq_len longer than the cache holds, besides what DecodePlan refuses."""
         chosen = _check_plan(cache, num_qo_heads, kernel, prefetch)
         q_dtype = _check_q_dtype(cache, q_dtype)
-        for name, value in (("num_seqs", num_seqs), ("max_seq_len", max_seq_len)):
-            if not is_int(value) or value < 1:
-                raise ValueError(f"{name}={value!r}: must be an integer >= 1")
+        scale = _check_values(cache, scale, num_sms)
+        check_positive_int("max_seq_len", max_seq_len)
+        capacity = cache.num_blocks * cache.block_size
+        if max_seq_len > capacity:
+            raise ValueError(f"max_seq_len={max_seq_len}: the cache holds at most {capacity} "
+                             "tokens")
+        check_launch(chosen, num_seqs, max_seq_len)
+        num_seqs, max_seq_len = int(num_seqs), int(max_seq_len)
         width = -(-max_seq_len // cache.block_size)
         plan = cls.__new__(cls)
         plan._setup(cache, torch.zeros(num_seqs, width, dtype=torch.int32, device=cache.device),
@@ -170,7 +186,7 @@ class DecodePlan:
         self.max_seq_len = max(self.host_seq_lens)
         self.cache, self.kernel, self.num_qo_heads = cache, chosen, num_qo_heads
         self.q_dtype = q_dtype  # of q and out
-        self.scale = 1.0 / math.sqrt(cache.head_dim) if scale is None else float(scale)
+        self.scale = scale
         total = green.device_sms(cache.device)
         if num_sms is not None and (not is_int(num_sms) or not 1 <= num_sms <= total):
             raise ValueError(f"num_sms={num_sms!r}: must be an integer in [1, {total}] (this "

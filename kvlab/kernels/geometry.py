@@ -10,6 +10,11 @@ from typing import NamedTuple
 
 import numpy as np
 
+from kvlab.checks import check_int, check_positive_int, is_int
+
+MAX_GRID_YZ = 65535  # CUDA: the largest y or z dimension of a launch grid
+MAX_SEQ_LEN = 2**31 - 1  # the kernels hold lengths and token indices in int32
+
 # vllm_v1 (kernels/paged_decode_vllm.cu)
 VLLM_BLOCK_SIZES = (8, 16, 32)
 VLLM_NUM_WARPS = 4  # 128 threads per CTA
@@ -55,6 +60,20 @@ CTA_RESERVED_SHARED_BYTES = 1024  # what the driver reserves per resident CTA
 
 # block sizes each family runs
 FAMILY_BLOCK_SIZES = {"vllm_v1": VLLM_BLOCK_SIZES, "gqa": GQA_BLOCK_SIZES}
+
+
+def check_launch(kernel: str, num_seqs: int, max_seq_len: int) -> None:
+    """ValueError unless one launch of `kernel` ("vllm_v1" or "gqa") decodes `num_seqs`
+    sequences of up to `max_seq_len` tokens: both kernels lay the sequences along a grid
+    dimension of at most MAX_GRID_YZ, and vllm_v1 its partitions of PARTITION_SIZE tokens too."""
+    check_int("num_seqs", num_seqs, 1)
+    if num_seqs > MAX_GRID_YZ:
+        raise ValueError(f"num_seqs={num_seqs}: the kernels decode at most {MAX_GRID_YZ} "
+                         "sequences a launch (a grid dimension)")
+    longest = MAX_GRID_YZ * PARTITION_SIZE if kernel == "vllm_v1" else MAX_SEQ_LEN
+    if not is_int(max_seq_len) or not 1 <= max_seq_len <= longest:
+        raise ValueError(f"max_seq_len={max_seq_len!r}: kernel={kernel!r} runs sequences of 1 "
+                         f"to {longest} tokens")
 
 
 def use_partitions(num_seqs: int, num_qo_heads: int, max_seq_len: int) -> bool:
@@ -111,7 +130,10 @@ def lone_cta_slowdown(num_sms: int, token_bytes: int) -> float:
     `num_sms` SMs, for K and V of `token_bytes` a token: a lone CTA handles
     LONE_CTA_TOKENS_PER_S, two SM_TOKENS_PER_S, and together the SMs read at most HBM_GBPS.
     fp16 at head_dim 128 (512 bytes): 1.0 on the whole H200 (132 lone CTAs outrun HBM), 1.22 on
-    80 SMs, 1.31 on 73 or fewer; fp8 (256 bytes): 1.31 on the whole GPU too."""
+    80 SMs, 1.31 on 73 or fewer; fp8 (256 bytes): 1.31 on the whole GPU too. ValueError
+    unless both are positive integers."""
+    check_positive_int("num_sms", num_sms)
+    check_positive_int("token_bytes", token_bytes)
     hbm = HBM_GBPS * 1e9 / token_bytes
     return min(hbm, num_sms * SM_TOKENS_PER_S) / min(hbm, num_sms * LONE_CTA_TOKENS_PER_S)
 
@@ -209,7 +231,8 @@ def split_plan(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int,
       32 SMs 81.1 -> 86.5%) and 0.974x and 0.984x at llama3-8b and qwen2.5-14b 1 x 32k on 80
       SMs (80 lone CTAs of 8 warps against 152 of 4), which the share of 0.9 leaves at 4 warps.
     """
-    lens = None if seq_lens is None else np.asarray(seq_lens, dtype=np.int64)
+    lens = _check_split_args(num_seqs, num_kv_heads, max_seq_len, num_sms, ctas_per_sm,
+                             token_bytes, seq_lens)
     mixed = lens is not None and lens.min() != lens.max()
     num_slots = num_sms * ctas_per_sm
 
@@ -265,12 +288,33 @@ def split_plan(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int,
     return Split(-best[3], GQA_NUM_WARPS)
 
 
+def _check_split_args(num_seqs, num_kv_heads, max_seq_len, num_sms, ctas_per_sm, token_bytes,
+                      seq_lens) -> np.ndarray | None:
+    """ValueError for what `split_plan` cannot plan; returns seq_lens as int64 [num_seqs] (or
+    None)."""
+    for name, value in (("num_seqs", num_seqs), ("num_kv_heads", num_kv_heads),
+                        ("num_sms", num_sms), ("ctas_per_sm", ctas_per_sm),
+                        ("token_bytes", token_bytes)):
+        check_positive_int(name, value)
+    check_int("max_seq_len", max_seq_len, 1, MAX_SEQ_LEN)
+    if seq_lens is None:
+        return None
+    lens = list(seq_lens)
+    if not (len(lens) == num_seqs and all(is_int(n) and 0 <= n <= max_seq_len for n in lens)
+            and max(lens) == max_seq_len):
+        raise ValueError(f"seq_lens={seq_lens!r}: must be num_seqs={num_seqs} integers in "
+                         f"[0, max_seq_len={max_seq_len}], the longest max_seq_len")
+    return np.asarray(lens, dtype=np.int64)
+
+
 def work_list(seq_lens, size: int) -> np.ndarray:
     """gqa's work items for a batch of mixed lengths at `size` tokens per partition (one item a
     sequence where `size` covers the longest): int32 [num_items, 2] (sequence, partition), the
     partitions that hold tokens (partition 0 of every sequence, even an empty one), the longest
     first (ties in sequence order), so that short ones fill the tail of the launch. The kernel
-    runs each item as num_kv_heads CTAs launched together."""
+    runs each item as num_kv_heads CTAs launched together. ValueError unless size is a
+    positive integer."""
+    check_positive_int("size", size)
     lens = np.asarray(seq_lens, dtype=np.int64)
     counts = np.maximum(1, -(-lens // size))
     seq = np.repeat(np.arange(lens.size), counts)

@@ -20,7 +20,7 @@ import functools
 import numpy as np
 import torch
 
-from kvlab.checks import is_int
+from kvlab.checks import check_real, is_int
 from kvlab.kernels.launch import launch, ptr
 from kvlab.kernels.vllm_v1 import CUDA_TYPES
 
@@ -116,7 +116,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
              residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(normed, h): h = x + residual (rounded to x's dtype; x itself when residual is None) and
     normed = weight * RMSNorm(h), as HF's LlamaRMSNorm rounds it. x, residual: [rows, hidden]
-    contiguous; weight [hidden]."""
+    contiguous; weight [hidden]; eps in (0, 1], as a ModelConfig's norm_eps. ValueError for
+    what the kernel does not take, before anything is allocated."""
+    check_real("eps", eps, 0, 1, open_min=True)
     _check(x.dim() == 2, f"x: shape {tuple(x.shape)}, must be [rows, hidden]")
     rows, hidden = x.shape
     for name, t in (("x", x), ("residual", residual)):

@@ -61,11 +61,16 @@ def load(filename: str, name_expressions, device_id: int = 0) -> tuple:
     """The kernels named by `name_expressions` (C++ template instantiations) in `filename`,
     compiled for GPU `device_id` (with the macros of the enclosing `defined` blocks) and
     cached. Names not yet cached are compiled together in one NVRTC call, so asking for many
-    instantiations at once is much faster than one by one."""
+    instantiations at once is much faster than one by one. ValueError unless `filename` names
+    a file of `source_dir()` (no other folder)."""
     macros = _defines.get()
     names = dict.fromkeys(name_expressions)
     missing = [n for n in names if (filename, device_id, n, macros) not in _kernels]
-    if missing:
+    if missing:  # NOTE: only a checked filename is ever cached
+        if not (isinstance(filename, str) and Path(filename).name == filename
+                and (source_dir() / filename).is_file()):
+            raise ValueError(f"filename={filename!r}: must be the name of a kernel source in "
+                             f"{source_dir()}")
         cupy = import_cupy()
         code = (source_dir() / filename).read_text()
         with cupy.cuda.Device(device_id):

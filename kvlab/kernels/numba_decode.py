@@ -47,6 +47,7 @@ import numba  # noqa: E402
 from numba import cuda, float32, int32, uint32, uint64  # noqa: E402
 
 from kvlab.kernels.loader import source_dir  # noqa: E402
+from kvlab.kernels.prefetch import MAX_DISTANCE  # noqa: E402
 
 WARP_SIZE = 32
 NUM_WARPS = 4
@@ -55,6 +56,7 @@ MAX_HEAD_DIM = 256
 MAX_BLOCK_SIZE = 256
 MAX_NUM_SEQS = 65535  # gridDim.y
 SUPPORTED_DTYPES = (np.dtype(np.float16), np.dtype(np.float32))
+FP32_MAX = float(np.finfo(np.float32).max)  # the kernel scales q in float32
 
 SIMULATED = bool(numba.config.ENABLE_CUDASIM)
 
@@ -201,9 +203,9 @@ def decode_attention_numba(
         block_tables: [num_seqs, max_num_blocks] int32, block ids; entries past a sequence's
             last block are ignored (pad them with 0).
         seq_lens: [num_seqs] int32, each in [1, max_num_blocks * block_size].
-        scale: softmax scale, default 1 / sqrt(head_dim).
-        prefetch_distance: 0 for none; d > 0 prefetches into L2 the block each warp reads d
-            rounds (4 blocks per round) later.
+        scale: softmax scale, default 1 / sqrt(head_dim); a finite number float32 holds.
+        prefetch_distance: 0 for none; d in [1, 16] prefetches into L2 the block each warp
+            reads d rounds (4 blocks per round) later.
         out: optional [num_seqs, num_qo_heads, head_dim], float32 or q's dtype, same kind of
             array as the inputs; written in place and returned.
     Returns:
@@ -328,9 +330,10 @@ def _check_shapes(arrays: dict) -> None:
         raise ValueError(f"head_dim={head_dim}: must be in [1, {MAX_HEAD_DIM}]")
     if not 1 <= block_size <= MAX_BLOCK_SIZE:
         raise ValueError(f"block_size={block_size}: must be in [1, {MAX_BLOCK_SIZE}]")
-    if num_kv_heads < 1 or num_qo_heads % num_kv_heads:
+    if num_kv_heads < 1 or num_qo_heads < 1 or num_qo_heads % num_kv_heads:
         raise ValueError(
-            f"num_qo_heads={num_qo_heads}: must be a multiple of num_kv_heads={num_kv_heads}"
+            f"num_qo_heads={num_qo_heads}: must be a multiple of num_kv_heads={num_kv_heads} "
+            "and positive"
         )
     block_tables, seq_lens = arrays["block_tables"], arrays["seq_lens"]
     if block_tables.ndim != 2 or block_tables.shape[0] != num_seqs or block_tables.shape[1] < 1:
@@ -372,8 +375,9 @@ def _check_host_values(
 def _check_scale(scale, head_dim: int) -> float:
     if scale is None:
         return 1.0 / math.sqrt(head_dim)
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale):
-        raise ValueError(f"scale={scale!r}: must be a finite number or None")
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not abs(scale) <= FP32_MAX:
+        raise ValueError(f"scale={scale!r}: must be a finite number of magnitude at most "
+                         f"{FP32_MAX:.4g} (float32), or None")
     return float(scale)
 
 
@@ -381,9 +385,11 @@ def _check_prefetch_distance(prefetch_distance) -> int:
     if (
         isinstance(prefetch_distance, bool)
         or not isinstance(prefetch_distance, int | np.integer)
-        or prefetch_distance < 0
+        or not 0 <= prefetch_distance <= MAX_DISTANCE
     ):
-        raise ValueError(f"prefetch_distance={prefetch_distance!r}: must be an int >= 0")
+        raise ValueError(
+            f"prefetch_distance={prefetch_distance!r}: must be an integer in [0, {MAX_DISTANCE}]"
+        )
     return int(prefetch_distance)
 
 

@@ -3,6 +3,10 @@
 import contextlib
 from dataclasses import dataclass
 
+import numpy as np
+
+from kvlab.checks import check_int
+
 MODES = ("none", "bulk", "line")
 MAX_DISTANCE = 16
 _MODE_IDS = {"none": "kvlab::PF_NONE", "bulk": "kvlab::PF_BULK", "line": "kvlab::PF_LINE"}
@@ -29,16 +33,12 @@ class PrefetchConfig:
         if self.mode not in MODES:
             raise ValueError(f"mode={self.mode!r}: must be one of {MODES}")
         for name in ("k", "v", "evict_last"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name}={getattr(self, name)!r}: must be a bool")
-        if (
-            isinstance(self.distance, bool)
-            or not isinstance(self.distance, int)
-            or not 1 <= self.distance <= MAX_DISTANCE
-        ):
-            raise ValueError(
-                f"distance={self.distance!r}: must be an integer in [1, {MAX_DISTANCE}]"
-            )
+            value = getattr(self, name)
+            if not isinstance(value, bool | np.bool_):
+                raise ValueError(f"{name}={value!r}: must be a bool")
+            object.__setattr__(self, name, bool(value))
+        check_int("distance", self.distance, 1, MAX_DISTANCE)
+        object.__setattr__(self, "distance", int(self.distance))
 
     @property
     def enabled(self) -> bool:

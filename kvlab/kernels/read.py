@@ -21,18 +21,25 @@ CTAS_PER_SM = 4  # 2,048 threads an SM: every thread slot of a Hopper SM
 WORD_BYTES = 16
 
 
+def check_num_bytes(num_bytes) -> None:
+    """ValueError unless `num_bytes` is a positive multiple of WORD_BYTES."""
+    if not is_int(num_bytes) or num_bytes < WORD_BYTES or num_bytes % WORD_BYTES:
+        raise ValueError(f"num_bytes={num_bytes!r}: must be a positive multiple of {WORD_BYTES}")
+
+
 class PlainRead:
     """`read()` reads a buffer of `num_bytes` (random bytes on `device`) once, on torch's current
     stream, in CTAS_PER_SM CTAs an SM of those that stream may use when the read is made
     (`kvlab.kernels.green.current_sms`).
 
-    num_bytes: a positive multiple of 16 (K and V rows always are)."""
+    num_bytes: a positive multiple of 16 (K and V rows always are). ValueError for that, or a
+    device that is not a GPU, before anything is allocated."""
 
     def __init__(self, num_bytes: int, device="cuda"):
-        if not is_int(num_bytes) or num_bytes < WORD_BYTES or num_bytes % WORD_BYTES:
-            raise ValueError(f"num_bytes={num_bytes!r}: must be a positive multiple of "
-                             f"{WORD_BYTES}")
+        check_num_bytes(num_bytes)
         self.device = torch.device(device)
+        if self.device.type != "cuda":
+            raise ValueError(f"device={device!r}: the read kernel needs a CUDA device")
         if self.device.index is None:
             self.device = torch.device(self.device.type, torch.cuda.current_device())
         self.num_bytes = int(num_bytes)

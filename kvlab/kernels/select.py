@@ -12,6 +12,7 @@ import functools
 import math
 
 from kvlab import results
+from kvlab.checks import check_block_size, check_num_heads, check_positive_int
 from kvlab.kernels.prefetch import PrefetchConfig
 
 
@@ -38,7 +39,12 @@ def best_prefetch(kernel: str, num_qo_heads: int, num_kv_heads: int, block_size:
                   batch: int, context: int) -> PrefetchConfig:
     """The prefetch setting of `kernel` with the largest worst-case recorded gain over no
     prefetch at the recorded (batch, context) points around this shape; no prefetch unless
-    that worst case is a gain, or when nothing is recorded for `kernel`."""
+    that worst case is a gain, or when nothing is recorded for `kernel`. ValueError for a shape
+    no plan has (head counts, block size, batch and context not positive integers)."""
+    check_num_heads(num_qo_heads, num_kv_heads)
+    check_block_size(block_size)
+    check_positive_int("batch", batch)
+    check_positive_int("context", context)
     rows = [r for r in recorded_rows() if r["kernel"] == kernel]
     if not rows:
         return PrefetchConfig()

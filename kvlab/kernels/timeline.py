@@ -124,10 +124,12 @@ def _global(module):
 class Tracer:
     """Traces `gqa` on `cache`'s sequences `seq_ids` (the launch of DecodePlan(cache, seq_ids,
     num_qo_heads, "gqa")) and a plain read of `num_bytes` (kvlab.kernels.read.PlainRead), both
-    built with the timeline stamps. Raises ValueError, before allocating the read, where a launch
-    has more CTAs than a timeline holds (MAX_CTAS)."""
+    built with the timeline stamps. Raises ValueError, before planning, for a num_bytes the read
+    refuses, and before allocating the read, where a launch has more CTAs than a timeline holds
+    (MAX_CTAS)."""
 
     def __init__(self, cache, seq_ids, num_qo_heads: int, num_bytes: int):
+        plain_read.check_num_bytes(num_bytes)
         device = cache.device
         with loader.defined(DEFINE):
             self.plan = DecodePlan(cache, seq_ids, num_qo_heads, "gqa")

@@ -16,6 +16,7 @@ import inspect
 
 import torch
 
+from kvlab.checks import check_int, check_positive_int
 from kvlab.config import ModelConfig
 from kvlab.offload.model import LayerWeights
 
@@ -25,7 +26,10 @@ def hf_config(model: ModelConfig, num_layers: int | None = None,
     """The transformers config of `model`'s shapes (OPT: pre-LayerNorm, biases; Llama / Qwen2:
     RMSNorm of model.norm_eps, RoPE theta and Llama 3 scaling, GQA). `max_position`: learned
     positions to allocate (OPT) or the RoPE window to declare; default the model's published
-    one."""
+    one. ValueError unless num_layers and max_position are positive integers or None."""
+    for name, value in (("num_layers", num_layers), ("max_position", max_position)):
+        if value is not None:
+            check_positive_int(name, value)
     import transformers
 
     common = dict(hidden_size=model.hidden_size, num_attention_heads=model.num_qo_heads,
@@ -97,9 +101,11 @@ def causal_lm(model: ModelConfig, layers: list[LayerWeights], device, seed: int 
               max_position: int | None = None):
     """The HF causal LM of `model` in eval mode whose decoder layers share `layers`' tensors
     (dtype and device theirs); embeddings, final norm and LM head seeded random on `device`.
-    The layers are built on the meta device, so no second copy of the weights is allocated."""
+    The layers are built on the meta device, so no second copy of the weights is allocated.
+    ValueError for a layer count not the model's, or a seed not in [0, 2**63 - 1]."""
     if len(layers) != model.num_layers:
         raise ValueError(f"len(layers)={len(layers)}: must be {model.name}'s {model.num_layers}")
+    check_int("seed", seed, 0, 2**63 - 1)
     lm_class, layer_class = _classes(model.family)
     config = hf_config(model, max_position=max_position)
     config._attn_implementation = "sdpa"

@@ -13,10 +13,12 @@ import weakref
 
 import torch
 
-from kvlab.checks import check_positive_int
+from kvlab.cache.paged_cache import check_fits
+from kvlab.checks import check_int, check_positive_int, is_int
 from kvlab.config import ModelConfig
 from kvlab.offload.model import LayerWeights, check_layers
 from kvlab.offload.recompute import attention_input, project_kv, seeded_randn
+from kvlab.offload.scheduler import check_dtype_bytes
 
 PAGE = 4096
 
@@ -56,7 +58,11 @@ class PinnedHostMemory:
 
 
 def store_bytes(model: ModelConfig, batch: int, max_context: int, dtype_bytes: int = 2) -> dict:
-    """Host bytes of a KVPR store: K and V, and the attention inputs X, of every layer."""
+    """Host bytes of a KVPR store: K and V, and the attention inputs X, of every layer.
+    ValueError unless batch and max_context are positive integers and dtype_bytes 1, 2 or 4."""
+    check_positive_int("batch", batch)
+    check_positive_int("max_context", max_context)
+    check_dtype_bytes(dtype_bytes)
     tokens = batch * max_context * model.num_layers * dtype_bytes
     kv, x = 2 * tokens * model.kv_size, tokens * model.hidden_size
     return {"kv": kv, "activations": x, "total": kv + x}
@@ -69,13 +75,16 @@ class HostStore:
     length, `length`.
 
     pinned: page-locked memory (needs CUDA); False gives pageable memory, for CPU runs.
-    budget_bytes: refuse, before allocating anything, a store larger than this.
+    budget_bytes: refuse, before allocating anything, a store larger than this (an integer
+    >= 0, or None). A store larger than the host's available memory is refused in any case.
     """
 
     def __init__(self, model: ModelConfig, batch: int, max_context: int,
                  dtype=torch.float16, pinned: bool = True, budget_bytes: int | None = None):
         check_positive_int("batch", batch)
         check_positive_int("max_context", max_context)
+        if budget_bytes is not None:
+            check_int("budget_bytes", budget_bytes, 0)
         itemsize = torch.empty((), dtype=dtype).element_size()
         need = store_bytes(model, batch, max_context, itemsize)
         if budget_bytes is not None and need["total"] > budget_bytes:
@@ -84,7 +93,10 @@ class HostStore:
                 f"({need['kv']:,} of K, V and {need['activations']:,} of activations for "
                 f"{model.num_layers} layers x {batch} sequences x {max_context} tokens)"
             )
-        self.model, self.batch, self.max_context, self.dtype = model, batch, max_context, dtype
+        check_fits(f"batch={batch}, max_context={max_context}: the store's K, V and activations",
+                   need["total"], torch.device("cpu"))
+        self.model, self.dtype = model, dtype
+        self.batch, self.max_context = int(batch), int(max_context)
         self._memory = PinnedHostMemory(need["total"]) if pinned else None
         flat = (
             self._memory.bytes.view(dtype) if pinned
@@ -106,12 +118,16 @@ class HostStore:
 def fill(store: HostStore, layers: list[LayerWeights], context: int, seed: int = 0,
          device="cpu") -> None:
     """Prefill `store` with `context` tokens per sequence: for each layer, random layer inputs,
-    their attention inputs X and the K, V computed from them at positions 0..context-1.
-    `layers`: every layer of the store's model, in the store's dtype, on `device` (ValueError
-    otherwise, before anything is written)."""
-    if not 0 <= context <= store.max_context:
-        raise ValueError(f"context={context}: must be in [0, max_context={store.max_context}]")
+    their attention inputs X and the K, V computed from them at positions 0..context-1, from
+    generators seeded seed + layer. `layers`: every layer of the store's model, in the store's
+    dtype, on `device`. ValueError for those, a context not in [0, max_context] or a seed not in
+    [0, 2**63 - 1], before anything is written."""
+    if not is_int(context) or not 0 <= context <= store.max_context:
+        raise ValueError(f"context={context!r}: must be in [0, max_context={store.max_context}] "
+                         "(an integer)")
+    check_int("seed", seed, 0, 2**63 - 1)
     check_layers(store.model, layers, store.dtype, device)
+    context = int(context)
     model, batch = store.model, store.batch
     positions = torch.arange(context, device=device).repeat_interleave(batch)
     for i, w in enumerate(layers):

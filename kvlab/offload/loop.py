@@ -61,9 +61,12 @@ def decode(decoder: KVPRDecoder, hidden: torch.Tensor, num_steps: int, rates: Li
     measured again with `reprofile` (default: `profile` of the model on the decoder's GPU) and
     the following steps are scheduled with them. Returns (the last hidden, a StepRecord per
     step, the rates in force at the end). `timed(decoder, hidden, l) -> (hidden, seconds)` runs
-    one step (CUDA events on a GPU).
+    one step (CUDA events on a GPU). Raises ValueError for stores that hold no tokens yet.
     """
     check_positive_int("num_steps", num_steps)
+    if decoder.stores[0].length == 0:
+        raise ValueError("decoder: its stores hold no tokens; prefill them first "
+                         "(kvlab.offload.host.fill)")
     if monitor is not None and reprofile is None:
         if decoder.device.type != "cuda":
             raise ValueError("reprofile=None: a CPU run needs a reprofile function to re-profile")

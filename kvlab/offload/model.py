@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from kvlab.cache.paged_cache import check_device
 from kvlab.config import ModelConfig
 from kvlab.kernels import layer_ops
 from kvlab.offload.recompute import (
@@ -105,8 +106,9 @@ def random_layers(model: ModelConfig, seed: int = 0, dtype=torch.float32, device
 
 
 def resolve_device(device) -> torch.device:
-    """`device` with its index: "cuda" means the current CUDA device."""
-    device = torch.device(device)
+    """`device` with its index: "cuda" means the current CUDA device. Raises ValueError, as
+    PagedKVCache does, for what is not a device or a CUDA device that is not there."""
+    device = check_device(device)
     if device.type == "cuda" and device.index is None:
         return torch.device("cuda", torch.cuda.current_device())
     return device

@@ -5,12 +5,13 @@ inference, and names that as a limitation).
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
 import torch
 
-from kvlab.checks import check_positive_int
+from kvlab.checks import check_positive_int, check_real, is_real
 from kvlab.config import ModelConfig
 from kvlab.offload.graphs import StaticLayers
 from kvlab.offload.host import PinnedHostMemory
@@ -28,6 +29,8 @@ def link_bytes_per_s(device, direction: str = "h2d", num_bytes: int = 256 * 2**2
     """Pinned host <-> device copy rate in bytes/s (CUDA events, median of `num_runs`)."""
     if direction not in DIRECTIONS:
         raise ValueError(f"direction={direction!r}: must be one of {DIRECTIONS}")
+    check_positive_int("num_bytes", num_bytes)
+    check_positive_int("num_runs", num_runs)
     pinned = PinnedHostMemory(num_bytes)  # NOTE: unpinned when collected: keep it until done
     gpu = torch.empty(num_bytes, dtype=torch.uint8, device=device)
     src, dst = (pinned.bytes, gpu) if direction == "h2d" else (gpu, pinned.bytes)
@@ -44,7 +47,8 @@ def recompute_flops_per_s(model: ModelConfig, batch: int, context: int, device,
     `batch` sequences, in `num_chunks` chunks (`recompute_kv`: GEMMs, bias, RoPE), enqueued back
     to back, so that the host's cost per chunk counts where it exceeds the GPU's. Counts the
     GEMMs' 4 x tokens x hidden x kv FLOPs."""
-    for name, value in (("batch", batch), ("context", context), ("num_chunks", num_chunks)):
+    for name, value in (("batch", batch), ("context", context), ("num_chunks", num_chunks),
+                        ("num_runs", num_runs)):
         check_positive_int(name, value)
     w = AttentionWeights.random(model, seed=0, dtype=dtype, device=device)
     x = torch.randn(context, batch, model.hidden_size, dtype=dtype, device=device)
@@ -69,6 +73,7 @@ def layer_seconds(model: ModelConfig, batch: int, context: int, device, dtype=to
     slower of the GPU and the host's enqueueing."""
     check_positive_int("batch", batch)
     check_positive_int("context", context)
+    check_positive_int("num_runs", num_runs)
     w = LayerWeights.random(model, seed=0, dtype=dtype, device=device)
     kv = (context + 1, batch, model.num_kv_heads, model.head_dim)
     k, v = (torch.randn(kv, dtype=dtype, device=device) for _ in range(2))
@@ -119,7 +124,10 @@ def profile(model: ModelConfig, batch: int, context: int, device="cuda",
     `v_com` (pinned H2D, and D2H), `v_gpu` (recomputing all batch x context rows) and the time
     of one layer's own work; given the `decoder` that will run the steps, these follow its
     chunks and CUDA graphs, and the host's time per unit and per chunk is measured on it
-    (`host_seconds`)."""
+    (`host_seconds`). ValueError for a batch or context that is not a positive integer, before
+    anything is measured."""
+    check_positive_int("batch", batch)
+    check_positive_int("context", context)
     chunks, graphs = (1, True) if decoder is None else (decoder.num_chunks, decoder.cuda_graphs)
     host = (0.0, 0.0) if decoder is None else host_seconds(decoder)
     return LinkAndCompute(
@@ -141,17 +149,23 @@ class DriftMonitor:
     more than `tolerance` (relative). Then it learns the ratio afresh, as after a new profile."""
 
     def __init__(self, tolerance: float = 0.10, patience: int = 3):
-        if not 0 < tolerance < 1:
-            raise ValueError(f"tolerance={tolerance!r}: must be in (0, 1)")
+        if not (is_real(tolerance) and 0 < tolerance < 1):
+            raise ValueError(f"tolerance={tolerance!r}: must be a number in (0, 1)")
         check_positive_int("patience", patience)
-        self.tolerance, self.patience = tolerance, patience
+        self.tolerance, self.patience = float(tolerance), int(patience)
         self.reference: float | None = None  # the normal measured / predicted ratio
         self._ratios: list[float] = []
 
     def observe(self, measured_s: float, predicted_s: float) -> bool:
-        if predicted_s <= 0:
-            raise ValueError(f"predicted_s={predicted_s!r}: must be positive")
-        ratio = measured_s / predicted_s
+        """Whether to profile again after a step of `measured_s` seconds predicted to take
+        `predicted_s`. ValueError, leaving the monitor as it was, unless both are finite and
+        positive with a finite ratio."""
+        check_real("measured_s", measured_s, 0, open_min=True)
+        check_real("predicted_s", predicted_s, 0, open_min=True)
+        ratio = float(measured_s) / float(predicted_s)
+        if not 0 < ratio < math.inf:
+            raise ValueError(f"measured_s / predicted_s = {measured_s!r} / {predicted_s!r}: "
+                             "the ratio must be a finite positive number")
         if self.reference is None:
             self._ratios.append(ratio)
             if len(self._ratios) == self.patience:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kvlab.checks import check_positive_int
 from kvlab.config import ModelConfig, RopeScaling
 from kvlab.kernels import layer_ops
 
@@ -149,6 +150,10 @@ class RopeTable:
 
     @classmethod
     def build(cls, model: ModelConfig, max_positions: int, dtype, device) -> RopeTable:
+        """The table of positions [0, max_positions): size it by the longest sequence that can
+        run, not by the model's context limit (which a checkpoint may set at 10**8). Raises
+        ValueError unless max_positions is an integer >= 1."""
+        check_positive_int("max_positions", max_positions)
         positions = torch.arange(max_positions, device=device)
         return cls(*rope_cos_sin(positions, model.head_dim, model.rope_theta, dtype,
                                  model.rope_scaling))

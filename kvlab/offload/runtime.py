@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 import torch
 
-from kvlab.checks import check_positive_int
+from kvlab.checks import check_bool, check_positive_int
 from kvlab.config import ModelConfig
 from kvlab.offload.graphs import StaticLayers
 from kvlab.offload.host import HostStore
@@ -100,6 +100,8 @@ class KVPRDecoder:
                  timeline: bool = False, schedule: str = "row", cuda_graphs: bool = True):
         stores = [stores] if isinstance(stores, HostStore) else list(stores)
         check_positive_int("num_chunks", num_chunks)
+        check_bool("timeline", timeline)
+        check_bool("cuda_graphs", cuda_graphs)
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule={schedule!r}: must be one of {SCHEDULES}")
         if not stores:
@@ -224,7 +226,9 @@ class KVPRDecoder:
     def step(self, hidden: torch.Tensor, l: int) -> torch.Tensor:
         """One decode step: hidden [batch, hidden_size] (the GPU batches' rows in order) -> the
         last layer's output. Recomputes K, V of tokens [0:l] of every layer (0 <= l <= s', the
-        cached length)."""
+        cached length). ValueError, before anything is copied, for stores of unequal lengths or
+        full, an l outside [0, s'], or a hidden that is not a tensor of that shape, the stores'
+        dtype and the decoder's device."""
         model, stores = self.model, self.stores
         s = stores[0].length
         if any(store.length != s for store in stores):
@@ -234,6 +238,9 @@ class KVPRDecoder:
             raise ValueError(f"max_context={stores[0].max_context}: the store is full")
         expected = (self.batch, model.hidden_size)
         dtype = stores[0].dtype
+        if not isinstance(hidden, torch.Tensor):
+            raise ValueError(f"hidden: must be a torch.Tensor {expected}, got "
+                             f"{type(hidden).__name__}")
         if (tuple(hidden.shape), hidden.dtype, hidden.device) != (expected, dtype, self.device):
             raise ValueError(f"hidden: shape {tuple(hidden.shape)}, {hidden.dtype} on "
                              f"{hidden.device}; must be {expected}, {dtype} on {self.device}")

@@ -57,13 +57,12 @@ curve, for plots, up to MAX_CURVE_CONTEXT.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
-from numbers import Real
+from fractions import Fraction
 
 import numpy as np
 
-from kvlab.checks import check_int, check_positive_int, is_int
+from kvlab.checks import check_int, check_positive_int, is_int, is_real
 from kvlab.config import ModelConfig
 
 MODELS_OF_TIME = ("paper", "chunked", "pipelined")
@@ -72,11 +71,6 @@ WEIGHTS = ("resident", "offloaded")  # where the runtime's weights live
 ALIGN = 256  # bytes: each tensor of an offloaded layer starts on this boundary
 MAX_CURVE_CONTEXT = 2**22  # the longest context whose t(l) curve `layer_times` draws
 TIE_TOLERANCE = 1e-9  # relative: times this close to the minimum tie with it (float noise)
-
-
-def _is_finite_real(value) -> bool:
-    """A finite real number, and not a bool."""
-    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True)
@@ -107,12 +101,17 @@ class LinkAndCompute:
             value = getattr(self, name)
             if name == "d2h_bytes_per_s" and value is None:
                 continue
-            if not (_is_finite_real(value) and value > 0):
+            if not (is_real(value) and value > 0):
                 raise ValueError(f"{name}={value!r}: must be a positive finite number")
+            object.__setattr__(self, name, float(value))
         for name in ("layer_seconds", "unit_host_seconds", "chunk_host_seconds"):
             t = getattr(self, name)
-            if not (_is_finite_real(t) and t >= 0):
+            if not (is_real(t) and t >= 0):
                 raise ValueError(f"{name}={t!r}: must be a finite number >= 0")
+            object.__setattr__(self, name, float(t))
+        if not isinstance(self.source, str):
+            raise ValueError(f"source={self.source!r}: must be a string (where the rates "
+                             "come from)")
 
 
 @dataclass(frozen=True)
@@ -130,11 +129,10 @@ class LayerShape:
     def __post_init__(self):
         check_positive_int("batch", self.batch)
         check_positive_int("context", self.context)
-        if not is_int(self.dtype_bytes) or self.dtype_bytes not in (1, 2, 4):
-            raise ValueError(f"dtype_bytes={self.dtype_bytes!r}: must be 1, 2 or 4")
+        check_dtype_bytes(self.dtype_bytes)
         weight_bytes = self.weight_bytes
         if not (isinstance(weight_bytes, tuple) and len(weight_bytes) == 2
-                and all(_is_finite_real(b) and b >= 0 for b in weight_bytes)):
+                and all(is_real(b) and b >= 0 for b in weight_bytes)):
             raise ValueError(f"weight_bytes={weight_bytes!r}: must be two finite byte counts "
                              f">= 0")
 
@@ -152,9 +150,17 @@ class LayerShape:
         )
 
 
+def check_dtype_bytes(dtype_bytes) -> None:
+    """ValueError unless `dtype_bytes` (bytes of an element) is 1, 2 or 4."""
+    if not is_int(dtype_bytes) or dtype_bytes not in (1, 2, 4):
+        raise ValueError(f"dtype_bytes={dtype_bytes!r}: must be 1, 2 or 4")
+
+
 def layer_weight_bytes(model: ModelConfig, dtype_bytes: int = 2) -> tuple[int, int]:
     """(W_K and W_V with their biases, the whole layer): the bytes of one of `model`'s layers as
-    `kvlab.offload.weights.Packing` lays it out for offloading, every tensor padded to ALIGN."""
+    `kvlab.offload.weights.Packing` lays it out for offloading, every tensor padded to ALIGN.
+    ValueError unless dtype_bytes is 1, 2 or 4."""
+    check_dtype_bytes(dtype_bytes)
     h, q, kv, ffn = model.hidden_size, model.q_size, model.kv_size, model.intermediate_size
     opt, layernorm, bias = model.family == "opt", model.norm == "layernorm", model.qkv_bias
 
@@ -175,6 +181,7 @@ def unit_shape(model: ModelConfig, batch: int, context: int, schedule: str = "ro
     cached tokens as `gpu_batches` GPU batches in `schedule` order, with the weights resident or
     offloaded: a column shares one load of a layer's weights among its GPU batches, a row loads
     them once per GPU batch. A step is num_layers x gpu_batches such units."""
+    check_positive_int("batch", batch)
     check_positive_int("gpu_batches", gpu_batches)
     if batch % gpu_batches:
         raise ValueError(f"gpu_batches={gpu_batches}: must divide batch={batch}")
@@ -197,11 +204,14 @@ def check_split(l: int, context: int) -> None:
 
 
 def token_chunks(l: int, num_chunks: int) -> list[tuple[int, int]]:
-    """[0:l] as up to `num_chunks` non-empty token ranges of near-equal size: the chunks in
-    which X streams in and is recomputed."""
+    """[0:l] as up to `num_chunks` non-empty token ranges of near-equal size (chunk c ends at
+    l c / num_chunks rounded half to even): the chunks in which X streams in and is recomputed.
+    With num_chunks >= l, every token is a chunk."""
     check_int("l", l, 0)
     check_positive_int("num_chunks", num_chunks)
-    bounds = [round(l * c / num_chunks) for c in range(num_chunks + 1)]
+    l = int(l)
+    n = min(int(num_chunks), max(l, 1))  # NOTE: chunks past the l-th would all be empty
+    bounds = [round(Fraction(l * c, n)) for c in range(n + 1)]
     return [(a, b) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
 
 
@@ -213,6 +223,19 @@ def _check_model_of_time(model_of_time: str, num_chunks: int) -> None:
 
 def _terms(shape: LayerShape, rates: LinkAndCompute, model_of_time: str, num_chunks: int,
            ls: np.ndarray) -> list[np.ndarray]:
+    """The terms whose largest is t(l), each at every split of `ls` (ValueError where one
+    overflows float64)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        terms = _raw_terms(shape, rates, model_of_time, num_chunks, ls)
+    if not all(np.isfinite(term).all() for term in terms):
+        raise ValueError(f"rates={rates!r}: the predicted times of {shape.batch} x "
+                         f"{shape.context} tokens (weight_bytes={shape.weight_bytes}) overflow "
+                         f"float64; the rates are too small for the shape")
+    return terms
+
+
+def _raw_terms(shape: LayerShape, rates: LinkAndCompute, model_of_time: str, num_chunks: int,
+               ls: np.ndarray) -> list[np.ndarray]:
     """The terms whose largest is t(l), each at every split of `ls`: all linear in l, but the
     pipelined model's host term, which bends at l = num_chunks (see the module doc)."""
     t_x = shape.activation_bytes(ls) / rates.h2d_bytes_per_s
@@ -296,7 +319,9 @@ def best_split(shape: LayerShape, rates: LinkAndCompute, model_of_time: str = "p
                num_chunks: int = 8) -> Split:
     """The integer l in [0, s'] with the smallest predicted layer time, exactly, for any context
     (no t(l) curve: see the module doc). Ties go to the smaller l (less recomputation for the
-    same time): the smallest l whose time is within a relative TIE_TOLERANCE of the minimum."""
+    same time): the smallest l whose time is within a relative TIE_TOLERANCE of the minimum.
+    ValueError, as from layer_time(s), where the times overflow float64 (rates too small for
+    the shape's bytes and FLOPs)."""
     _check_model_of_time(model_of_time, num_chunks)
     args = (shape, rates, model_of_time, num_chunks)
     ls = _crossings(*args)

@@ -65,7 +65,11 @@ def overlap(spans: list[dict]) -> dict:
     step time that running them side by side saved, link + compute - step, as a share of the
     shorter one (clipped to [0, 1]): 1 = the step lasted as long as the longer activity, 0 = as
     long as both one after the other. Gaps where neither is busy (a host-bound step, the final
-    write-back) lower it: it measures the step, not only the two streams."""
+    write-back) lower it: it measures the step, not only the two streams. ValueError for no
+    spans (a step run on a CPU, or without its timeline, records none)."""
+    if not spans:
+        raise ValueError("spans=[]: no operations to measure (a timeline records them on a GPU "
+                         "only, with timeline=True)")
     step = max(s["end_us"] for s in spans) - min(s["start_us"] for s in spans)
     busy = {lane: sum(s["end_us"] - s["start_us"] for s in spans if s["lane"] == lane)
             for lane in ("H2D", "compute")}

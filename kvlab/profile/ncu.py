@@ -53,9 +53,11 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from kvlab.checks import check_real
 from kvlab.profile.spec import KernelSpec
 
 DEFAULT_TIMEOUT_S = 300.0
+MAX_TIMEOUT_S = 1e6  # 11.6 days: the OS's poll waits at most 2**31 - 1 ms
 # The profiled process (kvlab.profile.launch) writes, after each spec's launch, one line to
 # stderr: SMS_MARKER, the spec's index, a space and the SMs its plan had.
 SMS_MARKER = "kvlab.profile.launch: num_sms_used="
@@ -145,13 +147,16 @@ def parse(text: str, kernel: str = "the kernel filter", expected: int = 1) -> li
     header, units, launches = rows[start], rows[start + 1], rows[start + 2:]
     if units[:1] != [""]:
         raise CountersError("ncu's CSV has no units row under its header", "output")
+    if len(units) != len(header):
+        raise CountersError(f"ncu's CSV units row has {len(units)} fields, its header "
+                            f"{len(header)}", "output")
     if len(launches) != expected:
         raise CountersError(f"ncu profiled {len(launches)} launches matching {kernel}; "
                             f"expected {expected}", "output")
     unit_of = dict(zip(header, units, strict=True))
     found = []
     for launch in launches:
-        if not len(header) == len(units) == len(launch):
+        if len(launch) != len(header):
             raise CountersError(f"ncu's CSV rows have {len(units)} and {len(launch)} fields, "
                                 f"its header {len(header)}", "output")
         values = dict(zip(header, launch, strict=True))
@@ -184,16 +189,15 @@ def measure_many(specs: list[KernelSpec], *, timeout_s: float = DEFAULT_TIMEOUT_
     (the SMs its plan had), "kernel_name", the columns of METRICS}, plain JSON-able values.
 
     ncu: its name on PATH, or its path. timeout_s: seconds for ncu and the profiled process
-    together (it compiles each kernel). Raises ValueError for bad arguments, before anything
-    runs, and CountersError (see its `reason`) where ncu gives no whole row for every spec.
+    together (it compiles each kernel), at most MAX_TIMEOUT_S. Raises ValueError for bad
+    arguments, before anything runs, and CountersError (see its `reason`) where ncu gives no
+    whole row for every spec.
     """
     specs = list(specs) if isinstance(specs, (list, tuple)) else specs
     if not isinstance(specs, list) or not specs or not all(
             isinstance(s, KernelSpec) for s in specs):
         raise ValueError(f"specs={specs!r}: must be a non-empty list of KernelSpec")
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not (
-            0 < timeout_s < math.inf):
-        raise ValueError(f"timeout_s={timeout_s!r}: must be a finite number > 0")
+    check_real("timeout_s", timeout_s, 0, MAX_TIMEOUT_S, open_min=True)
     path = shutil.which(ncu)
     if path is None:
         raise CountersError(f"ncu not found on PATH (ncu={ncu!r}): install Nsight Compute, or "

@@ -18,7 +18,7 @@ from kvlab.checks import (
 )
 from kvlab.config import MODELS
 from kvlab.kernels import FAMILIES
-from kvlab.kernels.geometry import GQA_BLOCK_SIZES, GQA_MAX_GROUP, VLLM_BLOCK_SIZES
+from kvlab.kernels.geometry import GQA_BLOCK_SIZES, GQA_MAX_GROUP, VLLM_BLOCK_SIZES, check_launch
 from kvlab.kernels.prefetch import PrefetchConfig
 
 DTYPES = ("float16", "bfloat16")
@@ -34,7 +34,8 @@ class KernelSpec:
         "hnd" layout); "auto" is refused: a profile names the kernel it measured.
     prefetch: a PrefetchConfig label: "none", "bulk K+V d=1", "line K d=4 evict_last", ...
     num_qo_heads, num_kv_heads, head_dim: the attention layer's shape.
-    batch, context: sequences, and tokens of K/V each.
+    batch, context: sequences, and tokens of K/V each (`kvlab.kernels.geometry.check_launch`:
+        what one launch of `kernel` decodes).
     block_size: tokens per cache block (vllm_v1: 8, 16, 32; gqa: 8 to 256).
     dtype: "float16" or "bfloat16".
     num_sms: launch on a CUDA green context of this many SMs (`kvlab.kernels.green.sm_limit`);
@@ -84,6 +85,10 @@ class KernelSpec:
         if self.kernel == "gqa" and group > GQA_MAX_GROUP:
             raise ValueError(f"num_qo_heads / num_kv_heads = {group}: kernel='gqa' supports "
                              f"groups 1 to {GQA_MAX_GROUP}")
+        try:
+            check_launch(self.kernel, self.batch, self.context)
+        except ValueError as err:
+            raise ValueError(f"batch={self.batch}, context={self.context}: {err}") from None
 
     @classmethod
     def for_model(cls, name: str, kernel: str, prefetch: str = "none", **shape) -> "KernelSpec":

@@ -11,7 +11,8 @@ column schedule is the recorded one, in 4 GPU batches. The models need `v_com` (
 `v_gpu` (recompute TFLOP/s). With rates "recorded" the sliders take the rates measured with the
 nearest recorded point of the model, and the pipelined model also takes the layer's own time and
 the host's time per unit and chunk recorded with them; with "what-if" the rates are free, those
-times are left out, and the figure's title says so.
+times are left out, and the figure's title says so. For a model with no rates recorded the toggle
+is "what-if" and disabled.
 
 Wiring only. Without a GPU (backend "sim") the figures show the recorded H200 result. On a GPU a
 Measure button runs `kvlab.bench.kvpr.measure_point` at the chosen model, batch, context, schedule
@@ -52,6 +53,7 @@ MAX_CONTEXT = 32768
 MEASURE_STEPS = 5  # timed decode steps per setting when measuring here
 TOGGLE_STYLE = {"button_width": "84px"}  # two buttons beside the description in a grid cell
 COLUMN_GPU_BATCHES = 4  # GPU batches of a column (sharing one weight load): recorded, GPU default
+WHAT_IF = {"pcie_gbps": 55.0, "recompute_tflops": 500.0}  # the sliders' values before any record
 # What the tab reads of the recording (`kvlab.results.load_result`'s keys)
 KVPR_KEYS = {"rows": ("model", "batch", "context", "setting", "step_ms", "tokens_per_s",
                       "h2d_gbps", "recompute_tflops"),
@@ -85,6 +87,7 @@ class KVPRTab:
         self.recorded = load_shown(*KVPR, KVPR_KEYS, self.unreadable, "kvpr")
         # `_key` of the controls -> measure_point's {"rows": [...], "timeline": {...} or None}
         self.measured: dict[tuple, dict] = {}
+        self._rates_forced = False  # "what-if" set by the tab, for a model without rates
         gpu = self.backend == "cuda"
         recorded = self.recorded if not gpu and self.recorded is not None else {"rows": []}
         schedules = recorded_options(recorded, "schedule", SCHEDULES) or list(SCHEDULES)
@@ -100,9 +103,11 @@ class KVPRTab:
             "rates": labeled(widgets.ToggleButtons, "rates", options=["recorded", "what-if"],
                              value="recorded", style=TOGGLE_STYLE),
             "pcie_gbps": labeled(widgets.FloatSlider, "PCIe H2D (GB/s)", min=1.0, max=128.0,
-                                 step=0.1, value=55.0, continuous_update=False),
+                                 step=0.1, value=WHAT_IF["pcie_gbps"],
+                                 continuous_update=False),
             "recompute_tflops": labeled(widgets.FloatSlider, "recompute (TFLOP/s)", min=1.0,
-                                        max=2000.0, step=1.0, value=500.0,
+                                        max=2000.0, step=1.0,
+                                        value=WHAT_IF["recompute_tflops"],
                                         continuous_update=False),
             "l": labeled(widgets.IntSlider, "split l (tokens)", min=0, max=context, value=0,
                          continuous_update=False),
@@ -200,10 +205,9 @@ class KVPRTab:
         rate_row = next((r for r in [*points, *rows] if r.get("h2d_gbps") is not None), None)
         unreadable = self.unreadable.get("kvpr") if measured is None else None
         notes = [f"unreadable recording: {unreadable}"] if unreadable else []
-        use_recorded = v["rates"] == "recorded" and rate_row is not None
-        if v["rates"] == "recorded" and rate_row is None:
-            notes.append(f"{v['model']}: nothing recorded; the rates are what-if")
         with self._quiet():
+            self._offer_rates(rate_row is not None)
+            use_recorded = c["rates"].value == "recorded"
             c["pcie_gbps"].disabled = c["recompute_tflops"].disabled = use_recorded
             if use_recorded:
                 c["pcie_gbps"].value = round(rate_row["h2d_gbps"], 1)
@@ -211,6 +215,10 @@ class KVPRTab:
             c["l"].max = v["context"]
             if "gpu_batches" in c:
                 c["gpu_batches"].disabled = v["schedule"] == "row"
+        if rate_row is None:
+            notes.append(f"{v['model']}: no rates recorded at any point; the rates are what-if "
+                         f"(PCIe {c['pcie_gbps'].value:.1f} GB/s, recompute "
+                         f"{c['recompute_tflops'].value:.0f} TFLOP/s: set them)")
         if v["context"] > model.max_position:
             notes.append(f"context {v['context']} is past the maximum of {v['model']} "
                          f"({model.max_position} tokens): modelled anyway")
@@ -259,6 +267,20 @@ class KVPRTab:
             note_figure(f"{v['model']}: KVPR vs the baselines", f"not {provenance}",
                         f"{v['model']}: no recorded KVPR steps;<br>{where}:<br>{command}",
                         FIGURE_HEIGHTS["speedup"])))
+
+    def _offer_rates(self, recorded: bool) -> None:
+        """Offer "recorded" rates only where some were recorded: elsewhere the toggle shows
+        "what-if", disabled, with the what-if defaults (not the rates of the model shown
+        before), and returns to "recorded" once a model with rates is chosen again."""
+        c = self.controls
+        if recorded:
+            if self._rates_forced:
+                c["rates"].value, self._rates_forced = "recorded", False
+        elif c["rates"].value == "recorded":
+            c["rates"].value, self._rates_forced = "what-if", True
+            c["pcie_gbps"].value = WHAT_IF["pcie_gbps"]
+            c["recompute_tflops"].value = WHAT_IF["recompute_tflops"]
+        c["rates"].disabled = not recorded
 
     @staticmethod
     def _status(v, shape, gpu_batches, rates, rows, timeline, provenance, notes) -> str:

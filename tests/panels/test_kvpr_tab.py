@@ -178,10 +178,19 @@ def test_what_if_rates_move_the_curves(tab):
 
 
 def test_unrecorded_model_falls_back_to_what_if_and_says_so(tab):
+    c = tab.controls
     tab.controls["model"].value = "qwen2.5-7b"
-    assert "nothing recorded" in tab.status.value
+    assert "no rates recorded" in tab.status.value
+    # the toggle never claims "recorded" for rates it did not record, nor keeps opt-6.7b's
+    assert c["rates"].value == "what-if" and c["rates"].disabled
+    assert (c["pcie_gbps"].value, c["recompute_tflops"].value) == (55.0, 500.0)
+    assert not c["pcie_gbps"].disabled
+    assert "what-if rates" in tab.figures["split"].figure.layout.title.text
     assert tab.figures["speedup"].figure.data == ()
     assert "no recorded KVPR steps" in tab.figures["speedup"].figure.layout.annotations[0].text
+    c["model"].value = "opt-6.7b"  # recorded again: recorded rates again
+    assert c["rates"].value == "recorded" and not c["rates"].disabled
+    assert c["pcie_gbps"].disabled
 
 
 def test_gqa_model_recomputes_nothing_and_context_bounds_l(tab):

@@ -8,6 +8,7 @@ the tests run cells through JupyterLab's own commands.
 
 import contextlib
 import ctypes
+import json
 import os
 import shutil
 import signal
@@ -101,6 +102,18 @@ def copy_notebook(folder: Path, name: str = "walkthrough.ipynb") -> Path:
     return Path(shutil.copy(ROOT / "notebooks" / name, folder / name))
 
 
+def new_notebook(folder: Path, name: str, source: str) -> Path:
+    """A notebook as a person starts one: one code cell of `source`, never run."""
+    cell = {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+            "source": source}
+    path = folder / name
+    path.write_text(json.dumps({
+        "cells": [cell], "metadata": {"kernelspec": {"name": "python3", "language": "python",
+                                                     "display_name": "Python 3"}},
+        "nbformat": 4, "nbformat_minor": 5}))
+    return path
+
+
 # In-page JavaScript, on the notebook panel JupyterLab shows (window.jupyterapp).
 NOTEBOOK = "(window.jupyterapp && window.jupyterapp.shell.currentWidget)"
 CELLS_DONE = f"""() => {{
@@ -140,6 +153,45 @@ PLOTS = """() => { const size = v => !v ? 0 : (v._inputArray || v).length || 0;
   })); }"""
 
 
+# The charts (FigurePanes: widget Outputs) of the dashboard tab on show: each one's traces, whether
+# it shows a note instead, how tall its Plotly figure is drawn (0: none drawn), and how much
+# narrower than its pane (the chart's paper against the widget's box).
+SHOWN_CHARTS = """() => Array.from(document.querySelectorAll('.widget-tab .widget-output'))
+  .filter(out => out.offsetParent !== null).map(out => {
+    const el = out.querySelector('.js-plotly-plot'), data = (el && el.data) || [];
+    const paper = el && el.querySelector('.main-svg');
+    return {traces: data.length,
+            note: !data.length && !!el && ((el.layout || {}).annotations || []).length > 0,
+            height: el ? Math.round(el.getBoundingClientRect().height) : 0,
+            narrower_px: Math.round(out.getBoundingClientRect().width
+                                    - (paper ? paper.getBoundingClientRect().width : 0))};
+  })"""
+MIN_CHART_PX = 100  # a chart drawn is taller; a collapsed one is 0 px
+# In-page: from the next input event on (a key, a click, a value changed), the ms from it to each
+# Plotly figure drawn anew (a new figure, or new data in one) taller than MIN_CHART_PX, in
+# window.kvlabRedraws.drawn_ms. Watching again stops the previous watch.
+WATCH_REDRAWS = f"""() => {{
+  const before = new Map(Array.from(document.querySelectorAll('.js-plotly-plot'),
+                                    el => [el, el.data]));
+  const watch = window.kvlabRedraws = {{start: null, drawn_ms: []}};
+  const start = () => {{ if (watch.start === null) watch.start = performance.now(); }};
+  for (const type of ['keydown', 'input', 'change', 'click'])
+    document.addEventListener(type, start, {{capture: true, once: true}});
+  const done = new Set();
+  const frame = () => {{
+    if (window.kvlabRedraws !== watch) return;
+    if (watch.start !== null) document.querySelectorAll('.js-plotly-plot').forEach(el => {{
+      if (done.has(el) || before.get(el) === el.data || !(el.data || []).length) return;
+      if (el.getBoundingClientRect().height <= {MIN_CHART_PX}) return;
+      done.add(el);
+      watch.drawn_ms.push(performance.now() - watch.start);
+    }});
+    requestAnimationFrame(frame);
+  }};
+  requestAnimationFrame(frame);
+}}"""
+
+
 def run_all(page, timeout_s: float = 300) -> None:
     """Run every cell of the notebook on the page, and wait until each has run."""
     page.wait_for_function(f"() => {NOTEBOOK} && {NOTEBOOK}.sessionContext && "
@@ -159,3 +211,46 @@ def wait_for_plots(page, timeout_s: float = 60) -> list[dict]:
                 time.monotonic() > deadline):
             return plots
         time.sleep(0.5)
+
+
+def chart_drawn(chart: dict) -> bool:
+    """A chart of SHOWN_CHARTS drawn: its traces (or a note), taller than MIN_CHART_PX, as wide
+    as its pane (within 2 px)."""
+    return (bool(chart["traces"] or chart["note"]) and chart["height"] > MIN_CHART_PX
+            and abs(chart["narrower_px"]) <= 2)
+
+
+def shown_charts(page, timeout_s: float = 30, settle_s: float = 1.5) -> list[dict]:
+    """The charts of the dashboard tab on show (SHOWN_CHARTS) once every one has been drawn for
+    `settle_s` on end (a chart drawn and then collapsed does not count), or the last answer at the
+    deadline."""
+    deadline = time.monotonic() + timeout_s
+    drawn_since = None
+    while True:
+        charts = page.evaluate(SHOWN_CHARTS)
+        now = time.monotonic()
+        if not (charts and all(chart_drawn(c) for c in charts)):
+            drawn_since = None
+        elif drawn_since is None:
+            drawn_since = now
+        if (drawn_since is not None and now - drawn_since >= settle_s) or now > deadline:
+            return charts
+        time.sleep(0.25)
+
+
+def redraw_ms(page, change, quiet_s: float = 1.0, timeout_s: float = 20) -> list[float]:
+    """The ms from the input event of `change()` (a function acting on the page) to each figure
+    it has drawn anew (WATCH_REDRAWS), in order, once none has come for `quiet_s`; [] if none came
+    by the deadline."""
+    page.evaluate(WATCH_REDRAWS)
+    change()
+    deadline = time.monotonic() + timeout_s
+    drawn, last = [], time.monotonic()
+    while time.monotonic() < deadline:
+        now_drawn = page.evaluate("() => window.kvlabRedraws.drawn_ms")
+        if len(now_drawn) > len(drawn):
+            drawn, last = now_drawn, time.monotonic()
+        elif drawn and time.monotonic() - last >= quiet_s:
+            break
+        time.sleep(0.1)
+    return drawn

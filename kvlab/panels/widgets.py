@@ -27,8 +27,9 @@ class FigurePane(widgets.Output):
     Notebook and VS Code draw), replaced whole by `show_figure`.
 
     Unlike a `go.FigureWidget`, the figure lives in the widget's synced state (`outputs`), so a
-    page reload draws it again; the renderer sizes it to its container and redraws it on resize;
-    and it needs no FigureWidget machinery (seconds of imports). `figure` is the go.Figure shown.
+    page reload draws it again; the renderer fits it to its container's width, at the figure's
+    height, whenever it is shown or resized (a tab shown, the window or a sidebar resized); and it
+    needs no FigureWidget machinery (seconds of imports). `figure` is the go.Figure shown.
     (`layout` is the widget's own ipywidgets Layout, as on every widget.)"""
 
     def __init__(self, height: int):
@@ -45,12 +46,17 @@ def figure_widget(height: int) -> FigurePane:
 def labeled(cls, description: str, style: dict | None = None, name: str | None = None,
             **kwargs) -> widgets.Widget:
     """A control of type `cls` with the description column every tab uses, as wide as its cell
-    in `control_grid`; `style` adds to the description width (e.g. a ToggleButtons' button
-    width). With `name` (the parameter that gave its `value`), raises ValueError naming it unless
-    `value` is one of `options`, or a number in [`min`, `max`] (an integer for an integer
-    control): where the control would clamp it or fail otherwise."""
+    in `control_grid`, and the description as its label's tooltip (or `tooltip`, where given);
+    `style` adds to the description width (e.g. a ToggleButtons' button width). With `name` (the
+    parameter that gave its `value`), raises ValueError naming it unless `value` is one of
+    `options`, or a number in [`min`, `max`] (an integer for an integer control): where the
+    control would clamp it or fail otherwise."""
     if name is not None:
         _check_value(name, cls, kwargs)
+    # NOTE: ipywidgets 8.1 sets a label's title to the `tooltip` trait as is (DescriptionView.
+    # updateTooltip: `label.title = model.get("tooltip")`): its default, None, shows "null" on
+    # hover over the labels of sliders, number boxes and toggle buttons
+    kwargs.setdefault("tooltip", description)
     return cls(
         description=description,
         style={"description_width": DESCRIPTION_WIDTH, **(style or {})},
@@ -88,7 +94,11 @@ def show_figure(pane: FigurePane, fig: go.Figure) -> None:
     """Make `pane` show `fig`, replacing what it showed: one update of its output, sent to the
     front end at once (nothing of the previous figure stays, and there is no blank frame)."""
     spec = json.loads(pio.to_json(fig, validate=False, engine="json"))
-    spec["config"] = {"responsive": True, "displaylogo": False}
+    # NOTE: not Plotly's responsive mode. It makes the figure fill its div's height, but the
+    # renderer's div takes its height from the figure: unless that div was 0 px tall when first
+    # drawn (in a hidden tab), the renderer's first resize collapses the figure to 0 px. The
+    # renderer fits the figure to its container itself, on every show and resize.
+    spec["config"] = {"responsive": False, "displaylogo": False}
     title = fig.layout.title.text or "figure"
     pane.outputs = ({"output_type": "display_data", "metadata": {},
                      "data": {PLOTLY_MIME: spec, "text/plain": f"<Plotly figure: {title}>"}},)

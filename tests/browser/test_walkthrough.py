@@ -1,7 +1,9 @@
 """The walkthrough as a person meets it: JupyterLab in Chromium runs every cell; no cell errs or
 writes to stderr, the page logs no error, every Plotly figure has data, a dashboard control
-changes its chart in the page, and a reload brings every figure back with its data. Screenshots
-of each dashboard tab at 1,280 and 1,000 px wide go to build/browser/ (KVLAB_ARTIFACTS).
+changes its chart in the page, every chart of each dashboard tab is drawn when the tab is shown
+(at 1,280 and 1,000 px, and after a reload), and a reload brings every figure back with its data.
+Screenshots of each dashboard tab at 1,280 and 1,000 px wide go to build/browser/
+(KVLAB_ARTIFACTS).
 
 Needs Debian's Chromium (KVLAB_CHROMIUM, default /usr/bin/chromium) and Playwright's Python
 package; skipped without them. `.ci/run` installs both."""
@@ -18,9 +20,11 @@ from browser_lab import (
     CHROMIUM,
     PLOTS,
     TOKEN,
+    chart_drawn,
     copy_notebook,
     jupyterlab,
     run_all,
+    shown_charts,
     wait_for_plots,
 )
 
@@ -96,7 +100,8 @@ def test_screenshots_of_each_tab(walkthrough):
         out = dashboard(page)
         for tab in TABS:
             out.get_by_role("tab", name=tab).click()
-            time.sleep(1.5)  # Plotly relayouts to the new width
+            charts = shown_charts(page)  # fitted to the new width
+            assert all(chart_drawn(c) for c in charts), (tab, width, charts)
             path = ARTIFACTS / f"dashboard-{tab.lower().replace(' ', '-')}-{width}.png"
             out.screenshot(path=path)
             assert path.stat().st_size > 10_000
@@ -124,7 +129,8 @@ def test_a_view_control_changes_the_kernels_charts_in_the_page(walkthrough, cont
             time.sleep(0.2)
         assert page.evaluate(PLOTS) != before, option
         if shot:
-            time.sleep(1.5)
+            charts = shown_charts(page)
+            assert all(chart_drawn(c) for c in charts), (option, charts)
             ARTIFACTS.mkdir(parents=True, exist_ok=True)
             path = ARTIFACTS / f"dashboard-decode-kernels-{shot}-{WIDTHS[0]}.png"
             out.screenshot(path=path)
@@ -151,7 +157,8 @@ def test_a_reload_brings_every_figure_back_with_its_data(walkthrough):
     out = dashboard(page)
     for tab in TABS:  # a tab's charts are drawn when it is first shown
         out.get_by_role("tab", name=tab).click()
-        time.sleep(1)
+        charts = shown_charts(page)
+        assert all(chart_drawn(c) for c in charts), (tab, charts)
     plots = [p for p in wait_for_plots(page, timeout_s=90) if p["in_dashboard"]]
     assert len(plots) == live == 15
     empty = [i for i, p in enumerate(plots) if not p["note"] and not (p["traces"] and p["points"])]

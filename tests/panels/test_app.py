@@ -3,6 +3,8 @@
 import json
 import pathlib
 import re
+import shutil
+import subprocess
 
 import pytest
 from factories import non_finite_paths
@@ -36,7 +38,7 @@ def test_export_writes_each_charts_csv_and_a_report_of_the_selected_tab(monkeypa
     assert len(csv.splitlines()) > 5
     report = paths[-1].read_text()
     assert "<th>model</th>" in report and report.count("<h2>") == len(tab.figures)
-    assert tab.title in dashboard.export_links.value and "href=" in dashboard.export_links.value
+    assert f"{tab.title} exported to <code>{tmp_path}</code>" in dashboard.export_links.value
 
 
 @pytest.fixture
@@ -47,9 +49,9 @@ def dash(monkeypatch, tmp_path):
     return kvlab.dashboard()
 
 
-def test_export_takes_a_folder_named_by_a_str(dash, tmp_path):
+def test_export_takes_a_folder_named_by_a_str_and_gives_full_paths(dash, tmp_path):
     paths = dash.export(folder="out")
-    assert [p.parent for p in paths] == [pathlib.Path("out")] * len(paths)
+    assert [p.parent for p in paths] == [tmp_path / "out"] * len(paths)
     assert (tmp_path / "out" / "paged_cache.html").is_file()
 
 
@@ -61,13 +63,13 @@ def test_export_refuses_a_folder_of_another_type_naming_it(dash, tmp_path, folde
     assert list(tmp_path.iterdir()) == []
 
 
-def test_two_exports_in_one_second_get_a_folder_each(dash, monkeypatch):
+def test_two_exports_in_one_second_get_a_folder_each(dash, monkeypatch, tmp_path):
     monkeypatch.setattr(app.time, "strftime", lambda fmt: "20270102-030405")
     first = dash.export()
     dash.tab_widget.selected_index = 2
     second = dash.export()
-    assert first[0].parent == pathlib.Path("kvlab-export/20270102-030405")
-    assert second[0].parent == pathlib.Path("kvlab-export/20270102-030405-2")
+    assert first[0].parent == tmp_path / "kvlab-export" / "20270102-030405"
+    assert second[0].parent == tmp_path / "kvlab-export" / "20270102-030405-2"
     assert all(p.is_file() for p in first + second)
     assert first[-1].name == "paged_cache.html" and second[-1].name == "kvpr.html"
 
@@ -86,7 +88,7 @@ def test_export_never_writes_through_a_planted_link(dash, tmp_path, monkeypatch)
     (tmp_path / "kvlab-export").mkdir()
     (tmp_path / "kvlab-export" / "stamp").symlink_to(tmp_path / "out")
     paths = dash.export()
-    assert paths[0].parent == pathlib.Path("kvlab-export/stamp-2")
+    assert paths[0].parent == tmp_path / "kvlab-export" / "stamp-2"
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["paged_cache.html"]
 
 
@@ -95,3 +97,122 @@ def test_the_button_shows_why_an_export_failed(dash, tmp_path):
     dash.export_button.click()
     assert "export failed" in dash.export_links.value
     assert "kvlab-export" in dash.export_links.value
+
+
+# Where an export goes and how the message shows it.
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def test_the_default_folder_is_kvlab_export_in_the_working_directory_and_git_ignores_it(dash,
+                                                                                        tmp_path):
+    paths = dash.export()
+    assert all(p.parent.parent == tmp_path / "kvlab-export" for p in paths)
+    assert f"<code>{paths[0].parent}</code>" in dash.export_links.value  # the full path
+    if not (REPO / ".git").exists() or shutil.which("git") is None:
+        pytest.skip("needs the git checkout")
+    for path in ("notebooks/kvlab-export/20270102-030405/paged_cache.html", "kvlab-export/a.csv"):
+        ignored = subprocess.run(["git", "-C", str(REPO), "check-ignore", "-q", path])
+        assert ignored.returncode == 0, f"{path}: not ignored by .gitignore"
+
+
+def test_export_goes_under_the_folder_the_person_chose(monkeypatch, tmp_path):
+    monkeypatch.setenv("KVLAB_BACKEND", "sim")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(app.time, "strftime", lambda fmt: "stamp")
+    dash = kvlab.dashboard(export_folder="~/kvlab exports")
+    paths = dash.export()
+    assert paths[-1] == tmp_path / "home" / "kvlab exports" / "stamp" / "paged_cache.html"
+    assert paths[-1].is_file() and "kvlab exports" in dash.export_button.tooltip
+    assert f"<code>{tmp_path / 'home' / 'kvlab exports' / 'stamp'}</code>" in (
+        dash.export_links.value)
+
+
+@pytest.mark.parametrize("folder", [5, b"out", ""])
+def test_an_export_folder_of_another_type_is_refused_naming_it(folder):
+    with pytest.raises(ValueError, match=re.escape(f"export_folder={folder!r}: must be a str")):
+        app.Dashboard([], export_folder=folder)
+
+
+def fake_server(monkeypatch, tmp_path, base_url="/user/me/", root=None, name="jpserver"):
+    """This process's parent a Jupyter server serving `root` (default tmp_path) at `base_url`,
+    as the file it describes itself in says."""
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(exist_ok=True)
+    root_key = "root_dir" if name == "jpserver" else "notebook_dir"
+    (runtime / f"{name}-4242.json").write_text(json.dumps(
+        {"base_url": base_url, root_key: str(root or tmp_path), "pid": 4242}))
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(runtime))
+    monkeypatch.setenv("JPY_PARENT_PID", "4242")
+
+
+def test_links_open_the_files_through_the_servers_files_route_in_a_tab_of_their_own(
+        dash, monkeypatch, tmp_path):
+    fake_server(monkeypatch, tmp_path)
+    monkeypatch.setattr(app.time, "strftime", lambda fmt: "stamp")
+    paths = dash.export()
+    links = re.findall(r"<a href='([^']*)' target='_blank'[^>]*>([^<]*)</a>",
+                       dash.export_links.value)
+    assert [name for _, name in links] == ["paged_cache.html"] + [p.name for p in paths[:-1]]
+    assert links[0][0] == "/user/me/files/kvlab-export/stamp/paged_cache.html"
+    assert "noreferrer" not in dash.export_links.value  # the server checks the Referer
+    assert "/lab/tree" not in dash.export_links.value  # not JupyterLab's untrusted viewer
+
+
+def test_classic_notebook_servers_are_found_too(dash, monkeypatch, tmp_path):
+    fake_server(monkeypatch, tmp_path, base_url="/", name="nbserver")
+    dash.export(folder="my exports")
+    assert "href='/files/my%20exports/paged_cache.html'" in dash.export_links.value
+
+
+@pytest.mark.parametrize("where", ["outside the root", "hidden", "no server"])
+def test_a_file_the_server_does_not_serve_is_named_without_a_link(dash, monkeypatch, tmp_path,
+                                                                  where):
+    root = tmp_path / "root"
+    root.mkdir()
+    fake_server(monkeypatch, tmp_path, root=root)
+    if where == "no server":
+        monkeypatch.delenv("JPY_PARENT_PID")
+    folder = root / ".hidden" if where == "hidden" else tmp_path / "out"
+    paths = dash.export(folder=folder if where != "no server" else root / "out")
+    assert "href=" not in dash.export_links.value
+    assert f"<code>{paths[0].parent}</code>" in dash.export_links.value
+    assert "paged_cache.html" in dash.export_links.value
+
+
+def test_files_url_is_the_quoted_path_under_the_root():
+    server = ("/base/", pathlib.Path("/srv/lab"))
+    assert app.files_url("/srv/lab/a b/r#1.html", server) == "/base/files/a%20b/r%231.html"
+    assert app.files_url("/srv/lab", server) is None
+    assert app.files_url("/srv/other/r.html", server) is None
+    assert app.files_url("/srv/lab/r.html", None) is None
+
+
+def test_the_buttons_label_is_never_cut_and_the_message_wraps(dash):
+    assert dash.export_button.description == "Export this tab"
+    assert dash.export_button.layout.width == "auto"  # as wide as its label (see tests/browser)
+    assert dash.export_links.layout.min_width == "0"
+
+
+def test_each_csv_names_its_columns_by_the_axis_titles(dash):
+    paths = dash.export(folder="out")
+    dash.tab_widget.selected_index = 2
+    paths += dash.export(folder="out2")
+    headers = {p.name: next(line for line in p.read_text().splitlines()
+                            if not line.startswith("# ")) for p in paths if p.suffix == ".csv"}
+    assert headers["paged_cache-memory.csv"] == "trace,type,x,y: GiB"
+    assert headers["paged_cache-fragmentation.csv"] == (
+        'trace,type,"x: block_size (tokens, log2 scale)",y: internal fragmentation (%),'
+        "y: paged reserved (GiB)")
+    assert headers["kvpr-timeline.csv"] == ("trace,type,x start: time from the step's start (us),"
+                                            "x end: time from the step's start (us),y")
+
+
+def test_no_tab_is_narrower_than_its_title(monkeypatch):
+    """ipywidgets lets a tab shrink below its title: at 1,000 px (the file browser open) "L2 and
+    counters" was cut; the dashboard's tabs keep their titles whole (seen in Chromium)."""
+    monkeypatch.setenv("KVLAB_BACKEND", "sim")
+    dash = kvlab.dashboard()
+    assert "kvlab-tabs" in dash.tab_widget._dom_classes
+    assert app.TAB_STYLE in dash.header.value and "min-width: fit-content" in app.TAB_STYLE

@@ -33,7 +33,7 @@ def test_folder_of_another_type_is_refused_naming_it(tmp_path, monkeypatch, fold
     with pytest.raises(ValueError, match=re.escape(f"folder={folder!r}: must be a str or "
                                                    "os.PathLike naming a folder")):
         write_new_files(folder, FILES)
-    with pytest.raises(ValueError, match="folder="):
+    with pytest.raises(ValueError, match=re.escape(f"parent={folder!r}: must be a str")):
         new_export_folder(folder, "stamp")
     assert list(tmp_path.iterdir()) == []
 

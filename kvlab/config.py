@@ -116,15 +116,21 @@ class ModelConfig:
 
 
 def model_table(models=None):
-    """A pandas DataFrame, one row per preset: the head layout and the KV bytes per token (fp16)."""
+    """A pandas DataFrame, one row per preset (`models`: ModelConfigs; default every one of
+    MODELS), indexed by model: family, layers, hidden (hidden_size), qo heads (num_qo_heads),
+    kv heads (num_kv_heads), group (gqa_group), head dim (head_dim), KV KiB/token (K and V of
+    one token over all layers, fp16) and max context (max_position, tokens).
+
+    NOTE: short column names of words, so that the table is some 800 px wide in a notebook and
+    its headers wrap where it has less room; `ModelConfig`'s field names would need 920 px."""
     import pandas as pd
 
     rows = [
         {
             "model": m.name, "family": m.family, "layers": m.num_layers, "hidden": m.hidden_size,
-            "num_qo_heads": m.num_qo_heads, "num_kv_heads": m.num_kv_heads,
-            "gqa_group": m.gqa_group, "head_dim": m.head_dim,
-            "kv_KiB_per_token": m.kv_bytes_per_token() / 1024, "max_position": m.max_position,
+            "qo heads": m.num_qo_heads, "kv heads": m.num_kv_heads, "group": m.gqa_group,
+            "head dim": m.head_dim, "KV KiB/token": m.kv_bytes_per_token() / 1024,
+            "max context": m.max_position,
         }
         for m in (MODELS.values() if models is None else models)
     ]

@@ -90,6 +90,33 @@ def test_configs_are_frozen():
 
 def test_model_table():
     table = kvlab.config.model_table()
-    assert list(table.index) == list(MODELS)
-    assert table.loc["llama3-8b", "kv_KiB_per_token"] == 128
-    assert table.loc["qwen2.5-7b", "gqa_group"] == 7
+    assert list(table.index) == list(MODELS) and table.index.name == "model"
+    assert table.loc["llama3-8b", "KV KiB/token"] == 128
+    assert table.loc["qwen2.5-7b", "group"] == 7
+    m = MODELS["qwen2.5-14b"]
+    assert table.loc["qwen2.5-14b"].to_dict() == {
+        "family": "qwen2", "layers": m.num_layers, "hidden": m.hidden_size,
+        "qo heads": m.num_qo_heads, "kv heads": m.num_kv_heads, "group": m.gqa_group,
+        "head dim": m.head_dim, "KV KiB/token": m.kv_bytes_per_token() / 1024,
+        "max context": m.max_position}
+
+
+def table_px(table) -> int:
+    """The width JupyterLab gives `table` where nothing wraps: a column of 8 px a character of
+    its header or its widest value (13 px bold) and 14 px of padding. Measured in Chromium: 922 px
+    for the names of ModelConfig's fields (estimated 924), 795 px for model_table's (788)."""
+    columns = [[table.index.name, *table.index], *([c, *table[c]] for c in table.columns)]
+    return sum(14 + 8 * max(len(str(cell)) for cell in column) for column in columns)
+
+
+def test_model_table_fits_the_walkthrough_at_1000_px():
+    """The walkthrough's output area in JupyterLab, measured in Chromium: 820 px at 1,000 px
+    (the file browser closed), 848 px at 1,280 px (open, as the browser tests run it). With
+    ModelConfig's field names the table took 922 px: 102 and 74 px too wide."""
+    table = kvlab.config.model_table()
+    assert table_px(table) <= 820 - 20
+    fields = table.rename(columns=dict(zip(table.columns, (
+        "family", "layers", "hidden", "num_qo_heads", "num_kv_heads", "gqa_group", "head_dim",
+        "kv_KiB_per_token", "max_position"), strict=True)))
+    assert table_px(fields) > 848
+    assert kvlab.config.model_table([MODELS["tiny-llama"]]).index.tolist() == ["tiny-llama"]

@@ -502,8 +502,9 @@ class DecodeKernelsTab:
                          "run on a GPU")
                 provenance = "not recorded" if result is None else f"not {label(result)}"
                 show_figure(self.figures["timeline"], note_figure(
-                    TIMELINE_TITLE, provenance, f"{v['model']}: not recorded;<br>{where}:<br>"
-                    f"{command}", FIGURE_HEIGHTS["timeline"]))
+                    f"A decode step, CTA by CTA: {v['model']}", provenance,
+                    f"{v['model']}: not recorded;<br>{where}:<br>{command}",
+                    FIGURE_HEIGHTS["timeline"]))
                 return
             if mixed:
                 batch = _nearest(v["batch"], sorted({r["batch"] for r in rows}))
@@ -532,16 +533,18 @@ class DecodeKernelsTab:
         show_figure(self.figures["timeline"], figure)
 
     def _show_not_recorded(self, v: dict, fp8: bool = False, in_order: bool = False) -> None:
-        """Figures and status for a model with no recorded rows: the command that records it; or,
-        where the view's recording cannot be read, which file and why."""
+        """Figures and status for a model with no recorded rows: titles naming the model and what
+        each figure would show, the view's recording, and the command that records it; or, where
+        the view's recording cannot be read, which file and why."""
         mixed = v["lengths"] != "equal"
-        speed = ("fp8 KV cache: gqa's tokens/s over fp16's" if fp8 else
-                 "Blocks in order: speed over blocks scattered through the pool" if in_order else
-                 "Mixed lengths: % of the copy roofline by batch" if mixed else
-                 f"L2 prefetch speedup over none: {v['kernel']}")
-        titles = {"bandwidth": "Decode attention: GB/s of K+V read", "speedup": speed}
-        why = self.unreadable.get("fp8" if fp8 else "block_order" if in_order else
-                                  "mixed" if mixed else "attention")
+        model = v["model"]
+        speed = (f"fp8 KV cache, gqa over fp16: {model}" if fp8 else
+                 f"Blocks in order: {model}" if in_order else
+                 f"Mixed lengths: {model}" if mixed else
+                 f"L2 prefetch speedup: {model}, {v['kernel']}")
+        titles = {"bandwidth": f"Decode attention GB/s: {model}", "speedup": speed}
+        view = "fp8" if fp8 else "block_order" if in_order else "mixed" if mixed else "attention"
+        why = self.unreadable.get(view)
         if why is not None:
             self.status.value = html.escape(f"unreadable recording: {why}")
             for name, title in titles.items():
@@ -556,8 +559,9 @@ class DecodeKernelsTab:
         where = "press Run to measure it here" if self.backend == "cuda" else "run on a GPU"
         note = f"{v['model']}: not recorded;<br>{where}:<br>{command}"
         self.status.value = html.escape(f"{v['model']}: not recorded; {where}: {command}")
-        provenance = ("not recorded" if self.recorded is None else
-                      f"not {label(self.recorded)}")
+        recorded = {"fp8": self.recorded_fp8, "block_order": self.recorded_order,
+                    "mixed": self.recorded_mixed, "attention": self.recorded}[view]
+        provenance = "not recorded" if recorded is None else f"not {label(recorded)}"
         for name, title in titles.items():
             show_figure(self.figures[name],
                         note_figure(title, provenance, note, FIGURE_HEIGHTS[name]))

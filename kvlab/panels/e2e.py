@@ -23,7 +23,7 @@ from kvlab.config import MODELS
 from kvlab.device import backend, device_label
 from kvlab.panels.widgets import control_grid, figure_widget, labeled, show_figure
 from kvlab.results import label, load_shown, recorded_models
-from kvlab.viz.e2e import steps_figure, tensor_parallel_figure, throughput_figure
+from kvlab.viz.e2e import TITLES, steps_figure, tensor_parallel_figure, throughput_figure
 from kvlab.viz.layout import note_figure, unreadable_figure
 
 RECORDED = ("h200", ("e2e", "e2e_qwen7b", "e2e_qwen14b"))  # 256 new tokens (e2e_2048: 2,048)
@@ -123,16 +123,16 @@ class EndToEndTab:
                 for result in self.tensor_parallel]
         runs = [(result, tp_rows) for result, tp_rows in runs if tp_rows]
         height = FIGURE_HEIGHTS["tensor_parallel"]
+        title = TITLES["tensor_parallel"].format(model=model, batch=batch)
         unreadable = [why for machine, _ in TENSOR_PARALLEL
                       if (why := self.unreadable.get(machine))]
         if not runs and unreadable:
             show_figure(self.figures["tensor_parallel"], unreadable_figure(
-                f"Tensor parallel: {model}, batch {batch}", unreadable[0], height))
+                title, unreadable[0], height))
             return []
         if not runs:
             show_figure(self.figures["tensor_parallel"], note_figure(
-                f"Tensor parallel: {model}, batch {batch}",
-                "not recorded on the H200 with 2 to 8 GPUs",
+                title, "not recorded on the H200 with 2 to 8 GPUs",
                 "the prefetch paper's section 5.5 (2, 4 and 8 GPUs, with and without<br>"
                 "prefetch) needs a machine of 2 to 8 GPUs:<br>"
                 + "<br>".join(TP_COMMAND),
@@ -162,26 +162,27 @@ class EndToEndTab:
         model, batch = self.controls["model"].value, self.controls["batch"].value
         rows = [r for r in self.recorded["rows"] if r["model"] == model]
         unreadable = [f"unreadable recording: {why}" for why in self.unreadable.values()]
+        titles = {name: title.format(model=model, batch=batch) for name, title in TITLES.items()}
         if not rows and "recorded" in self.unreadable:
             for name, height in FIGURE_HEIGHTS.items():
                 show_figure(self.figures[name], unreadable_figure(
-                    "Decode throughput", self.unreadable["recorded"], height))
+                    titles[name], self.unreadable["recorded"], height))
             self.status.value = "<br>".join(map(html.escape, unreadable))
             return
         if not rows:
             for name, height in FIGURE_HEIGHTS.items():
                 show_figure(self.figures[name], note_figure(
-                    "Decode throughput", "not recorded on the H200",
+                    titles[name], "not recorded on the H200",
                     f"no recorded run of {html.escape(model)}: record one on a GPU with<br>"
                     + RECORD_COMMAND, height))
-            self.status.value = "<br>".join(["No end-to-end run recorded.",
+            self.status.value = "<br>".join([f"No end-to-end run of {html.escape(model)} recorded.",
                                              *map(html.escape, unreadable)])
             return
         provenance = label(self.recorded, rows)
         show_figure(self.figures["throughput"],
                     throughput_figure(rows, model, provenance, FIGURE_HEIGHTS["throughput"]))
         steps = {r["variant"]: r["step_ms_runs"] for r in rows if r["batch"] == batch}
-        title, source, lines = f"Decode steps: {model}, batch {batch}", provenance, []
+        title, source, lines = titles["steps"], provenance, []
         if self.generated is not None and self.generated[:2] == (model, batch):
             out = self.generated[2]
             name = f"kvlab.LLM ({out.attention}), now"

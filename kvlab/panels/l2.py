@@ -179,10 +179,11 @@ class L2Tab:
         if self.profiled is not None:
             self.status.value = html.escape(f"counters: measured now with ncu, {device_label()}")
             return table_5_2_figure(v["model"], self.profiled,
-                                    f"{PAPER}; H200: {device_label()}, ncu",
+                                    f"{PAPER}<br>H200: {device_label()}, ncu",
                                     FIGURE_HEIGHTS["counters"])
         entries = [] if self.counters is None else [
-            e for e in self.counters["table"] if e["kernel"] == v["kernel"]]
+            e for e in self.counters["table"]
+            if e["kernel"] == v["kernel"] and e["model"] == v["model"]]
         if entries:  # the recorded point nearest the controls
             nearest = min(entries, key=lambda e: (abs(e["num_sms_used"] - v["sms"]),
                                                   abs(e["batch"] - v["batch"]),
@@ -194,7 +195,7 @@ class L2Tab:
         self.status.value = "<br>".join(html.escape(line) for line in [
             self._recorded_note(v, entries),
             *(f"unreadable recording: {why}" for why in self.unreadable.values())])
-        provenance = PAPER if self.counters is None else f"{PAPER}; H200 {label(self.counters)}"
+        provenance = PAPER if self.counters is None else f"{PAPER}<br>H200 {label(self.counters)}"
         return table_5_2_figure(v["model"], entries, provenance, FIGURE_HEIGHTS["counters"])
 
     def _recorded_note(self, v: dict, entries: list[dict]) -> str:
@@ -203,7 +204,7 @@ class L2Tab:
         how = ("press Profile with ncu to measure this launch" if self.profile_button is not None
                else "measuring needs a CUDA GPU and Nsight Compute (ncu)")
         if not entries:
-            return f"counters: none recorded for {v['kernel']}; {how}"
+            return f"counters: none recorded for {v['model']}, {v['kernel']}; {how}"
         e = entries[0]
         asked = (v["batch"], v["context"], v["block_size"], v["sms"], self._prefetch(v).label())
         shown = (e["batch"], e["context"], e["block_size"], e["num_sms_used"], e["prefetch"])
@@ -237,9 +238,9 @@ class L2Tab:
         from kvlab.sim.spec import JITTER_ROUNDS
 
         m = MODELS[v["model"]]
-        provenance = (f"modelled by kvlab.sim on the CPU (H200 L2; fill latency "
-                      f"{FILL_LATENCY_ROUNDS:g} and CTA phase jitter {JITTER_ROUNDS:g} rounds, "
-                      "assumptions; against ncu: benchmarks/README.md)")
+        provenance = (f"modelled by kvlab.sim on the CPU: the H200's L2, fill latency "
+                      f"{FILL_LATENCY_ROUNDS:g} and<br>CTA phase jitter {JITTER_ROUNDS:g} rounds "
+                      "assumed (against ncu: benchmarks/README.md)")
         shape = (f"{v['model']} ({m.num_qo_heads}:{m.num_kv_heads}), {v['kernel']}, "
                  f"batch {v['batch']} x {v['context']}, block {v['block_size']}, "
                  f"{v['sms']} SMs")

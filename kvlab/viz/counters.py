@@ -13,7 +13,7 @@ from plotly.subplots import make_subplots
 
 from kvlab.checks import check_real
 from kvlab.profile import paper
-from kvlab.viz.layout import LEGEND_BELOW, style
+from kvlab.viz.layout import note_figure, style
 
 __all__ = ["PERCENT_COUNTERS", "CYCLE_COUNTERS", "modelled_l2_figure", "table_5_2_figure"]
 
@@ -24,6 +24,7 @@ SHORT = {"l2_hit_pct": "L2 hit<br>rate", "sm_throughput_pct": "SM<br>throughput"
          "long_scoreboard_cycles": "long<br>scoreboard", "cpi": "CPI"}
 BARS = (("H20 (paper), no prefetch", "#aec7e8"), ("H20 (paper), prefetch", "#1f77b4"),
         ("H200, no prefetch", "#ffbb78"), ("H200, prefetch", "#ff7f0e"))
+RECORD_COMMAND = "python -m kvlab bench counters --models {model}"
 
 
 def table_5_2_figure(model: str, entries: list[dict], provenance: str,
@@ -31,9 +32,14 @@ def table_5_2_figure(model: str, entries: list[dict], provenance: str,
     """Grouped bars for `model`: each counter of the paper's Table 5.2 without and with prefetch,
     the paper's H20 figures (`kvlab.profile.paper`) and ours; percentages on the left, cycles per
     instruction on the right. `entries`: rows of a recorded `bench counters` result's "table"
-    for one kernel and point (empty: the H200's bars are absent, and the subtitle says so)."""
+    for one kernel and point (empty: the H200's bars are absent, and the subtitle says so). A
+    model that neither has gets a note saying so, and how to record it, instead of empty axes."""
     ours = {e["column"]: e for e in entries if e["model"] == model}
     theirs = {c: paper.TABLE_5_2[c].get(model) for c in (*PERCENT_COUNTERS, *CYCLE_COUNTERS)}
+    if not ours and not any(theirs.values()):
+        return note_figure(f"Table 5.2's counters: {model}", provenance,
+                           f"the paper has no {model}, and no H200 counters are recorded for it;"
+                           f"<br>run on a GPU:<br>{RECORD_COMMAND.format(model=model)}", height)
     fig = make_subplots(rows=1, cols=2, column_widths=[0.6, 0.4], horizontal_spacing=0.12,
                         subplot_titles=("% of peak", "cycles per instruction"))
     fig.update_annotations(font_size=13)
@@ -55,15 +61,17 @@ def table_5_2_figure(model: str, entries: list[dict], provenance: str,
              f"the paper has no {model}"]
     if ours:
         e = next(iter(ours.values()))
+        hits = [e for e in entries if e["model"] == model and e["column"] == "speedup"]
+        if hits:  # a line each: a subtitle line fits a 500 px chart
+            lines.append(f"H200: {hits[0]['ours_prefetch']:.2f}x kernel speedup with prefetch, "
+                         "by ncu's durations")
         lines.append(f"H200: {e['kernel']}, batch {e['batch']} x {e['context']}, "
                      f"{e['num_sms_used']} SMs, {e['prefetch']}")
-        hits = [e for e in entries if e["model"] == model and e["column"] == "speedup"]
-        if hits:
-            lines[-1] += f": {hits[0]['ours_prefetch']:.2f}x by ncu's durations"
     else:
         lines += [f"H200: not recorded for {model}; run on a GPU:",
-                  f"python -m kvlab bench counters --models {model}"]
-    return style(fig, f"The paper's counters, {model}", provenance, *lines, height=height)
+                  RECORD_COMMAND.format(model=model)]
+    title = f"The paper's counters, {model}" if speedup else f"Table 5.2's counters: {model}"
+    return style(fig, title, provenance, *lines, height=height)
 
 
 def modelled_l2_figure(results: dict[str, object], shape: str, provenance: str,
@@ -95,9 +103,10 @@ def modelled_l2_figure(results: dict[str, object], shape: str, provenance: str,
                for r in results.values()]
     dram = [r.dram_bytes / 2**20 for r in results.values()]
     timed = times_ms is not None and roofline_gbps is not None
+    # NOTE: no subplot titles: the axis titles name each panel, and a title above a panel sits
+    # where the bars' text does
     fig = make_subplots(rows=1, cols=2 if timed else 1, column_widths=[0.65, 0.35] if timed
-                        else None, horizontal_spacing=0.12, subplot_titles=(
-                            "% of loads' sectors", "time, modelled") if timed else None)
+                        else None, horizontal_spacing=0.15)
     for trace in (
         go.Bar(name="hits (ready in L2)", x=names, y=hits, marker_color="#2ca02c",
                text=[f"{h:.1f}%" for h in hits], textposition="outside", cliponaxis=False,
@@ -107,7 +116,7 @@ def modelled_l2_figure(results: dict[str, object], shape: str, provenance: str,
                text=[f"{p:.1f}%" for p in pending], textposition="outside", cliponaxis=False,
                hovertemplate="%{x}: %{y:.1f}% of loads found their fill in flight"
                "<extra></extra>"),
-        go.Bar(name="hit rate as ncu's headline counts it (every lookup)", x=names, y=as_ncu,
+        go.Bar(name="ncu's hit rate (every lookup)", x=names, y=as_ncu,
                marker_color="#1f77b4", text=[f"{h:.1f}%" for h in as_ncu],
                textposition="outside", cliponaxis=False,
                hovertemplate="%{x}: %{y:.1f}% of all L2 lookups hit (prefetches', the "
@@ -126,8 +135,10 @@ def modelled_l2_figure(results: dict[str, object], shape: str, provenance: str,
             textposition="outside", cliponaxis=False, customdata=share,
             hovertemplate="%{x}: %{y:.1f} us modelled<br>DRAM at %{customdata:.0f}% of the "
             f"copy roofline ({roofline_gbps:.0f} GB/s)<extra></extra>"), row=1, col=2)
-        fig.update_yaxes(title_text="us", range=[0, 1.3 * max(us)], row=1, col=2)
-        lines.append(f"time: kvlab.sim.time_model (no term for prefetch's own cost); copy "
-                     f"roofline {roofline_gbps:.0f} GB/s; CPI and stalls: ncu only")
-    fig.update_layout(barmode="group", legend=LEGEND_BELOW)
+        # the bars' text, two lines, above the tallest bar
+        fig.update_yaxes(title_text="us, modelled", range=[0, 1.45 * max(us)], row=1, col=2)
+        lines += ["time: kvlab.sim.time_model (no term for prefetch's own cost)",
+                  f"copy roofline {roofline_gbps:.0f} GB/s; CPI and stalls: ncu only"]
+    # the legend in two columns: two rows, not four, below a chart of 500 px
+    fig.update_layout(barmode="group", legend=dict(entrywidth=0.5, entrywidthmode="fraction"))
     return style(fig, "L2, modelled", provenance, *lines, height=height)

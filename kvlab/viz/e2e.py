@@ -11,10 +11,15 @@ import plotly.graph_objects as go
 from kvlab.checks import check_positive_int, is_real
 from kvlab.viz.layout import style
 
-__all__ = ["steps_figure", "tensor_parallel_figure", "throughput_figure"]
+__all__ = ["TITLES", "steps_figure", "tensor_parallel_figure", "throughput_figure"]
 
 VARIANT_COLORS = {"vllm_v1": "#1f77b4", "vllm_v1+prefetch": "#9ecae1", "gqa": "#2ca02c",
                   "gqa+prefetch": "#98df8a", "hf-static": "#7f7f7f"}
+# Each figure's title, for `str.format(model=..., batch=...)`: also the title of the note shown in
+# its place where the model or batch has nothing recorded
+TITLES = {"throughput": "Decode throughput: {model}",
+          "steps": "Decode steps: {model}, batch {batch}",
+          "tensor_parallel": "Tensor parallel: {model}, batch {batch}"}
 
 
 def throughput_figure(rows: list[dict], model: str, provenance: str,
@@ -45,7 +50,7 @@ def throughput_figure(rows: list[dict], model: str, provenance: str,
     fig.update_layout(xaxis=dict(title="batch (sequences decoded together)", type="log"),
                       yaxis=dict(title="decode tokens/s", type="log"))
     first = mine[0]
-    return style(fig, f"Decode throughput: {model}", provenance,
+    return style(fig, TITLES["throughput"].format(model=model), provenance,
                  f"prompt {first['prompt']} tokens, {first['new_tokens']} new each; median "
                  "step from steady state", height=height)
 
@@ -76,7 +81,7 @@ def tensor_parallel_figure(rows: list[dict], model: str, batch: int, provenance:
     fig.update_layout(xaxis=dict(title="GPUs (tensor-parallel degree)", type="log",
                                  tickvals=degrees, ticktext=[str(d) for d in degrees]),
                       yaxis=dict(title="decode tokens/s"))
-    return style(fig, f"Tensor parallel: {model}, batch {batch}", provenance,
+    return style(fig, TITLES["tensor_parallel"].format(model=model, batch=batch), provenance,
                  "each GPU holds 1/N of the heads and MLP columns; one process a GPU",
                  height=height)
 

@@ -35,6 +35,11 @@ def regime_cells(rows: list[dict], kernel: str, block_size: int = 16) -> list[di
     return list(best.values())
 
 
+def _tokens(n: int) -> str:
+    """A context length for a tick label: "4k" for 4096, as is where not a multiple of 1024."""
+    return f"{n // 1024}k" if n % 1024 == 0 else str(n)
+
+
 def regime_figure(rows: list[dict], kernel: str, provenance: str, block_size: int = 16,
                   height: int = 420) -> go.Figure:
     """Heatmap: the best prefetch setting's speedup over none for `kernel`, one row per SM count
@@ -55,7 +60,7 @@ def regime_figure(rows: list[dict], kernel: str, provenance: str, block_size: in
         z.append([c["speedup"] if c else None for c in found])
         text.append([f"{c['speedup']:.2f}" if c else "" for c in found])
         best.append([c["prefetch"] if c else "" for c in found])
-    x = [f"{model} ({group}:1)<br>{b} x {ctx}" for group, _, model, b, ctx in columns]
+    x = [f"{model} ({group}:1) {b} x {_tokens(ctx)}" for group, _, model, b, ctx in columns]
     y = ["whole GPU" if n is None else f"{n} SMs" for n in sms]
     spread = max(abs(v - 1) for row in z for v in row if v is not None) or 0.01
     fig = go.Figure(go.Heatmap(
@@ -64,7 +69,10 @@ def regime_figure(rows: list[dict], kernel: str, provenance: str, block_size: in
         colorbar=dict(title="speedup"),
         hovertemplate="%{y}, %{x}<br>%{z:.3f}x over no prefetch with %{customdata}"
                       "<extra></extra>"))
-    fig.update_layout(xaxis=dict(title="model (GQA group), batch x context"),
+    # NOTE: one line a column, upright: some 15 px a column on a 500 px chart, where labels of two
+    # lines, or turned by Plotly only once they collide, overlap their neighbours
+    fig.update_layout(xaxis=dict(title="model (GQA group), batch x context", tickangle=-90,
+                                 tickfont=dict(size=11)),
                       yaxis=dict(title="SMs"))
     return style(fig, f"Where L2 prefetch pays: {kernel}", provenance,
                  f"block_size={block_size}; best setting over none, same-loop ratios",

@@ -102,6 +102,40 @@ def test_unrecorded_model_shows_the_command_that_records_it(tab):
     assert tab.figures["bandwidth"].figure.layout.annotations == ()
 
 
+# view -> its controls, the recording it reads, the speedup figure's title for a model it lacks
+VIEWS = {
+    "attention": ({}, RECORDED, "L2 prefetch speedup: {model}, vllm_v1"),
+    "fp8": ({"kv_dtype": "fp8"}, ("h200", ("attention_fp8",)),
+            "fp8 KV cache, gqa over fp16: {model}"),
+    "block_order": ({"blocks": "in order"}, ("h200", ("attention_block_order",)),
+                    "Blocks in order: {model}"),
+    "mixed": ({"lengths": "lognormal:3200,16384"}, ("h200", ("attention_mixed",)),
+              "Mixed lengths: {model}"),
+}
+
+
+@pytest.mark.parametrize("model", ["opt-13b", "tiny-llama", "llama2-13b"])
+@pytest.mark.parametrize("view", sorted(VIEWS))
+def test_a_model_not_recorded_titles_each_figure_by_the_model_and_its_recording(tab, model,
+                                                                                  view):
+    """Each figure says what it would show of this model, and that the recording its view
+    reads (not another view's) lacks it; the titles named neither the model nor that."""
+    from kvlab.results import label
+
+    controls, recording, speed = VIEWS[view]
+    for name, value in {**controls, "model": model}.items():
+        tab.controls[name].value = value
+    titles = {name: pane.figure.layout.title.text for name, pane in tab.figures.items()}
+    assert titles["bandwidth"].startswith(f"Decode attention GB/s: {model}<br>")
+    assert titles["speedup"].startswith(f"{speed.format(model=model)}<br>")
+    assert titles["timeline"].startswith(f"A decode step, CTA by CTA: {model}<br>")
+    provenance = f"<sub>not {label(load_results(*recording))}</sub>"
+    assert titles["bandwidth"].endswith(provenance) and titles["speedup"].endswith(provenance)
+    for pane in tab.figures.values():
+        assert pane.figure.data == () and f"{model}: not recorded" in (
+            pane.figure.layout.annotations[0].text)
+
+
 def test_kernel_choice_selects_speedup_and_outline(tab):
     tab.controls["kernel"].value = "gqa"
     tab.controls["prefetch"].value = "bulk"

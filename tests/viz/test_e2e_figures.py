@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvlab.viz.e2e import steps_figure, tensor_parallel_figure, throughput_figure
+from kvlab.viz.e2e import TITLES, steps_figure, tensor_parallel_figure, throughput_figure
 
 
 def row(variant, batch, ms, roofline_ms=2.0):
@@ -40,3 +40,27 @@ def test_tensor_parallel_has_a_line_per_kvlab_variant_against_the_gpus():
 def test_steps_has_a_line_per_run():
     fig = steps_figure({"gqa": [3.0, 2.0], "hf-static": [5.0]}, "Steps", "measured on Y")
     assert [list(t.y) for t in fig.data] == [[3.0, 2.0], [5.0]] and list(fig.data[0].x) == [1, 2]
+
+
+@pytest.mark.parametrize("height", [360, 420])
+def test_each_legend_hangs_below_the_x_axis_at_any_height(height):
+    """At the bottom edge of the figure, where Plotly's automargin keeps it below the x axis's
+    labels and title (kvlab.viz.layout); not a fraction of the plot's height below the plot."""
+    rows = [row("gqa", 1, 4.0), row("gqa", 16, 5.0), row("hf-static", 1, 8.0),
+            {**row("gqa", 16, 3.0), "tp": 2}]
+    figures = [throughput_figure(rows, "m", "p", height=height),
+               tensor_parallel_figure(rows, "m", 16, "p", height=height),
+               steps_figure({"gqa": [3.0, 2.0], "hf-static": [5.0]}, "Steps", "p", "d",
+                            height=height)]
+    for fig in figures:
+        legend = fig.layout.legend
+        assert (legend.yref, legend.y, legend.yanchor) == ("container", 0.0, "bottom")
+        assert fig.layout.height == height and fig.layout.margin.b is None
+
+
+def test_titles_are_the_tabs_titles():
+    rows = [row("gqa", 1, 4.0), {**row("gqa", 1, 3.0), "tp": 2}]
+    assert throughput_figure(rows, "m", "p").layout.title.text.startswith(
+        TITLES["throughput"].format(model="m") + "<br>")
+    assert tensor_parallel_figure(rows, "m", 1, "p").layout.title.text.startswith(
+        TITLES["tensor_parallel"].format(model="m", batch=1) + "<br>")

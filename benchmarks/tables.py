@@ -110,6 +110,15 @@ def kvpr_table(results: dict[str, dict], points=KVPR_POINTS) -> list[str]:
     return lines
 
 
+def kvpr_table_1(rates: str = "spec") -> list[str]:
+    """KVPR's Table 1 (A100 40GB, OPT, batch 32 x 1,024 tokens, per layer) beside kvlab's
+    predictions (kvlab.offload.paper) with `rates`: "spec" peaks or "h200-share" (each peak times
+    the share of it the H200 reaches in results/h200/)."""
+    from kvlab.offload import paper
+
+    return paper.table_1_markdown(paper.table_1_rows(rates=rates))
+
+
 def auto_summary(result: dict) -> dict[str, tuple[float, float, int, int]]:
     """kernel="auto" per mode: (worst ratio to the fastest setting of its family in the same
     loop, median ratio, loops within 3%, loops)."""
@@ -628,6 +637,8 @@ def main() -> None:
     print("\n".join(decode_table(attention)), end="\n\n")
     kvpr = {name: load_result("h200", name) for name in ("kvpr_opt", "kvpr_llama")}
     print("\n".join(kvpr_table(kvpr)), end="\n\n")
+    for rates in ("spec", "h200-share"):
+        print("\n".join(kvpr_table_1(rates)), end="\n\n")
     print("\n".join(dashboard_table(load_result("cpu", "dashboard"))), end="\n\n")
     print("\n".join(l2_validation_table(load_result("cpu", "l2_validation"))), end="\n\n")
     print("\n".join(table_5_2(load_result("h200", "counters"))), end="\n\n")

@@ -25,6 +25,7 @@ def tables():
         ("benchmarks/README.md", lambda t: t.kvpr_table(
             {name: load_result("h200", name) for name in ("kvpr_opt", "kvpr_llama")})),
         ("benchmarks/README.md", lambda t: t.dashboard_table(load_result("cpu", "dashboard"))),
+        ("benchmarks/README.md", lambda t: t.kvpr_table_1("spec")),
         ("benchmarks/README.md", lambda t: t.fp8_table(load_result("h200", "attention_fp8"))),
         ("benchmarks/README.md", lambda t: t.vllm_table(load_result("h200", "attention_vllm"),
                                                         load_result("h200", "vllm_own"))),

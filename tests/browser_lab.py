@@ -19,10 +19,17 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("KVLAB_CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = Path(os.environ.get("KVLAB_ARTIFACTS", ROOT / "build" / "browser"))
 TOKEN = "kvlab-browser-test"
+WIDTHS = (1280, 1000)  # the window widths the tests look at
+# every browser test's marks: `browser`, and skipped without Chromium
+BROWSER_TEST = [pytest.mark.browser,
+                pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK),
+                                   reason=f"needs Chromium at {CHROMIUM}")]
 
 
 def free_port() -> int:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from kvlab.config import MODELS
-from kvlab.gpus import REFERENCE
+from kvlab.gpus import GPUS, REFERENCE
 from kvlab.gpus import copy_roofline_gbps as spec_roofline_gbps
 from kvlab.kernels import FAMILIES
 from kvlab.kernels.geometry import use_partitions
@@ -52,7 +52,7 @@ def samples(recorded: tuple[Recorded, ...], by_sms: dict[int, float]) -> list[Sa
 def rooflines_by_sms() -> dict[int, float]:
     """The H200's copy roofline (GB/s) on each SM count measured: the whole GPU's (kvlab.gpus),
     and those of attention_sms.json's green contexts."""
-    by_sms = {132: spec_roofline_gbps(REFERENCE)[0]}
+    by_sms = {GPUS[REFERENCE].num_sms: spec_roofline_gbps(REFERENCE)[0]}
     sms = load_recorded(REFERENCE, ["attention_sms"], {"roofline_copy_gbps_by_sms": dict})
     if sms is not None:
         by_sms |= {int(k): float(v) for k, v in sms["roofline_copy_gbps_by_sms"].items()}

@@ -7,7 +7,6 @@ the median time from a control change to its charts drawn anew (issue 49 asks fo
 Needs Debian's Chromium (KVLAB_CHROMIUM, default /usr/bin/chromium) and Playwright's Python
 package; skipped without them."""
 
-import os
 import re
 import statistics
 import tempfile
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from browser_lab import (
+    BROWSER_TEST,
     CHROMIUM,
     NOTEBOOK,
     TOKEN,
@@ -27,9 +27,7 @@ from browser_lab import (
 )
 
 playwright = pytest.importorskip("playwright.sync_api")
-pytestmark = [pytest.mark.browser,
-              pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK),
-                                 reason=f"needs Chromium at {CHROMIUM}")]
+pytestmark = BROWSER_TEST
 NAME = "dashboard.ipynb"
 # (tab, control's description, new value): a slider's value is the key that moves it
 CHANGES = [

@@ -8,18 +8,14 @@ Needs Debian's Chromium (KVLAB_CHROMIUM, default /usr/bin/chromium) and Playwrig
 package; skipped without them."""
 
 import json
-import os
 import tempfile
 from pathlib import Path
 
 import pytest
-from browser_lab import CHROMIUM, TOKEN, jupyterlab, run_all
+from browser_lab import BROWSER_TEST, CHROMIUM, TOKEN, WIDTHS, jupyterlab, run_all
 
 playwright = pytest.importorskip("playwright.sync_api")
-pytestmark = [pytest.mark.browser,
-              pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK),
-                                 reason=f"needs Chromium at {CHROMIUM}")]
-WIDTHS = (1280, 1000)
+pytestmark = BROWSER_TEST
 TOLERANCE_PX = 1.5
 
 # In-page, on one Plotly figure (gd): each bar's and each line trace's box as drawn (the SVG

@@ -8,7 +8,6 @@ Screenshots of each dashboard tab at 1,280 and 1,000 px wide go to build/browser
 Needs Debian's Chromium (KVLAB_CHROMIUM, default /usr/bin/chromium) and Playwright's Python
 package; skipped without them. `.ci/run` installs both."""
 
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -16,10 +15,12 @@ from pathlib import Path
 import pytest
 from browser_lab import (
     ARTIFACTS,
+    BROWSER_TEST,
     CELL_PROBLEMS,
     CHROMIUM,
     PLOTS,
     TOKEN,
+    WIDTHS,
     chart_drawn,
     copy_notebook,
     jupyterlab,
@@ -29,10 +30,7 @@ from browser_lab import (
 )
 
 playwright = pytest.importorskip("playwright.sync_api")
-pytestmark = [pytest.mark.browser,
-              pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK),
-                                 reason=f"needs Chromium at {CHROMIUM}")]
-WIDTHS = (1280, 1000)
+pytestmark = BROWSER_TEST
 TABS = ("Paged cache", "Decode kernels", "KVPR", "L2 and counters", "End-to-end")
 # console messages that are not the page's errors: resources a fresh server lacks
 NOT_ERRORS = ("Failed to load resource",)

@@ -14,6 +14,8 @@ import importlib.util
 import os
 import sys
 
+from kvlab.gpus import GPU, detect
+
 BACKENDS = ("cuda", "sim")
 
 
@@ -69,6 +71,12 @@ def backend() -> str:
             "KVLAB_BACKEND='cuda' but no CUDA GPU is usable through torch (and CuPy, if installed)"
         )
     return "sim"
+
+
+def local_gpu() -> GPU | None:
+    """The kvlab.gpus.GPU of the GPU in use (backend "cuda"), or None: without one, or where the
+    table does not hold it (kvlab.gpus.detect)."""
+    return detect(_gpu_name()) if backend() == "cuda" else None
 
 
 def device_label() -> str:

@@ -1,7 +1,10 @@
-"""The dashboard shell: a header naming the backend, one `ipywidgets.Tab` page per tab, and an
+"""The dashboard shell: a header naming the backend, one `ipywidgets.Tab` page per tab, an
 "Export this tab" button (each chart's data as CSV, and a self-contained HTML report, in a new
 folder under `export_folder`; default: kvlab-export/ in the working directory, which is the
-notebook's folder in Jupyter), with links that open the files in a browser tab of their own.
+notebook's folder in Jupyter), with links that open the files in a browser tab of their own, and
+"Pin this setting" / "Clear pin" buttons: each chart of the tab keeps its figure at the controls'
+setting now, drawn dimmed beside the live one as the controls change, and exported with it
+(`FigurePane.pin`).
 
 A tab is any object with `key`, `title`, `controls`, `figures` and `widget` (see `DashboardTab`);
 adding one ("Decode kernels", "KVPR", ...) means appending it in `dashboard()`.
@@ -35,7 +38,7 @@ from kvlab.viz.export import (
 )
 
 __all__ = ["Dashboard", "DashboardTab", "dashboard", "export_message", "export_tab", "files_url",
-           "header_html"]
+           "control_values", "header_html", "setting_label"]
 
 EXPORT_FOLDER = "kvlab-export"  # the default export_folder, in the working directory
 # NOTE: ipywidgets gives every tab a basis of 144 px and lets it shrink to 35 px, its title cut to
@@ -65,8 +68,9 @@ def header_html(backend_name: str, label: str) -> str:
 
 def export_tab(tab: DashboardTab, folder, header: str) -> list[Path]:
     """Write what `tab` shows into `folder` (a str or os.PathLike; made where absent): one CSV per
-    chart (the data behind it) and one self-contained HTML report (the controls' values and every
-    chart), each a new regular file (`write_new_files`). Returns the paths.
+    chart (the data behind it, pinned series included) and one self-contained HTML report (the
+    controls' values, the pinned setting where there is one, and every chart), each a new regular
+    file (`write_new_files`). Returns the paths.
 
     Raises ValueError, before writing anything, for a `folder` of another type, one that is a
     symbolic link or not a folder, or one that holds a file of those names already."""
@@ -74,8 +78,39 @@ def export_tab(tab: DashboardTab, folder, header: str) -> list[Path]:
     files = {f"{tab.key}-{name}.csv": figure_csv(fig) for name, fig in figures.items()}
     settings = {name: control.value for name, control in tab.controls.items()
                 if hasattr(control, "value")}
+    pinned = _pin_label(tab)
+    if pinned is not None:
+        settings["pinned setting"] = pinned
     files[f"{tab.key}.html"] = html_report(f"kvlab: {tab.title}", header, settings, figures)
     return write_new_files(folder, files)
+
+
+def control_values(controls: dict[str, widgets.Widget]) -> dict[str, str]:
+    """{name: value as text} of each control of `controls` that has a value (a number in its
+    shortest form: 0.5, not 0.50)."""
+    return {name: f"{control.value:g}" if isinstance(control.value, float) else
+            str(control.value) for name, control in controls.items() if hasattr(control, "value")}
+
+
+def setting_label(values: dict[str, str]) -> str:
+    """`values` ({name: value as text}) as "name=value" pairs: "block_size=16, batch=8"."""
+    return ", ".join(f"{name}={value}" for name, value in values.items())
+
+
+def _pin_label(tab: DashboardTab) -> str | None:
+    """The label of the setting pinned on `tab`'s charts, or None where none is."""
+    labels = dict.fromkeys(pane.pinned.label for pane in tab.figures.values() if pane.pinned)
+    return "; ".join(labels) if labels else None
+
+
+def _button(description: str, icon: str, tooltip: str) -> widgets.Button:
+    """A button of the row below the tabs.
+
+    NOTE: a Button has a short control's width and shrinks beside a long message (its label cut
+    to "Export this ..."); as wide as its label and never shrunk, it stays whole, and the message
+    beside it wraps instead."""
+    return widgets.Button(description=description, icon=icon, tooltip=tooltip,
+                          layout=widgets.Layout(width="auto", flex="0 0 auto"))
 
 
 def _jupyter_server() -> tuple[str, Path] | None:
@@ -144,6 +179,8 @@ class Dashboard:
     export_folder: where the export button writes, each time in a new folder named by the time
     (a str or os.PathLike, "~" expanded; default: EXPORT_FOLDER in the working directory). Raises
     ValueError naming it for another type.
+    The pin buttons act on the selected tab (`pin`, `unpin`); the line below them names the
+    setting pinned there.
     """
 
     def __init__(self, tabs: list[DashboardTab], export_folder=None):
@@ -159,19 +196,25 @@ class Dashboard:
         )
         self.tab_widget.add_class("kvlab-tabs")
         where = self.export_folder or f"{EXPORT_FOLDER}/ in the working directory"
-        # NOTE: a Button has a short control's width and shrinks beside a long message (its label
-        # cut to "Export this ..."); as wide as its label and never shrunk, it stays whole, and
-        # the message beside it wraps instead
-        self.export_button = widgets.Button(
-            description="Export this tab", icon="download",
-            layout=widgets.Layout(width="auto", flex="0 0 auto"),
-            tooltip="CSV of each chart's data and a self-contained HTML report, in a new folder "
-                    f"under {where}")
+        self.export_button = _button(
+            "Export this tab", "download", "CSV of each chart's data and a self-contained HTML "
+            f"report, in a new folder under {where}")
+        self.pin_button = _button(
+            "Pin this setting", "thumb-tack", "Keep this tab's charts at the setting now, drawn "
+            "dimmed beside the live ones as the controls change, and exported with them")
+        self.unpin_button = _button("Clear pin", "times", "Drop this tab's pinned setting")
         self.export_links = widgets.HTML(layout=widgets.Layout(flex="1 1 auto", min_width="0"))
+        self.pin_line = widgets.HTML()
         self.export_button.on_click(self._on_export)
+        self.pin_button.on_click(lambda button: self.pin())
+        self.unpin_button.on_click(lambda button: self.unpin())
+        self.tab_widget.observe(self._show_pin, names="selected_index")
+        self._show_pin()
+        buttons = [self.export_button, self.pin_button, self.unpin_button, self.export_links]
         self.widget = widgets.VBox([self.header, self.tab_widget,
-                                    widgets.HBox([self.export_button, self.export_links],
-                                                 layout=widgets.Layout(align_items="center"))])
+                                    widgets.HBox(buttons,
+                                                 layout=widgets.Layout(align_items="center")),
+                                    self.pin_line])
 
     @property
     def controls(self) -> dict[str, dict[str, widgets.Widget]]:
@@ -180,6 +223,51 @@ class Dashboard:
     @property
     def figures(self) -> dict[str, dict[str, FigurePane]]:
         return {tab.key: tab.figures for tab in self.tabs}
+
+    def _tab(self, tab_key: str | None) -> DashboardTab:
+        """The tab of `tab_key`, or the selected one for None; ValueError naming it for another
+        key."""
+        if tab_key is None:
+            return self.tabs[self.tab_widget.selected_index or 0]
+        for tab in self.tabs:
+            if tab.key == tab_key:
+                return tab
+        raise ValueError(f"tab_key={tab_key!r}: must be one of {[t.key for t in self.tabs]}")
+
+    def pin(self, tab_key: str | None = None) -> str:
+        """Pin the setting of tab `tab_key` (default: the selected tab) now: each of its charts
+        keeps its figure, labelled with the controls' values (`setting_label`), and draws it
+        beside the live one at once and on every change, its subtitle naming the pinned values
+        that differ from the controls', until `unpin`; a pin there before is replaced. Returns
+        the label. Raises ValueError naming `tab_key` for a key no tab has."""
+        tab = self._tab(tab_key)
+        pinned = control_values(tab.controls)
+        label = setting_label(pinned) or tab.title
+
+        def differs() -> str:
+            now = control_values(tab.controls)
+            return setting_label({k: v for k, v in pinned.items() if now.get(k) != v})
+
+        for pane in tab.figures.values():
+            pane.pin(label, differs)
+        self._show_pin()
+        return label
+
+    def unpin(self, tab_key: str | None = None) -> None:
+        """Drop the pin of tab `tab_key` (default: the selected tab): its charts show the live
+        figures alone. Raises ValueError naming `tab_key` for a key no tab has."""
+        for pane in self._tab(tab_key).figures.values():
+            pane.unpin()
+        self._show_pin()
+
+    def _show_pin(self, change=None) -> None:
+        """The line below the buttons names the selected tab's pinned setting; "Clear pin" is
+        enabled where there is one."""
+        label = _pin_label(self._tab(None)) if self.tabs else None
+        self.unpin_button.disabled = label is None
+        self.pin_line.value = "" if label is None else (
+            f"<span style='overflow-wrap:anywhere'><span style='color:gray'>pinned (drawn dimmed "
+            f"beside the live charts):</span> {html.escape(label)}</span>")
 
     def export(self, button=None, folder=None) -> list[Path]:
         """Export the selected tab (`export_tab`) into `folder` (a str or os.PathLike, "~"

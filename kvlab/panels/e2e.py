@@ -9,22 +9,47 @@ any machine, labelled so, and so are the tensor-parallel runs where they are rec
 `kvlab.LLM` (seeded random weights of the model, attention "auto", CUDA graphs) on the chosen
 batch of 512-token prompts and adds its steps, labelled "measured on <GPU>"; torch loads only
 then.
+
+The "gpu" control: the H200 (kvlab.gpus.REFERENCE) shows its recordings. Another GPU shows them
+modelled for it (`kvlab.viz.e2e.modelled_rows`), labelled "modelled for <GPU>": each step's
+roofline step there (the bytes it reads over the GPU's copy roofline, kvlab.gpus) times the
+H200's measured ratio to its own roofline step at that point, an assumption the status line
+states; the variants it cannot run and the batches past its memory left out, and said; no
+tensor-parallel or serving runs. Generate is enabled, and its run shown, while the gpu control
+names the GPU in use (the H200 where kvlab.gpus does not hold it).
 """
 
 from __future__ import annotations
 
 import html
 import statistics
+import textwrap
 
 import ipywidgets as widgets
 
-from kvlab.bench.e2e import prefetch_pairs
+from kvlab.bench.e2e import VARIANTS, prefetch_pairs
 from kvlab.config import MODELS
 from kvlab.device import backend, device_label
-from kvlab.panels.widgets import control_grid, figure_widget, labeled, show_figure
-from kvlab.results import label, load_shown, recorded_models
-from kvlab.viz.e2e import TITLES, steps_figure, tensor_parallel_figure, throughput_figure
-from kvlab.viz.layout import note_figure, unreadable_figure
+from kvlab.gpus import GPUS, REFERENCE, copy_roofline_gbps
+from kvlab.panels.widgets import (
+    control_grid,
+    figure_widget,
+    gpu_control,
+    gpu_here,
+    labeled,
+    modelled_for,
+    show_figure,
+)
+from kvlab.predict.point import launch_point
+from kvlab.results import label, load_result, load_shown, recorded_models
+from kvlab.viz.e2e import (
+    TITLES,
+    modelled_rows,
+    steps_figure,
+    tensor_parallel_figure,
+    throughput_figure,
+)
+from kvlab.viz.layout import NOTE_LINE_CHARS, note_figure, unreadable_figure
 
 RECORDED = ("h200", ("e2e", "e2e_qwen7b", "e2e_qwen14b"))  # 256 new tokens (e2e_2048: 2,048)
 SERVING = ("h200", ("e2e_serving",))  # its `serving` entries; its one row only loads the model
@@ -40,6 +65,7 @@ PROMPT_TOKENS = 512
 RECORD_COMMAND = "python -m kvlab bench e2e --json benchmarks/results/h200/e2e.json"
 TP_COMMAND = ("torchrun --nproc-per-node N -m kvlab bench e2e --tp N",  # lines of a note
               "--models llama3-8b qwen2.5-14b", "--json benchmarks/results/h200xN/e2e.json")
+MODELLED = "its roofline step x the H200's ratio of step to roofline step"  # a subtitle line
 
 __all__ = ["EndToEndTab"]
 
@@ -47,21 +73,29 @@ __all__ = ["EndToEndTab"]
 class EndToEndTab:
     """Decode throughput of whole models (figures: throughput, steps, tensor_parallel).
 
-    controls: model, batch (the recorded ones); on the "cuda" backend also new_tokens, and
-    `generate_button` runs kvlab.LLM at the chosen model and batch (on "sim" it is None).
-    `generated` holds the last run: (model, batch, kvlab.engine.Generation). A recording that
-    cannot be read (`unreadable`: "recorded", "serving" or the machine of a tensor-parallel run
-    -> why) is named, with why, where it would be shown. A model or batch not recorded falls back
-    to a recorded one; raises ValueError for `new_tokens` outside [2, 2048] on "cuda"."""
+    controls: model, gpu (a key of kvlab.gpus.GPUS; default `gpu_control`'s), batch (the
+    recorded ones); on the "cuda" backend also new_tokens, and `generate_button` runs kvlab.LLM
+    at the chosen model and batch on the GPU in use (`local_gpu`: the gpu control's entry its run
+    shows under), enabled while the gpu control names it (on "sim" it is None). `generated`
+    holds the last run: (model, batch, kvlab.engine.Generation). A recording that cannot be read
+    (`unreadable`: "recorded", "serving" or the machine of a tensor-parallel run -> why) is
+    named, with why, where it would be shown. A model or batch not recorded falls back to a
+    recorded one; raises ValueError for `new_tokens` outside [2, 2048] on "cuda", or a `gpu`
+    not in kvlab.gpus.GPUS."""
 
     key = "e2e"
     title = "End-to-end"
 
-    def __init__(self, model: str = "llama3-8b", batch: int = 64, new_tokens: int = 64):
+    def __init__(self, model: str = "llama3-8b", batch: int = 64, new_tokens: int = 64,
+                 gpu: str | None = None):
         self.backend = backend()
+        self.local_gpu = gpu_here() if self.backend == "cuda" else None
         self.unreadable: dict[str, str] = {}
-        self.recorded = load_shown(*RECORDED, {"rows": E2E_ROWS}, self.unreadable,
-                                   "recorded") or {"rows": []}
+        self.recorded = load_shown(*RECORDED, {"roofline_copy_gbps": float, "rows": E2E_ROWS},
+                                   self.unreadable, "recorded") or {"rows": []}
+        # each run's copy roofline (GB/s): its rows' roofline steps are their bytes over it
+        self.run_gbps = {name: load_result(RECORDED[0], name)["roofline_copy_gbps"]
+                         for name in self.recorded.get("source_dates", {})}
         self.serving = load_shown(*SERVING, SERVING_KEYS, self.unreadable,
                                   "serving") or {"serving": []}
         self.tensor_parallel = [  # the recorded tensor-parallel results
@@ -74,6 +108,7 @@ class EndToEndTab:
         self.controls = {
             "model": labeled(widgets.Dropdown, "model", options=models,
                              value=model if model in models else models[0]),
+            "gpu": gpu_control(gpu),
             "batch": labeled(widgets.Dropdown, "batch", options=batches,
                              value=batch if batch in batches else batches[-1]),
         }
@@ -89,7 +124,7 @@ class EndToEndTab:
         if self.backend == "cuda":
             self.generate_button = widgets.Button(description="Generate", button_style="primary")
             self.generate_button.on_click(self.generate)
-        for name in ("model", "batch"):
+        for name in ("model", "gpu", "batch"):
             self.controls[name].observe(self.refresh, names="value")
         buttons = [self.generate_button] if self.generate_button is not None else []
         self.widget = widgets.VBox([control_grid(list(self.controls.values())),
@@ -115,15 +150,23 @@ class EndToEndTab:
         self.generated = (model, batch, llm.generate(prompts, new_tokens, ignore_eos=True))
         self.refresh()
 
-    def _show_tensor_parallel(self, model: str, batch: int, rows: list[dict]) -> list[str]:
+    def _show_tensor_parallel(self, model: str, batch: int, rows: list[dict], gpu: str
+                              ) -> list[str]:
         """Draw `model`'s tensor-parallel runs at `batch` beside its one-GPU `rows`, or say how
-        to record them; the status lines: the prefetch's gain at each GPU count."""
+        to record them, or for a GPU but the H200 that they are not modelled; the status lines:
+        the prefetch's gain at each GPU count."""
+        height = FIGURE_HEIGHTS["tensor_parallel"]
+        title = TITLES["tensor_parallel"].format(model=model, batch=batch)
+        if gpu != REFERENCE:
+            show_figure(self.figures["tensor_parallel"], note_figure(
+                title, modelled_for(gpu), f"tensor-parallel runs are the "
+                f"{GPUS[REFERENCE].name}'s recordings only:<br>the links between GPUs are "
+                "outside this model", height))
+            return []
         runs = [(result, [r for r in result["rows"] if r["model"] == model
                           and r["batch"] == batch and r["variant"] != "hf-static"])
                 for result in self.tensor_parallel]
         runs = [(result, tp_rows) for result, tp_rows in runs if tp_rows]
-        height = FIGURE_HEIGHTS["tensor_parallel"]
-        title = TITLES["tensor_parallel"].format(model=model, batch=batch)
         unreadable = [why for machine, _ in TENSOR_PARALLEL
                       if (why := self.unreadable.get(machine))]
         if not runs and unreadable:
@@ -159,10 +202,15 @@ class EndToEndTab:
                 f"preemption{'' if r['preemptions'] == 1 else 's'}" for r in runs]
 
     def refresh(self, change=None) -> None:
-        model, batch = self.controls["model"].value, self.controls["batch"].value
+        """Show the chosen model and batch: for the H200 as recorded (with the run generated
+        here, if any), for another GPU as modelled for it."""
+        model, batch, gpu = (self.controls[name].value for name in ("model", "batch", "gpu"))
         rows = [r for r in self.recorded["rows"] if r["model"] == model]
         unreadable = [f"unreadable recording: {why}" for why in self.unreadable.values()]
         titles = {name: title.format(model=model, batch=batch) for name, title in TITLES.items()}
+        modelled = gpu != REFERENCE
+        if self.generate_button is not None:
+            self.generate_button.disabled = gpu != self.local_gpu
         if not rows and "recorded" in self.unreadable:
             for name, height in FIGURE_HEIGHTS.items():
                 show_figure(self.figures[name], unreadable_figure(
@@ -170,20 +218,79 @@ class EndToEndTab:
             self.status.value = "<br>".join(map(html.escape, unreadable))
             return
         if not rows:
-            for name, height in FIGURE_HEIGHTS.items():
-                show_figure(self.figures[name], note_figure(
-                    titles[name], "not recorded on the H200",
-                    f"no recorded run of {html.escape(model)}: record one on a GPU with<br>"
-                    + RECORD_COMMAND, height))
-            self.status.value = "<br>".join([f"No end-to-end run of {html.escape(model)} recorded.",
-                                             *map(html.escape, unreadable)])
+            self._show_notes(titles, modelled_for(gpu) if modelled else "not recorded on the H200",
+                             f"no run of {html.escape(model)} on the H200"
+                             f"{' to model from' if modelled else ''}: record one on a GPU with"
+                             f"<br>{RECORD_COMMAND}")
+            self.status.value = "<br>".join([
+                f"No end-to-end run of {html.escape(model)} "
+                f"{'on the H200 to model from' if modelled else 'recorded'}.",
+                *map(html.escape, unreadable)])
             return
-        provenance = label(self.recorded, rows)
-        show_figure(self.figures["throughput"],
-                    throughput_figure(rows, model, provenance, FIGURE_HEIGHTS["throughput"]))
-        steps = {r["variant"]: r["step_ms_runs"] for r in rows if r["batch"] == batch}
-        title, source, lines = titles["steps"], provenance, []
-        if self.generated is not None and self.generated[:2] == (model, batch):
+        past, lines = {}, []
+        if modelled:
+            rows, past, lines = self._modelled(model, batch, gpu, rows)
+            provenance, where = f"{modelled_for(gpu)}<br>{MODELLED}", modelled_for(gpu)
+        else:
+            provenance = where = label(self.recorded, rows)
+        if rows:
+            show_figure(self.figures["throughput"], throughput_figure(
+                rows, model, provenance, FIGURE_HEIGHTS["throughput"]))
+        else:  # no batch fits
+            show_figure(self.figures["throughput"], note_figure(
+                titles["throughput"], provenance, "every batch is past the GPU's memory:<br>"
+                "see the status line", FIGURE_HEIGHTS["throughput"]))
+        at_batch = [r for r in rows if r["batch"] == batch]
+        if at_batch:
+            lines = self._show_steps(model, batch, gpu, at_batch, where, provenance) + lines
+        else:
+            why = past.get(batch, f"no run of {model} at batch {batch}")
+            show_figure(self.figures["steps"], note_figure(
+                titles["steps"], provenance,
+                "<br>".join(textwrap.wrap(html.escape(why), NOTE_LINE_CHARS)),
+                FIGURE_HEIGHTS["steps"]))
+            lines.insert(0, html.escape(why))
+        lines += self._show_tensor_parallel(model, batch, rows, gpu)
+        if not modelled:
+            lines += self._serving_lines(model)
+        lines += map(html.escape, unreadable)
+        self.status.value = "<br>".join(lines)
+
+    def _show_notes(self, titles: dict[str, str], provenance: str, note: str) -> None:
+        """`note` in place of every figure."""
+        for name, height in FIGURE_HEIGHTS.items():
+            show_figure(self.figures[name], note_figure(titles[name], provenance, note, height))
+
+    def _modelled(self, model: str, batch: int, gpu: str, rows: list[dict]
+                  ) -> tuple[list[dict], dict[int, str], list[str]]:
+        """`rows` modelled for `gpu` (`modelled_rows`) but for the variants it cannot run
+        (kvlab.predict.point.launch_point's ValueError); why each batch past its memory is left
+        out; and the status lines on what is assumed and left out (batches but `batch`)."""
+        cannot = {}
+        for variant in dict.fromkeys(r["variant"] for r in rows):
+            if variant in VARIANTS:  # HF's static cache: any GPU
+                kernel, prefetch = VARIANTS[variant]
+                try:
+                    launch_point(model, 1, 1, family=kernel, prefetch=prefetch, gpu_key=gpu)
+                except ValueError as error:
+                    cannot[variant] = str(error)
+        shown, past = modelled_rows([r for r in rows if r["variant"] not in cannot],
+                                    self.run_gbps, gpu)
+        gbps, why = copy_roofline_gbps(gpu)
+        lines = [f"Copy roofline of the {GPUS[gpu].name}: {gbps:,.0f} GB/s, {why}.",
+                 *(f"{variant} left out: {error}" for variant, error in cannot.items()),
+                 *(f"{why}: left out" for b, why in past.items() if b != batch)]
+        return shown, past, list(map(html.escape, lines))
+
+    def _show_steps(self, model: str, batch: int, gpu: str, rows: list[dict], where: str,
+                    provenance: str) -> list[str]:
+        """Draw the steps of `rows` (one batch), with the run generated here where it is of
+        this model, batch and GPU; the status lines: the fastest variant, the run generated,
+        and for the H200 the prefetch's gain (elsewhere, how the step is modelled)."""
+        title, source, lines = TITLES["steps"].format(model=model, batch=batch), provenance, []
+        steps = {r["variant"]: r["step_ms_runs"] for r in rows}
+        if self.generated is not None and self.generated[:2] == (model, batch) and (
+                gpu == self.local_gpu):
             out = self.generated[2]
             name = f"kvlab.LLM ({out.attention}), now"
             steps = {name: out.step_ms, **steps}
@@ -198,22 +305,26 @@ class EndToEndTab:
         except ValueError as error:  # a recorded run without its steps
             figure = note_figure(title, source, html.escape(str(error)), FIGURE_HEIGHTS["steps"])
         show_figure(self.figures["steps"], figure)
-        best = min((r for r in rows if r["batch"] == batch and r["variant"] != "hf-static"),
-                   key=lambda r: r["step_ms"])
-        hf = next((r for r in rows if r["batch"] == batch and r["variant"] == "hf-static"), None)
+        best = min((r for r in rows if r["variant"] != "hf-static"), key=lambda r: r["step_ms"])
+        hf = next((r for r in rows if r["variant"] == "hf-static"), None)
         versus = (f", {hf['step_ms'] / best['step_ms']:.2f}x HF's static cache"
                   if hf is not None else "")
-        gains = _prefetch_gains([r for r in rows if r["batch"] == batch])
-        if gains:
+        first = (f"{html.escape(model)} batch {batch} ({html.escape(where)}): fastest "
+                 f"{html.escape(best['variant'])} {best['step_ms']:.2f} ms a step, "
+                 f"{best['tokens_per_s']:,.0f} tokens/s, {best['ratio_to_roofline']:.2f}x the "
+                 f"roofline step{versus}")
+        if gpu != REFERENCE:
+            lines.append(html.escape(
+                f"Modelled step: the roofline step on the {GPUS[gpu].name} times the "
+                f"{GPUS[REFERENCE].name}'s measured ratio to its own at batch {batch}, "
+                f"{best['prompt']} + {best['new_tokens']} tokens (assumed to hold): "
+                f"{best['step_bytes'] / 1e9:,.2f} GB a step / "
+                f"{copy_roofline_gbps(gpu)[0]:,.0f} GB/s = {best['roofline_ms']:.2f} ms, "
+                f"x {best['ratio_to_roofline']:.2f} = {best['step_ms']:.2f} ms "
+                f"({best['variant']})."))
+        elif gains := _prefetch_gains(rows):
             lines.append("The paper's prefetch at this batch: " + ", ".join(gains))
-        lines += self._show_tensor_parallel(model, batch, rows)
-        lines += self._serving_lines(model)
-        lines += map(html.escape, unreadable)
-        self.status.value = "<br>".join([
-            f"{html.escape(model)} batch {batch} ({html.escape(provenance)}): fastest "
-            f"{html.escape(best['variant'])} {best['step_ms']:.2f} ms a step, "
-            f"{best['tokens_per_s']:,.0f} tokens/s, {best['ratio_to_roofline']:.2f}x the "
-            f"roofline step{versus}", *lines])
+        return [first, *lines]
 
 
 def _prefetch_gains(rows: list[dict]) -> list[str]:

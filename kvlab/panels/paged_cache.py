@@ -91,8 +91,9 @@ def _controls(
 class PagedCacheTab:
     """Paged vs contiguous KV memory for a synthetic workload at its final lengths.
 
-    controls: model, block_size, num_requests, distribution, shared_fraction, prefix_len,
-        budget_gib. figures: memory, fragmentation, block_table (`FigurePane`s).
+    controls: model, block_size, num_requests, distribution, shared_fraction, prefix_len
+        (disabled while shared_fraction is 0), budget_gib. figures: memory, fragmentation,
+        block_table (`FigurePane`s).
     The block-table figure replays the first `num_table_requests` requests through BlockManager.
     Raises ValueError naming a parameter whose value its control does not offer (or for
     `num_table_requests` not a positive integer, `seed` not an integer >= 0).
@@ -142,6 +143,8 @@ class PagedCacheTab:
     def refresh(self, change=None) -> None:
         """Recompute the workload, the accounting and all figures from the controls."""
         v = {name: control.value for name, control in self.controls.items()}
+        # the shared prefix's length matters only where requests share it
+        self.controls["prefix_len"].disabled = v["shared_fraction"] == 0
         model = MODELS[v["model"]]
         bytes_per_token = model.kv_bytes_per_token(KV_DTYPE_BYTES)
         try:

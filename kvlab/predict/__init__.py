@@ -8,6 +8,6 @@ plan, time) -> recorded (the recordings) -> fit, validate (constants, held-out e
 decode (the answer) -> paper (the L2-prefetch paper's H20), report (docs/predict.md).
 """
 
-from kvlab.predict.decode import Prediction, decode_launch
+from kvlab.predict.decode import Prediction, decode_launch, prefetch_speedup
 
-__all__ = ["Prediction", "decode_launch"]
+__all__ = ["Prediction", "decode_launch", "prefetch_speedup"]

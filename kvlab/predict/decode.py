@@ -15,6 +15,7 @@ import functools
 import math
 from dataclasses import dataclass
 
+from kvlab.checks import check_bool
 from kvlab.gpus import REFERENCE
 from kvlab.gpus import copy_roofline_gbps as spec_roofline_gbps
 from kvlab.kernels.prefetch import PrefetchConfig
@@ -119,7 +120,7 @@ def _measured(recorded: Recorded, modelled_ms: float | None) -> Prediction:
 def decode_launch(model_or_shape, batch: int, context: int | None, *, block_size: int = 16,
                   family: str = "gqa", prefetch=None, dtype: str = "float16",
                   lengths: str = "equal", num_sms: int | None = None,
-                  gpu: str = REFERENCE) -> Prediction:
+                  gpu: str = REFERENCE, recordings: bool = True) -> Prediction:
     """The time of one decode-attention launch of one layer, at any point.
 
     model_or_shape: a kvlab.MODELS name, or (num_qo_heads, num_kv_heads, head_dim) with 1-8
@@ -128,17 +129,20 @@ def decode_launch(model_or_shape, batch: int, context: int | None, *, block_size
     block_size, family ("vllm_v1", "gqa"), prefetch (None, a PrefetchConfig or its label),
     dtype of the KV cache ("float16", "bfloat16"; gqa also "fp8"), lengths ("equal" or
     "lognormal:MEAN,MAX", drawn as the benchmark draws them), num_sms (a green context's SMs;
-    None: the whole GPU), gpu (a key of kvlab.gpus.GPUS).
-    Returns a Prediction: the recording where the point is recorded on the H200, else the
-    closed form, labelled interpolated or extrapolated. For another GPU than the H200 the copy
-    roofline, the per-SM and L2 rates are assumptions (kvlab.gpus), and so said in the note.
+    None: the whole GPU), gpu (a key of kvlab.gpus.GPUS), recordings (False: the closed form
+    at a recorded point too, e.g. for ratios of settings of which only some are recorded).
+    Returns a Prediction: the recording where the point is recorded on the H200 (and
+    `recordings`), else the closed form, labelled interpolated or extrapolated. For another
+    GPU than the H200 the copy roofline, the per-SM and L2 rates are assumptions (kvlab.gpus),
+    and so said in the note.
     Raises ValueError, naming the parameter, its value and what is allowed, before any work
     (kvlab.predict.point.launch_point), and where predict.json is not recorded.
     """
+    check_bool("recordings", recordings)
     point = launch_point(model_or_shape, batch, context, block_size=block_size, family=family,
                          prefetch=prefetch, dtype=dtype, lengths=lengths, num_sms=num_sms,
                          gpu_key=gpu)
-    recorded = measured(point)
+    recorded = measured(point) if recordings else None
     if recorded is not None and recorded.source in FITTED:
         return _measured(recorded, None)
     model = fitted()
@@ -156,7 +160,9 @@ def _modelled(point: LaunchPoint, ms: float, label: str, model: dict) -> Predict
     source = "extrapolated" if outside else "interpolated"
     bands = model["bands"][point.family]
     error = min(0.99, bands.get(label, bands[ALL])["extrapolated" if outside else "interpolated"])
-    whole, how = spec_roofline_gbps(point.gpu)
+    # the reference's copy roofline as predict.json holds it (attention.json's, at every SM)
+    whole, how = ((model["by_sms"][point.gpu.num_sms], "") if point.gpu.key == REFERENCE else
+                  spec_roofline_gbps(point.gpu))
     gbps = point.kv_bytes / ms / 1e6
     notes = [f"closed form fitted to the H200's recordings (predict.json), {source}"]
     if outside:
@@ -170,3 +176,19 @@ def _modelled(point: LaunchPoint, ms: float, label: str, model: dict) -> Predict
                      "rate by L2 size x clock (assumptions)")
     return Prediction(ms, gbps, gbps / whole, source, "; ".join(notes),
                       (ms / (1 + error), ms / (1 - error)), tuple(outside))
+
+
+def prefetch_speedup(model_or_shape, batch: int, context: int, prefetch, *,
+                     family: str = "vllm_v1", gpu: str = REFERENCE, **point) -> float:
+    """How much faster one launch runs with `prefetch` than without on `gpu`: the closed form's
+    time without over its time with (decode_launch with recordings=False for both, so that a
+    recording of one side does not stand against the model of the other). `point`: the other
+    keywords of decode_launch. Raises ValueError as decode_launch does (a bulk prefetch on a GPU
+    before sm_90, say)."""
+    def ms(setting):
+        return decode_launch(model_or_shape, batch, context, family=family, prefetch=setting,
+                             gpu=gpu, recordings=False, **point).time_ms
+
+    with_prefetch = ms(prefetch)  # checks `prefetch` first
+    return ms(None) / with_prefetch
+

@@ -109,7 +109,8 @@ def launch_point(model_or_shape, batch: int, context: int | None, *, block_size:
     kernel runs (query heads not a multiple of the KV heads, more than GQA_MAX_GROUP a KV head,
     a head_dim not in kvlab.checks.HEAD_DIMS), a batch or context out of the kernels' range, a
     block size or dtype the family does not take, a GPU not in kvlab.gpus, a bulk prefetch on a
-    GPU before sm_90, SMs past the GPU's, and K and V of one layer past the GPU's memory."""
+    GPU before sm_90, an fp8 cache on one before sm_89, SMs past the GPU's, and K and V of one
+    layer past the GPU's memory."""
     _choice("family", family, FAMILIES)
     model, num_qo_heads, num_kv_heads, head_dim = _heads(model_or_shape)
     if num_qo_heads > GQA_MAX_GROUP * num_kv_heads:
@@ -127,6 +128,9 @@ def launch_point(model_or_shape, batch: int, context: int | None, *, block_size:
     if prefetch.mode == "bulk" and prefetch.enabled and _compute_capability(g) < 90:
         raise ValueError(f"prefetch={prefetch.label()!r}: cp.async.bulk.prefetch.L2 needs sm_90 "
                          f"or later; gpu={g.key!r} is {g.arch}")
+    if dtype == "fp8" and _compute_capability(g) < 89:
+        raise ValueError(f"dtype='fp8': gqa widens e4m3 with cvt.rn.f16x2.e4m3x2, which needs "
+                         f"sm_89 or later; gpu={g.key!r} is {g.arch}")
     num_sms = g.num_sms if num_sms is None else num_sms
     check_int("num_sms", num_sms, 1, g.num_sms)
     if isinstance(lengths, str) and lengths == "equal":

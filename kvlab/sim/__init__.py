@@ -6,6 +6,8 @@ flight) and misses of loads and of prefetches, the hit rate and the DRAM bytes. 
 in rounds of the schedule (kvlab.sim.spec), each CTA shifted by its phase
 (TraceSpec.jitter_rounds); L2Cache(fill_latency_rounds=...) sets how long a fill
 takes. Numba compiles the loops on first use (seconds; cached on disk), not at import.
+`kvlab.sim.sample` replays a launch too big to replay live as a miniature of it: some of its
+sequences on a share of the SMs and of the L2.
 """
 
 from kvlab.sim.l2 import L2Cache, L2Result

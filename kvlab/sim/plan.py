@@ -42,6 +42,14 @@ def launch_spec(model: str, kernel: str, batch: int, context: int, num_sms: int,
     Raises ValueError for an unknown model or kernel, batch, context or num_sms not an integer
     >= 1, a field it plans or that TraceSpec lacks, and for what TraceSpec refuses (a trace past
     its memory limit too), all before planning."""
+    shape = launch_shape(model, kernel, batch, context, num_sms, prefetch, **fields)
+    return replace(shape, **launch_plan(model, kernel, batch, context, num_sms))
+
+
+def launch_shape(model: str, kernel: str, batch: int, context: int, num_sms: int,
+                 prefetch: PrefetchConfig, **fields) -> TraceSpec:
+    """The launch of `launch_spec` before planning: whole sequences, one CTA an SM (the fewest
+    iterations a plan can give it). Raises ValueError as `launch_spec`."""
     if not isinstance(model, str) or model not in MODELS:
         raise ValueError(f"model={model!r}: must be one of {', '.join(MODELS)}")
     if not isinstance(kernel, str) or kernel not in FAMILIES:
@@ -54,19 +62,22 @@ def launch_spec(model: str, kernel: str, batch: int, context: int, num_sms: int,
                          f"launch_spec plans these or TraceSpec lacks them; it takes "
                          f"{', '.join(settable)}")
     m = MODELS[model]
-    # NOTE: the shape is checked whole before planning (the planner's work grows with context):
-    # unsplit, in the widest CTAs, a launch runs its fewest iterations, so a plan can only add
-    shape = TraceSpec(family=kernel, num_seqs=batch, context=context,
-                      num_qo_heads=m.num_qo_heads, num_kv_heads=m.num_kv_heads,
-                      head_dim=m.head_dim, partition_size=0, ctas_per_sm=1, prefetch=prefetch,
-                      num_sms=num_sms, warps=4 if kernel == "vllm_v1" else 8, **fields)
+    return TraceSpec(family=kernel, num_seqs=batch, context=context,
+                     num_qo_heads=m.num_qo_heads, num_kv_heads=m.num_kv_heads,
+                     head_dim=m.head_dim, partition_size=0, ctas_per_sm=1, prefetch=prefetch,
+                     num_sms=num_sms, warps=4 if kernel == "vllm_v1" else 8, **fields)
+
+
+def launch_plan(model: str, kernel: str, batch: int, context: int, num_sms: int) -> dict:
+    """{"partition_size", "ctas_per_sm", "warps"}: how the kernels plan the launch of
+    `launch_spec` (vllm_v1: vLLM's v1 / v2 rule; gqa: split_plan on num_sms SMs). The planner's
+    work grows with context: check the shape first (`launch_shape`)."""
+    m = MODELS[model]
     if kernel == "vllm_v1":
         part = 512 if use_partitions(batch, m.num_qo_heads, context) else 0
-        slots, warps = VLLM_CTAS_PER_SM, 4
-    else:
-        part, warps = split_plan(batch, m.num_kv_heads, context, num_sms, ctas_per_sm(m.head_dim),
-                                 2 * m.head_dim * 2,  # fp16 K and V
-                                 eight_warps=ctas_per_sm(m.head_dim, 2, 8) >= 1)
-        slots = ctas_per_sm(m.head_dim, 2, warps)
-        part = 0 if part >= context else part
-    return replace(shape, partition_size=part, ctas_per_sm=slots, warps=warps)
+        return {"partition_size": part, "ctas_per_sm": VLLM_CTAS_PER_SM, "warps": 4}
+    part, warps = split_plan(batch, m.num_kv_heads, context, num_sms, ctas_per_sm(m.head_dim),
+                             2 * m.head_dim * 2,  # fp16 K and V
+                             eight_warps=ctas_per_sm(m.head_dim, 2, 8) >= 1)
+    return {"partition_size": 0 if part >= context else part,
+            "ctas_per_sm": ctas_per_sm(m.head_dim, 2, warps), "warps": warps}

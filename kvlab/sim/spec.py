@@ -168,6 +168,15 @@ class TraceSpec:
                 + _SLOT_BYTES * self.num_sms * self.ctas_per_sm)
 
     @property
+    def load_bytes(self) -> int:
+        """Bytes the launch's loads ask for, K and V: vllm_v1 reads whole blocks once a query
+        head, gqa the context's rows once a KV head."""
+        if self.family == "vllm_v1":
+            return 2 * self.num_seqs * self.num_qo_heads * self.blocks_per_seq * self.tile_bytes
+        return (2 * self.num_seqs * self.num_kv_heads * self.context * self.head_dim
+                * self.dtype_bytes)
+
+    @property
     def tile_tokens(self) -> int:
         """gqa: tokens of one loop iteration, 16 a warp."""
         return GQA_WARP_TOKENS * self.warps

@@ -76,16 +76,18 @@ def table_5_2_figure(model: str, entries: list[dict], provenance: str,
 
 def modelled_l2_figure(results: dict[str, object], shape: str, provenance: str,
                        height: int = 360, times_ms: dict[str, float] | None = None,
-                       roofline_gbps: float | None = None) -> go.Figure:
+                       roofline_gbps: float | None = None, *, title: str = "L2, modelled",
+                       details: tuple[str, ...] = ()) -> go.Figure:
     """Bars per prefetch setting (`results`: label -> kvlab.sim.L2Result): the modelled L2 hit
     rate of the loads, the share of loads that found their fill in flight, and the hit rate as
     ncu's headline counts it (every lookup: the prefetches' and the L2 fabric's too,
     `L2Result.ncu_hit_rate`); the hover gives the DRAM bytes. `shape` describes the launch
-    modelled. With `times_ms` (label -> the time model's ms) and `roofline_gbps` (the copy
-    roofline of the SMs), a second panel gives each setting's modelled time and its DRAM GB/s
-    as % of that roofline. Raises ValueError for `results` empty, a `roofline_gbps` or a time
-    of `times_ms` that is not a finite number > 0, or `times_ms` without a setting of
-    `results`."""
+    modelled, `details` add subtitle lines below it (e.g. what of the launch was replayed),
+    `title` names the chart (e.g. the GPU it is modelled for). With `times_ms` (label -> the
+    time model's ms) and `roofline_gbps` (the copy roofline of the SMs), a second panel gives
+    each setting's modelled time and its DRAM GB/s as % of that roofline. Raises ValueError for
+    `results` empty, a `roofline_gbps` or a time of `times_ms` that is not a finite number > 0,
+    or `times_ms` without a setting of `results`."""
     if not results:
         raise ValueError(f"results={results!r}: must hold at least one prefetch setting")
     if roofline_gbps is not None:
@@ -124,7 +126,7 @@ def modelled_l2_figure(results: dict[str, object], shape: str, provenance: str,
     ):
         fig.add_trace(trace, row=1, col=1)
     fig.update_yaxes(title_text="% of loads' sectors", range=[0, 115], row=1, col=1)
-    lines = [shape]
+    lines = [shape, *details]
     if timed:
         us = [1e3 * times_ms[n] for n in names]
         share = [100 * r.dram_bytes / (times_ms[n] * 1e-3) / (roofline_gbps * 1e9)
@@ -141,4 +143,4 @@ def modelled_l2_figure(results: dict[str, object], shape: str, provenance: str,
                   f"copy roofline {roofline_gbps:.0f} GB/s; CPI and stalls: ncu only"]
     # the legend in two columns: two rows, not four, below a chart of 500 px
     fig.update_layout(barmode="group", legend=dict(entrywidth=0.5, entrywidthmode="fraction"))
-    return style(fig, "L2, modelled", provenance, *lines, height=height)
+    return style(fig, title, provenance, *lines, height=height)

@@ -1,6 +1,8 @@
 """Figures of whole-model decoding (`python -m kvlab bench e2e` rows, or one `kvlab.LLM`
 generation): tokens/s against batch per attention variant beside HF's static cache and the
-roofline, tokens/s against the tensor-parallel degree, and the time of each decode step."""
+roofline, tokens/s against the tensor-parallel degree, and the time of each decode step; and
+the rows of the reference GPU's runs modelled for another GPU (`modelled_rows`), for the same
+figures."""
 
 from __future__ import annotations
 
@@ -8,10 +10,13 @@ import statistics
 
 import plotly.graph_objects as go
 
+from kvlab import gpus
 from kvlab.checks import check_positive_int, is_real
+from kvlab.config import MODELS
 from kvlab.viz.layout import style
 
-__all__ = ["TITLES", "steps_figure", "tensor_parallel_figure", "throughput_figure"]
+__all__ = ["TITLES", "modelled_rows", "steps_figure", "tensor_parallel_figure",
+           "throughput_figure"]
 
 VARIANT_COLORS = {"vllm_v1": "#1f77b4", "vllm_v1+prefetch": "#9ecae1", "gqa": "#2ca02c",
                   "gqa+prefetch": "#98df8a", "hf-static": "#7f7f7f"}
@@ -20,6 +25,45 @@ VARIANT_COLORS = {"vllm_v1": "#1f77b4", "vllm_v1+prefetch": "#9ecae1", "gqa": "#
 TITLES = {"throughput": "Decode throughput: {model}",
           "steps": "Decode steps: {model}, batch {batch}",
           "tensor_parallel": "Tensor parallel: {model}, batch {batch}"}
+
+
+def modelled_rows(rows: list[dict], run_gbps: dict[str, float], gpu: str
+                  ) -> tuple[list[dict], dict[int, str]]:
+    """`rows` of runs on the reference GPU (kvlab.gpus.REFERENCE) modelled for GPU `gpu` (a key of
+    kvlab.gpus.GPUS): the rows of every batch that fits its memory, and for each batch that does
+    not, why (naming model, GPU and bytes).
+
+    A row's step reads `step_bytes` (added to it): the weights and the batch's K, V at the run's
+    mean context, as `python -m kvlab bench e2e` counts them: its roofline step times the copy
+    roofline its run measured, `run_gbps[row["source"]]` (GB/s). On `gpu` the roofline step
+    (`roofline_ms`) is those bytes over the GPU's copy roofline (kvlab.gpus.copy_roofline_gbps),
+    and the step (`step_ms`) that times the row's ratio_to_roofline: the reference's measured
+    ratio, assumed to hold there (each of `step_ms_runs` times its own); tokens/s follow. A batch
+    fits where the weights a step reads and the K, V of every prompt and new token do, at least.
+    ValueError for a `gpu` not in the table."""
+    g = gpus.gpu(gpu)
+    gbps = gpus.copy_roofline_gbps(g)[0]
+    shown, past = [], {}
+    for r in rows:
+        step_bytes = r["roofline_ms"] * 1e-3 * run_gbps[r["source"]] * 1e9
+        per_token = MODELS[r["model"]].kv_bytes_per_token() * r["batch"]
+        weights = step_bytes - per_token * (r["prompt"] + r["new_tokens"] / 2)
+        tokens = r["prompt"] + r["new_tokens"]
+        if weights + per_token * tokens > g.memory_bytes:
+            past[r["batch"]] = (
+                f"{r['model']} at batch {r['batch']} needs at least "
+                f"{(weights + per_token * tokens) / 1e9:,.1f} GB (the {weights / 1e9:,.1f} GB of "
+                f"weights a step reads, {per_token * tokens / 1e9:,.1f} GB of K, V for "
+                f"{r['batch']} x {tokens} tokens): past the {g.name}'s "
+                f"{g.memory_bytes / 1e9:,.0f} GB")
+            continue
+        roofline_ms = step_bytes / gbps / 1e6
+        step_ms = roofline_ms * r["ratio_to_roofline"]
+        shown.append({**r, "step_bytes": step_bytes, "roofline_ms": roofline_ms,
+                      "step_ms": step_ms, "tokens_per_s": r["batch"] / step_ms * 1e3,
+                      "step_ms_runs": [ms / r["roofline_ms"] * roofline_ms
+                                       for ms in r["step_ms_runs"]]})
+    return shown, past
 
 
 def throughput_figure(rows: list[dict], model: str, provenance: str,

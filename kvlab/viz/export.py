@@ -69,7 +69,8 @@ def figure_table(fig: go.Figure):
     and one title share a column); a heatmap's "z: <colorbar title>", laid out by its x and y, or
     by column and row index where it has none; "text" where a trace has text. A bar drawn from a
     `base` (a timeline) gives where it starts and ends instead of its length: "x start: <title>",
-    "x end: <title>" (y for a vertical bar)."""
+    "x end: <title>" (y for a vertical bar). A point with neither x nor y (a gap between a line's
+    segments, a legend entry's [None]) gives no row."""
     import pandas as pd
 
     layout = fig.layout.to_plotly_json()
@@ -96,9 +97,12 @@ def figure_table(fig: go.Figure):
         base = _values(trace, "base") if trace.type == "bar" else None
         size_axis = "x" if getattr(trace, "orientation", None) == "h" else "y"
         for k in range(max((len(v) for v in (x, y) if v is not None), default=0)):
+            point = [values[k] if values is not None and k < len(values) else None
+                     for values in (x, y)]
+            if all(value is None for value in point):
+                continue
             row = {"trace": name, "type": trace.type}
-            for axis, values in (("x", x), ("y", y)):
-                value = values[k] if values is not None and k < len(values) else None
+            for axis, value in zip(("x", "y"), point, strict=True):
                 if base is None or axis != size_axis:
                     row[_column(axis, titles[axis])] = value
                     continue

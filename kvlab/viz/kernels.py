@@ -15,7 +15,8 @@ from kvlab.results import speedups
 from kvlab.viz.layout import check_height, style
 
 __all__ = ["AUTO_MODES", "PAPER_REFERENCE", "bandwidth_figure", "block_order_figure",
-           "fp8_speedup_figure", "mixed_figure", "prefetch_speedup_figure", "variant"]
+           "fp8_speedup_figure", "gpu_speedup_figure", "mixed_figure", "prefetch_speedup_figure",
+           "variant"]
 
 PAPER_REFERENCE = "paper: 1.84-2.15x, vLLM + L2 prefetch on H20 (arXiv 2504.06319)"
 KERNEL_COLORS = {"vllm_v1": "#1f77b4", "vllm_v1_in_order": "#0b3c68", "gqa": "#2ca02c",
@@ -33,7 +34,6 @@ AUTO_MODES = {"tuned": "tuned at this point", "reused": "reused from another sha
 PREFETCH_COLORS = ("#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#d62728")
 BAR_ROW_PX = 22  # the bandwidth figure's height per bar
 BANDWIDTH_FRAME_PX = 240  # its title, x axis and legend
-LEGEND_GAP_PX = 75  # from the plot's bottom edge to the legend, below the axis title
 
 
 def variant(row: dict) -> str:
@@ -77,7 +77,10 @@ def bandwidth_figure(
         each bar's text and hover give its % of it.
     selected: a `variant(row)` to outline (the one chosen in the dashboard), or None.
     note: a subtitle line, e.g. how the point shown differs from the one asked for.
-    The legend names each kernel's colour and the roofline; hover says how an auto row chose.
+    A row whose "basis" is "interpolated" or "extrapolated" (kvlab.predict's answer, not a
+    measurement) is hatched, with a whisker over its "gbps_band" (lo, hi), and says so on hover.
+    The legend names each kernel's colour, the roofline and, where drawn, the modelled hatch;
+    hover says how an auto row chose.
     Raises ValueError if `rows` is empty or spans several points or block sizes, for a
     `roofline_gbps` that is not a finite number > 0, or a `height` not an integer in [10, 100000].
     """
@@ -88,8 +91,19 @@ def bandwidth_figure(
     model, batch, context, block_size = _one_point(rows)
     names = [variant(r) for r in rows]
     pct = [100 * r["gbps"] / roofline_gbps for r in rows]
+    modelled = [r.get("basis", "measured") != "measured" for r in rows]
     how = [f"<br>auto: {AUTO_MODES.get(r.get('auto_mode'), 'chosen by kvlab')}"
-           if r["kernel"] == "auto" else "" for r in rows]
+           if r["kernel"] == "auto" else
+           f"<br>modelled ({r['basis']}): 90% of held-out errors within "
+           f"{r['gbps_band'][0]:,.0f}-{r['gbps_band'][1]:,.0f} GB/s" if m else ""
+           for r, m in zip(rows, modelled, strict=True)]
+    whiskers = None
+    if any(modelled):
+        whiskers = dict(type="data", symmetric=False, color="#333", thickness=1.5, width=4,
+                        array=[r["gbps_band"][1] - r["gbps"] if m else 0
+                               for r, m in zip(rows, modelled, strict=True)],
+                        arrayminus=[r["gbps"] - r["gbps_band"][0] if m else 0
+                                    for r, m in zip(rows, modelled, strict=True)])
     # horizontal bars, one row each in the given order: the labels read across, however many
     bars = go.Bar(
         name="GB/s",
@@ -101,9 +115,11 @@ def bandwidth_figure(
         cliponaxis=False,
         showlegend=False,
         customdata=[[r["ms"], p, h] for r, p, h in zip(rows, pct, how, strict=True)],
+        error_x=whiskers,
         marker=dict(
             color=[KERNEL_COLORS.get(r["kernel"], "gray") for r in rows],
             line=dict(color="black", width=[3 if n == selected else 0 for n in names]),
+            pattern=dict(shape=["/" if m else "" for m in modelled], fgcolor="white"),
         ),
         hovertemplate="%{y}<br>%{x:.0f} GB/s = %{customdata[1]:.1f}% of roofline"
         "<br>%{customdata[0]:.4f} ms%{customdata[2]}<extra></extra>",
@@ -112,6 +128,10 @@ def bandwidth_figure(
     kernels = [k for k in KERNEL_COLORS if any(r["kernel"] == k for r in rows)]
     keys = [go.Bar(name=KERNEL_NAMES[k], orientation="h", x=[None], y=[None],
                    marker_color=KERNEL_COLORS[k]) for k in kernels]
+    if any(modelled):
+        keys.append(go.Bar(name="hatched: modelled; whisker: its 90% error band", x=[None],
+                           y=[None], orientation="h",
+                           marker=dict(color="#999", pattern=dict(shape="/", fgcolor="white"))))
     roofline = go.Scatter(name=f"copy roofline {roofline_gbps:.0f} GB/s", x=[None], y=[None],
                           mode="lines", line=dict(color="black", dash="dash", width=1))
     fig = go.Figure([bars, *keys, roofline])
@@ -135,7 +155,6 @@ def bandwidth_figure(
         auto,
         # at least `height`, and BAR_ROW_PX a bar beside the title, axis and legend
         height=max(height, plot_px + BANDWIDTH_FRAME_PX),
-        legend_y=-LEGEND_GAP_PX / max(plot_px, height - BANDWIDTH_FRAME_PX),
     )
 
 
@@ -202,7 +221,6 @@ def prefetch_speedup_figure(
         PAPER_REFERENCE,
         note,
         height=height,
-        legend_y=-0.55,
     )
 
 
@@ -276,10 +294,9 @@ def block_order_figure(result_rows: list[dict], model: str, provenance: str, hei
     fig.add_hline(y=1.0, line=dict(color="black", dash="dash", width=1))
     fig.update_layout(xaxis=dict(title="batch x context (tokens)", automargin=True),
                       yaxis=dict(title="speed ratio"))
-    # the legend below the rotated "batch x context" labels and the axis title
     return style(fig, "Blocks in order: speed over blocks scattered through the pool",
                  provenance, f"{model}, no prefetch, one loop per point; dashed: 1.0", note,
-                 height=height, legend_y=-0.55)
+                 height=height)
 
 
 def mixed_figure(result_rows: list[dict], model: str, lengths: str, provenance: str,
@@ -315,4 +332,35 @@ def mixed_figure(result_rows: list[dict], model: str, lengths: str, provenance: 
     return style(fig, "Mixed lengths: % of the copy roofline by batch", provenance,
                  f"{model}, {lengths} (lognormal: mean before clipping, clip); no prefetch, "
                  "one loop per batch; dashed: the roofline", note, height=height)
+
+
+def gpu_speedup_figure(speedups: dict[str, dict[str, float | None]], detail: str,
+                       provenance: str, height: int = 420, note: str = "") -> go.Figure:
+    """A heatmap of prefetch speedups: one row per GPU (the keys of `speedups`, drawn top down),
+    one column per point (the keys of each row, e.g. "16 x 4096"), each cell's speedup written
+    in it and coloured from red (slower) through white (1.0) to green (faster); None: a
+    setting the GPU cannot run, left blank. `detail`: what the speedups are of (model, family,
+    prefetch). Raises ValueError where `speedups` is empty or its rows name different points."""
+    check_height(height)
+    if not speedups:
+        raise ValueError("speedups is empty: need one row of speedups a GPU")
+    columns = list(next(iter(speedups.values())))
+    for gpu, row in speedups.items():
+        if list(row) != columns:
+            raise ValueError(f"speedups[{gpu!r}] has points {list(row)}: must have {columns}")
+    gpus = list(speedups)
+    z = [[speedups[g][c] for c in columns] for g in gpus]
+    values = [v for row in z for v in row if v is not None]
+    reach = max([abs(v - 1) for v in values] + [0.05])  # colour scale symmetric about 1.0
+    fig = go.Figure(go.Heatmap(
+        z=z, x=columns, y=gpus, zmin=1 - reach, zmax=1 + reach, zmid=1.0,
+        colorscale=[[0, "#d62728"], [0.5, "#ffffff"], [1, "#2ca02c"]],
+        text=[["" if v is None else f"{v:.2f}x" for v in row] for row in z],
+        texttemplate="%{text}", hoverongaps=False,
+        colorbar=dict(title="speedup", thickness=12),
+        hovertemplate="%{y}<br>%{x}<br>%{z:.3f}x over none<extra></extra>"))
+    fig.update_layout(xaxis=dict(title="batch x context (tokens)", type="category"),
+                      yaxis=dict(autorange="reversed", type="category", automargin=True))
+    return style(fig, "Would L2 prefetch pay? Speedup over none, by GPU", provenance, detail,
+                 note, height=max(height, 24 * len(gpus) + 200))
 

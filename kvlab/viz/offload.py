@@ -22,18 +22,21 @@ from plotly.subplots import make_subplots
 from kvlab.checks import check_int, check_positive_int
 from kvlab.offload.scheduler import (
     MODELS_OF_TIME,
+    WEIGHTS,
     LayerShape,
     LinkAndCompute,
     best_split,
     layer_times,
+    layer_weight_bytes,
 )
 from kvlab.results import nearest_point
 from kvlab.viz.layout import style
 
 __all__ = [
-    "BASELINES", "OP_COLORS", "ROW_DEFAULTS", "baseline_speedups", "describe_point",
-    "nearest_timeline", "point_rows", "recorded_rates", "recorded_times", "schedule_label",
-    "speedup_figure", "split_figure", "split_points", "timeline_figure", "with_defaults",
+    "BASELINES", "OP_COLORS", "ROW_DEFAULTS", "SPLIT_TITLE", "baseline_speedups",
+    "describe_point", "gpu_bytes", "nearest_timeline", "point_rows", "recorded_rates",
+    "recorded_times", "schedule_label", "speedup_figure", "split_figure", "split_points",
+    "timeline_figure", "with_defaults",
 ]
 
 # The runtime's streams (kvlab.offload's LANES), top to bottom; a lane not listed goes below.
@@ -48,6 +51,7 @@ ROW_DEFAULTS = {"schedule": "row", "gpu_batches": 1, "weights": "resident"}
 SETTINGS = ("kvpr-paper", "kvpr-chunked", "kvpr-pipelined", "full-transfer", "full-recompute",
             "hf-offloaded")
 BASELINES = ("full-transfer", "full-recompute", "hf-offloaded")
+SPLIT_TITLE = "{model}: predicted step vs split l"  # `split_figure`'s, for str.format(model=...)
 
 
 def with_defaults(row: dict) -> dict:
@@ -96,6 +100,19 @@ def recorded_rates(row: dict, source: str) -> LinkAndCompute:
     the host's times recorded with them; `source` says where (e.g. `kvlab.results.label`)."""
     return LinkAndCompute(row["h2d_gbps"] * 1e9, row["recompute_tflops"] * 1e12, source,
                           **recorded_times(row))
+
+
+def gpu_bytes(shape: LayerShape, weights: str) -> tuple[int, int]:
+    """What KVPR's runtime (kvlab.offload.runtime.KVPRDecoder) keeps on the GPU for units of
+    `shape`, at least: (the layers' weights: every layer's where `weights` is "resident", its two
+    weight slots of one layer each where "offloaded"; its two buffer slots, each one unit's K, V
+    and X of the whole context). ValueError for `weights` not in WEIGHTS."""
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights={weights!r}: must be one of {WEIGHTS}")
+    layer = layer_weight_bytes(shape.model, shape.dtype_bytes)[1]
+    num_layers = shape.model.num_layers if weights == "resident" else 2
+    buffers = 2 * (shape.kv_bytes(0) + shape.activation_bytes(shape.context))
+    return num_layers * layer, int(buffers)
 
 
 def point_rows(result: dict, model: str, batch: int, context: int) -> list[dict]:
@@ -173,8 +190,7 @@ def timeline_figure(spans: list[dict], provenance: str, height: int = 320,
         yaxis=dict(categoryorder="array", categoryarray=lanes[::-1]),
         legend_title="operation",
     )
-    return style(fig, f"One decode step: {end_ms:.2f} ms", provenance, point, height=height,
-                 legend_y=-0.3)
+    return style(fig, f"One decode step: {end_ms:.2f} ms", provenance, point, height=height)
 
 
 def split_figure(shape: LayerShape, rates: LinkAndCompute, selected_l: int | None = None,
@@ -227,11 +243,11 @@ def split_figure(shape: LayerShape, rates: LinkAndCompute, selected_l: int | Non
     fig.update_layout(xaxis_title="l: tokens whose K, V are recomputed",
                       yaxis=dict(title="decode step (ms)", rangemode="tozero"))
     return style(
-        fig, f"{shape.model.name}: predicted step vs split l", (
+        fig, SPLIT_TITLE.format(model=shape.model.name), (
             f"modelled with {rates.h2d_bytes_per_s / 1e9:.1f} GB/s and "
             f"{rates.recompute_flops_per_s / 1e12:.0f} TFLOP/s<br>({rates.source})"),
         f"{batch} x {shape.context} tokens{weights}", note,
-        f"x = measured, {provenance}" if measured else "", height=height, legend_y=-0.3)
+        f"x = measured, {provenance}" if measured else "", height=height)
 
 
 def baseline_speedups(rows: list[dict]) -> list[dict]:
@@ -305,6 +321,7 @@ def speedup_figure(rows: list[dict], provenance: str, height: int = 380) -> go.F
     fig.update_yaxes(title_text="speedup (x)", range=[0, 1.3 * max(top[1], 1)], row=1, col=2)
     against = ", ".join(dict.fromkeys(p["baseline"] for p in pairs)) or "no baseline recorded"
     fig.update_layout(barmode="group", legend_title="schedule")
-    fig.update_xaxes(automargin=True)
+    # the first of these angles that keeps the setting names apart at the chart's width
+    fig.update_xaxes(automargin=True, autotickangles=[45, 90])
     return style(fig, f"{model}, batch {batch} x {context}", provenance,
-                 f"fastest KVPR setting vs {against}", height=height, legend_y=-0.4)
+                 f"fastest KVPR setting vs {against}", height=height)

@@ -29,17 +29,27 @@ from browser_lab import (
 playwright = pytest.importorskip("playwright.sync_api")
 pytestmark = BROWSER_TEST
 NAME = "dashboard.ipynb"
-# (tab, control's description, new value): a slider's value is the key that moves it
+# (tab, control's description, new value): a slider's value is the key that moves it, a number
+# box's the number typed into it, a dropdown's the option's label
 CHANGES = [
     ("Paged cache", "block_size (tokens)", "ArrowRight"),
     ("Paged cache", "model", "llama2-7b"),
     ("Paged cache", "length distribution", "uniform"),
     ("Decode kernels", "kernel family", "gqa"),
+    ("Decode kernels", "batch", "24"),
+    ("Decode kernels", "context (tokens)", "5000"),
+    ("Decode kernels", "KV heads", "4"),
+    ("Decode kernels", "block_size (tokens)", "64"),
+    ("Decode kernels", "GPU", "NVIDIA H20"),
     ("Decode kernels", "KV cache dtype", "fp8"),
     ("KVPR", "schedule", "column"),
     ("KVPR", "weights", "offloaded"),
+    ("KVPR", "GPU", "NVIDIA A100-PCIE-40GB"),
     ("L2 and counters", "kernel family", "gqa"),
+    ("L2 and counters", "context (tokens)", "8192"),
+    ("L2 and counters", "GPU", "NVIDIA H20"),
     ("End-to-end", "batch", "16"),
+    ("End-to-end", "GPU", "NVIDIA H100 80GB HBM3"),
 ]
 
 
@@ -77,7 +87,15 @@ def change(page, description: str, value: str):
         return lambda: page.keyboard.press(value)
     if "widget-toggle-buttons" in classes:
         return lambda: control.locator("button", has_text=value).click()
-    return lambda: control.locator("select").select_option(value)
+    if "widget-text" in classes:  # a number box: its value is sent on Enter
+        box = control.locator("input")
+
+        def type_number():
+            box.fill(value)
+            box.press("Enter")
+
+        return type_number
+    return lambda: control.locator("select").select_option(label=value)
 
 
 def test_a_new_notebook_draws_every_chart_of_its_shown_tab(lab):
@@ -91,7 +109,11 @@ def test_a_chart_a_control_redrew_is_drawn_when_its_tab_is_shown_again(lab):
     page, first_ms, last_ms, blank = lab, [], [], []
     for title, description, value in CHANGES:
         tab(page, title).click()
-        drawn = redraw_ms(page, change(page, description, value))
+        try:
+            act = change(page, description, value)
+        except playwright.Error as error:
+            raise AssertionError(f"{title}: no control {description!r} on show") from error
+        drawn = redraw_ms(page, act)
         assert drawn, f"{title}: {description}={value} drew no chart"
         first_ms.append(drawn[0])
         last_ms.append(drawn[-1])

@@ -1,17 +1,21 @@
-"""The whole dashboard as a browser gets it: every chart's output is valid JSON (CPU)."""
+"""The whole dashboard as a browser gets it: every chart's output is valid JSON, exports, and a
+pinned setting drawn beside the live one (CPU)."""
 
+import html
 import json
 import pathlib
 import re
 import shutil
 import subprocess
 
+import ipywidgets as widgets
 import pytest
 from factories import non_finite_paths
 
 import kvlab
 from kvlab.panels import app
-from kvlab.panels.widgets import PLOTLY_MIME
+from kvlab.panels.widgets import PLOTLY_MIME, show_figure
+from kvlab.viz.layout import note_figure
 
 
 def test_every_figure_of_every_tab_can_be_sent_to_the_browser(monkeypatch):
@@ -216,3 +220,105 @@ def test_no_tab_is_narrower_than_its_title(monkeypatch):
     dash = kvlab.dashboard()
     assert "kvlab-tabs" in dash.tab_widget._dom_classes
     assert app.TAB_STYLE in dash.header.value and "min-width: fit-content" in app.TAB_STYLE
+
+
+# A pinned setting, drawn beside the live one and exported with it.
+
+def test_a_pinned_setting_is_drawn_beside_the_live_one_as_a_control_changes(dash):
+    label = dash.pin("paged_cache")
+    assert {"model=llama3-8b", "block_size=16", "num_requests=256"} <= set(label.split(", "))
+    dash.controls["paged_cache"]["block_size"].value = 64
+    memory = dash.figures["paged_cache"]["memory"].figure
+    live = [t.name for t in memory.data if t.legendgroup != "pinned"]
+    pinned = [t.name for t in memory.data if t.name.startswith("pinned: ")]
+    assert pinned == [f"pinned: {name}" for name in live]
+    assert "paged, block_size=64" in memory.data[0].x[0]
+    assert "paged, block_size=16" in memory.data[len(live)].x[0]  # the values when pinned
+    assert memory.layout.title.text.endswith("<sub>pinned: block_size=16</sub>")
+    assert html.escape(label) in dash.pin_line.value and not dash.unpin_button.disabled
+    dash.unpin()
+    memory = dash.figures["paged_cache"]["memory"]
+    assert memory.figure is memory.live and not any(
+        t.name.startswith("pinned") for t in memory.figure.data)
+    assert "pinned" not in memory.figure.layout.title.text
+    assert dash.pin_line.value == "" and dash.unpin_button.disabled
+
+
+def test_the_buttons_pin_and_clear_the_selected_tab_and_the_line_follows_the_tab(dash):
+    assert dash.unpin_button.disabled  # nothing pinned yet
+    dash.tab_widget.selected_index = 4
+    dash.pin_button.click()
+    e2e = dash.tabs[4]
+    label = app.setting_label(app.control_values(e2e.controls))
+    assert all(pane.pinned.label == label for pane in e2e.figures.values())
+    assert not any(pane.pinned for pane in dash.figures["paged_cache"].values())
+    assert html.escape(label) in dash.pin_line.value
+    dash.tab_widget.selected_index = 0
+    assert dash.pin_line.value == "" and dash.unpin_button.disabled
+    dash.tab_widget.selected_index = 4
+    assert html.escape(label) in dash.pin_line.value and not dash.unpin_button.disabled
+    dash.unpin_button.click()
+    assert not any(pane.pinned for pane in e2e.figures.values())
+    assert dash.pin_line.value == ""
+
+
+def test_a_setting_label_names_each_controls_value_short():
+    controls = {"block_size": widgets.IntSlider(value=16), "fraction": widgets.FloatSlider(
+        value=0.5), "model": widgets.Dropdown(options=["llama3-8b"]), "go": widgets.Button()}
+    assert app.setting_label(app.control_values(controls)) == (
+        "block_size=16, fraction=0.5, model=llama3-8b")
+
+
+def test_pinning_again_replaces_the_pin(dash):
+    dash.pin()
+    dash.controls["paged_cache"]["block_size"].value = 32
+    assert "block_size=32" in dash.pin()
+    memory = dash.figures["paged_cache"]["memory"].figure
+    assert sum(t.name.startswith("pinned: ") for t in memory.data) == 4  # not 8
+    assert memory.layout.title.text.endswith("<sub>pinned: the setting shown</sub>")
+    assert "block_size=16" not in dash.pin_line.value
+
+
+def test_a_note_under_a_pin_is_drawn_and_says_the_pin_is_not(dash):
+    dash.pin()
+    pane = dash.figures["paged_cache"]["memory"]
+    show_figure(pane, note_figure("KV memory", "computed", "nothing to draw", 420))  # as a tab
+    assert not pane.figure.data and pane.figure.layout.annotations  # the note, as without a pin
+    assert pane.figure.layout.title.text.endswith(
+        "<sub>pinned: the setting shown</sub><br><sub>pin not drawn: this chart has no data</sub>")
+
+
+def test_an_export_after_a_pin_holds_the_pinned_series_and_setting(dash):
+    label = dash.pin()
+    dash.controls["paged_cache"]["num_requests"].value = 100
+    paths = dash.export(folder="out")
+    csv = {p.name: p.read_text() for p in paths if p.suffix == ".csv"}
+    memory = csv["paged_cache-memory.csv"]
+    assert "# pinned: num_requests=256" in memory.splitlines()
+    rows = [line.split(",")[0] for line in memory.splitlines() if not line.startswith("#")]
+    assert rows.count("pinned: paged reserved") == 1 and rows.count("paged reserved") == 1
+    assert "pinned setting" not in rows  # the legend entry holds no data
+    assert "pin not drawn: this chart is a heatmap" in csv["paged_cache-block_table.csv"]
+    report = paths[-1].read_text()
+    assert f"<th>pinned setting</th><td>{html.escape(label)}</td>" in report
+    assert report.count('"name":"pinned: paged reserved"') == 1
+
+
+def test_pin_refuses_a_tab_key_no_tab_has(dash):
+    with pytest.raises(ValueError, match=re.escape(
+            "tab_key='kv': must be one of ['paged_cache', 'decode_kernels', 'kvpr', 'l2', "
+            "'e2e']")):
+        dash.pin("kv")
+    with pytest.raises(ValueError, match="tab_key='kv'"):
+        dash.unpin("kv")
+
+
+def test_every_pinned_chart_can_be_sent_to_the_browser(dash):
+    for tab in dash.tabs:
+        dash.pin(tab.key)
+    for tab, figures in dash.figures.items():
+        for name, pane in figures.items():
+            (output,) = pane.outputs
+            assert "pinned: " in output["data"][PLOTLY_MIME]["layout"]["title"]["text"]
+            assert non_finite_paths(output["data"][PLOTLY_MIME]) == [], (tab, name)
+            json.dumps(pane.outputs, allow_nan=False)

@@ -1,13 +1,16 @@
-"""The "Decode kernels" tab on the sim backend: the figures show the recorded nearest point."""
+"""The "Decode kernels" tab on the sim backend: a recorded point shows its recording, any other
+point, model, head layout or GPU kvlab.predict's answer, labelled so."""
+
+import html
 
 import ipywidgets as widgets
 import pytest
 from factories import check_imports_leave_out
 
+import kvlab.panels.widgets
 from kvlab.panels import dashboard
 from kvlab.panels.decode_kernels import RECORDED, DecodeKernelsTab
 from kvlab.results import load_results, nearest_rows
-from kvlab.viz.kernels import variant
 
 
 @pytest.fixture
@@ -43,97 +46,159 @@ def test_sim_shows_recorded_rows_and_no_run_button(tab):
     assert "recorded on NVIDIA H200" in tab.figures["bandwidth"].figure.layout.title.text
     assert "recorded on NVIDIA H200" in tab.figures["speedup"].figure.layout.title.text
     assert "recorded on" in tab.status.value
-    assert tab.controls["gqa_ratio"].value.startswith("32:8") and tab.controls["gqa_ratio"].disabled
+    assert [tab.controls[n].value for n in ("qo_heads", "kv_heads", "head_dim")] == [32, 8, 128]
+    assert tab.controls["gpu"].value == "h200"
 
 
-def test_controls_move_to_the_nearest_recorded_point(tab):
+def modelled_bars(figure):
+    """The bars' labels, and whether each is hatched (modelled)."""
+    bars = figure.data[0]
+    return dict(zip(bars.y, (shape == "/" for shape in bars.marker.pattern.shape), strict=True))
+
+
+def test_a_point_not_recorded_is_modelled_at_the_point_asked(tab):
+    from kvlab.predict import decode_launch
+
     c = tab.controls
     c["model"].value = "qwen2.5-7b"
     c["batch"].value = 100
-    c["context"].value = 6000  # log2-nearest recorded: 8192, not 4096
-    rows = expected_rows("qwen2.5-7b", 128, 8192)
-    bars = tab.figures["bandwidth"].figure.data[0]
-    assert list(bars.x) == [r["gbps"] for r in rows]
-    assert list(bars.y) == [variant(r) for r in rows]
-    assert "batch=128 context=8192" in tab.status.value
-    assert "requested batch=100 context=6000" in tab.status.value
-    assert c["gqa_ratio"].value.startswith("28:4")
-    speedup_title = tab.figures["speedup"].figure.layout.title.text
-    assert "over none: vllm_v1<br><sub>qwen2.5-7b," in speedup_title
-
-
-def test_sim_offers_only_recorded_block_sizes_and_reports_unrecorded_prefetch(tab):
-    c = tab.controls
-    assert list(c["block_size"].options) == [16, 32, 128]
-    c["block_size"].value = 32
-    c["distance"].value = 3
-    assert "vllm_v1 / line K+V d=3 not recorded" in tab.status.value
-    assert "not available without a GPU" in tab.status.value
-    rows = expected_rows("llama3-8b", 16, 8192, block_size=32)
-    assert list(tab.figures["bandwidth"].figure.data[0].x) == [r["gbps"] for r in rows]
-    assert "block_size=32" in tab.figures["bandwidth"].figure.layout.title.text
-    assert "nearest recorded shown" not in tab.figures["bandwidth"].figure.layout.title.text
-
-
-def test_a_point_not_recorded_is_named_in_the_subtitle(tab):
-    tab.controls["batch"].value = 100
-    title = tab.figures["bandwidth"].figure.layout.title.text
-    assert "asked for batch=100 context=8192 block_size=16: nearest recorded shown" in title
-    assert "batch=128 context=8192" in title
-
-
-def test_vllm_v1_at_a_block_size_it_lacks_shows_a_note_not_a_stale_chart(tab):
-    tab.controls["block_size"].value = 128  # recorded for gqa only: vllm_v1 supports 8-32
+    c["context"].value = 6000
+    figure = tab.figures["bandwidth"].figure
+    bars = figure.data[0]
+    assert set(modelled_bars(figure).values()) == {True}
+    assert list(bars.y) == ["vllm_v1 / none", "vllm_v1 / line K+V d=1", "gqa / none",
+                            "gqa / line K+V d=1"]
+    answer = decode_launch("qwen2.5-7b", 100, 6000, family="gqa", prefetch="line K+V d=1",
+                           recordings=False)
+    assert bars.x[3] == pytest.approx(answer.gbps)
+    lo, hi = (answer.gbps * answer.time_ms / ms for ms in answer.error_band[::-1])
+    assert bars.error_x.array[3] == pytest.approx(hi - answer.gbps)
+    assert bars.error_x.arrayminus[3] == pytest.approx(answer.gbps - lo)
+    assert "qwen2.5-7b batch=100 context=6000" in figure.layout.title.text
+    assert "modelled: closed form (kvlab.predict)" in figure.layout.title.text
+    status = tab.status.value
+    assert "the nearest recorded point: batch=128 context=8192" in status
+    assert "whiskers: 90% of held-out launches" in status
+    assert "run on a GPU" not in status and "python -m kvlab bench attention --models " \
+        "qwen2.5-7b --batches 100 --contexts 6000" in status
+    assert [c[n].value for n in ("qo_heads", "kv_heads", "head_dim")] == [28, 4, 128]
     speedup = tab.figures["speedup"].figure
-    assert speedup.data == () and "no rows" in speedup.layout.annotations[0].text
+    assert "qwen2.5-7b, block_size=16" in speedup.layout.title.text
+    assert "recorded" in speedup.layout.title.text  # the model is recorded at block 16
 
 
-def test_unrecorded_model_shows_the_command_that_records_it(tab):
-    tab.controls["model"].value = "tiny-llama"
+def test_every_block_size_the_kernels_take_is_offered_and_answers(tab):
+    c = tab.controls
+    assert list(c["block_size"].options) == [8, 16, 32, 64, 128, 256]
+    c["block_size"].value = 32  # recorded at 16 x 8192
+    c["distance"].value = 3
+    assert "vllm_v1 / line K+V d=3 not recorded: modelled (hatched)" in tab.status.value
+    hatched = modelled_bars(tab.figures["bandwidth"].figure)
+    assert hatched.pop("vllm_v1 / line K+V d=3") and not any(hatched.values())
+    assert "block_size=32" in tab.figures["bandwidth"].figure.layout.title.text
+    for size in (8, 64, 256):
+        c["block_size"].value = size
+        figure = tab.figures["bandwidth"].figure
+        assert figure.data and f"block_size={size}" in figure.layout.title.text
+
+
+def test_vllm_v1_at_a_block_size_it_lacks_is_named_and_gqa_shown(tab):
+    tab.controls["block_size"].value = 128
+    assert "vllm_v1 takes block sizes 8, 16, 32: not shown" in tab.status.value
+    assert not any(y.startswith("vllm_v1") for y in tab.figures["bandwidth"].figure.data[0].y)
+    speedup = tab.figures["speedup"].figure
+    assert speedup.data == () and "vllm_v1 takes block sizes 8, 16, 32" in (
+        speedup.layout.annotations[0].text)
+    tab.controls["kernel"].value = "gqa"
+    assert tab.figures["speedup"].figure.data
+
+
+@pytest.mark.parametrize("model", ["tiny-llama", "opt-13b", "llama2-13b"])
+def test_a_model_not_recorded_is_modelled_with_the_command_that_records_it(tab, model):
+    tab.controls["model"].value = model
+    for name in ("bandwidth", "speedup"):
+        figure = tab.figures[name].figure
+        assert figure.data and "modelled: closed form" in figure.layout.title.text
+        assert model in figure.layout.title.text
+    assert f"python -m kvlab bench attention --models {model}" in tab.status.value
+    timeline = tab.figures["timeline"].figure
+    assert timeline.data == () and f"{model}: not recorded" in timeline.layout.annotations[0].text
+    assert f"python -m kvlab bench timeline --models {model}" in (
+        timeline.layout.annotations[0].text)
+    tab.controls["model"].value = "llama3-8b"  # back to recorded
+    assert "recorded on" in tab.figures["bandwidth"].figure.layout.title.text
+
+
+def test_a_custom_head_layout_is_modelled_and_names_its_heads(tab):
+    c = tab.controls
+    c["kv_heads"].value = 4  # 32:4 is no preset
+    assert c["model"].value == "custom"
+    title = tab.figures["bandwidth"].figure.layout.title.text
+    assert "custom 32:4, head_dim 128 batch=16 context=8192" in title
+    assert "modelled" in title and tab.figures["speedup"].figure.data
+    assert "not traced" in tab.figures["timeline"].figure.layout.title.text
+    c["head_dim"].value = 64
+    assert "custom 32:4, head_dim 64" in tab.status.value
+    c["model"].value = "qwen2.5-7b"  # a preset sets its heads
+    assert [c[n].value for n in ("qo_heads", "kv_heads", "head_dim")] == [28, 4, 128]
+    assert "recorded on" in tab.figures["bandwidth"].figure.layout.title.text
+
+
+@pytest.mark.parametrize(("controls", "why"), [
+    ({"qo_heads": 72}, "num_qo_heads=72, num_kv_heads=8: the kernels take 1 to 8 query heads"),
+    ({"kv_heads": 5}, "num_qo_heads=32: must be divisible by num_kv_heads=5"),
+    ({"batch": 1024, "context": 131072}, "batch=1024, context=131072: K and V of one layer"),
+    ({"gpu": "a100-40gb-pcie", "kv_dtype": "fp8"}, "dtype='fp8': gqa widens e4m3"),
+    ({"gpu": "a100-80gb-sxm4", "prefetch": "bulk"}, "cp.async.bulk.prefetch.L2 needs sm_90"),
+])
+def test_a_setting_no_kernel_takes_is_named_in_the_status_and_every_figure(tab, controls, why):
+    for name, value in controls.items():
+        tab.controls[name].value = value
+    status = html.unescape(tab.status.value)
+    assert "no kernel takes this setting" in status and why in status
     for pane in tab.figures.values():
-        figure = pane.figure
-        assert figure.data == ()
-        (note,) = figure.layout.annotations
-        assert "tiny-llama: not recorded" in note.text
-        bench = "timeline" if pane is tab.figures["timeline"] else "attention"
-        assert f"python -m kvlab bench {bench} --models tiny-llama" in note.text
-        assert "not recorded on NVIDIA H200" in figure.layout.title.text
-    tab.controls["model"].value = "llama3-8b"  # back to recorded: the notes are gone
-    assert tab.figures["bandwidth"].figure.layout.annotations == ()
+        assert pane.figure.data == ()
+        assert "no kernel takes this setting" in pane.figure.layout.annotations[0].text
 
 
-# view -> its controls, the recording it reads, the speedup figure's title for a model it lacks
-VIEWS = {
-    "attention": ({}, RECORDED, "L2 prefetch speedup: {model}, vllm_v1"),
-    "fp8": ({"kv_dtype": "fp8"}, ("h200", ("attention_fp8",)),
-            "fp8 KV cache, gqa over fp16: {model}"),
-    "block_order": ({"blocks": "in order"}, ("h200", ("attention_block_order",)),
-                    "Blocks in order: {model}"),
-    "mixed": ({"lengths": "lognormal:3200,16384"}, ("h200", ("attention_mixed",)),
-              "Mixed lengths: {model}"),
-}
+@pytest.mark.parametrize("gpu", ["h20", "a100-40gb-pcie", "b200", "rtx4090"])
+@pytest.mark.parametrize("view", [{}, {"kv_dtype": "fp8"}, {"lengths": "lognormal:3200,16384"}])
+def test_another_gpu_is_modelled_for_it_never_measured_or_recorded(tab, gpu, view):
+    from kvlab.gpus import GPUS, copy_roofline_gbps
+
+    if gpu == "a100-40gb-pcie" and view.get("kv_dtype") == "fp8":
+        view = {}  # no fp8 before sm_89: refused (above)
+    for name, value in {"gpu": gpu, **view}.items():
+        tab.controls[name].value = value
+    for name in ("bandwidth", "speedup"):
+        title = tab.figures[name].figure.layout.title.text
+        assert f"modelled for {GPUS[gpu].name}" in title
+        assert "recorded" not in title and "measured" not in title
+    bars = tab.figures["bandwidth"].figure
+    (line,) = [d.name for d in bars.data if d.name and d.name.startswith("copy roofline")]
+    assert float(line.split()[2]) == pytest.approx(copy_roofline_gbps(gpu)[0], abs=1)
+    assert f"{GPUS[gpu].name}: copy roofline assumed" in html.unescape(tab.status.value)
+    timeline = tab.figures["timeline"].figure.layout.title.text
+    assert "recorded on NVIDIA H200" in timeline and "not modelled for" in timeline
 
 
-@pytest.mark.parametrize("model", ["opt-13b", "tiny-llama", "llama2-13b"])
-@pytest.mark.parametrize("view", sorted(VIEWS))
-def test_a_model_not_recorded_titles_each_figure_by_the_model_and_its_recording(tab, model,
-                                                                                  view):
-    """Each figure says what it would show of this model, and that the recording its view
-    reads (not another view's) lacks it; the titles named neither the model nor that."""
+def test_blocks_in_order_of_a_model_not_recorded_name_the_command(tab):
+    """Blocks in order are not modelled: a model not recorded names the command, a custom
+    layout or another GPU says it is neither recorded nor modelled."""
     from kvlab.results import label
 
-    controls, recording, speed = VIEWS[view]
-    for name, value in {**controls, "model": model}.items():
-        tab.controls[name].value = value
-    titles = {name: pane.figure.layout.title.text for name, pane in tab.figures.items()}
-    assert titles["bandwidth"].startswith(f"Decode attention GB/s: {model}<br>")
-    assert titles["speedup"].startswith(f"{speed.format(model=model)}<br>")
-    assert titles["timeline"].startswith(f"A decode step, CTA by CTA: {model}<br>")
-    provenance = f"<sub>not {label(load_results(*recording))}</sub>"
-    assert titles["bandwidth"].endswith(provenance) and titles["speedup"].endswith(provenance)
+    tab.controls["blocks"].value = "in order"
+    tab.controls["model"].value = "opt-13b"
+    recording = label(load_results("h200", ("attention_block_order",)))
     for pane in tab.figures.values():
-        assert pane.figure.data == () and f"{model}: not recorded" in (
-            pane.figure.layout.annotations[0].text)
+        figure = pane.figure
+        assert figure.data == () and "opt-13b: not recorded" in figure.layout.annotations[0].text
+    assert tab.figures["speedup"].figure.layout.title.text == (
+        f"Blocks in order: opt-13b<br><sub>not {recording}</sub>")
+    assert "--models opt-13b --batches 16 --contexts 8192 --in-order" in tab.status.value
+    tab.controls["gpu"].value = "h20"
+    assert "not modelled" in tab.status.value
+    assert "not measured, not modelled" in tab.figures["bandwidth"].figure.layout.title.text
 
 
 def test_kernel_choice_selects_speedup_and_outline(tab):
@@ -153,6 +218,15 @@ def test_the_tab_builds_without_importing_torch():
     )
 
 
+def fake_gpu(monkeypatch, module):
+    """The tab's cuda path without a GPU: an H200 in use, its label FAKE GPU."""
+    from kvlab.gpus import GPUS
+
+    monkeypatch.setattr(module, "backend", lambda: "cuda")
+    monkeypatch.setattr(kvlab.panels.widgets, "local_gpu", lambda: GPUS["h200"])
+    monkeypatch.setattr(module, "device_label", lambda: "measured on FAKE GPU")
+
+
 def test_run_button_wiring_with_a_fake_measurement(monkeypatch):
     """The cuda path without a GPU: `measure_point` replaced by a fake built from recorded rows."""
     import kvlab.panels.decode_kernels as module
@@ -167,8 +241,7 @@ def test_run_button_wiring_with_a_fake_measurement(monkeypatch):
         on_progress(1, 1)
         return {**recorded, "rows": rows}
 
-    monkeypatch.setattr(module, "backend", lambda: "cuda")
-    monkeypatch.setattr(module, "device_label", lambda: "measured on FAKE GPU")
+    fake_gpu(monkeypatch, module)
     monkeypatch.setattr(module, "measure_point", fake_measure)
     tab = module.DecodeKernelsTab(batch=64, context=1024)
     assert "press Run" in tab.status.value
@@ -186,6 +259,7 @@ def test_fp8_shows_gqa_on_fp8_beside_fp16_and_its_speedup(tab):
     from kvlab.panels.decode_kernels import RECORDED_FP8
 
     recorded = load_results(*RECORDED_FP8)
+    tab.controls["prefetch"].value = "none"
     tab.controls["batch"].value, tab.controls["context"].value = 64, 32768
     tab.controls["kv_dtype"].value = "fp8"
     bars = tab.figures["bandwidth"].figure.data[0]
@@ -193,12 +267,20 @@ def test_fp8_shows_gqa_on_fp8_beside_fp16_and_its_speedup(tab):
     rows = {r["kernel"]: r for r in nearest_rows(recorded, "llama3-8b", 64, 32768)}
     assert list(bars.x) == [rows[k]["gbps"] for k in ("gqa", "gqa_fp8", "sdpa")]
     assert "an fp8 cache is read by gqa only, not vllm_v1: gqa shown" in tab.status.value
-    assert "fp8 recorded at block_size 16 and prefetch none only" in tab.status.value
+    assert "recorded on NVIDIA H200" in tab.figures["bandwidth"].figure.layout.title.text
+    tab.controls["prefetch"].value = "bulk"  # recorded without prefetch only: modelled beside
+    assert "gqa_fp8 / bulk K+V d=1 not recorded: modelled (hatched)" in tab.status.value
+    assert modelled_bars(tab.figures["bandwidth"].figure) == {
+        "gqa / none": False, "gqa_fp8 / none": False, "sdpa": False,
+        "gqa_fp8 / bulk K+V d=1": True}
     speed = tab.figures["speedup"].figure
     assert "fp8 KV cache: gqa's tokens/s over fp16's" in speed.layout.title.text
     by_point = dict(zip(speed.data[0].x, speed.data[0].y, strict=True))
     assert by_point["64 x 32768"] == pytest.approx(rows["gqa"]["ms"] / rows["gqa_fp8"]["ms"])
     assert len(by_point) == 9  # batch 1/16/64 x context 1k/4k/32k
+    tab.controls["batch"].value = 20  # not recorded: modelled, fp8 and fp16
+    assert set(modelled_bars(tab.figures["bandwidth"].figure).values()) == {True}
+    assert "the nearest recorded point: batch=16 context=32768" in tab.status.value
     tab.controls["kv_dtype"].value = "float16"
     assert "L2 prefetch speedup" in tab.figures["speedup"].figure.layout.title.text
 
@@ -250,16 +332,19 @@ def mixed_rows(model, lengths, batch):
             if (r["model"], r["lengths"], r["batch"]) == (model, lengths, batch)]
 
 
-def test_mixed_lengths_show_the_kernels_at_the_nearest_recorded_batch(tab):
-    tab.controls["batch"].value = 50
+def test_mixed_lengths_show_a_recorded_batch_and_model_the_others(tab):
+    tab.controls["batch"].value = 64
     tab.controls["lengths"].value = "lognormal:1536,2048"
     rows = mixed_rows("llama3-8b", "lognormal:1536,2048", 64)
     bars = tab.figures["bandwidth"].figure.data[0]
     assert list(bars.y) == ["vllm_v1 / none", "gqa / none", "gqa_split_longest / none", "read"]
     assert list(bars.x) == [r["gbps"] for r in rows]
-    status = tab.status.value
-    assert "batch=64 of lognormal:1536,2048" in status and "requested batch=50" in status
-    assert "batch=50 not recorded for these lengths" in status and "mean 1536" in status
+    assert "batch=64 of lognormal:1536,2048" in tab.status.value
+    assert "recorded on" in tab.status.value and "mean 1536" in tab.status.value
+    tab.controls["batch"].value = 50
+    assert "batch=50 not recorded for these lengths" in tab.status.value
+    assert set(modelled_bars(tab.figures["bandwidth"].figure).values()) == {True}
+    tab.controls["batch"].value = 64
     assert tab.controls["context"].disabled
     by_batch = tab.figures["speedup"].figure
     assert "Mixed lengths: % of the copy roofline by batch" in by_batch.layout.title.text
@@ -272,11 +357,15 @@ def test_mixed_lengths_show_the_kernels_at_the_nearest_recorded_batch(tab):
     assert not tab.controls["context"].disabled
 
 
-def test_mixed_lengths_for_a_model_not_recorded_name_the_command(tab):
+def test_mixed_lengths_for_a_model_not_recorded_are_modelled_and_name_the_command(tab):
     tab.controls["model"].value = "opt-6.7b"
     tab.controls["lengths"].value = "lognormal:3200,32768"
     assert "--lengths lognormal:3200,32768 --kernels vllm_v1 gqa read --prefetch none" in (
         tab.status.value)
+    assert set(modelled_bars(tab.figures["bandwidth"].figure).values()) == {True}
+    by_batch = tab.figures["speedup"].figure
+    assert "modelled" in by_batch.layout.title.text
+    assert [x.split(" x")[0] for x in by_batch.data[0].x] == ["16", "64", "256"]
 
 
 def test_run_button_measures_mixed_lengths_with_a_fake_measurement(monkeypatch):
@@ -290,8 +379,7 @@ def test_run_button_measures_mixed_lengths_with_a_fake_measurement(monkeypatch):
         return {"roofline_copy_gbps": 4000.0,
                 "rows": [{**r, "gbps": 1.0} for r in mixed_rows(model, lengths, 16)]}
 
-    monkeypatch.setattr(module, "backend", lambda: "cuda")
-    monkeypatch.setattr(module, "device_label", lambda: "measured on FAKE GPU")
+    fake_gpu(monkeypatch, module)
     monkeypatch.setattr(module, "measure_point", fake_measure)
     tab = module.DecodeKernelsTab(batch=16, lengths="lognormal:3200,16384")
     assert "press Run to measure these lengths" in tab.status.value
@@ -325,8 +413,7 @@ def test_run_button_measures_both_block_orders_with_a_fake_measurement(monkeypat
         rows = [{**r, "gbps": 1.0} for r in recorded["rows"] if r["model"] == model]
         return {**recorded, "rows": rows}
 
-    monkeypatch.setattr(module, "backend", lambda: "cuda")
-    monkeypatch.setattr(module, "device_label", lambda: "measured on FAKE GPU")
+    fake_gpu(monkeypatch, module)
     monkeypatch.setattr(module, "measure_point", fake_measure)
     tab = module.DecodeKernelsTab(batch=16, context=4096, blocks="in order")
     assert "press Run to measure this point on this GPU, both orders" in tab.status.value
@@ -416,7 +503,7 @@ def test_the_timeline_of_mixed_lengths_is_the_traced_batch_of_those_lengths(tab)
             f"{row['max_context']}") in title
     assert "asked for batch=50: nearest traced batch shown" in title
     tab.controls["model"].value = "opt-6.7b"
-    note = tab.figures["timeline"].figure.layout.annotations[0].text
+    note = tab.figures["timeline"].figure.layout.annotations[0].text.replace("<br>", " ")
     assert ("python -m kvlab bench timeline --models opt-6.7b --lengths lognormal:3200,16384 "
             "--batches 50") in note
 
@@ -431,8 +518,7 @@ def test_trace_button_wiring_with_a_fake_trace(monkeypatch):
         calls.append((model, batch, context))
         return timeline_row(recorded, "llama3-8b", 16, 1024)
 
-    monkeypatch.setattr(module, "backend", lambda: "cuda")
-    monkeypatch.setattr(module, "device_label", lambda: "measured on FAKE GPU")
+    fake_gpu(monkeypatch, module)
     monkeypatch.setattr(module, "trace_point", fake_trace)
     tab = module.DecodeKernelsTab(batch=16, context=1024)
     assert "press Trace CTAs" in tab.figures["timeline"].figure.layout.title.text
@@ -452,8 +538,7 @@ def test_trace_button_traces_the_mixed_lengths_of_the_view(monkeypatch):
         calls.append((model, batch, shape))
         return {**row, "lengths": shape, "max_context": 7000}
 
-    monkeypatch.setattr(module, "backend", lambda: "cuda")
-    monkeypatch.setattr(module, "device_label", lambda: "measured on FAKE GPU")
+    fake_gpu(monkeypatch, module)
     monkeypatch.setattr(module, "trace_point", fake_trace)
     tab = module.DecodeKernelsTab(batch=16, lengths="lognormal:3200,16384")
     tab.trace_button.click()

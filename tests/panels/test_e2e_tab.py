@@ -1,12 +1,20 @@
 """The "End-to-end" tab on the simulated backend: the recorded H200 run of whole models, its
-throughput against batch and its decode steps, labelled as recorded."""
+throughput against batch and its decode steps, labelled as recorded; and for another GPU, the
+same modelled for it, labelled so."""
 
+import html
 import json
+import re
 import shutil
+import types
 
 import pytest
 
+import kvlab.panels.e2e as module
+import kvlab.panels.widgets
 import kvlab.results
+from kvlab import gpus
+from kvlab.config import MODELS
 from kvlab.panels.e2e import FIGURE_HEIGHTS, EndToEndTab
 from kvlab.results import load_result, results_dir
 
@@ -159,3 +167,132 @@ def test_generate_adds_a_measured_run(monkeypatch):
     assert names[0].startswith("kvlab.LLM") and "measured on" in \
         tab.figures["steps"].figure.layout.title.text
     assert len(tab.generated[2].step_ms) == 7
+
+
+def recorded_row(model, variant, batch):
+    """(the H200's row, the copy roofline its run measured, GB/s)."""
+    for name in ("e2e", "e2e_qwen7b", "e2e_qwen14b"):
+        result = load_result("h200", name)
+        for r in result["rows"]:
+            if (r["model"], r["variant"], r["batch"]) == (model, variant, batch):
+                return r, result["roofline_copy_gbps"]
+    raise LookupError((model, variant, batch))
+
+
+def modelled_ms(row, run_gbps, gpu):
+    """The step the tab should show for `gpu`: the bytes the H200's step read over the GPU's
+    copy roofline, times the H200's ratio of step to roofline step."""
+    step_bytes = row["roofline_ms"] * 1e-3 * run_gbps * 1e9
+    return step_bytes / (gpus.copy_roofline_gbps(gpu)[0] * 1e9) * 1e3 * row["ratio_to_roofline"]
+
+
+def says_measured_or_recorded(text: str) -> list[str]:
+    """Where `text` says "measured" or "recorded" but of the H200's (its measured ratio of step
+    to roofline step, the measured shares of its spec that kvlab.gpus' assumptions start from)."""
+    return re.findall(r"\b(?:measured|recorded)\b", html.unescape(text).replace(
+        "H200's measured", ""))
+
+
+def test_another_gpu_models_each_step_from_its_roofline_step(monkeypatch):
+    monkeypatch.setenv("KVLAB_BACKEND", "sim")
+    gpu = "a100-40gb-pcie"
+    tab = EndToEndTab(gpu=gpu)  # llama3-8b, batch 64
+    throughput = tab.figures["throughput"].figure
+    lines = {t.name: t for t in throughput.data}
+    gqa, run_gbps = recorded_row("llama3-8b", "gqa", 64)
+    want = modelled_ms(gqa, run_gbps, gpu)
+    assert want > 1.5 * gqa["step_ms"]  # the A100's 1,555 GB/s against the H200's 4,800
+    at_64 = list(lines["gqa"].x).index(64)
+    assert lines["gqa"].y[at_64] == pytest.approx(64 / want * 1e3)
+    roofline = lines["roofline (weights + KV at the copy roofline)"]
+    assert roofline.y[list(roofline.x).index(64)] == pytest.approx(
+        64 / (want / gqa["ratio_to_roofline"]) * 1e3)
+    steps = {t.name: list(t.y) for t in tab.figures["steps"].figure.data}
+    assert steps["gqa"] == pytest.approx([ms * want / gqa["step_ms"]
+                                          for ms in gqa["step_ms_runs"]])
+    step_bytes = gqa["roofline_ms"] * run_gbps * 1e6
+    status = html.unescape(tab.status.value)
+    assert (f"{step_bytes / 1e9:,.2f} GB a step / {gpus.copy_roofline_gbps(gpu)[0]:,.0f} GB/s = "
+            f"{want / gqa['ratio_to_roofline']:.2f} ms, x {gqa['ratio_to_roofline']:.2f} = "
+            f"{want:.2f} ms (gqa)") in status
+    assert "NVIDIA H200's measured ratio to its own at batch 64" in status
+    assert gpus.copy_roofline_gbps(gpu)[1] in status  # the assumption, as kvlab.gpus states it
+    # the paper's bulk prefetch needs sm_90: not on the A100, on the H100
+    assert "gqa+prefetch" not in lines and "gqa+prefetch left out" in status
+    assert "needs sm_90 or later" in status
+    tab.controls["gpu"].value = "h100-sxm"
+    assert "gqa+prefetch" in {t.name for t in tab.figures["throughput"].figure.data}
+
+
+@pytest.mark.parametrize("gpu", ["a100-40gb-pcie", "h100-sxm", "rtx4090", "b200"])
+def test_another_gpu_is_modelled_for_it_never_measured_or_recorded(tab, gpu):
+    name = gpus.GPUS[gpu].name
+    for model, batch in (("llama3-8b", 128), ("qwen2.5-14b", 1), ("opt-13b", 16)):
+        tab.controls["gpu"].value = gpus.REFERENCE
+        tab.controls["model"].value, tab.controls["batch"].value = model, batch
+        tab.controls["gpu"].value = gpu
+        for pane in tab.figures.values():
+            title = pane.figure.layout.title.text
+            assert f"modelled for {name}" in title
+            assert not re.search(r"measured|recorded", title), title
+        assert tab.figures["tensor_parallel"].figure.data == ()
+        assert "Serving" not in tab.status.value
+        assert says_measured_or_recorded(tab.status.value) == []
+    tab.controls["model"].value = "llama3-8b"
+    tab.controls["gpu"].value = gpus.REFERENCE  # the recordings, labelled so, again
+    assert "recorded on NVIDIA H200" in tab.figures["throughput"].figure.layout.title.text
+    assert "Serving" in tab.status.value
+
+
+def test_a_model_past_the_gpus_memory_is_a_status_message(monkeypatch):
+    monkeypatch.setenv("KVLAB_BACKEND", "sim")
+    tab = EndToEndTab(batch=128, gpu="rtx4090")  # 24 GB
+    gqa, run_gbps = recorded_row("llama3-8b", "gqa", 128)
+    per_token = MODELS["llama3-8b"].kv_bytes_per_token() * 128
+    weights = gqa["roofline_ms"] * run_gbps * 1e6 - per_token * (512 + 256 / 2)
+    need = weights + per_token * 768
+    assert 15e9 < weights < 16.1e9 and need > 24e9
+    first = html.unescape(tab.status.value).split("<br>")[0]
+    assert first == (f"llama3-8b at batch 128 needs at least {need / 1e9:,.1f} GB (the "
+                     f"{weights / 1e9:,.1f} GB of weights a step reads, "
+                     f"{per_token * 768 / 1e9:,.1f} GB of K, V for 128 x 768 tokens): past the "
+                     "NVIDIA GeForce RTX 4090's 24 GB")
+    assert tab.figures["steps"].figure.data == ()
+    note = tab.figures["steps"].figure.layout.annotations[0].text
+    assert html.unescape(note.replace("<br>", " ")) == first
+    gqa_line = next(t for t in tab.figures["throughput"].figure.data if t.name == "gqa")
+    assert list(gqa_line.x) == [1, 16, 64]  # 128 left out
+    tab.controls["batch"].value = 64  # 6.4 GB of K, V: it fits
+    assert "needs at least" in tab.status.value and "fastest gqa" in tab.status.value
+    tab.controls["model"].value = "qwen2.5-14b"  # 28 GB of weights: no batch fits
+    assert tab.status.value.startswith("qwen2.5-14b at batch 64 needs at least")
+    assert all(pane.figure.data == () for pane in tab.figures.values())
+
+
+def test_an_unknown_gpu_is_refused(monkeypatch):
+    monkeypatch.setenv("KVLAB_BACKEND", "sim")
+    with pytest.raises(ValueError, match="gpu='a100': must be one of"):
+        EndToEndTab(gpu="a100")
+
+
+def test_on_a_gpu_the_run_generated_here_shows_under_its_gpu_alone(monkeypatch):
+    """This machine's GPU an A100 40GB PCIe: a run generated here shows beside the steps modelled
+    for it, and not under the H200's recordings; Generate is disabled there."""
+    here = gpus.GPUS["a100-40gb-pcie"]
+    monkeypatch.setattr(module, "backend", lambda: "cuda")
+    monkeypatch.setattr(module, "device_label", lambda: "measured on FAKE GPU")
+    monkeypatch.setattr(kvlab.panels.widgets, "local_gpu", lambda: here)
+    tab = EndToEndTab()
+    assert tab.controls["gpu"].value == tab.local_gpu == here.key
+    tab.generated = ("llama3-8b", 64, types.SimpleNamespace(
+        attention="gqa", step_ms=[9.0, 8.0, 8.0], decode_tokens_per_s=8000.0, tokens=[[1, 2]]))
+    tab.refresh()
+    steps = tab.figures["steps"].figure
+    assert steps.data[0].name == "kvlab.LLM (gqa), now" and list(steps.data[0].y) == [9, 8, 8]
+    title = steps.layout.title.text
+    assert "measured on FAKE GPU; the rest modelled for NVIDIA A100-PCIE-40GB" in title
+    assert not tab.generate_button.disabled
+    tab.controls["gpu"].value = gpus.REFERENCE
+    assert tab.generate_button.disabled
+    assert "FAKE GPU" not in tab.figures["steps"].figure.layout.title.text
+    assert "kvlab.LLM" not in {t.name for t in tab.figures["steps"].figure.data}

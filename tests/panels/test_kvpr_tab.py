@@ -3,6 +3,8 @@ timeline of one recorded step and the speedup over the baselines; on a GPU, a Me
 on the recorded result and on a synthetic one in the format with schedules, weights and
 timelines."""
 
+import html
+import re
 import sys
 import types
 
@@ -11,13 +13,16 @@ import pytest
 from factories import check_imports_leave_out
 
 import kvlab.panels.kvpr as module
+import kvlab.panels.widgets
 import kvlab.results
+from kvlab import gpus
 from kvlab.config import MODELS
-from kvlab.offload.scheduler import LayerShape, LinkAndCompute, best_split
+from kvlab.offload import paper
+from kvlab.offload.scheduler import LayerShape, LinkAndCompute, best_split, unit_shape
 from kvlab.panels import dashboard
 from kvlab.panels.kvpr import KVPRTab
 from kvlab.results import KVPR, load_results, nearest_point
-from kvlab.viz.offload import schedule_label, with_defaults
+from kvlab.viz.offload import gpu_bytes, schedule_label, with_defaults
 
 PROVENANCE = "recorded on TEST GPU, 2026-12-01"
 
@@ -348,3 +353,121 @@ def test_measure_button_measures_on_this_gpu(monkeypatch):
     assert label in tab.figures["speedup"].figure.layout.title.text
     assert label in tab.figures["timeline"].figure.layout.title.text
     assert tab.progress.value == tab.progress.max > 0
+
+
+def optima(tab) -> dict[str, int]:
+    """Each model of time's optimum l in the split figure."""
+    return {t.name.removesuffix(" optimum"): t.x[0] for t in tab.figures["split"].figure.data
+            if (t.name or "").endswith(" optimum")}
+
+
+def says_measured_or_recorded(text: str) -> list[str]:
+    """Where `text` says "measured" or "recorded" but of the H200's measured shares of its spec
+    that kvlab.gpus' assumptions start from."""
+    return re.findall(r"\b(?:measured|recorded)\b", html.unescape(text).replace(
+        "H200's measured", ""))
+
+
+def test_another_gpu_models_the_split_with_its_assumed_rates(monkeypatch):
+    """KVPR's Table 1 setting (OPT-6.7B, 32 x 1,024, one A100 40GB PCIe): the split figure's
+    optima are kvlab.offload.paper's, whose rates are kvlab.gpus'; the H200's are not."""
+    monkeypatch.setenv("KVLAB_BACKEND", "sim")
+    tab = KVPRTab(batch=32, gpu=paper.PAPER_GPU)
+    c = tab.controls
+    h2d, h2d_why = gpus.h2d_gbps(paper.PAPER_GPU)
+    tflops, tflops_why = gpus.recompute_tflops(paper.PAPER_GPU)
+    assert h2d_why.startswith("assumed:") and tflops_why.startswith("assumed:")
+    assert c["rates"].options == ("assumed", "what-if") and c["rates"].value == "assumed"
+    assert c["pcie_gbps"].disabled and c["pcie_gbps"].value == round(h2d, 1)
+    assert c["recompute_tflops"].value == round(tflops)
+    predicted = paper.predict("opt-6.7b", paper.PAPER_GPU, "h200-share")
+    shown = optima(tab)
+    assert (shown["paper"], shown["pipelined"]) == (predicted.split_paper.l,
+                                                    predicted.split_pipelined.l)
+    (pipelined,) = [t for t in tab.figures["split"].figure.data if t.name == "pipelined model"]
+    layers = MODELS["opt-6.7b"].num_layers
+    assert min(pipelined.y) == pytest.approx(1e3 * layers * predicted.split_pipelined.seconds)
+    status = html.unescape(tab.status.value)
+    assert f"Rates assumed for the NVIDIA A100-PCIE-40GB: PCIe H2D {h2d:.1f} GB/s" in status
+    assert h2d_why in status and tflops_why in status
+    assert "modelled for NVIDIA A100-PCIE-40GB" in tab.figures["split"].figure.layout.title.text
+    c["gpu"].value = gpus.REFERENCE  # the H200: its recorded rates at the nearest point
+    assert c["rates"].options == ("recorded", "what-if") and c["rates"].value == "recorded"
+    assert c["pcie_gbps"].value > 50 and optima(tab)["paper"] != predicted.split_paper.l
+    assert "recorded on NVIDIA H200" in tab.figures["split"].figure.layout.title.text
+
+
+@pytest.mark.parametrize("gpu", ["a100-40gb-pcie", "h100-sxm", "rtx4090", "gh200"])
+def test_another_gpu_is_modelled_for_it_never_measured_or_recorded(tab, gpu):
+    c = tab.controls
+    name = gpus.GPUS[gpu].name
+    for rates in ("recorded", "what-if"):  # what the toggle showed on the H200
+        c["gpu"].value = gpus.REFERENCE
+        c["rates"].value = rates
+        c["gpu"].value = gpu
+        assert c["rates"].value == ("assumed" if rates == "recorded" else "what-if")
+        for pane in tab.figures.values():
+            title = pane.figure.layout.title.text
+            assert f"modelled for {name}" in title
+            assert not re.search(r"measured|recorded", title), title
+        split = tab.figures["split"].figure
+        assert not any((t.name or "").startswith("measured") for t in split.data)
+        assert tab.figures["timeline"].figure.data == tab.figures["speedup"].figure.data == ()
+        assert f"modelled for {name}" in tab.status.value
+        assert says_measured_or_recorded(tab.status.value) == []
+    c["gpu"].value = gpus.REFERENCE  # the what-if rates stay what-if; the recordings return
+    assert c["rates"].options == ("recorded", "what-if") and c["rates"].value == "what-if"
+    assert "recorded on NVIDIA H200" in tab.figures["speedup"].figure.layout.title.text
+
+
+def test_a_model_past_the_gpus_memory_is_a_status_message(monkeypatch):
+    monkeypatch.setenv("KVLAB_BACKEND", "sim")
+    tab = KVPRTab(model="opt-30b", gpu="a100-40gb-pcie")
+    weights, buffers = gpu_bytes(unit_shape(MODELS["opt-30b"], 16, 1024), "resident")
+    assert weights > 40e9 > weights / MODELS["opt-30b"].num_layers * 2 + buffers
+    status = html.unescape(tab.status.value)
+    assert ("opt-30b at batch 16 x 1024 with weights resident does not fit the NVIDIA "
+            f"A100-PCIE-40GB: KVPR's runtime keeps at least {(weights + buffers) / 1e9:,.1f} GB "
+            f"on it ({weights / 1e9:,.1f} GB of weights") in status
+    assert "past its 40 GB: offload the weights" in status and "optimum" not in status
+    split = tab.figures["split"].figure
+    assert split.data == () and "does not fit" in split.layout.annotations[0].text
+    tab.controls["weights"].value = "offloaded"  # two layers' weights on the GPU: it fits
+    assert "does not fit" not in tab.status.value and "Pipelined optimum" in tab.status.value
+    assert len(tab.figures["split"].figure.data) > 0
+    tab.controls["gpu"].value = gpus.REFERENCE
+    tab.controls["weights"].value = "resident"
+    assert "does not fit" not in tab.status.value
+
+
+def test_an_unknown_gpu_is_refused(monkeypatch):
+    monkeypatch.setenv("KVLAB_BACKEND", "sim")
+    with pytest.raises(ValueError, match="gpu='a100': must be one of"):
+        KVPRTab(gpu="a100")
+
+
+def test_on_a_gpu_another_gpu_shows_its_model_not_the_measurement(monkeypatch):
+    """This machine's GPU an H100 SXM: what Measure measured shows under it, and only there."""
+
+    def measure_point(name, batch, context, **kwargs):
+        return {"rows": [{**r, "step_ms": r["step_ms"] / 2} for r in make_result()["rows"]
+                         if r["schedule"] == "row"], "timeline": None}
+
+    fake_bench(monkeypatch, measure_point)
+    here = gpus.GPUS["h100-sxm"]
+    monkeypatch.setattr(kvlab.panels.widgets, "local_gpu", lambda: here)
+    tab = KVPRTab()
+    assert tab.controls["gpu"].value == tab.local_gpu == "h100-sxm"
+    assert "modelled for NVIDIA H100 80GB HBM3" in tab.figures["split"].figure.layout.title.text
+    tab.measure_button.click()
+    speedup = tab.figures["speedup"].figure.layout.title.text
+    assert "measured on FAKE GPU" in speedup and tab.controls["rates"].value == "recorded"
+    tab.controls["gpu"].value = "a100-40gb-pcie"
+    assert tab.measure_button.disabled
+    assert "select the NVIDIA H100 80GB HBM3 to use it" in tab.status.value
+    for pane in tab.figures.values():
+        assert "modelled for NVIDIA A100-PCIE-40GB" in pane.figure.layout.title.text
+        assert "FAKE GPU" not in pane.figure.layout.title.text
+    tab.controls["gpu"].value = "h100-sxm"
+    assert not tab.measure_button.disabled
+    assert "measured on FAKE GPU" in tab.figures["speedup"].figure.layout.title.text

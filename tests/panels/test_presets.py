@@ -8,10 +8,12 @@ import pytest
 
 import kvlab
 from kvlab.config import MODELS
+from kvlab.gpus import GPUS, REFERENCE
 
 PROVENANCE = ("recorded on ", "computed exactly from block accounting", "modelled with ",
               "measured on ", "the paper's figures: ", "modelled by kvlab.sim",
-              "not recorded on the H200")
+              "not recorded on the H200", "modelled: ", "modelled for ",
+              "not measured, not modelled", "not traced, not modelled")
 
 
 def strict_json(figure) -> dict:
@@ -63,3 +65,19 @@ def test_a_context_past_the_models_maximum_is_noted_not_clamped(dash):
     note = "context 4096 is past the maximum of tiny-llama (512 tokens): modelled anyway"
     assert note in kvpr.status.value
     assert note in dash.figures["kvpr"]["split"].figure.layout.title.text
+
+
+@pytest.mark.parametrize("gpu", list(GPUS))
+def test_every_gpu_in_every_tab_that_models_one(dash, gpu):
+    """The Decode kernels, L2, KVPR and End-to-end tabs each offer every GPU of kvlab.gpus;
+    another GPU than the H200 is never shown as measured or recorded there."""
+    tabs = {key: controls for key, controls in dash.controls.items() if "gpu" in controls}
+    assert set(tabs) == {"decode_kernels", "l2", "kvpr", "e2e"}
+    for key, controls in tabs.items():
+        controls["gpu"].value = gpu
+        check_figures(dash.figures[key])
+        if gpu != REFERENCE:
+            name = GPUS[gpu].name
+            titles = [pane.figure.layout.title.text for pane in dash.figures[key].values()]
+            assert any(f"modelled for {name}" in t for t in titles), (key, titles)
+        controls["gpu"].value = REFERENCE

@@ -119,3 +119,51 @@ def test_a_prediction_is_fast_and_replays_nothing(monkeypatch):
         answer = decode_launch(*args, **kwargs)
         assert time.perf_counter() - start < 0.5, (args, kwargs)
         assert answer.source == "extrapolated" and answer.time_ms > 0
+
+
+def test_the_walkthroughs_figures_on_other_gpus_are_the_models():
+    """The walkthrough's "Would prefetch pay on my GPU?" and the README state these ranges; each
+    is recomputed here from kvlab.predict and found in both."""
+    import json
+    from pathlib import Path
+
+    from kvlab.predict import prefetch_speedup
+
+    def speedup(gpu, batch, context):
+        return prefetch_speedup("llama3-8b", batch, context, "bulk K+V d=1", gpu=gpu)
+
+    def span(values):
+        return f"{min(values):.2f}-{max(values):.2f}x"
+
+    hopper = ("h200", "h100-sxm", "h20", "h800-sxm", "gh200")
+    grid = [(1, 4096), (1, 32768), (16, 4096), (64, 8192)]
+    claims = [
+        f"every Hopper GPU gains {span([speedup(g, 1, 4096) for g in hopper])}",
+        f"({span([speedup(g, 64, 8192) for g in ('h100-sxm', 'h800-sxm', 'h200', 'gh200')])})",
+        f"most {max(speedup('h20', *p) for p in grid):.2f}x and "
+        f"{max(speedup('b200', *p) for p in grid):.2f}x",
+    ]
+    assert min(speedup(g, *p) for g in ("h20", "b200") for p in grid) > 1  # "at every point"
+    root = Path(__file__).resolve().parents[2]
+    notebook = " ".join("".join(c["source"]) for c in json.loads(
+        (root / "notebooks" / "walkthrough.ipynb").read_text())["cells"]
+        if c["cell_type"] == "markdown")
+    for prose in (notebook, (root / "README.md").read_text()):
+        prose = " ".join(prose.split())
+        for claim in claims:
+            assert claim in prose, claim
+
+
+def test_prefetch_speedup_is_the_closed_forms_ratio_and_checks_the_setting():
+    from kvlab.predict import prefetch_speedup
+
+    none = decode_launch("llama3-8b", 16, 8192, family="vllm_v1", recordings=False)
+    bulk = decode_launch("llama3-8b", 16, 8192, family="vllm_v1", prefetch="bulk K+V d=1",
+                         recordings=False)
+    assert prefetch_speedup("llama3-8b", 16, 8192, "bulk K+V d=1") == pytest.approx(
+        none.time_ms / bulk.time_ms)
+    assert decode_launch("llama3-8b", 16, 8192, family="vllm_v1").source == "measured"
+    with pytest.raises(ValueError, match="needs sm_90 or later; gpu='l40s'"):
+        prefetch_speedup("llama3-8b", 16, 8192, "bulk K+V d=1", gpu="l40s")
+    with pytest.raises(ValueError, match="recordings=1: must be True or False"):
+        decode_launch("llama3-8b", 16, 8192, recordings=1)

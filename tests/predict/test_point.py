@@ -38,6 +38,9 @@ from kvlab.predict.point import launch_point
     (("llama3-8b", 1, 1024), {"gpu": "a100-80gb-sxm4", "prefetch": "bulk K+V d=1"},
      "prefetch='bulk K+V d=1': cp.async.bulk.prefetch.L2 needs sm_90 or later; "
      "gpu='a100-80gb-sxm4' is sm_80"),
+    (("llama3-8b", 1, 1024), {"gpu": "a100-40gb-pcie", "dtype": "fp8"},
+     "dtype='fp8': gqa widens e4m3 with cvt.rn.f16x2.e4m3x2, which needs sm_89 or later; "
+     "gpu='a100-40gb-pcie' is sm_80"),
     (("llama3-8b", 1, 1024), {"num_sms": 133}, "num_sms=133: must be an integer in [1, 132]"),
     (("llama3-8b", 1, 1024), {"gpu": "h20", "num_sms": 80}, "num_sms=80: must be an integer in "
                                                             "[1, 78]"),

@@ -60,3 +60,13 @@ def test_the_modelled_figure_has_no_panel_titles_over_its_bars():
     assert (fig.layout.legend.entrywidth, fig.layout.legend.entrywidthmode) == (0.5, "fraction")
     assert max(len(t.name) for t in fig.data) <= 30
     assert all(len(line) <= 72 for line in lines(fig))
+
+
+def test_the_modelled_figure_takes_its_title_and_detail_lines():
+    results = {"none": L2Result(demand_misses=100)}
+    fig = modelled_l2_figure(results, "a launch", "modelled for a GPU", 360,
+                             title="L2, modelled for NVIDIA H20",
+                             details=("replayed: 1 of 8 sequences on 10 of 78 SMs",))
+    assert lines(fig) == ["L2, modelled for NVIDIA H20", "a launch",
+                          "replayed: 1 of 8 sequences on 10 of 78 SMs", "modelled for a GPU"]
+    assert lines(modelled_l2_figure(results, "a launch", "modelled"))[0] == "L2, modelled"

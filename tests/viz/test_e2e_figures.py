@@ -1,8 +1,17 @@
-"""kvlab.viz.e2e: throughput against batch per variant with HF and the roofline; step times."""
+"""kvlab.viz.e2e: throughput against batch per variant with HF and the roofline; step times;
+rows of the reference GPU modelled for another."""
 
 import pytest
 
-from kvlab.viz.e2e import TITLES, steps_figure, tensor_parallel_figure, throughput_figure
+from kvlab import gpus
+from kvlab.config import MODELS
+from kvlab.viz.e2e import (
+    TITLES,
+    modelled_rows,
+    steps_figure,
+    tensor_parallel_figure,
+    throughput_figure,
+)
 
 
 def row(variant, batch, ms, roofline_ms=2.0):
@@ -64,3 +73,44 @@ def test_titles_are_the_tabs_titles():
         TITLES["throughput"].format(model="m") + "<br>")
     assert tensor_parallel_figure(rows, "m", 1, "p").layout.title.text.startswith(
         TITLES["tensor_parallel"].format(model="m", batch=1) + "<br>")
+
+
+def recorded(batch, roofline_ms, ratio):
+    """A llama3-8b row of a run named "run" (prompt 512, 256 new tokens)."""
+    ms = roofline_ms * ratio
+    return {**row("gqa", batch, ms, roofline_ms), "model": "llama3-8b", "source": "run",
+            "step_ms_runs": [2 * ms, ms, ms]}
+
+
+def test_modelled_rows_read_the_same_bytes_at_the_gpus_roofline_times_the_ratio():
+    rows = [recorded(1, 4.0, 1.25), recorded(64, 5.5, 1.5)]
+    shown, past = modelled_rows(rows, {"run": 4000.0}, "a100-40gb-pcie")
+    gbps = gpus.copy_roofline_gbps("a100-40gb-pcie")[0]
+    assert past == {} and [r["batch"] for r in shown] == [1, 64]
+    for before, after in zip(rows, shown, strict=True):
+        step_bytes = before["roofline_ms"] * 1e-3 * 4000e9
+        assert after["step_bytes"] == pytest.approx(step_bytes)
+        assert after["roofline_ms"] == pytest.approx(step_bytes / (gbps * 1e9) * 1e3)
+        assert after["step_ms"] == pytest.approx(after["roofline_ms"] * before["ratio_to_roofline"])
+        assert after["tokens_per_s"] == pytest.approx(after["batch"] / after["step_ms"] * 1e3)
+        assert after["step_ms_runs"] == pytest.approx(
+            [ms * after["step_ms"] / before["step_ms"] for ms in before["step_ms_runs"]])
+        assert after["ratio_to_roofline"] == before["ratio_to_roofline"]
+    assert rows[0]["step_ms"] == 5.0  # the rows themselves are left as they were
+
+
+def test_modelled_rows_leave_out_a_batch_past_the_gpus_memory():
+    # 6 ms at 4,000 GB/s: 24 GB a step, of which K, V of 128 x 640 tokens (10.7 GB)
+    rows = [recorded(1, 4.0, 1.25), recorded(128, 6.0, 1.25)]
+    shown, past = modelled_rows(rows, {"run": 4000.0}, "rtx4090")
+    per_token = MODELS["llama3-8b"].kv_bytes_per_token() * 128
+    weights = 24e9 - per_token * 640
+    need = weights + per_token * 768
+    assert [r["batch"] for r in shown] == [1] and list(past) == [128]
+    assert past[128] == (f"llama3-8b at batch 128 needs at least {need / 1e9:,.1f} GB (the "
+                         f"{weights / 1e9:,.1f} GB of weights a step reads, "
+                         f"{per_token * 768 / 1e9:,.1f} GB of K, V for 128 x 768 tokens): past "
+                         "the NVIDIA GeForce RTX 4090's 24 GB")
+    assert modelled_rows(rows, {"run": 4000.0}, "h200")[1] == {}
+    with pytest.raises(ValueError, match="gpu='x': must be one of"):
+        modelled_rows(rows, {"run": 4000.0}, "x")

@@ -88,3 +88,14 @@ def test_report_needs_no_network_and_draws_each_figure_again_on_its_axes():
     assert "<script src" not in page and "<link" not in page  # plotly.js inline; no CDN
     # the second draw that puts the data where the axes are (plotly.js issue #7750)
     assert page.count("Plotly.redraw(") == 2
+
+
+def test_a_point_with_neither_x_nor_y_gives_no_row():
+    """A legend entry's [None] (a pinned chart's "pinned setting", a kernel's colour) and the gaps
+    between a line's segments (a CTA timeline) hold no data."""
+    fig = go.Figure([go.Scatter(name="key", x=[None], y=[None]),
+                     go.Scatter(name="segments", x=[0, 1, None, 2], y=[5, 5, None, 6]),
+                     go.Scatter(name="a gap in y", x=[1, 2], y=[None, 3])])
+    table = figure_table(fig)
+    assert table.trace.tolist() == ["segments"] * 3 + ["a gap in y"] * 2
+    assert table.x.tolist() == [0, 1, 2, 1, 2]

@@ -147,3 +147,38 @@ def test_block_order_figure_plots_each_ratio_of_one_loop():
     assert PROVENANCE in fig.layout.title.text
     with pytest.raises(ValueError, match="no point with blocks in order and scattered"):
         block_order_figure(rows[2:4] + rows[5:6], "llama3-8b", PROVENANCE)
+
+
+def test_gpu_speedup_figure_draws_a_cell_per_gpu_and_point_blank_where_none():
+    from kvlab.viz.kernels import gpu_speedup_figure
+
+    speedups = {"NVIDIA H20": {"1 x 4096": 1.07, "64 x 8192": 1.02},
+                "NVIDIA L40S": {"1 x 4096": None, "64 x 8192": None},
+                "NVIDIA H200": {"1 x 4096": 1.07, "64 x 8192": 0.92}}
+    fig = gpu_speedup_figure(speedups, "llama3-8b, vllm_v1", "modelled by kvlab.predict")
+    (heat,) = fig.data
+    assert list(heat.y) == list(speedups) and list(heat.x) == ["1 x 4096", "64 x 8192"]
+    assert list(heat.text[1]) == ["", ""] and list(heat.text[2]) == ["1.07x", "0.92x"]
+    assert heat.zmid == 1.0
+    assert (heat.zmin, heat.zmax) == (pytest.approx(0.92), pytest.approx(1.08))
+    assert "modelled by kvlab.predict" in fig.layout.title.text
+    with pytest.raises(ValueError, match="speedups is empty"):
+        gpu_speedup_figure({}, "x", "y")
+    with pytest.raises(ValueError, match=r"speedups\['b'\] has points \['2'\]: must have \['1'\]"):
+        gpu_speedup_figure({"a": {"1": 1.0}, "b": {"2": 1.0}}, "x", "y")
+
+
+def test_a_modelled_bar_is_hatched_with_its_band_as_a_whisker():
+    rows = [{"model": "m", "batch": 1, "context": 8, "kernel": "gqa", "prefetch": "none",
+             "block_size": 16, "ms": 1.0, "gbps": 100.0},
+            {"model": "m", "batch": 1, "context": 8, "kernel": "vllm_v1", "prefetch": "none",
+             "block_size": 16, "ms": 1.0, "gbps": 80.0, "basis": "extrapolated",
+             "gbps_band": (70.0, 95.0)}]
+    fig = bandwidth_figure(rows, 200.0, "p")
+    bars = fig.data[0]
+    assert list(bars.marker.pattern.shape) == ["", "/"]
+    assert list(bars.error_x.array) == [0, 15.0] and list(bars.error_x.arrayminus) == [0, 10.0]
+    assert "modelled (extrapolated)" in bars.customdata[1][2]
+    assert any(d.name and d.name.startswith("hatched: modelled") for d in fig.data)
+    assert not any(d.name and d.name.startswith("hatched") for d in bandwidth_figure(
+        rows[:1], 200.0, "p").data)

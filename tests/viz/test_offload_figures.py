@@ -8,7 +8,14 @@ import json
 import pytest
 
 from kvlab.config import MODELS
-from kvlab.offload.scheduler import LayerShape, LinkAndCompute, best_split, layer_time, unit_shape
+from kvlab.offload.scheduler import (
+    LayerShape,
+    LinkAndCompute,
+    best_split,
+    layer_time,
+    layer_weight_bytes,
+    unit_shape,
+)
 from kvlab.offload.timeline import LANES, chrome_trace
 from kvlab.results import KVPR, label, load_result, load_results
 from kvlab.viz.offload import (
@@ -16,6 +23,7 @@ from kvlab.viz.offload import (
     OP_COLORS,
     baseline_speedups,
     describe_point,
+    gpu_bytes,
     nearest_timeline,
     schedule_label,
     speedup_figure,
@@ -275,3 +283,33 @@ def test_chrome_trace_has_a_track_per_stream():
     assert len(events) == len(SPANS)
     layer = next(e for e in events if e["name"] == "layer")
     assert (layer["tid"], layer["ts"], layer["dur"]) == (1, 30.5, 11.75)
+
+
+def test_every_legend_hangs_from_the_bottom_edge_below_the_x_axis():
+    """Not a fraction of the plot's height below it: at 420 px, 0.3 of it put the split figure's
+    legend on its x axis's title, and 0.4 the speedup figure's on its tick labels
+    (kvlab.viz.layout)."""
+    shape = LayerShape(MODELS["opt-6.7b"], 16, 1024)
+    figures = [split_figure(shape, RATES, 300, height=420),
+               speedup_figure(make_point_rows(), PROVENANCE, height=400),
+               timeline_figure(SPANS, PROVENANCE, height=360)]
+    for fig in figures:
+        legend = fig.layout.legend
+        assert (legend.yref, legend.y, legend.yanchor) == ("container", 0.0, "bottom")
+        assert fig.layout.margin.b is None
+    # the setting names turn 45 degrees, or upright, as far as keeps them apart (at 500 px, the
+    # 30 degrees Plotly picks alone put "kvpr-paper" on "kvpr-chunked")
+    speedup = figures[1].layout
+    assert list(speedup.xaxis.autotickangles) == list(speedup.xaxis2.autotickangles) == [45, 90]
+
+
+def test_gpu_bytes_are_the_runtimes_weights_and_two_buffer_slots():
+    model = MODELS["opt-6.7b"]
+    layer = layer_weight_bytes(model)[1]
+    # a unit of 4 of 16 sequences x 1,024 tokens: K, V 2 x 4 x 1024 x 4096 x 2 B, X half that
+    shape = unit_shape(model, 16, 1024, "column", 4, "offloaded")
+    slot = 2 * 4 * 1024 * 4096 * 2 + 4 * 1024 * 4096 * 2
+    assert gpu_bytes(shape, "offloaded") == (2 * layer, 2 * slot)
+    assert gpu_bytes(shape, "resident") == (model.num_layers * layer, 2 * slot)
+    with pytest.raises(ValueError, match="weights='host': must be one of"):
+        gpu_bytes(shape, "host")

@@ -59,5 +59,5 @@ def test_a_plan_made_inside_sees_the_sms_it_has():
     assert DecodePlan(cache, seq_ids, 32, "gqa").num_sms == green.device_sms()
     with green.sm_limit(32) as held:
         assert DecodePlan(cache, seq_ids, 32, "gqa").num_sms == held
-    with pytest.raises(ValueError, match="num_sms=0: must be an integer in"):
+    with pytest.raises(ValueError, match="num_sms=0: must be an integer >= 1"):
         DecodePlan(cache, seq_ids, 32, "gqa", num_sms=0)

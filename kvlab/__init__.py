@@ -20,8 +20,8 @@ _LAZY = {
     "PrefetchConfig": ("kvlab.kernels.prefetch", "PrefetchConfig"),
     "LLM": ("kvlab.engine", "LLM"),
 }
-_SUBMODULES = ("cache", "reference", "workload", "kernels", "offload", "engine", "results",
-               "panels", "viz", "bench")
+_SUBMODULES = ("cache", "reference", "workload", "kernels", "model", "offload", "engine",
+               "results", "panels", "viz", "bench")
 
 __all__ = ["MODELS", "ModelConfig", "backend", "device_label", *_LAZY, *_SUBMODULES]
 

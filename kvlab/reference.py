@@ -9,6 +9,7 @@ import numbers
 
 import torch
 
+from kvlab.arith import ceil_div
 from kvlab.cache import PagedKVCache
 from kvlab.cache.fp8 import dequantize
 
@@ -67,7 +68,7 @@ def decode_attention(q: torch.Tensor, cache: PagedKVCache, seq_ids, scale: float
     tables, seq_lens = cache.block_tables(seq_ids), cache.seq_lens(seq_ids).tolist()
     out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     for b, seq_len in enumerate(seq_lens):
-        num_blocks = -(-seq_len // cache.block_size)
+        num_blocks = ceil_div(seq_len, cache.block_size)
         k, v = unpack_blocks(cache, tables[b, :num_blocks])
         k, v = k[:, :seq_len].float(), v[:, :seq_len].float()  # [num_kv_heads, seq_len, D]
         if cache.k_scale is not None:

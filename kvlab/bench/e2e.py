@@ -38,6 +38,7 @@ import statistics
 import sys
 import time
 
+from kvlab.arith import ceil_div
 from kvlab.bench.env import gpu_info, gpu_state, run_info, write_checkpoint
 from kvlab.config import MODELS, ModelConfig
 from kvlab.kernels.prefetch import PrefetchConfig
@@ -74,7 +75,7 @@ def step_bytes(model: ModelConfig, weights, batch: int, context: float) -> float
     """Bytes one decode step must read: every weight but the embedding (of which it reads only
     `batch` rows), the LM head whole even where tied, and the K, V of `batch` sequences of
     `context` tokens."""
-    from kvlab.offload.model import named_tensors
+    from kvlab.model.weights import named_tensors
 
     def size(t):
         return 0 if t is None else t.numel() * t.element_size()
@@ -297,7 +298,7 @@ def run(args) -> dict | None:
         for batch in args.batches:
             prompts = _prompts(model, batch, args.prompt)
             roofline_ms = step_bytes(local, weights, batch, context) / gbps / 1e6
-            blocks = -(-batch * (args.prompt + args.new_tokens) // 16) + 16
+            blocks = ceil_div(batch * (args.prompt + args.new_tokens), 16) + 16
             runs = _in_turn(f"{name} batch={batch}", prompts, args.rounds,
                             _kvlab_runners(name, weights, blocks, args))
             torch.cuda.empty_cache()  # the variants' caches, before HF's static cache

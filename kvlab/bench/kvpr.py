@@ -51,9 +51,9 @@ from kvlab.bench.env import git_state, gpu_info, gpu_state, run_info, write_chec
 from kvlab.bench.steps import WARMUP_TOLERANCE, HFSteps, time_in_turn
 from kvlab.checks import check_positive_int
 from kvlab.config import MODELS
+from kvlab.model.weights import random_layers
 from kvlab.offload.host import HostStore, fill, store_bytes
 from kvlab.offload.loop import predicted_seconds, timed_step
-from kvlab.offload.model import random_layers
 from kvlab.offload.profiler import profile
 from kvlab.offload.runtime import KVPRDecoder
 from kvlab.offload.scheduler import (

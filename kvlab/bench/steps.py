@@ -68,7 +68,7 @@ class HFSteps:
     def __init__(self, model, layers, batch: int, context: int, max_position: int):
         import transformers
 
-        from kvlab.offload.hf import cache_keyword, causal_lm
+        from kvlab.model.hf import cache_keyword, causal_lm
 
         self.hf = causal_lm(model, layers, "cuda", max_position=max_position)
         self.cache = transformers.DynamicCache(config=self.hf.config, offloading=True)

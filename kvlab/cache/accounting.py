@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvlab.arith import ceil_div
 from kvlab.cache.block_manager import BlockManager
 from kvlab.cache.block_pool import as_list
 from kvlab.checks import check_block_size, check_positive_int, is_real
@@ -114,7 +115,7 @@ def _paged_costs(workload: Workload, block_sizes: np.ndarray) -> tuple[np.ndarra
     """
     bs = block_sizes[:, None]  # [B, 1]
     seq_lens = workload.seq_lens[None, :]  # [1, N]
-    num_blocks = -(-seq_lens // bs)  # [B, N] ceil
+    num_blocks = ceil_div(seq_lens, bs)  # [B, N]
     num_shared = workload.request_prefix_lens[None, :] // bs  # [B, N] full prefix blocks
     reuses = (workload.prefix_group >= 0) & ~_first_in_group(workload.prefix_group)
     num_new_blocks = num_blocks - reuses * num_shared
@@ -252,7 +253,7 @@ def replay_block_tables(
     if not seq_lens:
         return [], []
     # NOTE: room for every block unshared; prefix sharing only ever needs fewer.
-    manager = BlockManager(sum(-(-n // block_size) for n in seq_lens), block_size)
+    manager = BlockManager(sum(ceil_div(n, block_size) for n in seq_lens), block_size)
     seq_ids = [
         manager.add_sequence(n, workload.token_ids(i)).seq_id for i, n in enumerate(seq_lens)
     ]

@@ -11,6 +11,7 @@ are equal. No hash of a hash is involved, so no collision can alias two differen
 
 from dataclasses import dataclass, field
 
+from kvlab.arith import ceil_div
 from kvlab.cache.block_pool import BlockPool, OutOfBlocksError, as_list
 from kvlab.checks import check_int, check_positive_int, is_int
 
@@ -59,10 +60,6 @@ def _check_ids_known(name: str, seq_id: int, seq: _Sequence) -> None:
     if seq.unknown:
         raise ValueError(f"{name}={seq_id}: its last {seq.unknown} token(s) have no ids yet; "
                          "record_tokens first")
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 class BlockManager:
@@ -115,7 +112,7 @@ class BlockManager:
         num_tokens = int(num_tokens)
         token_ids = self._check_token_ids(token_ids, num_tokens)
         shared = self._match_prefix(token_ids) if token_ids is not None else []
-        num_new = _cdiv(num_tokens, self.block_size) - len(shared)
+        num_new = ceil_div(num_tokens, self.block_size) - len(shared)
         if not self.pool.can_allocate(num_new):
             raise OutOfBlocksError(num_new, self.pool.num_free_blocks)
         self.pool.share(shared)
@@ -139,7 +136,7 @@ class BlockManager:
         old_len, bs = seq.num_tokens, self.block_size
         room = len(seq.block_ids) * bs - old_len
         cow = num_tokens > 0 and room > 0 and self.pool.ref_cnt(seq.block_ids[-1]) > 1
-        num_new = _cdiv(max(0, num_tokens - room), bs) + cow
+        num_new = ceil_div(max(0, num_tokens - room), bs) + cow
         if not self.pool.can_allocate(num_new):
             raise OutOfBlocksError(num_new, self.pool.num_free_blocks)
         new_block_ids = self.pool.allocate(num_new)

@@ -5,6 +5,7 @@ import itertools
 import numpy as np
 import torch
 
+from kvlab.arith import ceil_div
 from kvlab.cache.fp8 import FP8_DTYPE
 from kvlab.cache.paged_cache import PagedKVCache
 from kvlab.checks import check_block_size, check_positive_int, is_int
@@ -32,8 +33,8 @@ def filled_cache(num_seqs: int, context, block_size: int, num_kv_heads: int, hea
                                 or not 0 < sibling < context or sibling % block_size):
         raise ValueError(f"sibling={sibling!r}: must be a multiple of block_size={block_size} "
                          f"in [1, context={context}) (one context for all)")
-    num_blocks = (num_seqs * -(-int(context) // block_size) if lengths is None
-                  else sum(-(-n // block_size) for n in lengths))
+    num_blocks = (num_seqs * ceil_div(int(context), block_size) if lengths is None
+                  else sum(ceil_div(n, block_size) for n in lengths))
     cache = PagedKVCache(num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype,
                          device=device, layout=layout, seed=None if in_order else 0)
     for t in (cache.k_cache, cache.v_cache):

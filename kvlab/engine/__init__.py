@@ -1,9 +1,9 @@
 """A decoder-only inference engine on kvlab's paged KV cache and decode kernels.
 
-- `weights`: a whole model's weights (embeddings, the `kvlab.offload` decoder layers, final norm,
+- `weights`: a whole model's weights (embeddings, the `kvlab.model` decoder layers, final norm,
   LM head), seeded random of any preset's shapes.
 - `forward`: the prefill of a batch of prompts and a decode step of a batch over the paged
-  cache; the layer math is `kvlab.offload`'s, shared with the KVPR runtime.
+  cache; the layer math is `kvlab.model`'s, shared with the KVPR runtime.
 - `llm`: `LLM`, continuous batching with preemption by recompute, greedy and top-p sampling.
 - `generation`: `Generation`, what `LLM.generate` returns, and `TokenLog`, how it records each
   new token (shared with `offloaded`).

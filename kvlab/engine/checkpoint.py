@@ -26,8 +26,7 @@ import torch
 from kvlab.checks import check_bool, check_int, check_real
 from kvlab.config import ModelConfig, RopeScaling
 from kvlab.engine.weights import ModelWeights
-from kvlab.offload.model import LayerWeights, named_tensors, resolve_device
-from kvlab.offload.recompute import AttentionWeights
+from kvlab.model.weights import AttentionWeights, LayerWeights, named_tensors, resolve_device
 
 SUPPORTED = ("llama", "qwen2", "opt")
 TIED_BY_DEFAULT = {"llama": False, "qwen2": False, "opt": True}  # HF's tie_word_embeddings
@@ -39,7 +38,7 @@ PLAIN_MATH = {"attn_logit_softcapping": None, "final_logit_softcapping": None,
               "partial_rotary_factor": 1.0, "quantization_config": None}
 OPT_LAYERS = {"do_layer_norm_before": True, "activation_function": "relu", "enable_bias": True,
               "layer_norm_elementwise_affine": True, "_remove_final_layer_norm": False}
-# LayerWeights' fields (dotted, as kvlab.offload.model.named_tensors names them) -> HF's names
+# LayerWeights' fields (dotted, as kvlab.model.weights.named_tensors names them) -> HF's names
 # in one layer; a family's layers have the fields its LayerWeights.random gives (biases for qwen2)
 QKV_NAMES = {f"attn.{kind[0]}_{x}": f"self_attn.{x}_proj.{kind}" for x in "qkv"
              for kind in ("weight", "bias")}

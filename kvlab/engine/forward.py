@@ -1,6 +1,6 @@
 """A decoder's forward passes: the prefill of a batch of prompts (`run_prompts`, which hands each
 layer's X, K, V to the caller; `prefill` writes them into the paged cache) and one decode step of
-a batch over the paged cache. The layer math is `kvlab.offload`'s (the KVPR runtime's); the
+a batch over the paged cache. The layer math is `kvlab.model`'s (the KVPR runtime's too); the
 attention of a decode step is passed in, so that the same pass runs kvlab's CUDA kernels or the
 reference.
 
@@ -21,17 +21,11 @@ from kvlab.cache import Allocation
 from kvlab.config import ModelConfig
 from kvlab.engine.weights import OPT_POSITION_OFFSET, ModelWeights
 from kvlab.kernels import layer_ops
-from kvlab.offload.model import (
-    SDPA_BACKENDS,
-    Fused,
-    LayerWeights,
-    layer_head,
-    layer_tail,
-    linear,
-    project_qkv,
-    qkv_heads,
-)
-from kvlab.offload.recompute import RopeTable, norm
+from kvlab.model.attention import SDPA_BACKENDS
+from kvlab.model.layer import layer_head, layer_tail, linear, project_qkv, qkv_heads
+from kvlab.model.norm import norm
+from kvlab.model.rope import RopeTable
+from kvlab.model.weights import Fused, LayerWeights
 
 # attend(layer index, q [batch, num_qo_heads, head_dim]) -> [batch, num_qo_heads, head_dim]
 Attend = Callable[[int, torch.Tensor], torch.Tensor]

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from kvlab.arith import ceil_div
 from kvlab.cache.block_manager import StepAllocation
 from kvlab.engine import forward
 
@@ -195,7 +196,7 @@ class DecodeGraphs:
         self.pool = torch.cuda.graph_pool_handle()
         self.captured: dict[tuple[int, int], _Captured] = {}  # by (bucket, span)
         block_size = caches[0].block_size
-        max_blocks = -(-max_seq_len // block_size)  # as DecodePlan.for_capture's tables
+        max_blocks = ceil_div(max_seq_len, block_size)  # as DecodePlan.for_capture's tables
         self.host = HostInputs(MAX_BUCKET, max_blocks, block_size, *scratch, pin_memory=True)
         # the used columns' way in: copied whole, then unpacked into the plan's block tables
         self.staged_tables = torch.empty(MAX_BUCKET * max_blocks, dtype=torch.int32,

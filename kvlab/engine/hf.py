@@ -1,5 +1,5 @@
 """The HF transformers causal LM with an engine model's weights: its decoder layers are
-`kvlab.offload.hf.causal_lm`'s (sharing the layers' tensors) and its embeddings, final norm and
+`kvlab.model.hf.causal_lm`'s (sharing the layers' tensors) and its embeddings, final norm and
 LM head share `ModelWeights`' tensors too, so both compute with the same numbers.
 
 transformers is imported inside `causal_lm`: it is an optional dependency.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from kvlab.config import ModelConfig
 from kvlab.engine.weights import ModelWeights
-from kvlab.offload import hf as layers_hf
+from kvlab.model import hf as layers_hf
 
 
 def causal_lm(model: ModelConfig, w: ModelWeights):

@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kvlab.arith import ceil_div
 from kvlab.cache import BlockManager
 from kvlab.cache.paged_cache import PagedKVCache, cache_nbytes, check_fits
 from kvlab.checks import (
@@ -71,8 +72,8 @@ from kvlab.engine.graphs import bucket as graphs_bucket
 from kvlab.engine.weights import SEED_RANGE, ModelWeights
 from kvlab.kernels import layer_ops
 from kvlab.kernels.prefetch import PrefetchConfig
-from kvlab.offload.model import resolve_device
-from kvlab.offload.recompute import RopeTable
+from kvlab.model.rope import RopeTable
+from kvlab.model.weights import resolve_device
 from kvlab.offload.scheduler import LinkAndCompute
 
 ATTENTIONS = ("auto", "reference", "vllm_v1", "gqa")
@@ -231,7 +232,7 @@ class LLM:
         if attention == "vllm_v1" and block_size not in (8, 16, 32):
             raise ValueError(f"block_size={block_size}: vllm_v1 runs blocks of 8, 16 or 32")
         if num_blocks is None:
-            num_blocks = -(-DEFAULT_CACHED_TOKENS // block_size)
+            num_blocks = ceil_div(DEFAULT_CACHED_TOKENS, block_size)
         check_positive_int("num_blocks", num_blocks)
         check_int("seed", seed, *SEED_RANGE)
         if cuda_graphs is None:
@@ -562,7 +563,7 @@ class LLM:
     # ---- admission and preemption -----------------------------------------------------------
 
     def _blocks(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+        return ceil_div(num_tokens, self.block_size)
 
     def _admissible(self, request: _Request, running: list[_Request]) -> bool:
         """Whether the free blocks hold the request's context and still leave one for each

@@ -22,10 +22,10 @@ import torch
 
 from kvlab.engine import forward
 from kvlab.engine.generation import Generation, TokenLog, clock_ms
+from kvlab.model.rope import RopeTable
 from kvlab.offload.host import HostStore
 from kvlab.offload.loop import decode
 from kvlab.offload.profiler import DriftMonitor, profile
-from kvlab.offload.recompute import RopeTable
 from kvlab.offload.runtime import KVPRDecoder
 from kvlab.offload.scheduler import LinkAndCompute
 

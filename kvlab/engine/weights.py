@@ -1,7 +1,7 @@
 """A whole decoder's weights: the token (and, for OPT, position) embeddings, the decoder layers,
 the final norm and the LM head.
 
-The layers are `kvlab.offload.model.LayerWeights`, the one implementation of each family's layer
+The layers are `kvlab.model.weights.LayerWeights`, the one implementation of each family's layer
 that the KVPR runtime also runs. What is added here is what only a whole model has:
 
 - embed [vocab_size, hidden_size]: the token embedding;
@@ -12,7 +12,7 @@ that the KVPR runtime also runs. What is added here is what only a whole model h
   as HF's OPT does; Llama and Qwen2 presets have their own.
 
 Each layer's projections that share an input are stacked when the weights are made
-(`kvlab.offload.model.fuse`: the layers' own tensors become views of the stacks), so that a
+(`kvlab.model.weights.fuse`: the layers' own tensors become views of the stacks), so that a
 decode step runs one GEMM for Q, K and V and one for the MLP's gate and up.
 """
 
@@ -25,7 +25,7 @@ import torch
 from kvlab.cache.paged_cache import check_fits
 from kvlab.checks import check_int
 from kvlab.config import ModelConfig
-from kvlab.offload.model import (
+from kvlab.model.weights import (
     Fused,
     LayerWeights,
     check_layers,
@@ -33,8 +33,8 @@ from kvlab.offload.model import (
     named_tensors,
     random_layers,
     resolve_device,
+    seeded_randn,
 )
-from kvlab.offload.recompute import seeded_randn
 
 OPT_POSITION_OFFSET = 2  # HF's OPT keeps two unused rows before position 0
 # the seeds of random weights: torch's generators take [-2**63, 2**64), and each tensor's seed

@@ -7,6 +7,7 @@ launches. `decode_attention` is both in one call.
 
 import torch
 
+from kvlab.arith import ceil_div
 from kvlab.cache.fp8 import FP8_DTYPE
 from kvlab.checks import check_num_heads, check_positive_int, is_int
 from kvlab.kernels import FAMILIES, KERNELS, gqa, green, select, tune, vllm_v1
@@ -168,7 +169,7 @@ class DecodePlan:
                              "tokens")
         check_launch(chosen, num_seqs, max_seq_len)
         num_seqs, max_seq_len = int(num_seqs), int(max_seq_len)
-        width = -(-max_seq_len // cache.block_size)
+        width = ceil_div(max_seq_len, cache.block_size)
         plan = cls.__new__(cls)
         plan._setup(cache, torch.zeros(num_seqs, width, dtype=torch.int32, device=cache.device),
                     torch.ones(num_seqs, dtype=torch.int32, device=cache.device),

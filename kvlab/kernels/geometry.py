@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from kvlab.arith import ceil_div
 from kvlab.checks import check_int, check_positive_int, is_int
 
 MAX_GRID_YZ = 65535  # CUDA: the largest y or z dimension of a launch grid
@@ -81,7 +82,7 @@ def use_partitions(num_seqs: int, num_qo_heads: int, max_seq_len: int) -> bool:
     when max_seq_len <= MAX_V1_SEQ_LEN and either one partition covers the longest sequence or
     the batch has more than V1_MIN_CTAS (sequence, query head) pairs. The rule does not look at
     the SMs: under a green context vLLM's choice stays what it is on the whole GPU."""
-    num_partitions = -(-max_seq_len // PARTITION_SIZE)
+    num_partitions = ceil_div(max_seq_len, PARTITION_SIZE)
     use_v1 = max_seq_len <= MAX_V1_SEQ_LEN and (
         num_partitions == 1 or num_seqs * num_qo_heads > V1_MIN_CTAS)
     return not use_v1
@@ -92,7 +93,7 @@ def vllm_smem_bytes(head_dim: int, block_size: int, partition_size: int,
     """Dynamic shared memory of vllm_decode, as vLLM's launchers size it: fp32 logits for the
     tokens one CTA covers (a partition, or the longest sequence rounded up to whole blocks), or
     the cross-warp output reduction, whichever is larger."""
-    num_tokens = partition_size or -(-max_seq_len // block_size) * block_size
+    num_tokens = partition_size or ceil_div(max_seq_len, block_size) * block_size
     return max(num_tokens * 4, (VLLM_NUM_WARPS // 2) * head_dim * 4)
 
 
@@ -109,7 +110,7 @@ def gqa_row_bytes(head_dim: int, kv_bytes: int = 2) -> int:
     the least odd multiple of 32 bytes that holds it. Either way each 32-byte cache sector lands
     in one shared-memory sector, so L2 serves it once (the kernel's header)."""
     row = head_dim * kv_bytes + (16 if kv_bytes == 1 and head_dim % 32 else 0)
-    return row if kv_bytes == 2 and row % 128 == 0 else 32 * (-(-row // 32) | 1)
+    return row if kv_bytes == 2 and row % 128 == 0 else 32 * (ceil_div(row, 32) | 1)
 
 
 def gqa_smem_bytes(head_dim: int, kv_bytes: int = 2, warps: int = GQA_NUM_WARPS) -> int:
@@ -242,29 +243,30 @@ def split_plan(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int,
     def makespan(size: int, warps: int = GQA_NUM_WARPS) -> tuple[float, bool, bool, int]:
         if not mixed:
             merge = MERGE_OVERHEAD_TOKENS if size < max_seq_len else 0
-            ctas = num_seqs * -(-max_seq_len // size) * num_kv_heads
+            ctas = num_seqs * ceil_div(max_seq_len, size) * num_kv_heads
             lone = ctas <= num_sms
             key = lone, warps != GQA_NUM_WARPS, -size
             if warps != GQA_NUM_WARPS:  # lone, 8 warps
                 turns = pair_rate / min(SM_TOKENS_PER_S, LONE_CTA_HBM_SHARE * hbm / ctas)
                 return turns * size + PARTITION_OVERHEAD_TOKENS + merge, *key
             if ctas <= num_slots:  # one wave: the CTAs of an SM start, and end, together
-                turns = -(-ctas // num_sms)
+                turns = ceil_div(ctas, num_sms)
                 turns *= lone_cta_slowdown(num_sms, token_bytes) if lone else 1
                 return turns * size + PARTITION_OVERHEAD_TOKENS + merge, *key
-            turns = ctas_per_sm * -(-ctas // num_slots)
+            turns = ctas_per_sm * ceil_div(ctas, num_slots)
             return turns * (size + PARTITION_OVERHEAD_TOKENS) + merge, *key
         merge = MIXED_MERGE_OVERHEAD_TOKENS if size < max_seq_len else 0
         return (_longest_first_makespan(lens, num_kv_heads, size, num_slots) + merge, False,
                 False, -size)
 
     q = PARTITION_QUANTUM
-    sizes = sorted({-(-max_seq_len // n // q) * q for n in range(1, -(-max_seq_len // q) + 1)})
+    sizes = sorted({ceil_div(ceil_div(max_seq_len, n), q) * q
+                    for n in range(1, ceil_div(max_seq_len, q) + 1)})
     if not mixed:
         options = [Split(size, GQA_NUM_WARPS) for size in sizes]
         if eight_warps:  # where lone CTAs of 4 warps cannot keep HBM busy
             for size in sizes:
-                ctas = num_seqs * -(-max_seq_len // size) * num_kv_heads
+                ctas = num_seqs * ceil_div(max_seq_len, size) * num_kv_heads
                 if (size >= EIGHT_WARP_MIN_TOKENS and ctas <= num_sms
                         and ctas * LONE_CTA_TOKENS_PER_S < hbm):
                     options.append(Split(size, 8))
@@ -273,7 +275,7 @@ def split_plan(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int,
     # makespan (the mean slot's work, or the longest CTA) and stop where it passes the best
     bounds = []
     for size in sizes:
-        ctas = np.maximum(1, -(-lens // size)).sum() * num_kv_heads
+        ctas = np.maximum(1, ceil_div(lens, size)).sum() * num_kv_heads
         work = int(lens.sum()) * num_kv_heads + MIXED_CTA_OVERHEAD_TOKENS * ctas
         longest = min(size, max_seq_len) + MIXED_CTA_OVERHEAD_TOKENS
         merge = MIXED_MERGE_OVERHEAD_TOKENS if size < max_seq_len else 0
@@ -316,7 +318,7 @@ def work_list(seq_lens, size: int) -> np.ndarray:
     positive integer."""
     check_positive_int("size", size)
     lens = np.asarray(seq_lens, dtype=np.int64)
-    counts = np.maximum(1, -(-lens // size))
+    counts = np.maximum(1, ceil_div(lens, size))
     seq = np.repeat(np.arange(lens.size), counts)
     partition = np.arange(seq.size) - np.repeat(np.cumsum(counts) - counts, counts)
     tokens = np.minimum(size, lens[seq] - partition * size)
@@ -340,7 +342,7 @@ def one_wave_order(work: np.ndarray, num_kv_heads: int, num_sms: int,
     launches of 344-556 CTAs, 1.8-11.5 points slower, hence one wave only."""
     if work.shape[0] * num_kv_heads > num_sms * ctas_per_sm:
         return work
-    first = -(-num_sms // num_kv_heads)
+    first = ceil_div(num_sms, num_kv_heads)
     return np.concatenate([work[:first], work[first:][::-1]])
 
 

@@ -14,6 +14,7 @@ HBM busy (few sequences and KV heads, or an fp8 cache): `geometry.split_plan`.
 import numpy as np
 import torch
 
+from kvlab.arith import ceil_div
 from kvlab.cache.fp8 import FP8_DTYPE
 from kvlab.checks import HEAD_DIMS
 from kvlab.kernels.geometry import GQA_BLOCK_SIZES as BLOCK_SIZES
@@ -102,7 +103,7 @@ class Gqa:
             num_seqs, cache.num_kv_heads, max_seq_len, num_sms, per_sm,
             2 * cache.head_dim * kv_bytes, seq_lens if mixed else None,
             eight_warps=ctas_per_sm(cache.head_dim, kv_bytes, 8) >= 1)
-        self.num_partitions = -(-max_seq_len // self.partition_size)
+        self.num_partitions = ceil_div(max_seq_len, self.partition_size)
         # mixed lengths: only the partitions that hold tokens, longest first (in one wave, long
         # and short paired an SM)
         self.work = self.merged = None

@@ -6,11 +6,11 @@ streams in less time than cuBLAS over the paper models' linears (not at every sh
 kernels/layer_ops.cu has the figures), with the residual add or SwiGLU's product that follows
 them in the same launch; and greedy sampling's argmax over the logits in their own dtype.
 
-The layer code (`kvlab.offload.recompute`, `kvlab.offload.model`, `kvlab.engine.forward`) and
-the engine's sampling (`kvlab.engine.llm`) call these where `usable` says so: fp16 or bf16
-tensors on a CUDA device, with CuPy present. Elsewhere they run torch ops, which these equal to
-the dtype's precision (checked by tests/kernels/test_layer_ops.py on a GPU). Every launcher
-checks its tensors before launching.
+The layer code (`kvlab.model`, `kvlab.engine.forward`) and the engine's sampling
+(`kvlab.engine.llm`) call these where `usable` says so: fp16 or bf16 tensors on a CUDA device,
+with CuPy present. Elsewhere they run torch ops, which these equal to the dtype's precision
+(checked by tests/kernels/test_layer_ops.py on a GPU). Every launcher checks its tensors before
+launching.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import functools
 import numpy as np
 import torch
 
+from kvlab.arith import ceil_div
 from kvlab.checks import check_real, is_int
 from kvlab.kernels.launch import launch, ptr
 from kvlab.kernels.vllm_v1 import CUDA_TYPES
@@ -129,7 +130,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
            f"weight: shape {tuple(weight.shape)}, must be ({hidden},) and contiguous")
     _check(same_kind(x, weight, *([] if residual is None else [residual])),
            "x, weight and residual: one dtype (fp16 or bf16) on one CUDA device")
-    threads = min(MAX_THREADS, -(-hidden // VEC // 32) * 32)
+    threads = min(MAX_THREADS, ceil_div(ceil_div(hidden, VEC), 32) * 32)
     vecs = next((v for v in NORM_VECS if v * VEC * threads >= hidden), None)
     _check(vecs is not None, f"hidden={hidden}: at most {NORM_VECS[-1] * VEC * MAX_THREADS}")
     normed = torch.empty_like(x)
@@ -163,7 +164,7 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     if rows:
         pairs = heads * head_dim // 2
         launch(_kernel(f"kvlab::rope<{CUDA_TYPES[x.dtype]}>", x.device),
-               (rows, -(-pairs // ROPE_THREADS)), (ROPE_THREADS,),
+               (rows, ceil_div(pairs, ROPE_THREADS)), (ROPE_THREADS,),
                (ptr(out), ptr(x), ptr(cos), ptr(sin), ptr(positions), np.int64(cos.shape[0]),
                 np.int32(heads), np.int32(head_dim), np.int64(x.stride(0)),
                 np.int64(out.stride(0))), x.device)
@@ -227,7 +228,7 @@ def rope_write(qkv: torch.Tensor, num_qo_heads: int, cos: torch.Tensor, sin: tor
         pairs = (num_qo_heads + 2 * heads) * head_dim // 2
         name = (f"kvlab::rope_write<{CUDA_TYPES[qkv.dtype]}, "
                 f"{str(cache.layout == 'vllm').lower()}>")
-        launch(_kernel(name, qkv.device), (n, -(-pairs // ROPE_THREADS)), (ROPE_THREADS,),
+        launch(_kernel(name, qkv.device), (n, ceil_div(pairs, ROPE_THREADS)), (ROPE_THREADS,),
                (ptr(q), ptr(cache.k_cache), ptr(cache.v_cache), ptr(qkv), ptr(cos), ptr(sin),
                 ptr(positions), np.int64(cos.shape[0]), ptr(slots), np.int64(cache.num_blocks),
                 np.int32(cache.block_size), np.int32(num_qo_heads), np.int32(heads),
@@ -249,7 +250,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if rows:
         threads = 256
         launch(_kernel(f"kvlab::silu_mul<{CUDA_TYPES[gate_up.dtype]}>", gate_up.device),
-               (rows, -(-n // VEC // threads)), (threads,),
+               (rows, ceil_div(ceil_div(n, VEC), threads)), (threads,),
                (ptr(out), ptr(gate_up), np.int32(n)), gate_up.device)
     return out
 
@@ -320,7 +321,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if n:
         cols = LINEAR_COLS // 2 if swiglu else LINEAR_COLS  # output columns a CTA writes
         launch(_kernel(linear_name(CUDA_TYPES[x.dtype], rows, epilogue), x.device),
-               (-(-width // cols),), (32 * LINEAR_WARPS,),
+               (ceil_div(width, cols),), (32 * LINEAR_WARPS,),
                (ptr(out), ptr(x), ptr(weight), ptr(bias), ptr(residual), np.int32(n),
                 np.int32(k), np.int64(x.stride(0))), x.device)
     return out

@@ -46,6 +46,7 @@ if not hasattr(np, "row_stack"):
 import numba  # noqa: E402
 from numba import cuda, float32, int32, uint32, uint64  # noqa: E402
 
+from kvlab.arith import ceil_div
 from kvlab.kernels.loader import source_dir  # noqa: E402
 from kvlab.kernels.prefetch import MAX_DISTANCE  # noqa: E402
 
@@ -77,7 +78,7 @@ else:
 @functools.cache
 def _kernel(head_dim: int, block_size: int):
     """The kernel for one (head_dim, block_size); Numba compiles it on first launch, per dtype."""
-    dims_per_lane = -(-head_dim // WARP_SIZE)
+    dims_per_lane = ceil_div(head_dim, WARP_SIZE)
 
     @cuda.jit(**_JIT_OPTIONS)
     def decode_kernel(

@@ -10,6 +10,7 @@ of gigabytes (`kvlab.timing.copy_roofline_gbps`).
 import numpy as np
 import torch
 
+from kvlab.arith import ceil_div
 from kvlab.checks import is_int
 from kvlab.kernels import green
 from kvlab.kernels.launch import launch
@@ -49,7 +50,7 @@ class PlainRead:
         (self.kernel,) = load(SOURCE, ["read_bytes"], self.device.index)
         num_words = self.num_bytes // WORD_BYTES
         self.num_ctas = min(CTAS_PER_SM * green.current_sms(self.device),
-                            -(-num_words // READ_THREADS))
+                            ceil_div(num_words, READ_THREADS))
         # [num_ctas] int32 (uint32 in the kernel): the XOR of the words each CTA read
         self.sink = torch.zeros(self.num_ctas, dtype=torch.int32, device=self.device)
         self.args = (np.uint64(self.src.data_ptr()), np.int64(num_words),

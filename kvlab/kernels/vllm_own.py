@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from kvlab.arith import ceil_div
 from kvlab.kernels.geometry import (
     PARTITION_SIZE,
     VLLM_NUM_WARPS,
@@ -114,7 +115,7 @@ class VllmOwn:
                                     max_seq_len)
         if self.v2:
             self.decode, self.reduce = _kernels(path, device.index, (v2, reduce))
-            self.num_partitions = -(-max_seq_len // PARTITION_SIZE)
+            self.num_partitions = ceil_div(max_seq_len, PARTITION_SIZE)
             shape = (num_seqs, num_qo_heads, self.num_partitions)
             self.exp_sums = torch.empty(shape, dtype=torch.float32, device=device)
             self.max_logits = torch.empty(shape, dtype=torch.float32, device=device)

@@ -11,6 +11,7 @@ to 8192 tokens when one partition covers the longest sequence or the batch has m
 import numpy as np
 import torch
 
+from kvlab.arith import ceil_div
 from kvlab.checks import HEAD_DIMS
 from kvlab.kernels.geometry import PARTITION_SIZE, VLLM_NUM_WARPS, use_partitions
 from kvlab.kernels.geometry import VLLM_BLOCK_SIZES as BLOCK_SIZES
@@ -66,7 +67,7 @@ class VllmV1:
         self.partition_size = (
             PARTITION_SIZE if use_partitions(num_seqs, num_qo_heads, max_seq_len) else 0
         )
-        self.num_partitions = -(-max_seq_len // PARTITION_SIZE) if self.partition_size else 1
+        self.num_partitions = ceil_div(max_seq_len, PARTITION_SIZE) if self.partition_size else 1
         d, bs = cache.head_dim, cache.block_size
         names = name_expressions(cache.dtype, d, bs, self.partition_size, prefetch)
         kernels = load(SOURCE, names, cache.device.index)

@@ -26,8 +26,10 @@ from collections.abc import Callable, Sequence
 import torch
 
 from kvlab.config import ModelConfig
-from kvlab.offload.model import LayerWeights, attend, layer_head, layer_tail
-from kvlab.offload.recompute import RopeTable
+from kvlab.model.attention import attend
+from kvlab.model.layer import layer_head, layer_tail
+from kvlab.model.rope import RopeTable
+from kvlab.model.weights import LayerWeights
 
 
 class StaticLayers:

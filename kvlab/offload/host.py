@@ -13,11 +13,12 @@ import weakref
 
 import torch
 
+from kvlab.arith import ceil_div
 from kvlab.cache.paged_cache import check_fits
 from kvlab.checks import check_int, check_positive_int, is_int
 from kvlab.config import ModelConfig
-from kvlab.offload.model import LayerWeights, check_layers
-from kvlab.offload.recompute import attention_input, project_kv, seeded_randn
+from kvlab.model.attention import attention_input, project_kv
+from kvlab.model.weights import LayerWeights, check_layers, seeded_randn
 from kvlab.offload.scheduler import check_dtype_bytes
 
 PAGE = 4096
@@ -48,7 +49,7 @@ class PinnedHostMemory:
         except RuntimeError as err:
             raise RuntimeError(f"num_bytes={num_bytes}: host allocation failed ({err})") from err
         offset = -raw.data_ptr() % PAGE
-        ptr, length = raw.data_ptr() + offset, -(-num_bytes // PAGE) * PAGE
+        ptr, length = raw.data_ptr() + offset, ceil_div(num_bytes, PAGE) * PAGE
         cudart = torch.cuda.cudart()
         _cuda_check(cudart.cudaHostRegister(ptr, length, 0),
                     f"num_bytes={num_bytes}: pinning host memory failed (no pageable fallback)")

@@ -13,10 +13,11 @@ import torch
 
 from kvlab.checks import check_positive_int, check_real, is_real
 from kvlab.config import ModelConfig
+from kvlab.model.rope import RopeTable
+from kvlab.model.weights import AttentionWeights, LayerWeights
 from kvlab.offload.graphs import StaticLayers
 from kvlab.offload.host import PinnedHostMemory
-from kvlab.offload.model import LayerWeights
-from kvlab.offload.recompute import AttentionWeights, RopeTable, recompute_kv
+from kvlab.offload.recompute import recompute_kv
 from kvlab.offload.runtime import KVPRDecoder
 from kvlab.offload.scheduler import LinkAndCompute, token_chunks
 from kvlab.timing import Timer, back_to_back_ms

@@ -29,10 +29,12 @@ import torch
 
 from kvlab.checks import check_bool, check_positive_int
 from kvlab.config import ModelConfig
+from kvlab.model.layer import decode_layer
+from kvlab.model.rope import RopeTable
+from kvlab.model.weights import LayerWeights, check_layers, resolve_device
 from kvlab.offload.graphs import StaticLayers
 from kvlab.offload.host import HostStore
-from kvlab.offload.model import LayerWeights, check_layers, decode_layer, resolve_device
-from kvlab.offload.recompute import RopeTable, recompute_kv
+from kvlab.offload.recompute import recompute_kv
 from kvlab.offload.scheduler import SCHEDULES, LayerShape, check_split, token_chunks, unit_shape
 from kvlab.offload.timeline import Timeline
 from kvlab.offload.weights import HostLayers

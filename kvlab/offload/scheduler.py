@@ -62,6 +62,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from kvlab.arith import ceil_div
 from kvlab.checks import check_int, check_positive_int, is_int, is_real
 from kvlab.config import ModelConfig
 
@@ -165,7 +166,7 @@ def layer_weight_bytes(model: ModelConfig, dtype_bytes: int = 2) -> tuple[int, i
     opt, layernorm, bias = model.family == "opt", model.norm == "layernorm", model.qkv_bias
 
     def packed(*numels):
-        return sum(-(-n * dtype_bytes // ALIGN) * ALIGN for n in numels)
+        return sum(ceil_div(n * dtype_bytes, ALIGN) * ALIGN for n in numels)
 
     kv_part = packed(kv * h, kv * h, *(2 * [kv] if bias else []))
     rest = packed(q * h, h * q, h, h, ffn * h, h * ffn,  # W_Q, W_O, the norms, the MLP

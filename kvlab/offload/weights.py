@@ -10,8 +10,9 @@ import dataclasses
 
 import torch
 
+from kvlab.arith import ceil_div
+from kvlab.model.weights import KV_FIELDS, LayerWeights, named_tensors
 from kvlab.offload.host import PinnedHostMemory
-from kvlab.offload.model import KV_FIELDS, LayerWeights, named_tensors
 from kvlab.offload.scheduler import ALIGN
 
 
@@ -40,7 +41,7 @@ class Packing:
             raise ValueError(f"layer weights of dtypes {sorted(map(str, dtypes))}: must share one")
         for name, t in tensors.items():
             offsets[name] = (end, tuple(t.shape))
-            end += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
+            end += ceil_div(t.numel() * t.element_size(), ALIGN) * ALIGN
             if name in KV_FIELDS:
                 kv_bytes = end
         return cls(offsets, kv_bytes, end, dtypes.pop())

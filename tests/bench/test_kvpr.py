@@ -14,8 +14,8 @@ from kvlab.bench.cli import main
 from kvlab.bench.kvpr import HF_SETTING, SETTINGS, host_bytes, measure_point, split_for
 from kvlab.bench.steps import MAX_WARMUP_STEPS
 from kvlab.config import MODELS
+from kvlab.model.weights import random_layers
 from kvlab.offload.host import store_bytes
-from kvlab.offload.model import random_layers
 from kvlab.offload.scheduler import LayerShape, LinkAndCompute, best_split
 from kvlab.offload.weights import Packing
 

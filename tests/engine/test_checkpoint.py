@@ -11,7 +11,7 @@ import torch
 import kvlab
 from kvlab.config import RopeScaling
 from kvlab.engine import checkpoint, forward
-from kvlab.offload.recompute import RopeTable
+from kvlab.model.rope import RopeTable
 
 transformers = pytest.importorskip("transformers")
 

@@ -9,7 +9,7 @@ import kvlab
 from kvlab.config import MODELS
 from kvlab.engine import forward
 from kvlab.engine.weights import ModelWeights
-from kvlab.offload.model import named_tensors
+from kvlab.model.weights import named_tensors
 
 transformers = pytest.importorskip("transformers")
 from kvlab.engine.hf import causal_lm  # noqa: E402  (needs transformers)

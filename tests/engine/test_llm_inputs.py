@@ -18,7 +18,7 @@ from kvlab.engine import llm as llm_module
 from kvlab.engine import weights as weights_module
 from kvlab.engine.llm import _sample
 from kvlab.engine.weights import ModelWeights
-from kvlab.offload.recompute import RopeTable
+from kvlab.model.rope import RopeTable
 from kvlab.offload.scheduler import LinkAndCompute
 
 COPY_ALL = LinkAndCompute(55e9, 1e9, "what-if")

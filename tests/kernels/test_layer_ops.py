@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from kvlab.cache import PagedKVCache
 from kvlab.config import MODELS
 from kvlab.kernels import layer_ops
-from kvlab.offload.recompute import apply_rope, rope_cos_sin
+from kvlab.model.rope import apply_rope, rope_cos_sin
 
 DTYPES = [torch.float16, torch.bfloat16]
 gpu = pytest.mark.gpu
@@ -224,9 +224,9 @@ def test_linear_with_swiglu_equals_silu_mul_after_it(dtype, rows, n, k, bias):
 
 @gpu
 def test_the_layers_take_linear_for_a_few_rows_only(monkeypatch):
-    """kvlab.offload.model.linear runs layer_ops.linear where it takes the tensors (and gets its
+    """kvlab.model.layer.linear runs layer_ops.linear where it takes the tensors (and gets its
     answer), F.linear elsewhere: more rows, or a weight it cannot stream."""
-    from kvlab.offload import model
+    from kvlab.model import layer
 
     calls, kernel = [], layer_ops.linear
 
@@ -234,13 +234,13 @@ def test_the_layers_take_linear_for_a_few_rows_only(monkeypatch):
         calls.append(args[0].shape[0])
         return kernel(*args, **kwargs)
 
-    monkeypatch.setattr(model.layer_ops, "linear", counted)
+    monkeypatch.setattr(layer.layer_ops, "linear", counted)
     w = randn(64, 128, dtype=torch.float16)
     for rows in (1, layer_ops.LINEAR_ROWS, layer_ops.LINEAR_ROWS + 1, 300):
         x = randn(rows, 128, dtype=torch.float16, seed=rows)
-        close(model.linear(x, w), (x.float() @ w.float().T).half())
+        close(layer.linear(x, w), (x.float() @ w.float().T).half())
     assert calls == sorted({1, layer_ops.LINEAR_ROWS})
-    model.linear(randn(1, 128, dtype=torch.float16), randn(128, 64, dtype=torch.float16).T)
+    layer.linear(randn(1, 128, dtype=torch.float16), randn(128, 64, dtype=torch.float16).T)
     assert len(calls) == len({1, layer_ops.LINEAR_ROWS})  # a transposed weight: F.linear
 
 
@@ -352,14 +352,14 @@ def test_rope_write_refuses_before_a_launch(num_qo_heads, qkv_width, cos, messag
 
 
 def test_the_layers_linear_falls_back_to_torch_with_its_epilogue():
-    """On the CPU, kvlab.offload.model.linear's residual and SwiGLU equal the torch ops."""
-    from kvlab.offload import model
+    """On the CPU, kvlab.model.layer.linear's residual and SwiGLU equal the torch ops."""
+    from kvlab.model import layer
 
     x, w = torch.randn(3, 16), torch.randn(10, 16)
     residual = torch.randn(3, 10)
-    assert torch.equal(model.linear(x, w, residual=residual), residual + F.linear(x, w))
+    assert torch.equal(layer.linear(x, w, residual=residual), residual + F.linear(x, w))
     gate, up = F.linear(x, w).chunk(2, dim=-1)
-    assert torch.equal(model.linear(x, w, swiglu=True), F.silu(gate) * up)
+    assert torch.equal(layer.linear(x, w, swiglu=True), F.silu(gate) * up)
 
 
 def test_the_torch_ops_run_where_the_kernels_cannot():

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from kvlab.config import MODELS
+from kvlab.model.weights import random_layers
 from kvlab.offload.host import HostStore, PinnedHostMemory, fill
-from kvlab.offload.model import random_layers
 from kvlab.offload.profiler import host_seconds, link_bytes_per_s, profile
 from kvlab.offload.runtime import KVPRDecoder, ResidentDecoder
 from kvlab.offload.weights import HostLayers

@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from kvlab.config import MODELS
+from kvlab.model.layer import decode_layer
+from kvlab.model.rope import RopeTable
+from kvlab.model.weights import random_layers
 from kvlab.offload.graphs import StaticLayers
-from kvlab.offload.model import decode_layer, random_layers
-from kvlab.offload.recompute import RopeTable
 
 BATCH, CONTEXT = 3, 11
 

@@ -6,8 +6,8 @@ import torch
 from factories import make_cpu_stores, placed
 
 from kvlab.config import MODELS
+from kvlab.model.weights import random_layers
 from kvlab.offload.loop import decode, predicted_seconds
-from kvlab.offload.model import random_layers
 from kvlab.offload.profiler import DriftMonitor
 from kvlab.offload.runtime import KVPRDecoder
 from kvlab.offload.scheduler import LinkAndCompute, best_split

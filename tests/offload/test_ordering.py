@@ -12,7 +12,7 @@ import torch
 from factories import make_cpu_stores, placed
 
 from kvlab.config import MODELS
-from kvlab.offload.model import random_layers
+from kvlab.model.weights import random_layers
 from kvlab.offload.runtime import KVPRDecoder
 from kvlab.offload.scheduler import token_chunks
 

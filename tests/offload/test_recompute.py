@@ -5,16 +5,10 @@ import pytest
 import torch
 
 from kvlab.config import MODELS
-from kvlab.offload.recompute import (
-    AttentionWeights,
-    RopeTable,
-    apply_rope,
-    attention_input,
-    project_kv,
-    project_q,
-    recompute_kv,
-    rope_cos_sin,
-)
+from kvlab.model.attention import attention_input, project_kv, project_q
+from kvlab.model.rope import RopeTable
+from kvlab.model.weights import AttentionWeights
+from kvlab.offload.recompute import recompute_kv
 
 FAMILIES = ["tiny-opt", "tiny-llama", "tiny-qwen"]
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -67,66 +61,6 @@ def test_a_recompute_at_the_wrong_positions_is_caught(name):
     x, k_host, _ = decode_history(model, w, 9, torch.float32)
     k_shifted, _ = project_kv(model, w, x, torch.arange(1, 10))
     assert not torch.allclose(k_shifted, k_host, atol=1e-3)
-
-
-def test_rope_matches_a_complex_rotation():
-    # Pair i of the half-split convention is (x[i], x[i + d/2]); RoPE turns it by
-    # pos * theta^(-2i/d).
-    d, theta = 8, 10000.0
-    x = torch.randn(5, 3, d, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    pos = torch.arange(5) * 7
-    cos, sin = rope_cos_sin(pos, d, theta, torch.float64)
-    z = torch.complex(x[..., : d // 2], x[..., d // 2:])
-    angle = pos[:, None].double() * theta ** (-torch.arange(0, d, 2).double() / d)
-    turned = z * torch.polar(torch.ones_like(angle), angle)[:, None, :]
-    # the angles are fp32 (as in HF's rotary embedding): agreement to fp32 rounding
-    expected = torch.cat([turned.real, turned.imag], -1)
-    got = apply_rope(x, cos[:, None], sin[:, None])
-    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
-
-
-def test_rope_scores_depend_on_relative_position_only():
-    d = 16
-    gen = torch.Generator().manual_seed(0)
-    q, k = (torch.randn(1, 1, d, dtype=torch.float64, generator=gen) for _ in "qk")
-
-    def score(m, n):
-        qm = apply_rope(q, *rope_cos_sin(torch.tensor([m]), d, 500000.0, torch.float64))
-        kn = apply_rope(k, *rope_cos_sin(torch.tensor([n]), d, 500000.0, torch.float64))
-        return (qm * kn).sum().item()
-
-    assert score(3, 10) == pytest.approx(score(103, 110))
-    assert abs(score(3, 10) - score(3, 11)) > 1e-2
-
-
-def test_attention_input_is_the_family_norm():
-    opt, llama = MODELS["tiny-opt"], MODELS["tiny-llama"]
-    hidden = torch.randn(4, 256, dtype=torch.float64)
-    w = AttentionWeights.random(opt, seed=2, dtype=torch.float64)
-    ln = torch.nn.LayerNorm(256, eps=1e-5, dtype=torch.float64)
-    ln.weight.data, ln.bias.data = w.norm_weight, w.norm_bias
-    assert torch.allclose(attention_input(opt, w, hidden), ln(hidden))
-    w = AttentionWeights.random(llama, seed=2, dtype=torch.float64)
-    rms = hidden / hidden.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt() * w.norm_weight
-    assert torch.allclose(attention_input(llama, w, hidden), rms)
-    assert w.norm_bias is None and w.b_k is None
-
-
-def test_bad_shapes_are_refused():
-    model = MODELS["tiny-llama"]
-    w = AttentionWeights.random(model, seed=0)
-    with pytest.raises(ValueError, match=r"x.shape=\(3, 128\): must be \[tokens, 256\]"):
-        project_kv(model, w, torch.zeros(3, 128), torch.arange(3))
-    with pytest.raises(ValueError, match=r"positions.shape=\(2,\): must be \(3,\)"):
-        project_kv(model, w, torch.zeros(3, 256), torch.arange(2))
-
-
-def test_rope_table_lookup_equals_computing_it():
-    model = MODELS["tiny-qwen"]
-    table = RopeTable.build(model, 64, torch.float32, "cpu")
-    positions = torch.tensor([0, 5, 63, 5])
-    cos, sin = rope_cos_sin(positions, model.head_dim, model.rope_theta, torch.float32)
-    assert torch.equal(table.cos[positions], cos) and torch.equal(table.sin[positions], sin)
 
 
 @pytest.mark.parametrize("name", FAMILIES)

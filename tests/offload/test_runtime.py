@@ -9,8 +9,8 @@ import torch
 from factories import make_cpu_stores, placed
 
 from kvlab.config import MODELS
+from kvlab.model.weights import random_layers
 from kvlab.offload.host import HostStore, PinnedHostMemory, fill, store_bytes
-from kvlab.offload.model import random_layers
 from kvlab.offload.runtime import KVPRDecoder, ResidentDecoder
 from kvlab.offload.scheduler import token_chunks
 from kvlab.offload.weights import HostLayers

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from kvlab.config import MODELS
+from kvlab.model.weights import KV_FIELDS, LayerWeights, named_tensors, random_layers
 from kvlab.offload.host import HostStore
-from kvlab.offload.model import KV_FIELDS, LayerWeights, named_tensors, random_layers
 from kvlab.offload.runtime import KVPRDecoder
 from kvlab.offload.scheduler import layer_weight_bytes
 from kvlab.offload.weights import ALIGN, HostLayers, Packing, with_tensors

@@ -18,7 +18,7 @@ import torch
 
 from kvlab.checks import check_int, check_positive_int
 from kvlab.config import ModelConfig
-from kvlab.offload.model import LayerWeights
+from kvlab.model.weights import LayerWeights
 
 
 def hf_config(model: ModelConfig, num_layers: int | None = None,

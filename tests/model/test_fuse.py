@@ -1,11 +1,12 @@
-"""kvlab.offload.model.fuse: stacked projections compute what the separate ones do."""
+"""kvlab.model.weights.fuse: stacked projections compute what the separate ones do."""
 
 import pytest
 import torch
 
 from kvlab.config import MODELS
-from kvlab.offload.model import LayerWeights, fuse, layer_head, layer_tail, named_tensors
-from kvlab.offload.recompute import RopeTable
+from kvlab.model.layer import layer_head, layer_tail
+from kvlab.model.rope import RopeTable
+from kvlab.model.weights import LayerWeights, fuse, named_tensors
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen", "tiny-opt"])

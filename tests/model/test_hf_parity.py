@@ -1,16 +1,20 @@
 """The layer math the KVPR runtime runs equals HF transformers' decoder layers with the same
 weights (CPU, float64): the norm, the projections with their biases, RoPE, GQA, the MLP and the
-residuals of OPT, Llama and Qwen2. The remaining difference is HF's fp32 softmax and RoPE angles."""
+residuals of OPT, Llama and Qwen2. The remaining difference is HF's fp32 softmax and RoPE angles.
+The bridge refuses bad sizes and seeds by name."""
+
+import re
 
 import pytest
 import torch
 
 from kvlab.config import MODELS
-from kvlab.offload.model import decode_layer, random_layers
-from kvlab.offload.recompute import attention_input, project_kv
+from kvlab.model.attention import attention_input, project_kv
+from kvlab.model.layer import decode_layer
+from kvlab.model.weights import random_layers
 
 transformers = pytest.importorskip("transformers")
-from kvlab.offload.hf import cache_keyword, causal_lm  # noqa: E402  (needs transformers)
+from kvlab.model.hf import cache_keyword, causal_lm, hf_config  # noqa: E402  (needs transformers)
 
 TOKENS = 9
 
@@ -58,3 +62,19 @@ def test_causal_lm_refuses_a_wrong_layer_count():
     m = MODELS["tiny-llama"]
     with pytest.raises(ValueError, match="len\\(layers\\)=1: must be tiny-llama's 2"):
         causal_lm(m, random_layers(m, num_layers=1), "cpu")
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"num_layers": -1}, "num_layers=-1"), ({"num_layers": True}, "num_layers=True"),
+    ({"max_position": 0}, "max_position=0"), ({"max_position": 2.5}, "max_position=2.5"),
+])
+def test_hf_config_refuses_bad_sizes(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message) + ": must be an integer"):
+        hf_config(MODELS["tiny-llama"], **kwargs)
+
+
+@pytest.mark.parametrize("seed", [2**70, -1, 2.5, True])
+def test_causal_lm_refuses_a_seed_torch_cannot_take(seed):
+    m = MODELS["tiny-llama"]
+    with pytest.raises(ValueError, match=re.escape(f"seed={seed!r}: must be an integer")):
+        causal_lm(m, random_layers(m, seed=0), "cpu", seed=seed)

@@ -1,0 +1,44 @@
+"""The family's norms: LayerNorm (OPT) and RMSNorm (Llama, Qwen2), of epsilon model.norm_eps. On
+a GPU, fp16 and bf16 RMSNorm, alone or with the residual add before it, runs as one kernel
+(`kvlab.kernels.layer_ops`) that equals these torch ops to the dtype's precision.
+
+Shapes: hidden, delta [rows, hidden_size]; weight, bias [hidden_size].
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvlab.config import ModelConfig
+from kvlab.kernels import layer_ops
+
+
+def norm(model: ModelConfig, hidden: torch.Tensor, weight: torch.Tensor,
+         bias: torch.Tensor | None) -> torch.Tensor:
+    """The family's norm: LayerNorm (OPT) or RMSNorm (Llama, Qwen2), epsilon model.norm_eps."""
+    if model.norm == "layernorm":
+        return torch.nn.functional.layer_norm(hidden, (model.hidden_size,), weight, bias,
+                                              eps=model.norm_eps)
+    if _norm_kernel(hidden, weight):
+        return layer_ops.rms_norm(hidden, weight, model.norm_eps)[0]
+    return torch.nn.functional.rms_norm(hidden, (model.hidden_size,), weight, eps=model.norm_eps)
+
+
+def add_norm(model: ModelConfig, hidden: torch.Tensor, delta: torch.Tensor,
+             weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:
+    """(hidden + delta, its norm): a sublayer's residual add and the next norm (one kernel for
+    RMSNorm on a GPU)."""
+    if model.norm == "rmsnorm" and _norm_kernel(hidden, weight, delta):
+        normed, total = layer_ops.rms_norm(hidden, weight, model.norm_eps, residual=delta)
+        return total, normed
+    hidden = hidden + delta
+    return hidden, norm(model, hidden, weight, bias)
+
+
+def _norm_kernel(*tensors: torch.Tensor) -> bool:
+    """Whether layer_ops.rms_norm takes these: the kernels' dtypes on a GPU, [rows, hidden]
+    contiguous (every caller's case on a GPU)."""
+    hidden = tensors[0]
+    return (layer_ops.usable(*tensors) and hidden.dim() == 2
+            and all(t.is_contiguous() for t in tensors)
+            and all(t.shape == hidden.shape for t in tensors[2:]))

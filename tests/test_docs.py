@@ -90,3 +90,26 @@ def test_roofline_targets_table_tells_a_miss_the_read_allows_from_one_it_does_no
         "| 16 x 1k at 70% | llama3-8b (32:8) | 0 of 1 | 1: gqa 69.9%, read 79.0% | - |",
         "| mixed lengths at 85% | llama3-8b (32:8) | 1 of 3: 95.0% | 1: gqa 76.5%, read 90.0% | "
         "1: gqa 60.0%, read 77.0% |"]
+
+
+def test_the_readmes_kvpr_against_hf_figures_are_the_recorded_data():
+    """README: at every multi-head point of 1k tokens or more (row schedule, resident weights),
+    HF's offloaded cache takes <lo-hi>x full transfer, and the fastest KVPR setting beats it by
+    <lo-hi>x; recomputed here from kvpr_opt and kvpr_llama."""
+    points = {}
+    for name in ("kvpr_opt", "kvpr_llama"):
+        for r in load_result("h200", name)["rows"]:
+            if (r["schedule"], r["weights"]) == ("row", "resident") and r["context"] >= 1024 and (
+                    r["model"] != "llama3-8b"):
+                points.setdefault((r["model"], r["batch"], r["context"]), {}).setdefault(
+                    r["setting"], r["step_ms"])
+    hf_over_full, hf_over_kvpr = [], []
+    for steps in points.values():
+        if "hf-offloaded" in steps:
+            hf_over_full.append(steps["hf-offloaded"] / steps["full-transfer"])
+            kvpr = min(ms for setting, ms in steps.items() if setting.startswith("kvpr-"))
+            hf_over_kvpr.append(steps["hf-offloaded"] / kvpr)
+    assert len(hf_over_full) >= 10
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert (f"takes {min(hf_over_full):.2f}-{max(hf_over_full):.2f}x full transfer there, so "
+            f"KVPR beats it by {min(hf_over_kvpr):.2f}-{max(hf_over_kvpr):.2f}x") in readme

@@ -6,7 +6,8 @@ of each, then run 2 of each, ...; `kvlab.timing.Timer`):
 - with `--kernels ... auto`, kernel="auto" on each family's cache three ways: tuned at this point
   ("tuned"), tuned at another shape of its bucket (3/4 of the context) and reused here
   ("reused"), and with KVLAB_AUTOTUNE=0, the recorded choice ("recorded");
-- torch SDPA on the same K/V gathered dense and contiguous (`enable_gqa=True`), its backend named
+- torch SDPA on dense, contiguous K/V of the same shape (random values of its own, outputs not
+  compared; `enable_gqa=True`), its backend named
   from the kernels the profiler sees it launch;
 - with `--fp8`, gqa on an fp8 (e4m3) cache of the same shape at every prefetch setting (kernel
   "gqa_fp8": q and out in --dtype; its GB/s count the fp8 bytes it reads, half of fp16's);

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import html
 import math
-import textwrap
 
 import ipywidgets as widgets
 
@@ -65,7 +64,7 @@ from kvlab.viz.kernels import (
     prefetch_speedup_figure,
     variant,
 )
-from kvlab.viz.layout import NOTE_LINE_CHARS, note_figure, unreadable_figure
+from kvlab.viz.layout import note_figure, note_text, unreadable_figure
 from kvlab.viz.timeline import timeline_figure
 from kvlab.workload import lognormal_lengths, lognormal_spec
 
@@ -186,11 +185,6 @@ def _row(name: str, batch: int, lengths: str, family: str, prefetch: str, dtype:
         row.update(lengths=lengths, context=round(float(lens.mean())),
                    max_context=int(lens.max()))
     return row
-
-
-def _wrapped(text: str) -> str:
-    """`text` HTML-escaped, on lines that fit a note in a 500 px chart."""
-    return "<br>".join(html.escape(line) for line in textwrap.wrap(text, NOTE_LINE_CHARS))
 
 
 def _roofline(rows: list[dict]) -> float:
@@ -484,7 +478,7 @@ class DecodeKernelsTab:
                       heading: str = "no kernel takes this setting") -> None:
         """The status line and the figures say `heading` and why."""
         self.status.value = html.escape(f"{heading}: {why}")
-        note = _wrapped(why)
+        note = note_text(why)
         titles = {"bandwidth": "Decode attention GB/s", "speedup": "L2 prefetch speedup",
                   "timeline": TIMELINE_TITLE}
         for name, title in titles.items():
@@ -770,7 +764,7 @@ class DecodeKernelsTab:
                 provenance = "not recorded" if result is None else f"not {label(result)}"
                 show_figure(self.figures["timeline"], note_figure(
                     f"A decode step, CTA by CTA: {v['model']}", provenance,
-                    f"{v['model']}: not recorded;<br>{where}:<br>{_wrapped(command)}",
+                    f"{v['model']}: not recorded;<br>{where}:<br>{note_text(command)}",
                     FIGURE_HEIGHTS["timeline"]))
                 return
             if mixed:
@@ -828,7 +822,7 @@ class DecodeKernelsTab:
                     f"{GPUS[REFERENCE].name} only")
         else:
             where = "press Run to measure it here" if self.backend == "cuda" else "run on a GPU"
-            note = f"{model}: not recorded;<br>{where}:<br>{_wrapped(self._command(v))}"
+            note = f"{model}: not recorded;<br>{where}:<br>{note_text(self._command(v))}"
             provenance = ("not recorded" if self.recorded_order is None else
                           f"not {label(self.recorded_order)}")
         self.status.value = note.replace("<br>", " ")

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import html
 import statistics
-import textwrap
 
 import ipywidgets as widgets
 
@@ -49,7 +48,7 @@ from kvlab.viz.e2e import (
     tensor_parallel_figure,
     throughput_figure,
 )
-from kvlab.viz.layout import NOTE_LINE_CHARS, note_figure, unreadable_figure
+from kvlab.viz.layout import note_figure, note_text, unreadable_figure
 
 RECORDED = ("h200", ("e2e", "e2e_qwen7b", "e2e_qwen14b"))  # 256 new tokens (e2e_2048: 2,048)
 SERVING = ("h200", ("e2e_serving",))  # its `serving` entries; its one row only loads the model
@@ -247,7 +246,7 @@ class EndToEndTab:
             why = past.get(batch, f"no run of {model} at batch {batch}")
             show_figure(self.figures["steps"], note_figure(
                 titles["steps"], provenance,
-                "<br>".join(textwrap.wrap(html.escape(why), NOTE_LINE_CHARS)),
+                note_text(why),
                 FIGURE_HEIGHTS["steps"]))
             lines.insert(0, html.escape(why))
         lines += self._show_tensor_parallel(model, batch, rows, gpu)

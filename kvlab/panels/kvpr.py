@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import html
-import textwrap
 from dataclasses import replace
 
 import ipywidgets as widgets
@@ -52,7 +51,7 @@ from kvlab.panels.widgets import (
     show_figure,
 )
 from kvlab.results import KVPR, label, load_shown
-from kvlab.viz.layout import NOTE_LINE_CHARS, note_figure, unreadable_figure
+from kvlab.viz.layout import note_figure, note_text, unreadable_figure
 from kvlab.viz.offload import (
     SPLIT_TITLE,
     describe_point,
@@ -279,7 +278,7 @@ class KVPRTab:
         height = FIGURE_HEIGHTS["split"]
         show_figure(self.figures["split"], note_figure(
             SPLIT_TITLE.format(model=model.name), provenance,
-            "<br>".join(textwrap.wrap(html.escape(past), NOTE_LINE_CHARS)), height)
+            note_text(past), height)
             if past else split_figure(
             shape, rates, c["l"].value, v["chunks"], height,
             measured=points if same_point else None, provenance=provenance,

@@ -50,7 +50,7 @@ from kvlab.sim.sample import replay, sample_launch
 from kvlab.sim.spec import JITTER_ROUNDS
 from kvlab.sim.time_model import TimeModel
 from kvlab.viz.counters import modelled_l2_figure, table_5_2_figure
-from kvlab.viz.layout import NOTE_LINE_CHARS, note_figure, unreadable_figure
+from kvlab.viz.layout import note_figure, note_text, unreadable_figure
 from kvlab.viz.regime import regime_figure
 
 __all__ = ["L2Tab"]
@@ -213,7 +213,7 @@ class L2Tab:
         """The status line and every chart say that no kernel takes the setting, and why."""
         heading = f"no kernel takes this setting on the {GPUS[v['gpu']].name}"
         self.status.value = html.escape(f"{heading}: {why}")
-        note = "<br>".join(html.escape(line) for line in textwrap.wrap(why, NOTE_LINE_CHARS))
+        note = note_text(why)
         for name, pane in self.figures.items():
             show_figure(pane, note_figure(self._title(name, v), "not measured, not modelled",
                                           f"{html.escape(heading)}:<br>{note}",

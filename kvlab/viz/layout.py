@@ -17,8 +17,8 @@ import plotly.graph_objects as go
 
 from kvlab.checks import check_int
 
-__all__ = ["LEGEND_AT_BOTTOM", "LEGEND_BELOW", "check_height", "note_figure", "style",
-           "title_text", "top_margin", "unreadable_figure"]
+__all__ = ["LEGEND_AT_BOTTOM", "LEGEND_BELOW", "check_height", "note_figure", "note_text",
+           "style", "title_text", "top_margin", "unreadable_figure"]
 
 # NOTE: the legend hangs from the figure's bottom edge ("container"), not below the plot area by a
 # fraction of the plot's height: Plotly's automargin then grows the bottom margin to hold the x
@@ -113,10 +113,15 @@ def note_figure(title: str, provenance: str, note: str, height: int) -> go.Figur
     return style(fig, title, provenance, height=height)
 
 
+def note_text(text: str) -> str:
+    """`text` as a note's lines: HTML-escaped, wrapped at NOTE_LINE_CHARS (a 500 px chart's
+    width), joined by <br>."""
+    return "<br>".join(html.escape(line) for line in textwrap.wrap(text, NOTE_LINE_CHARS))
+
+
 def unreadable_figure(title: str, why: str, height: int) -> go.Figure:
     """`note_figure` where a recording could not be read: `why`, "<file>: <reason>" (the message
     of `kvlab.results`' ValueError), the file on lines of its own above the reason."""
     where, _, reason = why.partition(": ")
-    lines = [*textwrap.wrap(where, NOTE_LINE_CHARS), *textwrap.wrap(reason, NOTE_LINE_CHARS)]
-    return note_figure(title, "recording unreadable", "unreadable recording:<br>"
-                       + "<br>".join(html.escape(line) for line in lines), height)
+    return note_figure(title, "recording unreadable", f"unreadable recording:<br>"
+                       f"{note_text(where)}<br>{note_text(reason)}", height)

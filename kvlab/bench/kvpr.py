@@ -24,9 +24,10 @@ and the host's time to enqueue a unit and each recompute chunk (`unit_host_ms`,
 `chunk_host_ms`), which the pipelined model weighs against the link. Each row has the
 predictions of the three models at its l, the point's lower bound (min over l of max(PCIe bytes /
 v_com, recompute FLOPs / v_gpu), summed over the step's units; it leaves T_L and the host out)
-and the ratio to it, and, from one more step with the timeline on, the busy time of the link and
-of the GPU and the overlap between them.
-The timeline of --timeline-setting is kept at the --timeline-points.
+and the ratio to it, and, from one more step with its stream spans recorded, the busy time of
+the link and of the GPU and the overlap between them (kvlab.offload.overlap).
+The spans of --timeline-setting are kept at the --timeline-points, in the result's "timelines"
+(the flags' and the key's names are recorded ones: in code they are the overlap).
 Points whose host memory would pass --host-budget-gib are skipped, with the reason (where only
 HF's copy of the KV would pass it, the point runs without HF).
 --resume PATH continues an earlier result or checkpoint made by the same committed code (its git
@@ -54,6 +55,7 @@ from kvlab.config import MODELS
 from kvlab.model.weights import random_layers
 from kvlab.offload.host import HostStore, fill, store_bytes
 from kvlab.offload.loop import predicted_seconds, timed_step
+from kvlab.offload.overlap import overlap
 from kvlab.offload.profiler import profile
 from kvlab.offload.runtime import KVPRDecoder
 from kvlab.offload.scheduler import (
@@ -63,7 +65,6 @@ from kvlab.offload.scheduler import (
     best_split,
     lower_bound_seconds,
 )
-from kvlab.offload.timeline import overlap
 from kvlab.offload.weights import HostLayers, Packing
 
 HF_SETTING = "hf-offloaded"
@@ -97,11 +98,13 @@ def host_bytes(name: str, batch: int, context: int, weights: str = "resident",
 def measure_point(name: str, batch: int, context: int, *, schedule: str = "row",
                   gpu_batches: int = 1, weights: str = "resident", steps: int = 10,
                   chunks: int = 1, cuda_graphs: bool = True, hf: bool = False,
-                  keep_timeline: bool = True,
-                  timeline_setting: str = "kvpr-pipelined", layers=None, host_layers=None,
+                  keep_overlap: bool = True,
+                  overlap_setting: str = "kvpr-pipelined", layers=None, host_layers=None,
                   progress=None, min_seconds: float = 0.0) -> dict:
     """Time every setting at one point on the GPU, in turn (`time_in_turn`): {"rows": [...],
-    "timeline": {...} or None}.
+    "overlap": {...} or None}, the overlap: the stream spans of one step of `overlap_setting`
+    (with keep_overlap; the result's "timelines" hold them, the CLI's --timeline-* flags pick
+    them: recorded names).
 
     gpu_batches must divide batch (row schedules use 1). layers: the model's LayerWeights on the
     GPU (seeded random ones when None); they prefill the stores and, with weights="resident",
@@ -111,25 +114,8 @@ def measure_point(name: str, batch: int, context: int, *, schedule: str = "row",
     to MAX_STEPS) while a setting has been timed for less than this. cuda_graphs: the decoder's
     (and the profile's) layers as CUDA graphs, or eager.
     """
-    check_settings(steps, chunks, [gpu_batches], min_seconds)
-    for key, value in (("batch", batch), ("context", context)):
-        check_positive_int(key, value)
-    if name not in MODELS:
-        raise ValueError(f"name={name!r}: must be one of {sorted(MODELS)}")
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule={schedule!r}: must be one of {SCHEDULES}")
-    if weights not in WEIGHTS:
-        raise ValueError(f"weights={weights!r}: must be one of {WEIGHTS}")
-    if batch % gpu_batches:
-        raise ValueError(f"gpu_batches={gpu_batches}: must divide batch={batch}")
-    if hf and (schedule, gpu_batches, weights) != ("row", 1, "resident"):
-        raise ValueError(f"hf=True with schedule={schedule!r}, gpu_batches={gpu_batches}, "
-                         f"weights={weights!r}: HF's cache is compared with the row schedule, one "
-                         "GPU batch, resident weights")
-    if timeline_setting not in SETTINGS:
-        raise ValueError(f"timeline_setting={timeline_setting!r}: must be one of {SETTINGS}")
-    if not torch.cuda.is_available():
-        raise RuntimeError("KVPR measurements need a CUDA GPU")
+    _check_point(name, batch, context, schedule, gpu_batches, weights, steps, chunks, hf,
+                 overlap_setting, min_seconds)
     model = MODELS[name]
     if layers is None:
         layers = random_layers(model, seed=0, dtype=torch.float16, device="cuda")
@@ -163,15 +149,9 @@ def measure_point(name: str, batch: int, context: int, *, schedule: str = "row",
         steps_of[HF_SETTING] = HFSteps(model, layers, batch, context, context + HEADROOM)
     timings = time_in_turn(steps_of, steps, min_seconds, progress)
     steps_of.pop(HF_SETTING, None)  # HF's model and cache freed
-    lower_bound = lower_bound_seconds(shape, rates) * len(decoder.units())
-    point = {"model": name, "batch": batch, "context": context, "schedule": schedule,
-             "gpu_batches": gpu_batches, "weights": decoder.weights, "cuda_graphs": cuda_graphs,
-             "h2d_gbps": rates.h2d_bytes_per_s / 1e9, "d2h_gbps": rates.d2h_bytes_per_s / 1e9,
-             "recompute_tflops": rates.recompute_flops_per_s / 1e12,
-             "layer_ms": 1e3 * rates.layer_seconds, "unit_host_ms": 1e3 * rates.unit_host_seconds,
-             "chunk_host_ms": 1e3 * rates.chunk_host_seconds,
-             "lower_bound_ms": 1e3 * lower_bound}
-    rows, timeline = [], None
+    point = _point_fields(name, batch, context, schedule, gpu_batches, decoder, rates, shape,
+                          cuda_graphs)
+    rows, kept = [], None
     for setting, timing in timings.items():
         ms = statistics.median(timing["step_ms_runs"])
         row = {**point, "setting": setting, "step_ms": ms, **timing,
@@ -182,17 +162,55 @@ def measure_point(name: str, batch: int, context: int, *, schedule: str = "row",
                          "link_busy_ms": None, "compute_busy_ms": None, "overlap": None})
             continue
         l = splits[setting]
-        kvpr_step(setting, record=True)()  # one more step, with the timeline on
-        spans = decoder.last_timeline.spans()
+        kvpr_step(setting, record=True)()  # one more step, its stream spans recorded
+        spans = decoder.last_spans.spans()
         rows.append({**row, "l": l,
                      **{f"predicted_{m}_ms": 1e3 * predicted_seconds(decoder, rates, l, context, m)
                         for m in MODELS_OF_TIME}, **overlap(spans)})
-        if setting == timeline_setting and keep_timeline:
-            timeline = {key: point[key] for key in ("model", "batch", "context", "schedule",
-                                                     "gpu_batches", "weights")}
-            timeline.update(setting=setting, l=l, step_ms=ms, spans=spans)
+        if setting == overlap_setting and keep_overlap:
+            kept = {key: point[key] for key in ("model", "batch", "context", "schedule",
+                                                "gpu_batches", "weights")}
+            kept.update(setting=setting, l=l, step_ms=ms, spans=spans)
     torch.cuda.empty_cache()
-    return {"rows": rows, "timeline": timeline}
+    return {"rows": rows, "overlap": kept}
+
+
+def _check_point(name, batch, context, schedule, gpu_batches, weights, steps, chunks, hf,
+                 overlap_setting, min_seconds) -> None:
+    """ValueError, naming the value, for what `measure_point` cannot time; RuntimeError without
+    a CUDA GPU."""
+    check_settings(steps, chunks, [gpu_batches], min_seconds)
+    for key, value in (("batch", batch), ("context", context)):
+        check_positive_int(key, value)
+    if name not in MODELS:
+        raise ValueError(f"name={name!r}: must be one of {sorted(MODELS)}")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule={schedule!r}: must be one of {SCHEDULES}")
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights={weights!r}: must be one of {WEIGHTS}")
+    if batch % gpu_batches:
+        raise ValueError(f"gpu_batches={gpu_batches}: must divide batch={batch}")
+    if hf and (schedule, gpu_batches, weights) != ("row", 1, "resident"):
+        raise ValueError(f"hf=True with schedule={schedule!r}, gpu_batches={gpu_batches}, "
+                         f"weights={weights!r}: HF's cache is compared with the row schedule, one "
+                         "GPU batch, resident weights")
+    if overlap_setting not in SETTINGS:
+        raise ValueError(f"overlap_setting={overlap_setting!r}: must be one of {SETTINGS}")
+    if not torch.cuda.is_available():
+        raise RuntimeError("KVPR measurements need a CUDA GPU")
+
+
+def _point_fields(name, batch, context, schedule, gpu_batches, decoder, rates, shape,
+                  cuda_graphs) -> dict:
+    """The fields every row of a point shares: the point, its measured rates, its lower bound."""
+    lower_bound = lower_bound_seconds(shape, rates) * len(decoder.units())
+    return {"model": name, "batch": batch, "context": context, "schedule": schedule,
+            "gpu_batches": gpu_batches, "weights": decoder.weights, "cuda_graphs": cuda_graphs,
+            "h2d_gbps": rates.h2d_bytes_per_s / 1e9, "d2h_gbps": rates.d2h_bytes_per_s / 1e9,
+            "recompute_tflops": rates.recompute_flops_per_s / 1e12,
+            "layer_ms": 1e3 * rates.layer_seconds, "unit_host_ms": 1e3 * rates.unit_host_seconds,
+            "chunk_host_ms": 1e3 * rates.chunk_host_seconds,
+            "lower_bound_ms": 1e3 * lower_bound}
 
 
 def check_settings(steps: int, chunks: int, gpu_batches, min_seconds: float) -> None:
@@ -328,12 +346,12 @@ def run(args) -> dict:
                 name, batch, context, schedule=schedule, gpu_batches=gpu_batches,
                 weights=weights, steps=args.steps, chunks=args.chunks,
                 cuda_graphs=args.cuda_graphs, hf=hf,
-                keep_timeline=(batch, context) in keep, timeline_setting=args.timeline_setting,
+                keep_overlap=(batch, context) in keep, overlap_setting=args.timeline_setting,
                 layers=layers, host_layers=host_layers, min_seconds=args.min_seconds,
             )
             result["rows"] += point_result["rows"]
-            if point_result["timeline"] is not None:
-                result["timelines"].append(point_result["timeline"])
+            if point_result["overlap"] is not None:  # "timelines": the recorded key
+                result["timelines"].append(point_result["overlap"])
             result["skipped"] = list(skipped.values())
             write_checkpoint(args.checkpoint, result)
         del layers, host_layers

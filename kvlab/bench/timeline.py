@@ -27,10 +27,9 @@ import torch
 
 from kvlab.bench.env import gpu_info, gpu_state, run_info, write_checkpoint
 from kvlab.cache import filled_cache
-from kvlab.checks import HEAD_DIMS
 from kvlab.config import MODELS
 from kvlab.kernels.decode import DecodePlan
-from kvlab.kernels.geometry import GQA_MAX_GROUP
+from kvlab.kernels.gqa import FAMILY as GQA
 from kvlab.kernels.read import PlainRead
 from kvlab.kernels.timeline import Tracer, median_phases, phases
 from kvlab.timing import METHOD, Timer, copy_roofline_gbps
@@ -63,9 +62,9 @@ def check(args) -> None:
 
     for name in args.models:
         m = MODELS[name]
-        if m.head_dim not in HEAD_DIMS or m.gqa_group > GQA_MAX_GROUP:
-            raise ValueError(f"--models {name}: gqa runs head_dim {HEAD_DIMS} and up to "
-                             f"{GQA_MAX_GROUP} query heads a KV head ({name}: head_dim "
+        if m.head_dim not in GQA.head_dims or m.gqa_group > GQA.max_group:
+            raise ValueError(f"--models {name}: gqa runs head_dim {GQA.head_dims} and up to "
+                             f"{GQA.max_group} query heads a KV head ({name}: head_dim "
                              f"{m.head_dim}, {m.gqa_group})")
     if backend() != "cuda":
         raise ValueError("python -m kvlab bench timeline needs a CUDA GPU usable through torch "

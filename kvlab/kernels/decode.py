@@ -10,41 +10,42 @@ import torch
 from kvlab.arith import ceil_div
 from kvlab.cache.fp8 import FP8_DTYPE
 from kvlab.checks import check_num_heads, check_positive_int, is_int
-from kvlab.kernels import FAMILIES, KERNELS, gqa, green, select, tune, vllm_v1
-from kvlab.kernels.geometry import GQA_MAX_GROUP, check_launch
+from kvlab.kernels import KERNEL_FAMILIES, KERNELS, green, select, tune, vllm_v1
+from kvlab.kernels.families import family_for_layout
+from kvlab.kernels.geometry import check_launch
+from kvlab.kernels.gqa import query_dtypes
 from kvlab.kernels.prefetch import PrefetchConfig
 from kvlab.reference import softmax_scale
 
-LAUNCHERS = dict(zip(FAMILIES, (vllm_v1.VllmV1, gqa.Gqa), strict=True))
+SHORT_DTYPES = {"float16": "fp16", "bfloat16": "bf16", "fp8": "fp8"}  # for messages
+
+
+def dtype_label(dtype) -> str:
+    """A cache dtype's name in KernelFamily.cache_dtypes: "float16", "bfloat16" or "fp8"."""
+    return "fp8" if dtype == FP8_DTYPE else str(dtype).removeprefix("torch.")
 
 
 def check_kernel(kernel: str, cache, num_qo_heads: int) -> None:
     """Raise ValueError unless `kernel` can run on `cache` with `num_qo_heads` query heads."""
-    if kernel not in FAMILIES:
+    if kernel not in KERNEL_FAMILIES:
         raise ValueError(f"kernel={kernel!r}: must be one of {KERNELS}")
-    family = LAUNCHERS[kernel]
+    family = KERNEL_FAMILIES[kernel]
     if cache.layout != family.layout:
         raise ValueError(
             f"cache.layout={cache.layout!r}: kernel={kernel!r} reads the {family.layout!r} layout"
         )
-    if cache.block_size not in family.block_sizes:
-        raise ValueError(
-            f"block_size={cache.block_size}: kernel={kernel!r} supports {family.block_sizes}"
-        )
-    if cache.dtype == FP8_DTYPE and kernel != "gqa":
-        raise ValueError(f"cache.dtype={cache.dtype}: kernel={kernel!r} reads fp16 and bf16 "
-                         "caches; an fp8 cache is read by kernel='gqa' (layout 'hnd')")
-    group = num_qo_heads // cache.num_kv_heads
-    if kernel == "gqa" and group > GQA_MAX_GROUP:
-        raise ValueError(
-            f"num_qo_heads / num_kv_heads = {group}: kernel='gqa' supports groups 1 to "
-            f"{GQA_MAX_GROUP}"
-        )
+    if dtype_label(cache.dtype) not in family.cache_dtypes:
+        reads = " and ".join(SHORT_DTYPES[d] for d in family.cache_dtypes)
+        readers = " or ".join(f"kernel={f.name!r} (layout {f.layout!r})"
+                              for f in KERNEL_FAMILIES.values() if "fp8" in f.cache_dtypes)
+        raise ValueError(f"cache.dtype={cache.dtype}: kernel={kernel!r} reads {reads} caches; "
+                         f"an fp8 cache is read by {readers}")
+    family.check_shape(cache.block_size, num_qo_heads, cache.num_kv_heads)
 
 
 def auto_kernel(cache) -> str:
     """The kernel family `kernel="auto"` runs: the one that reads the cache's layout."""
-    return "gqa" if cache.layout == gqa.LAYOUT else "vllm_v1"
+    return family_for_layout(cache.layout)
 
 
 def _check_plan(cache, num_qo_heads: int, kernel: str, prefetch) -> str:
@@ -79,7 +80,7 @@ def _check_cache(cache) -> None:
 def _check_q_dtype(cache, q_dtype):
     """The dtype of q and out: q_dtype, or the default for the cache; ValueError unless the
     kernels take it over the cache's dtype."""
-    allowed = gqa.query_dtypes(cache.dtype)
+    allowed = query_dtypes(cache.dtype)
     if q_dtype is None:
         return allowed[0]
     if q_dtype not in allowed:
@@ -199,8 +200,9 @@ class DecodePlan:
         self.launcher = self._launcher(self.prefetch)
 
     def _launcher(self, prefetch: PrefetchConfig):
-        return LAUNCHERS[self.kernel](self.cache, self.num_qo_heads, self.host_seq_lens, prefetch,
-                                     self.num_sms, self.q_dtype)
+        launcher = KERNEL_FAMILIES[self.kernel].launcher_class()
+        return launcher(self.cache, self.num_qo_heads, self.host_seq_lens, prefetch, self.num_sms,
+                        self.q_dtype)
 
     def _recorded_prefetch(self) -> PrefetchConfig:
         return select.best_prefetch(self.kernel, self.num_qo_heads, self.cache.num_kv_heads,

@@ -16,8 +16,7 @@ from kvlab.checks import check_int, check_positive_int, is_int
 MAX_GRID_YZ = 65535  # CUDA: the largest y or z dimension of a launch grid
 MAX_SEQ_LEN = 2**31 - 1  # the kernels hold lengths and token indices in int32
 
-# vllm_v1 (kernels/paged_decode_vllm.cu)
-VLLM_BLOCK_SIZES = (8, 16, 32)
+# vllm_v1 (kernels/paged_decode_vllm.cu; its block sizes and groups: kvlab.kernels.families)
 VLLM_NUM_WARPS = 4  # 128 threads per CTA
 PARTITION_SIZE = 512  # tokens per CTA of v2
 MAX_V1_SEQ_LEN = 8192  # like vLLM: v1 only up to this many tokens
@@ -27,9 +26,7 @@ V1_MIN_CTAS = 512  # like vLLM: a split v1 batch runs v1 only above this many (s
 # both (96 registers a thread: vLLM 0.9.2's source by nvcc 13 for sm_90, and its CUDA 12.8 wheel)
 VLLM_CTAS_PER_SM = 5
 
-# gqa (kernels/paged_decode_gqa.cu)
-GQA_BLOCK_SIZES = (8, 16, 32, 64, 128, 256)
-GQA_MAX_GROUP = 8  # query heads per KV head: the n-width of one mma
+# gqa (kernels/paged_decode_gqa.cu; its block sizes and groups: kvlab.kernels.families)
 GQA_NUM_WARPS = 4  # warps of a CTA, unless split_plan picks 8
 GQA_WARP_TOKENS = 16  # rows of a tile owned by one warp
 PARTITION_QUANTUM = 256  # gqa partition sizes are multiples of this many tokens
@@ -38,29 +35,23 @@ MERGE_OVERHEAD_TOKENS = 256  # the merge launch's cost, in tokens of one CTA
 # mixed lengths, in tokens of one slot (a CTA's share of its SM): a CTA's fixed cost, the merge's
 MIXED_CTA_OVERHEAD_TOKENS = 256
 MIXED_MERGE_OVERHEAD_TOKENS = 768
-# Read rates of gqa_decode on the H200 (fp16, head_dim 128: 512 bytes of K and V a token; 32 SMs
-# of a green context, where HBM is not the limit; session probe at revision af1c220, not a
-# recorded result): one CTA alone on an SM 86M tokens/s (llama3-8b 1 x 32k in 32 CTAs:
-# 1,413 GB/s), two CTAs an SM 113M tokens/s (64 CTAs: 1,853 GB/s; the copy roofline of those 32
-# SMs: 2,274 GB/s). In tokens, not bytes: a lone CTA is bound by the tokens it handles, and on
-# an fp8 cache (256 bytes a token) it read 24.7 GB/s, 97M tokens/s (llama3-8b 16 x 32k unsplit,
-# 128 CTAs on the whole GPU: 74% of the roofline, against 94% split in two; attention_fp8.json
-# at revision 2967426).
+# Read rates of gqa_decode on the H200 (fp16, head_dim 128: 512 bytes of K and V a token), taken
+# on a green context of 32 SMs, where HBM is not the limit: one CTA alone on an SM, and two CTAs
+# an SM. In tokens, not bytes: a lone CTA is bound by the tokens it handles, so on an fp8 cache
+# (256 bytes a token) it reads about as many tokens and half the bytes, and lone fp8 CTAs leave
+# HBM idle where fp16's do not (`lone_cta_slowdown`). The two rates come from a probe that no
+# result file keeps; these constants are their one copy.
 HBM_GBPS = 4280.0  # the copy roofline of the whole GPU
 LONE_CTA_TOKENS_PER_S = 86e6
 SM_TOKENS_PER_S = 113e6
-# What a lone CTA of 8 warps reaches of its share of HBM where HBM is the limit: fitted to the
-# two probes split_plan's docstring names (0.87-0.92 choose alike; this is mid-way)
+# What a lone CTA of 8 warps reaches of its share of HBM where HBM is the limit: mid-way in the
+# range of shares that choose alike in two unrecorded probes of plans with and without 8 warps
 LONE_CTA_HBM_SHARE = 0.9
 # 8 warps only for partitions of at least 4 tiles a warp: below, a warp's stages hold its whole
-# share (not timed lone; see split_plan)
+# share (not timed lone)
 EIGHT_WARP_MIN_TOKENS = 512
 SM_SHARED_BYTES = 228 * 1024  # shared memory per SM on Hopper (H100, H200)
 CTA_RESERVED_SHARED_BYTES = 1024  # what the driver reserves per resident CTA
-
-
-# block sizes each family runs
-FAMILY_BLOCK_SIZES = {"vllm_v1": VLLM_BLOCK_SIZES, "gqa": GQA_BLOCK_SIZES}
 
 
 def check_launch(kernel: str, num_seqs: int, max_seq_len: int) -> None:
@@ -149,88 +140,29 @@ class Split(NamedTuple):
 def split_plan(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int,
                ctas_per_sm: int, token_bytes: int, seq_lens=None,
                eight_warps: bool = False) -> Split:
-    """gqa's tokens per partition (a multiple of PARTITION_QUANTUM) and warps per CTA on
-    `num_sms` SMs that hold `ctas_per_sm` CTAs of 4 warps each, for K and V of `token_bytes` a
-    token and KV head (2 x head_dim x the element's bytes); `eight_warps`: whether a CTA of 8
-    warps fits an SM (`ctas_per_sm(head_dim, kv_bytes, 8) >= 1`). Ties go to two CTAs an SM,
-    then to 4 warps, then to fewer partitions (less merge work).
+    """gqa's launch plan for one batch: Split(partition_size, warps), the tokens per partition (a
+    multiple of PARTITION_QUANTUM; the longest sequence's length rounded up where it is not split)
+    and the warps per CTA (GQA_NUM_WARPS, or 8).
 
-    Equal lengths (seq_lens None, or all equal): minimises a makespan model in token-times.
-    Reading is bound by bandwidth, and an SM reads nearly as fast with one CTA as with two, so
-    CTAs that share an SM take turns at its bandwidth. Up to one wave, an SM's turns are the CTAs
-    it holds, ceil(CTAs / num_sms), times `lone_cta_slowdown(num_sms, token_bytes)` when each SM
-    holds at most one: `turns x partition tokens + PARTITION_OVERHEAD_TOKENS`, the overhead once,
-    since the CTAs of an SM start together and their prologues and epilogues overlap. Beyond a
-    wave, every wave costs ctas_per_sm turns and a partial wave a whole one, each turn with its
-    overhead: `turns x (partition tokens + PARTITION_OVERHEAD_TOKENS)`. A split adds
-    MERGE_OVERHEAD_TOKENS. Of equal makespans, two CTAs an SM beat one (a lone CTA an SM read
-    0.3-3.3% slower than a pair even where HBM is the limit, below), then fewer partitions win.
-    8 warps: where a launch's lone CTAs of 4 warps cannot keep HBM busy (CTAs x
-    LONE_CTA_TOKENS_PER_S below HBM's tokens a second: on the H200 up to 97 CTAs of fp16 at
-    head_dim 128, up to 194 of fp8), a lone CTA of 8 warps reads like a pair,
-    SM_TOKENS_PER_S, or at most LONE_CTA_HBM_SHARE of its share of HBM: its turns are the
-    pair's rate over that. Equal lengths and partitions of EIGHT_WARP_MIN_TOKENS or more only.
-    NOTE: observed on the H200 in session probes (not recorded results; the choices of two
-    models timed in one loop where they differ):
-    - gqa v9 (revision f115b32) at forced partition sizes, 32 equal-length points of the four
-      paper models, one loop a point: the model before this one, which charged the overhead to
-      every turn, ran one CTA an SM where two an SM were 0.3-3.3% faster (1 x 32k: llama3-8b
-      79.3% -> 80.6% of the copy roofline, qwen2.5-14b 78.8% -> 80.8%; qwen2.5-7b 4 x 8k
-      63.7% -> 65.8%; llama2-7b 1 x 8k 79.6% -> 81.8%). This one picks the fastest size at 30 of
-      the 32 points and sizes within 0.5 points of it at the other two;
-    - against the model before it, which counted waves of slots alone and so split to fill both
-      of an SM's slots (21 points of the four paper models, gqa v2 and a constant lone-CTA
-      slowdown): 1.03-1.11x faster where this choice drops the merge or halves it (llama3-8b
-      and qwen2.5-14b 16 x 1k 1.106x and 1.086x, llama3-8b 16 x 4k 1.032x, qwen2.5-7b 32 x 4k
-      1.055x and 1 x 32k 1.030x), 0.986-1.005x elsewhere;
-    - `lone_cta_slowdown` against the constant 1.05 it replaced (gqa v8, revision af1c220): on
-      80 SMs 1.05-1.18x faster at all 12 points tried and on 32 SMs 1.06-1.23x at all 8 (it
-      splits where a lone CTA an SM cannot keep up: llama3-8b 8 x 4k on 80 SMs 51.4 -> 43.5
-      us); on the whole GPU, where it keeps one CTA an SM, 0.984-1.020x at 15 points (llama3-8b
-      16 x 8k 1.019x, llama2-7b 1 x 32k 0.984x). Counted in bytes (as first written), it also
-      ran fp8 caches one CTA an SM on the whole GPU, 1.2-1.3x slower (see LONE_CTA_TOKENS_PER_S).
-    Past a wave (gqa v1), llama3-8b at 16 x 32k ran 93.5% of the roofline in 2 partitions (one
-    wave), 92.1% in 9 and 87.3% in 3 (two waves).
-    Mixed lengths: CTAs of every size, launched longest first (`work_list`), take the
-    `num_sms x ctas_per_sm` slots as they come free: a CTA of t tokens holds its slot for
-    `t + MIXED_CTA_OVERHEAD_TOKENS`. The model is that list schedule's makespan
-    (`_longest_first_makespan`), plus MIXED_MERGE_OVERHEAD_TOKENS where it splits (both in a
-    slot's token-times; the constants sit mid-way in a plateau of equal fit: 192-256 and
-    512-1024). NOTE: fitted to a sweep of forced partition sizes on the H200 (gqa at revision
-    bab5ead, the four paper models at batches 16, 64 and 256 of lognormal lengths, mean 1.5k and
-    3.2k, max 2k to 32k; 36 points, one loop a point; a session's probe, not a recorded
-    result): its choice ran 0.1 points of the copy roofline below the fastest size on average,
-    at most 0.8. The model before it (total work spread over the slots plus a quarter of the
-    longest CTA) gave up 1.1 points on average, up to 5.2: it split batches of up to 16k-token
-    sequences that LPT runs fastest whole (qwen2.5-14b 256 sequences of mean 3.2k: 99.5% split
-    in 2,816-token partitions, 104.7% whole). Out of the fit's sample (the same probe at revision
-    306bef0; batches 32 and 128 of lognormal lengths, mean 800 and 6k, max 4k and 32k; the three
-    GQA models, 12 points): 0.4 points below the fastest size on average, at most 2.2 (qwen2.5-7b
-    128 x mean 800: 2,048-token partitions 71.4%, 1,280 73.6%), and 2.3-12.2 points above gqa
-    v9 with the model before. `bench attention --lengths` checks it. Rechecked once the merge
-    left sequences of one partition to the decode launch (the same probe, that change on
-    revision 0c2da42; 12 points of batches 16, 64 and 256, max 2k to 32k): 0.8 points below the
-    fastest size on average, at most 2.0 (qwen2.5-7b 16 sequences of mean 2.1k, max 7k: 768
-    tokens 61.0%, 512 63.0%).
-    8 warps (gqa v12), in two session probes (not recorded; one loop a point):
-    - at revision 93d7cc5, every partition size that changes the count down to a sixteenth of
-      the sequence, and 32 partitions, with 4 warps and with 8 where those CTAs are lone, SDPA
-      beside; 9 shapes of the four paper models, fp16 and, at three, fp8: the choice changed at
-      6 of 32 equal-length points, each time to the fastest size measured: fp8 16 x 8k 84.3 ->
-      87.2% of the copy roofline (llama3-8b) and 83.3 -> 87.2% (qwen2.5-14b), fp8 16 x 32k
-      95.2 -> 97.8% and 95.2 -> 97.6%, qwen2.5-7b 16 x 1k 46.8 -> 49.8% and 16 x 4k 80.0 ->
-      80.5%; it gives up 0.18 points to the fastest on average, the model before 0.66. Without
-      the gate above, 8 warps ran where lone CTAs of 4 already keep HBM busy: -1.2 to +0.9
-      points against them (fp16 16 x 8k and 16 x 32k), and up to 4 points below pairs of 4
-      (llama2-7b 1 x 32k, 96 CTAs of 11k tokens: 93.7% against 96.7%). On batches of mixed
-      lengths 8 warps ran 0.3-4.3 points below the best of 4 (16 sequences of lognormal
-      lengths, max 16k; 64 of max 2k);
-    - the plan without 8 warps against the plan with them at the 15 points of the recorded
-      grids where they differ, on the whole GPU and on green contexts of 32 and 80 SMs: with
-      LONE_CTA_HBM_SHARE at 0.97, 8 warps ran 1.007-1.13x as fast at 13 (fp8 llama3-8b
-      16 x 1k 40.8 -> 46.2%, qwen2.5-7b 16 x 4k on 80 SMs 78.8 -> 86.3%, llama2-7b 1 x 4k on
-      32 SMs 81.1 -> 86.5%) and 0.974x and 0.984x at llama3-8b and qwen2.5-14b 1 x 32k on 80
-      SMs (80 lone CTAs of 8 warps against 152 of 4), which the share of 0.9 leaves at 4 warps.
+    num_seqs, num_kv_heads, max_seq_len: the batch; num_sms SMs that hold `ctas_per_sm` CTAs of 4
+    warps each; token_bytes: K and V of a token and KV head (2 x head_dim x the element's bytes);
+    seq_lens: None for equal lengths, else num_seqs ints in [0, max_seq_len], the longest
+    max_seq_len; eight_warps: whether a CTA of 8 warps fits an SM
+    (`ctas_per_sm(head_dim, kv_bytes, 8) >= 1`). ValueError, naming the argument, for a count
+    that is not a positive int, max_seq_len outside [1, MAX_SEQ_LEN], or such seq_lens.
+
+    The plan minimises a makespan model in token-times over every size that changes the count of
+    partitions. Equal lengths: CTAs that share an SM take turns at its bandwidth; up to one wave
+    a launch costs `turns x size + PARTITION_OVERHEAD_TOKENS` with turns = ceil(CTAs / num_sms),
+    times `lone_cta_slowdown` where each SM holds at most one; past a wave every wave costs
+    ctas_per_sm turns, each with its overhead. 8 warps only with `eight_warps`, partitions of at
+    least EIGHT_WARP_MIN_TOKENS, and lone CTAs of 4 that cannot keep HBM busy (CTAs x
+    LONE_CTA_TOKENS_PER_S below HBM's tokens a second); such a CTA reads at SM_TOKENS_PER_S, or
+    LONE_CTA_HBM_SHARE of its share of HBM if less. Ties go to two CTAs an SM, then to 4 warps,
+    then to fewer partitions. Mixed lengths (4 warps): the makespan of `work_list`'s CTAs given
+    longest first to the num_sms x ctas_per_sm slots, each holding its slot for its tokens plus
+    MIXED_CTA_OVERHEAD_TOKENS. A split adds MERGE_OVERHEAD_TOKENS (mixed:
+    MIXED_MERGE_OVERHEAD_TOKENS). Why this model: docs/kernels/gqa.md#design.
     """
     lens = _check_split_args(num_seqs, num_kv_heads, max_seq_len, num_sms, ctas_per_sm,
                              token_bytes, seq_lens)
@@ -334,12 +266,9 @@ def one_wave_order(work: np.ndarray, num_kv_heads: int, num_sms: int,
     CTA takes a short one as its second, and the long one reads alone sooner. A larger launch
     keeps `work` (its slots come free in turn: longest first is what fills them evenly).
     NOTE: this assumes, without a document to say so, that the block scheduler gives the first
-    num_sms CTAs an SM each and the next ones the SMs in the same order; what was observed is
-    the time it saves. Session probe on the H200 (gqa
-    v10, not recorded; one loop a point): one-wave batches of lognormal lengths, max 2k,
-    unsplit: qwen2.5-7b 64 sequences (256 CTAs) 79.1 -> 80.5% of the copy roofline, llama2-7b
-    8 (256 CTAs) 83.7 -> 86.8%; at 208 and 264 CTAs unchanged (+-0.3 points); applied to
-    launches of 344-556 CTAs, 1.8-11.5 points slower, hence one wave only."""
+    num_sms CTAs an SM each and the next ones the SMs in the same order; the evidence is only
+    the time it saves on one-wave batches in an unrecorded probe on the H200. Past one wave the
+    same probe found it slower, hence one wave only."""
     if work.shape[0] * num_kv_heads > num_sms * ctas_per_sm:
         return work
     first = ceil_div(num_sms, num_kv_heads)

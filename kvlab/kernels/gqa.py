@@ -16,8 +16,7 @@ import torch
 
 from kvlab.arith import ceil_div
 from kvlab.cache.fp8 import FP8_DTYPE
-from kvlab.checks import HEAD_DIMS
-from kvlab.kernels.geometry import GQA_BLOCK_SIZES as BLOCK_SIZES
+from kvlab.kernels.families import KERNEL_FAMILIES
 from kvlab.kernels.geometry import GQA_NUM_WARPS as NUM_WARPS
 from kvlab.kernels.geometry import ctas_per_sm, one_wave_order, split_plan, work_list
 from kvlab.kernels.geometry import gqa_smem_bytes as smem_bytes
@@ -25,9 +24,9 @@ from kvlab.kernels.launch import NULL, launch, launch_dependent, ptr, reserve_sh
 from kvlab.kernels.prefetch import PrefetchConfig
 from kvlab.kernels.vllm_v1 import CUDA_TYPES
 
-SOURCE = "paged_decode_gqa.cu"
+FAMILY = KERNEL_FAMILIES["gqa"]
+SOURCE = FAMILY.source
 FP8_TYPE = "kvlab::fp8_e4m3"
-LAYOUT = "hnd"
 MERGE_THREADS = 128
 
 
@@ -62,17 +61,17 @@ def default_instances() -> list[str]:
     configs = [
         (dtype, head_dim, 16, group, prefetch)
         for dtype in CUDA_TYPES
-        for head_dim in HEAD_DIMS
+        for head_dim in FAMILY.head_dims
         for group in (1, 4)
         for prefetch in (PrefetchConfig(), PrefetchConfig("bulk"), PrefetchConfig("line"))
     ]
-    configs += [(torch.float16, 128, bs, 4, PrefetchConfig()) for bs in BLOCK_SIZES]
+    configs += [(torch.float16, 128, bs, 4, PrefetchConfig()) for bs in FAMILY.block_sizes]
     configs += [(torch.float16, head_dim, 16, group, prefetch, FP8_DTYPE)
-                for head_dim in HEAD_DIMS for group in (1, 4)
+                for head_dim in FAMILY.head_dims for group in (1, 4)
                 for prefetch in (PrefetchConfig(), PrefetchConfig("bulk"))]
     configs += [(torch.bfloat16, head_dim, 16, group, PrefetchConfig(), FP8_DTYPE)
-                for head_dim in HEAD_DIMS for group in (1, 4)]
-    eight = [d for d in HEAD_DIMS if d != 256]
+                for head_dim in FAMILY.head_dims for group in (1, 4)]
+    eight = [d for d in FAMILY.head_dims if d != 256]
     configs += [(torch.float16, head_dim, 16, group, prefetch, None, 8)
                 for head_dim in eight for group in (1, 4)
                 for prefetch in (PrefetchConfig(), PrefetchConfig("line"))]
@@ -84,9 +83,6 @@ def default_instances() -> list[str]:
 
 class Gqa:
     """One step's launch of the gqa family: kernels compiled, split planned, buffers sized."""
-
-    name = "gqa"
-    layout, block_sizes = LAYOUT, BLOCK_SIZES
 
     def __init__(self, cache, num_qo_heads: int, seq_lens: list[int], prefetch: PrefetchConfig,
                  num_sms: int, q_dtype):

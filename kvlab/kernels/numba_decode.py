@@ -21,16 +21,8 @@ on sm_90+, one `prefetch.global.L2` per 128-byte line before). In the simulator 
 Supported: q, k_cache, v_cache float16 or float32 (q's dtype may differ from the cache's), out
 float32 or q's dtype, head_dim and block_size in [1, 256], any GQA ratio.
 
-Versions (observed on the H200 when written, not recorded as a result: numba-cuda 0.30.4, fp16,
-head_dim 128, block 16, context 4096, random block tables, L2 flushed; unique KV bytes / median
-time between CUDA events around the Python call, so the wrapper's host work is included;
-prefetch_distance 0 / 1 / 2):
-  v1  lane-per-token logits, per-warp online softmax, CTA barriers (this file).
-      MHA 32:32 B=1: 48 / 58 / 58 GB/s;  GQA 32:8 B=8: 95 / 109 / 109 GB/s;
-      MHA 32:32 B=64: 757 / 764 / 777 GB/s;  GQA 32:8 B=64: 197 / 198 / 195 GB/s.
-      Latency-bound (one lane walks a whole head_dim per token; 2 barriers per round), far below
-      the copy roofline (about 4.2-4.3 TB/s): a readable reference, not a fast kernel. Prefetch
-      helped most where few CTAs ran (+20% at B=1).
+It is latency-bound (one lane walks a whole head_dim per token; 2 barriers per round) and reads
+far below the copy roofline: a readable reference, not a fast kernel.
 """
 
 import functools
@@ -75,33 +67,108 @@ else:
     prefetch_l2 = cuda.declare_device("kvlab_prefetch_l2", "int32(uint64, uint32, int32)")
 
 
+@cuda.jit(device=True)
+def scale_q(q_scaled, q, seq, head, scale, tid):
+    """q_scaled[d] = q[seq, head, d] * scale in fp32, the CTA's threads striding over d."""
+    for d in range(tid, q_scaled.shape[0], NUM_THREADS):
+        q_scaled[d] = float32(q[seq, head, d]) * scale
+
+
+@cuda.jit(device=True)
+def prefetch_block(block_tables, seq, b, kv_head, num_kv_heads, k_addr, v_addr, tile_bytes,
+                   lane):
+    """Ask for the K and V tiles of the sequence's block b (its kv_head's) to come into L2."""
+    offset = (block_tables[seq, b] * num_kv_heads + kv_head) * tile_bytes
+    prefetch_l2(uint64(k_addr + offset), uint32(tile_bytes), int32(lane))
+    prefetch_l2(uint64(v_addr + offset), uint32(tile_bytes), int32(lane))
+
+
+@cuda.jit(device=True)
+def qk_logits(logits, warp, lane, q_scaled, k_cache, block_id, kv_head, num_tokens):
+    """logits[warp, t] = q_scaled . k[t] for the block's num_tokens tokens: lane t takes token
+    t (and t + 32, ...), the whole dot product over head_dim."""
+    for t in range(lane, num_tokens, WARP_SIZE):
+        s = float32(0.0)
+        for d in range(q_scaled.shape[0]):
+            s += q_scaled[d] * float32(k_cache[block_id, kv_head, t, d])
+        logits[warp, t] = s
+
+
+@cuda.jit(device=True)
+def softmax_rescale(logits, warp, num_tokens, run_max, run_sum, acc):
+    """The warp's online softmax meets a block: the running max over its logits too, and
+    run_sum and acc rescaled by exp(old max - new max) (0 on the first block, old max -inf).
+    Returns (new max, rescaled run_sum); acc is rescaled in place."""
+    new_max = run_max
+    for t in range(num_tokens):
+        new_max = max(new_max, logits[warp, t])
+    alpha = math.exp(run_max - new_max)
+    run_sum *= alpha
+    for i in range(acc.shape[0]):
+        acc[i] *= alpha
+    return new_max, run_sum
+
+
+@cuda.jit(device=True)
+def weights_times_v(logits, warp, lane, v_cache, block_id, kv_head, num_tokens, run_max,
+                    run_sum, acc):
+    """acc[i] += p_t * v[t, d] for the block's tokens and this lane's d = lane + 32 i, with
+    p_t = exp(logits[warp, t] - run_max); returns run_sum + the p_t."""
+    head_dim = v_cache.shape[3]
+    for t in range(num_tokens):
+        p = math.exp(logits[warp, t] - run_max)
+        run_sum += p
+        for i in range(acc.shape[0]):
+            d = lane + i * WARP_SIZE
+            if d < head_dim:
+                acc[i] += p * float32(v_cache[block_id, kv_head, t, d])
+    return run_sum
+
+
+@cuda.jit(device=True)
+def merge_warps(out, seq, head, tid, run_max, run_sum, acc, warp_max, warp_sum, warp_acc):
+    """out[seq, head] from the warps' (run_max, run_sum, acc), through shared memory:
+    sum_w c_w acc_w / sum_w c_w run_sum_w, c_w = e^(run_max_w - M), M = max_w run_max_w."""
+    warp, lane = tid // WARP_SIZE, tid % WARP_SIZE
+    head_dim = warp_acc.shape[1]
+    if lane == 0:
+        warp_max[warp] = run_max
+        warp_sum[warp] = run_sum
+    for i in range(acc.shape[0]):
+        d = lane + i * WARP_SIZE
+        if d < head_dim:
+            warp_acc[warp, d] = acc[i]
+    cuda.syncthreads()
+    m_all = warp_max[0]
+    for w in range(1, NUM_WARPS):
+        m_all = max(m_all, warp_max[w])
+    for d in range(tid, head_dim, NUM_THREADS):
+        total = float32(0.0)
+        denom = float32(0.0)
+        if m_all > -math.inf:  # NOTE: m_all = -inf only for seq_len <= 0; that row gets zeros
+            for w in range(NUM_WARPS):
+                c = math.exp(warp_max[w] - m_all)  # 0 for a warp that saw no block
+                total += c * warp_acc[w, d]
+                denom += c * warp_sum[w]
+            total /= denom
+        out[seq, head, d] = total
+
+
 @functools.cache
 def _kernel(head_dim: int, block_size: int):
-    """The kernel for one (head_dim, block_size); Numba compiles it on first launch, per dtype."""
+    """The kernel for one (head_dim, block_size); Numba compiles it on first launch, per dtype.
+    Its phases are the device functions above: scale_q, then per round of blocks (prefetch_block,)
+    qk_logits, softmax_rescale and weights_times_v, then merge_warps."""
     dims_per_lane = ceil_div(head_dim, WARP_SIZE)
 
     @cuda.jit(**_JIT_OPTIONS)
-    def decode_kernel(
-        out,
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        seq_lens,
-        scale,
-        prefetch_distance,
-        k_addr,
-        v_addr,
-        tile_bytes,
-    ):
+    def decode_kernel(out, q, k_cache, v_cache, block_tables, seq_lens, scale, prefetch_distance,
+                      k_addr, v_addr, tile_bytes):
         # out, q: [num_seqs, num_qo_heads, head_dim]
         # k_cache, v_cache: [num_blocks, num_kv_heads, block_size, head_dim]
         # block_tables: [num_seqs, max_num_blocks] int32; seq_lens: [num_seqs] int32
-        head = cuda.blockIdx.x
-        seq = cuda.blockIdx.y
-        tid = cuda.threadIdx.x
-        warp = tid // WARP_SIZE
-        lane = tid % WARP_SIZE
+        head, seq, tid = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x
+        warp, lane = tid // WARP_SIZE, tid % WARP_SIZE
         num_kv_heads = k_cache.shape[1]
         kv_head = head // (q.shape[1] // num_kv_heads)
         seq_len = seq_lens[seq]
@@ -109,8 +176,7 @@ def _kernel(head_dim: int, block_size: int):
 
         q_scaled = cuda.shared.array(head_dim, float32)
         logits = cuda.shared.array((NUM_WARPS, block_size), float32)
-        for d in range(tid, head_dim, NUM_THREADS):
-            q_scaled[d] = float32(q[seq, head, d]) * scale
+        scale_q(q_scaled, q, seq, head, scale, tid)
         cuda.syncthreads()
 
         # This warp's online softmax: the running max of its logits, the running sum of
@@ -131,59 +197,21 @@ def _kernel(head_dim: int, block_size: int):
                 block_id = block_tables[seq, b]
                 ahead = b + prefetch_distance * NUM_WARPS
                 if prefetch_distance > 0 and ahead < num_seq_blocks:
-                    offset = (block_tables[seq, ahead] * num_kv_heads + kv_head) * tile_bytes
-                    prefetch_l2(uint64(k_addr + offset), uint32(tile_bytes), int32(lane))
-                    prefetch_l2(uint64(v_addr + offset), uint32(tile_bytes), int32(lane))
-                for t in range(lane, num_tokens, WARP_SIZE):
-                    s = float32(0.0)
-                    for d in range(head_dim):
-                        s += q_scaled[d] * float32(k_cache[block_id, kv_head, t, d])
-                    logits[warp, t] = s
+                    prefetch_block(block_tables, seq, ahead, kv_head, num_kv_heads, k_addr,
+                                   v_addr, tile_bytes, lane)
+                qk_logits(logits, warp, lane, q_scaled, k_cache, block_id, kv_head, num_tokens)
             cuda.syncthreads()
             if num_tokens > 0:
-                new_max = run_max
-                for t in range(num_tokens):
-                    new_max = max(new_max, logits[warp, t])
-                alpha = math.exp(run_max - new_max)  # 0 on the first block (run_max = -inf)
-                run_sum *= alpha
-                for i in range(dims_per_lane):
-                    acc[i] *= alpha
-                for t in range(num_tokens):
-                    p = math.exp(logits[warp, t] - new_max)
-                    run_sum += p
-                    for i in range(dims_per_lane):
-                        d = lane + i * WARP_SIZE
-                        if d < head_dim:
-                            acc[i] += p * float32(v_cache[block_id, kv_head, t, d])
+                new_max, run_sum = softmax_rescale(logits, warp, num_tokens, run_max, run_sum, acc)
+                run_sum = weights_times_v(logits, warp, lane, v_cache, block_id, kv_head,
+                                          num_tokens, new_max, run_sum, acc)
                 run_max = new_max
             cuda.syncthreads()  # the logits are overwritten next round
 
-        # Merge the warps: out = sum_w c_w acc_w / sum_w c_w run_sum_w, c_w = e^(run_max_w - M),
-        # M = max_w run_max_w.
         warp_max = cuda.shared.array(NUM_WARPS, float32)
         warp_sum = cuda.shared.array(NUM_WARPS, float32)
         warp_acc = cuda.shared.array((NUM_WARPS, head_dim), float32)
-        if lane == 0:
-            warp_max[warp] = run_max
-            warp_sum[warp] = run_sum
-        for i in range(dims_per_lane):
-            d = lane + i * WARP_SIZE
-            if d < head_dim:
-                warp_acc[warp, d] = acc[i]
-        cuda.syncthreads()
-        m_all = warp_max[0]
-        for w in range(1, NUM_WARPS):
-            m_all = max(m_all, warp_max[w])
-        for d in range(tid, head_dim, NUM_THREADS):
-            total = float32(0.0)
-            denom = float32(0.0)
-            if m_all > -math.inf:  # NOTE: m_all = -inf only for seq_len <= 0; that row gets zeros
-                for w in range(NUM_WARPS):
-                    c = math.exp(warp_max[w] - m_all)  # 0 for a warp that saw no block
-                    total += c * warp_acc[w, d]
-                    denom += c * warp_sum[w]
-                total /= denom
-            out[seq, head, d] = total
+        merge_warps(out, seq, head, tid, run_max, run_sum, acc, warp_max, warp_sum, warp_acc)
 
     return decode_kernel
 
@@ -216,40 +244,53 @@ def decode_attention_numba(
         ValueError for a wrong type, shape, dtype, contiguity, or mix of host and CUDA arrays;
         for numpy inputs also for seq_lens or block ids out of range (not checked on the GPU).
     """
-    named = {
-        "q": q,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "block_tables": block_tables,
-        "seq_lens": seq_lens,
-    }
+    named = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "block_tables": block_tables,
+             "seq_lens": seq_lens}
     if out is not None:
         named["out"] = out
     on_device = _check_kinds(named)
     arrays = {name: _as_array(value, on_device) for name, value in named.items()}
     _check_shapes(arrays)
     num_seqs, num_qo_heads, head_dim = arrays["q"].shape
-    block_size = arrays["k_cache"].shape[2]
     scale = _check_scale(scale, head_dim)
     prefetch_distance = _check_prefetch_distance(prefetch_distance)
-    tile_bytes = block_size * head_dim * arrays["k_cache"].dtype.itemsize
+    tile_bytes = _check_tile_bytes(arrays["k_cache"], prefetch_distance)
+    if on_device:
+        device = arrays
+    else:
+        _check_host_values(arrays["block_tables"], arrays["seq_lens"],
+                           arrays["k_cache"].shape[0], arrays["k_cache"].shape[2])
+        device = {name: cuda.to_device(a) for name, a in arrays.items() if name != "out"}
+    out_d = device.get("out")
+    if out_d is None:
+        out_dtype = arrays["out"].dtype if out is not None else np.float32
+        out_d = cuda.device_array((num_seqs, num_qo_heads, head_dim), out_dtype)
+    _launch(out_d, device, scale, prefetch_distance, tile_bytes)
+    if on_device:
+        return out if out is not None else out_d
+    return out_d.copy_to_host(out)
+
+
+def _check_tile_bytes(k_cache, prefetch_distance: int) -> int:
+    """The bytes of one (block, KV head) tile; ValueError where prefetching needs them a multiple
+    of 16."""
+    _, _, block_size, head_dim = k_cache.shape
+    tile_bytes = block_size * head_dim * k_cache.dtype.itemsize
     if prefetch_distance and tile_bytes % 16:
         raise ValueError(
             f"prefetch_distance={prefetch_distance}: needs block_size * head_dim * itemsize "
             f"= {tile_bytes} to be a multiple of 16 bytes; use prefetch_distance=0"
         )
-    if not on_device:
-        _check_host_values(
-            arrays["block_tables"], arrays["seq_lens"], arrays["k_cache"].shape[0], block_size
-        )
-        device = {name: cuda.to_device(a) for name, a in arrays.items() if name != "out"}
-    else:
-        device = arrays
-    out_dtype = arrays["out"].dtype if out is not None else np.float32
-    out_d = device.get("out")
-    if out_d is None:
-        out_d = cuda.device_array((num_seqs, num_qo_heads, head_dim), out_dtype)
-    k_addr, v_addr = _data_address(device["k_cache"]), _data_address(device["v_cache"])
+    return tile_bytes
+
+
+def _launch(out, device: dict, scale: float, prefetch_distance: int, tile_bytes: int) -> None:
+    """Launch the kernel on the device arrays, grid (num_qo_heads, num_seqs) of NUM_THREADS
+    threads, once the caches' addresses suit prefetching (16-byte aligned)."""
+    num_seqs, num_qo_heads, head_dim = device["q"].shape
+    k_cache = device["k_cache"]
+    block_size = k_cache.shape[2]
+    k_addr, v_addr = _data_address(k_cache), _data_address(device["v_cache"])
     if prefetch_distance and (k_addr % 16 or v_addr % 16):
         raise ValueError(
             f"prefetch_distance={prefetch_distance}: k_cache and v_cache must start 16-byte "
@@ -257,21 +298,10 @@ def decode_attention_numba(
         )
     kernel = _kernel(head_dim, block_size)
     kernel[(num_qo_heads, num_seqs), NUM_THREADS](
-        out_d,
-        device["q"],
-        device["k_cache"],
-        device["v_cache"],
-        device["block_tables"],
-        device["seq_lens"],
-        np.float32(scale),
-        np.int32(prefetch_distance),
-        np.int64(k_addr),
-        np.int64(v_addr),
-        np.int64(tile_bytes),
+        out, device["q"], k_cache, device["v_cache"], device["block_tables"],
+        device["seq_lens"], np.float32(scale), np.int32(prefetch_distance), np.int64(k_addr),
+        np.int64(v_addr), np.int64(tile_bytes),
     )
-    if on_device:
-        return out if out is not None else out_d
-    return out_d.copy_to_host(out)
 
 
 def _check_kinds(named: dict) -> bool:

@@ -12,15 +12,14 @@ import numpy as np
 import torch
 
 from kvlab.arith import ceil_div
-from kvlab.checks import HEAD_DIMS
+from kvlab.kernels.families import KERNEL_FAMILIES
 from kvlab.kernels.geometry import PARTITION_SIZE, VLLM_NUM_WARPS, use_partitions
-from kvlab.kernels.geometry import VLLM_BLOCK_SIZES as BLOCK_SIZES
 from kvlab.kernels.geometry import vllm_smem_bytes as smem_bytes
 from kvlab.kernels.launch import NULL, launch, ptr, reserve_shared_memory
 from kvlab.kernels.prefetch import PrefetchConfig
 
-SOURCE = "paged_decode_vllm.cu"
-LAYOUT = "vllm"
+FAMILY = KERNEL_FAMILIES["vllm_v1"]
+SOURCE = FAMILY.source
 NUM_THREADS = 32 * VLLM_NUM_WARPS
 CUDA_TYPES = {torch.float16: "__half", torch.bfloat16: "__nv_bfloat16"}
 
@@ -42,19 +41,17 @@ def default_instances() -> list[str]:
     configs = [
         (dtype, head_dim, 16, partition_size, prefetch)
         for dtype in CUDA_TYPES
-        for head_dim in HEAD_DIMS
+        for head_dim in FAMILY.head_dims
         for partition_size in (0, PARTITION_SIZE)
         for prefetch in (PrefetchConfig(), PrefetchConfig("bulk"), PrefetchConfig("line"))
     ]
-    configs += [(torch.float16, 128, bs, 0, PrefetchConfig()) for bs in BLOCK_SIZES]
+    configs += [(torch.float16, 128, bs, 0, PrefetchConfig()) for bs in FAMILY.block_sizes]
     return list(dict.fromkeys(n for config in configs for n in name_expressions(*config)))
 
 
 class VllmV1:
     """One step's launch of the vllm_v1 family: kernels compiled, grid and buffers sized."""
 
-    name = "vllm_v1"
-    layout, block_sizes = LAYOUT, BLOCK_SIZES
     warps = VLLM_NUM_WARPS  # per CTA, as vLLM's kernels run
 
     def __init__(self, cache, num_qo_heads: int, seq_lens: list[int], prefetch: PrefetchConfig,

@@ -9,7 +9,8 @@ decoder layers it runs are `kvlab.model`'s.
 - `graphs`: the layers on fixed buffers, replayed as CUDA graphs on a GPU.
 - `runtime`: `KVPRDecoder` (copy / compute / store streams ordered by events; row and column
   schedules) and the resident reference.
-- `timeline`: CUDA events per operation and stream; Chrome-trace export.
+- `overlap`: CUDA events per operation and stream, the overlap of link and GPU; Chrome-trace
+  export.
 - `profiler`: link, recompute and layer rates measured here; a drift monitor.
 - `loop`: many decode steps, l chosen at each, re-profiled on drift.
 - `paper`: KVPR's Table 1 as plain data, and what kvlab's models predict beside it.

@@ -34,9 +34,9 @@ from kvlab.model.rope import RopeTable
 from kvlab.model.weights import LayerWeights, check_layers, resolve_device
 from kvlab.offload.graphs import StaticLayers
 from kvlab.offload.host import HostStore
+from kvlab.offload.overlap import StreamSpans
 from kvlab.offload.recompute import recompute_kv
 from kvlab.offload.scheduler import SCHEDULES, LayerShape, check_split, token_chunks, unit_shape
-from kvlab.offload.timeline import Timeline
 from kvlab.offload.weights import HostLayers
 
 
@@ -92,17 +92,18 @@ class KVPRDecoder:
     Every chunk costs the host some 6 CUDA calls, and with the units double-buffered the
     pipeline's fill inside a unit hides behind its neighbours, so one chunk is the default (it
     was the faster on the H200: benchmarks/README.md).
-    `timeline=True` records CUDA events around every operation (`last_timeline`).
+    `record_spans=True` records CUDA events around every operation, per stream (`last_spans`,
+    kvlab.offload.overlap).
     cuda_graphs: on a GPU, replay each layer's work around the attention as CUDA graphs (False:
     enqueue it eagerly, to measure what the graphs save).
     """
 
     def __init__(self, model: ModelConfig, layers: list[LayerWeights] | HostLayers,
                  stores: HostStore | list[HostStore], device, num_chunks: int = 1,
-                 timeline: bool = False, schedule: str = "row", cuda_graphs: bool = True):
+                 record_spans: bool = False, schedule: str = "row", cuda_graphs: bool = True):
         stores = [stores] if isinstance(stores, HostStore) else list(stores)
         check_positive_int("num_chunks", num_chunks)
-        check_bool("timeline", timeline)
+        check_bool("record_spans", record_spans)
         check_bool("cuda_graphs", cuda_graphs)
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule={schedule!r}: must be one of {SCHEDULES}")
@@ -118,7 +119,8 @@ class KVPRDecoder:
         if first.model != model:
             raise ValueError(f"stores hold {first.model.name}'s layers, not {model.name}'s")
         self.model, self.stores, self.schedule = model, stores, schedule
-        self.device, self.num_chunks, self.record = resolve_device(device), num_chunks, timeline
+        self.device, self.num_chunks = resolve_device(device), num_chunks
+        self.record = record_spans
         self.cuda_graphs = cuda_graphs
         cuda = self.device.type == "cuda"
         offloaded = isinstance(layers, HostLayers)
@@ -149,7 +151,7 @@ class KVPRDecoder:
         self.store_stream = torch.cuda.Stream(self.device) if cuda else None
         self._slot_free = [torch.cuda.Event() for _ in range(2)] if cuda else [None, None]
         self._weight_loads = 0
-        self.last_timeline = Timeline()
+        self.last_spans = StreamSpans()
         self.rope = _rope_table(model, first, self.device)
         hidden = torch.empty(len(stores), first.batch, model.hidden_size, dtype=first.dtype,
                              device=self.device)
@@ -198,7 +200,7 @@ class KVPRDecoder:
         self._w_buf[slot][part].copy_(self.layers.layer_bytes[i][part], non_blocking=True)
 
     def _load(self, n: int, unit: tuple[int, int], new_layer: bool, s: int, l: int, chunks,
-              tl: Timeline) -> _Loaded:
+              spans: StreamSpans) -> _Loaded:
         """Enqueue unit n's copies (layer i's weights first when it is a new layer); returns
         its slots and events."""
         (i, g), slot, copy = unit, n % 2, self.copy_stream
@@ -210,17 +212,17 @@ class KVPRDecoder:
                 weight_slot = (self._weight_loads - (not new_layer)) % 2
             if offloaded and new_layer:
                 self._weight_loads += 1
-                with tl.span(copy, "H2D", "W_KV", i, g):
+                with spans.span(copy, "H2D", "W_KV", i, g):
                     self._copy_weights(i, slice(0, self.layers.packing.kv_bytes), weight_slot)
             events = []
             for a, b in chunks:
-                with tl.span(copy, "H2D", f"X[{a}:{b}]", i, g):
+                with spans.span(copy, "H2D", f"X[{a}:{b}]", i, g):
                     self.x_buf[slot][a:b].copy_(store.x[i, a:b], non_blocking=True)
                 events.append(self._event(copy))
             if offloaded and new_layer:
-                with tl.span(copy, "H2D", "W_rest", i, g):
+                with spans.span(copy, "H2D", "W_rest", i, g):
                     self._copy_weights(i, slice(self.layers.packing.kv_bytes, None), weight_slot)
-            with tl.span(copy, "H2D", f"KV[{l}:{s}]", i, g):
+            with spans.span(copy, "H2D", f"KV[{l}:{s}]", i, g):
                 self.k_buf[slot][l:s].copy_(store.k[i, l:s], non_blocking=True)
                 self.v_buf[slot][l:s].copy_(store.v[i, l:s], non_blocking=True)
             return _Loaded(slot, weight_slot, events, self._event(copy))
@@ -247,9 +249,9 @@ class KVPRDecoder:
             raise ValueError(f"hidden: shape {tuple(hidden.shape)}, {hidden.dtype} on "
                              f"{hidden.device}; must be {expected}, {dtype} on {self.device}")
         compute = torch.cuda.current_stream(self.device) if self.copy_stream else None
-        tl = self.last_timeline = Timeline()
+        spans = self.last_spans = StreamSpans()
         if self.record and compute is not None:
-            tl.start(compute)
+            spans.start(compute)
         chunks, units, static = token_chunks(l, self.num_chunks), self.units(), self._static
         static.hidden.copy_(hidden.reshape(static.hidden.shape))
         static.set_position(s)
@@ -258,38 +260,38 @@ class KVPRDecoder:
             if n == len(units):
                 return None
             return self._load(n, units[n], n == 0 or units[n - 1][0] != units[n][0], s, l,
-                              chunks, tl)
+                              chunks, spans)
 
         pending = load(0)
         for n, (i, g) in enumerate(units):
             loaded, pending = pending, load(n + 1)
             w = i if loaded.weight_slot is None else loaded.weight_slot
-            self._recompute(static.weights[w], loaded, chunks, i, g, compute, tl)
+            self._recompute(static.weights[w], loaded, chunks, i, g, compute, spans)
             self._wait(compute, loaded.kv_event)
-            with tl.span(compute, "compute", "layer", i, g):
+            with spans.span(compute, "compute", "layer", i, g):
                 x_new = static.run(w, g, loaded.slot)
-            self._store_token(i, g, s, loaded.slot, x_new, self._event(compute), tl)
+            self._store_token(i, g, s, loaded.slot, x_new, self._event(compute), spans)
         for store in stores:
             store.length = s + 1
         return static.hidden.reshape(hidden.shape).clone()
 
     def _recompute(self, w: LayerWeights, loaded: _Loaded, chunks, i: int, g: int, compute,
-                   tl: Timeline) -> None:
+                   spans: StreamSpans) -> None:
         """K, V of each chunk of [0:l] from its X, as soon as the chunk is in."""
         slot = loaded.slot
         for (a, b), event in zip(chunks, loaded.chunk_events, strict=True):
             self._wait(compute, event)
-            with tl.span(compute, "compute", f"recompute [{a}:{b}]", i, g):
+            with spans.span(compute, "compute", f"recompute [{a}:{b}]", i, g):
                 recompute_kv(self.model, w.attn, self.x_buf[slot][a:b], self.k_buf[slot][a:b],
                              self.v_buf[slot][a:b], a, self.rope)
 
     def _store_token(self, i: int, g: int, s: int, slot: int, x_new, computed,
-                     tl: Timeline) -> None:
+                     spans: StreamSpans) -> None:
         """The new token's X, K, V of layer i, GPU batch g (all in the slot's buffers) back to
         the host, on the store stream."""
         back, store = self.store_stream, self.stores[g]
         self._wait(back, computed)
-        with self._on(back), tl.span(back, "D2H", "new token", i, g):
+        with self._on(back), spans.span(back, "D2H", "new token", i, g):
             store.x[i, s].copy_(x_new, non_blocking=True)
             store.k[i, s].copy_(self.k_buf[slot][s], non_blocking=True)
             store.v[i, s].copy_(self.v_buf[slot][s], non_blocking=True)

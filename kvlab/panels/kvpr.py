@@ -1,7 +1,7 @@
 """The "KVPR" tab: the predicted decode-step time against the split point l under the paper's,
 the chunked and the pipelined model of time, each optimum marked, the chosen l drawn, and the
 steps measured at the nearest recorded point (`python -m kvlab bench kvpr`) on top; below, the
-timeline of one recorded decode step (Gantt, per stream) and the step time of every setting with
+overlap of one recorded decode step (Gantt, per stream) and the step time of every setting with
 the fastest KVPR split's speedup over full transfer, full recompute and HF's offloaded cache.
 
 The curves model the chosen schedule: a step is num_layers x GPU batches units, each with its
@@ -56,20 +56,20 @@ from kvlab.viz.offload import (
     SPLIT_TITLE,
     describe_point,
     gpu_bytes,
-    nearest_timeline,
+    nearest_overlap,
+    overlap_figure,
     point_rows,
     recorded_rates,
     schedule_label,
     speedup_figure,
     split_figure,
     split_points,
-    timeline_figure,
     with_defaults,
 )
 
 __all__ = ["KVPRTab", "recorded_options"]
 
-FIGURE_HEIGHTS = {"split": 420, "timeline": 360, "speedup": 400}
+FIGURE_HEIGHTS = {"split": 420, "overlap": 360, "speedup": 400}
 MAX_CONTEXT = 32768
 MEASURE_STEPS = 5  # timed decode steps per setting when measuring here
 TOGGLE_STYLE = {"button_width": "84px"}  # two buttons beside the description in a grid cell
@@ -83,8 +83,8 @@ KVPR_KEYS = {"rows": ("model", "batch", "context", "setting", "step_ms", "tokens
 
 
 def recorded_options(result: dict, key: str, order: tuple[str, ...]) -> list[str]:
-    """The values of `key` ("schedule", "weights") in the rows and timelines of `result`, read
-    with `with_defaults`, in `order` (values not in it last)."""
+    """The values of `key` ("schedule", "weights") in the rows and overlaps ("timelines", the
+    recorded key) of `result`, read with `with_defaults`, in `order` (values not in it last)."""
     entries = [*result["rows"], *result.get("timelines", [])]
     found = list(dict.fromkeys(with_defaults(e)[key] for e in entries))
     return [o for o in order if o in found] + [o for o in found if o not in order]
@@ -95,7 +95,7 @@ class KVPRTab:
     rates ("recorded", or "assumed" for a GPU other than the H200; "what-if"), pcie_gbps,
     recompute_tflops, l, chunks; schedule and weights where there is a choice (both recorded, or
     a GPU to measure on); on a GPU also gpu_batches (of the column schedule) and hf (measure HF's
-    offloaded cache too). figures: split, timeline, speedup (`FigurePane`s). On the "cuda"
+    offloaded cache too). figures: split, overlap, speedup (`FigurePane`s). On the "cuda"
     backend `measure_button` measures the chosen point on the GPU in use (`local_gpu`: the gpu
     control's entry it measures under), enabled while the gpu control names it (`progress`
     follows it); on "sim" both are None. Where the recording cannot be read
@@ -112,7 +112,7 @@ class KVPRTab:
         self.local_gpu = gpu_here() if self.backend == "cuda" else None
         self.unreadable: dict[str, str] = {}
         self.recorded = load_shown(*KVPR, KVPR_KEYS, self.unreadable, "kvpr")
-        # `_key` of the controls -> measure_point's {"rows": [...], "timeline": {...} or None}
+        # `_key` of the controls -> measure_point's {"rows": [...], "overlap": {...} or None}
         self.measured: dict[tuple, dict] = {}
         self._rates_forced = False  # "what-if" set by the tab, for a model without rates
         on_gpu = self.backend == "cuda"
@@ -221,14 +221,14 @@ class KVPRTab:
         measured = self.measured.get(self._key(v)) if v["gpu"] == self.local_gpu else None
         modelled = measured is None and v["gpu"] != REFERENCE  # another GPU's model alone
         if measured is not None:
-            rows, timeline, provenance = measured["rows"], measured.get("timeline"), device_label()
+            rows, overlap, provenance = measured["rows"], measured.get("overlap"), device_label()
         elif modelled:
-            rows, timeline, provenance = [], None, modelled_for(v["gpu"])
+            rows, overlap, provenance = [], None, modelled_for(v["gpu"])
         elif self.recorded is None:  # not recorded, or unreadable
-            rows, timeline, provenance = [], None, "recorded"  # its figures: "not recorded"
+            rows, overlap, provenance = [], None, "recorded"  # its figures: "not recorded"
         else:
             rows = point_rows(self.recorded, v["model"], v["batch"], v["context"])
-            timeline = nearest_timeline(self.recorded.get("timelines", []), v["model"],
+            overlap = nearest_overlap(self.recorded.get("timelines", []), v["model"],
                                         v["batch"], v["context"], v["schedule"], v["weights"],
                                         gpu_batches=v["gpu_batches"])
             provenance = label(self.recorded)
@@ -273,7 +273,7 @@ class KVPRTab:
                          if v["gpu"] == self.local_gpu else
                          f"Measure runs on this machine's GPU: select the "
                          f"{GPUS[self.local_gpu].name} to use it")
-        self.status.value = self._status(v, shape, gpu_batches, rates, rows, timeline, provenance,
+        self.status.value = self._status(v, shape, gpu_batches, rates, rows, overlap, provenance,
                                          modelled, past, notes)
         height = FIGURE_HEIGHTS["split"]
         show_figure(self.figures["split"], note_figure(
@@ -283,7 +283,7 @@ class KVPRTab:
             shape, rates, c["l"].value, v["chunks"], height,
             measured=points if same_point else None, provenance=provenance,
             gpu_batches=gpu_batches, note=next((n for n in notes if "maximum" in n), "")))
-        self._show_steps(v, rows, timeline, provenance, measured is not None, modelled,
+        self._show_steps(v, rows, overlap, provenance, measured is not None, modelled,
                          unreadable)
 
     def _given_rates(self, v: dict, rate_row: dict | None, provenance: str, modelled: bool,
@@ -323,36 +323,36 @@ class KVPRTab:
                 f"{buffers / 1e9:,.1f} GB in two buffer slots of one unit's K, V and X), past "
                 f"its {g.memory_bytes / 1e9:,.0f} GB: {fix} a smaller batch or context")
 
-    def _show_steps(self, v: dict, rows: list[dict], timeline: dict | None, provenance: str,
+    def _show_steps(self, v: dict, rows: list[dict], overlap: dict | None, provenance: str,
                     measured: bool, modelled: bool, unreadable: str | None) -> None:
-        """The timeline and speedup figures: the steps of `rows` and `timeline`, or why there
+        """The overlap and speedup figures: the steps of `rows` and `overlap`, or why there
         are none."""
         command = (f"python -m kvlab bench kvpr --models {v['model']} --batches {v['batch']} "
                    f"--contexts {v['context']}")
         where = ("press Measure to measure it here" if self.backend == "cuda" else
                  "run on a GPU")
-        titles = {"timeline": "One decode step",
+        titles = {"overlap": "One decode step",
                   "speedup": f"{v['model']}: KVPR vs the baselines"}
         heights = FIGURE_HEIGHTS
         if modelled:
             only = (f"the {GPUS[REFERENCE].name}'s recordings only:<br>select it to see them, or "
                     f"measure on the {GPUS[v['gpu']].name}:<br>{command}")
-            gantt = note_figure(titles["timeline"], provenance, f"decode-step timelines are {only}",
-                                heights["timeline"])
+            gantt = note_figure(titles["overlap"], provenance, f"decode-step overlaps are {only}",
+                                heights["overlap"])
             speedup = note_figure(titles["speedup"], provenance, f"KVPR's steps are {only}",
                                   heights["speedup"])
         else:
             if unreadable:
-                gantt = unreadable_figure(titles["timeline"], unreadable, heights["timeline"])
-            elif timeline and timeline.get("spans"):
-                gantt = timeline_figure(timeline["spans"], provenance, heights["timeline"],
-                                        point=describe_point(timeline))
+                gantt = unreadable_figure(titles["overlap"], unreadable, heights["overlap"])
+            elif overlap and overlap.get("spans"):
+                gantt = overlap_figure(overlap["spans"], provenance, heights["overlap"],
+                                       point=describe_point(overlap))
             else:
                 gantt = note_figure(
-                    titles["timeline"], provenance if rows else f"not {provenance}",
-                    f"{v['model']}, {v['schedule']} schedule: no decode-step timeline "
+                    titles["overlap"], provenance if rows else f"not {provenance}",
+                    f"{v['model']}, {v['schedule']} schedule: no decode-step overlap "
                     f"{'measured' if measured else 'recorded'};<br>{where}:<br>{command} "
-                    f"--schedules {v['schedule']}", heights["timeline"])
+                    f"--schedules {v['schedule']}", heights["overlap"])
             speedup = (
                 speedup_figure(rows, provenance, heights["speedup"]) if rows else
                 unreadable_figure(titles["speedup"], unreadable, heights["speedup"])
@@ -360,7 +360,7 @@ class KVPRTab:
                 note_figure(titles["speedup"], f"not {provenance}",
                             f"{v['model']}: no recorded KVPR steps;<br>{where}:<br>{command}",
                             heights["speedup"]))
-        show_figure(self.figures["timeline"], gantt)
+        show_figure(self.figures["overlap"], gantt)
         show_figure(self.figures["speedup"], speedup)
 
     def _offer_rates(self, given: str, available: bool) -> None:
@@ -384,7 +384,7 @@ class KVPRTab:
         toggle.disabled = not available
 
     @staticmethod
-    def _status(v, shape, gpu_batches, rates, rows, timeline, provenance, modelled, past,
+    def _status(v, shape, gpu_batches, rates, rows, overlap, provenance, modelled, past,
                 notes) -> str:
         if past:
             lines = [past + "."]
@@ -408,11 +408,11 @@ class KVPRTab:
                             f" Measured points are shown only at a recorded shape; nearest "
                             f"recorded: batch {b} x {c}."))
         if modelled:
-            lines.append(f"Steps and timelines: the {GPUS[REFERENCE].name}'s recordings only "
+            lines.append(f"Steps and overlaps: the {GPUS[REFERENCE].name}'s recordings only "
                          "(select it to see them).")
         else:
-            lines.append(f"Timeline: {describe_point(timeline)}." if timeline else
-                         f"Timeline: none of {v['model']} with the {v['schedule']} schedule.")
+            lines.append(f"Overlap: {describe_point(overlap)}." if overlap else
+                         f"Overlap: none of {v['model']} with the {v['schedule']} schedule.")
         return "<br>".join(html.escape(line) for line in lines + notes)
 
     @contextlib.contextmanager

@@ -31,8 +31,8 @@ import ipywidgets as widgets
 from kvlab.config import MODELS
 from kvlab.device import backend, device_label
 from kvlab.gpus import GPUS, REFERENCE, copy_roofline_gbps, l2_gbps_per_sm
-from kvlab.kernels import FAMILIES
-from kvlab.kernels.geometry import FAMILY_BLOCK_SIZES, GQA_BLOCK_SIZES, GQA_MAX_GROUP
+from kvlab.kernels import FAMILIES, KERNEL_FAMILIES
+from kvlab.kernels.families import BLOCK_SIZES
 from kvlab.kernels.prefetch import PrefetchConfig
 from kvlab.panels.widgets import (
     control_grid,
@@ -110,7 +110,7 @@ class L2Tab:
             "context": labeled(widgets.BoundedIntText, "context (tokens)", name="context", min=1,
                                max=131072, value=context),
             "block_size": labeled(widgets.Dropdown, "block_size (tokens)", name="block_size",
-                                  options=GQA_BLOCK_SIZES, value=block_size),
+                                  options=BLOCK_SIZES, value=block_size),
             "sms": labeled(widgets.IntSlider, "SMs", name="num_sms", min=MIN_SMS, max=total,
                            value=total if num_sms is None else num_sms,
                            continuous_update=False),
@@ -152,12 +152,13 @@ class L2Tab:
 
     def _unsupported(self, v: dict) -> str | None:
         """Why the kernel cannot run the chosen launch (None: it can)."""
-        if v["block_size"] not in FAMILY_BLOCK_SIZES[v["kernel"]]:
-            return (f"{v['kernel']} runs block sizes {FAMILY_BLOCK_SIZES[v['kernel']]}, not "
+        family = KERNEL_FAMILIES[v["kernel"]]
+        if v["block_size"] not in family.block_sizes:
+            return (f"{family.name} runs block sizes {family.block_sizes}, not "
                     f"{v['block_size']}")
         m = MODELS[v["model"]]
-        if v["kernel"] == "gqa" and m.num_qo_heads // m.num_kv_heads > GQA_MAX_GROUP:
-            return (f"gqa serves groups up to {GQA_MAX_GROUP}; {v['model']} has "
+        if family.max_group is not None and m.num_qo_heads // m.num_kv_heads > family.max_group:
+            return (f"{family.name} serves groups up to {family.max_group}; {v['model']} has "
                     f"{m.num_qo_heads // m.num_kv_heads}")
         return None
 

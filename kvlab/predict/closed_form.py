@@ -25,6 +25,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from kvlab.arith import ceil_div
 from kvlab.gpus import GPUS, REFERENCE
 from kvlab.gpus import copy_roofline_gbps as spec_roofline_gbps
 from kvlab.kernels.geometry import (
@@ -118,7 +119,7 @@ def sm_roofline_gbps(gpu, num_sms: int, by_sms: dict[int, float]) -> float:
 def _cta_tokens(lens: np.ndarray, part: int) -> tuple[int, int, int]:
     """(CTAs a KV or query head, their tokens, the longest CTA's tokens) of the sequences `lens`
     cut into partitions of `part` tokens (0: whole)."""
-    count = np.maximum(1, -(-lens // part)) if part else np.ones_like(lens)
+    count = np.maximum(1, ceil_div(lens, part)) if part else np.ones_like(lens)
     return int(count.sum()), int(lens.sum()), int(min(part, lens.max()) if part else lens.max())
 
 
@@ -142,10 +143,10 @@ def launch(point: LaunchPoint, by_sms: dict[int, float]) -> Launch:
         slots, heads = ctas_per_sm(point.head_dim, kv_bytes, warps), point.num_kv_heads
     num_ctas, tokens, longest = _cta_tokens(lens, part)
     num_ctas, tokens = num_ctas * heads, tokens * heads
-    per_sm = -(-num_ctas // sms)
+    per_sm = ceil_div(num_ctas, sms)
     conc = min(slots, per_sm)
     if equal:  # waves of equal CTAs; a partial wave costs a whole one
-        waves = -(-num_ctas // (sms * slots))
+        waves = ceil_div(num_ctas, sms * slots)
         n = per_sm if waves == 1 else waves * slots
         busy_tokens, busy_ctas = (n * longest,) * 2, (n,) * 2
     else:  # spread over the SMs, at least the longest CTA (and half of it in grid order)
@@ -156,7 +157,7 @@ def launch(point: LaunchPoint, by_sms: dict[int, float]) -> Launch:
     partial = point.head_dim * 4 + PARTIAL_EXTRA_BYTES  # one (sequence, partition, query head)
     partials = (num_ctas // heads) * point.num_qo_heads * partial if split else 0
     q_out = 2 * point.batch * point.num_qo_heads * point.head_dim * Q_BYTES
-    tables = int((-(-lens // point.block_size)).sum()) * 4
+    tables = int(ceil_div(lens, point.block_size).sum()) * 4
     g, ref = point.gpu, GPUS[REFERENCE]
     roofline = sm_roofline_gbps(g, sms, by_sms)
     kv = point.kv_bytes

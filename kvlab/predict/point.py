@@ -12,10 +12,8 @@ import numpy as np
 from kvlab.checks import check_head_dim, check_int, check_num_heads, is_int
 from kvlab.config import MODELS, ModelConfig
 from kvlab.gpus import GPU, gpu
-from kvlab.kernels import FAMILIES
+from kvlab.kernels import FAMILIES, KERNEL_FAMILIES
 from kvlab.kernels.geometry import (
-    FAMILY_BLOCK_SIZES,
-    GQA_MAX_GROUP,
     MAX_GRID_YZ,
     MAX_SEQ_LEN,
     PARTITION_SIZE,
@@ -25,8 +23,9 @@ from kvlab.workload import lognormal_lengths, lognormal_spec
 
 # the KV cache's element types each family reads, and their bytes
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "fp8": 1}
-FAMILY_DTYPES = {"vllm_v1": ("float16", "bfloat16"), "gqa": ("float16", "bfloat16", "fp8")}
 Q_BYTES = 2  # q and out are fp16 or bf16, over an fp8 cache too
+# the predictor takes the groups gqa takes, for either family (its fits are of those shapes)
+MAX_GROUP = KERNEL_FAMILIES["gqa"].max_group
 LONGEST = {"vllm_v1": MAX_GRID_YZ * PARTITION_SIZE, "gqa": MAX_SEQ_LEN}  # tokens a sequence
 
 
@@ -106,19 +105,20 @@ def launch_point(model_or_shape, batch: int, context: int | None, *, block_size:
                  gpu_key="h200") -> LaunchPoint:
     """The LaunchPoint of these plain values (see kvlab.predict.decode_launch), every one checked
     first: ValueError naming the parameter, its value and what is allowed, for a shape no
-    kernel runs (query heads not a multiple of the KV heads, more than GQA_MAX_GROUP a KV head,
+    kernel runs (query heads not a multiple of the KV heads, more than MAX_GROUP a KV head,
     a head_dim not in kvlab.checks.HEAD_DIMS), a batch or context out of the kernels' range, a
     block size or dtype the family does not take, a GPU not in kvlab.gpus, a bulk prefetch on a
     GPU before sm_90, an fp8 cache on one before sm_89, SMs past the GPU's, and K and V of one
     layer past the GPU's memory."""
     _choice("family", family, FAMILIES)
     model, num_qo_heads, num_kv_heads, head_dim = _heads(model_or_shape)
-    if num_qo_heads > GQA_MAX_GROUP * num_kv_heads:
+    if num_qo_heads > MAX_GROUP * num_kv_heads:
         raise ValueError(f"num_qo_heads={num_qo_heads}, num_kv_heads={num_kv_heads}: the kernels "
-                         f"take 1 to {GQA_MAX_GROUP} query heads a KV head")
+                         f"take 1 to {MAX_GROUP} query heads a KV head")
     check_int("batch", batch, 1, MAX_GRID_YZ)
-    _choice("block_size", block_size, FAMILY_BLOCK_SIZES[family], f" for family={family!r}")
-    _choice("dtype", dtype, FAMILY_DTYPES[family], f" for family={family!r}")
+    _choice("block_size", block_size, KERNEL_FAMILIES[family].block_sizes,
+            f" for family={family!r}")
+    _choice("dtype", dtype, KERNEL_FAMILIES[family].cache_dtypes, f" for family={family!r}")
     if prefetch is None or isinstance(prefetch, str):
         prefetch = PrefetchConfig.from_label(prefetch or "none")
     elif not isinstance(prefetch, PrefetchConfig):

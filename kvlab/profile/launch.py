@@ -25,7 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from kvlab.cache import filled_cache
-    from kvlab.kernels.decode import LAUNCHERS, DecodePlan
+    from kvlab.kernels import KERNEL_FAMILIES
+    from kvlab.kernels.decode import DecodePlan
     from kvlab.kernels.green import sm_limit
     from kvlab.profile.spec import KernelSpec
 
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         dtype = getattr(torch, spec.dtype)
         cache, seq_ids, _ = filled_cache(spec.batch, spec.context, spec.block_size,
                                          spec.num_kv_heads, spec.head_dim,
-                                         layout=LAUNCHERS[spec.kernel].layout, dtype=dtype)
+                                         layout=KERNEL_FAMILIES[spec.kernel].layout, dtype=dtype)
         q = torch.randn(spec.batch, spec.num_qo_heads, spec.head_dim, dtype=dtype,
                         device="cuda")
         out = torch.empty_like(q)

@@ -17,8 +17,8 @@ from kvlab.checks import (
     is_int,
 )
 from kvlab.config import MODELS
-from kvlab.kernels import FAMILIES
-from kvlab.kernels.geometry import GQA_BLOCK_SIZES, GQA_MAX_GROUP, VLLM_BLOCK_SIZES, check_launch
+from kvlab.kernels import FAMILIES, KERNEL_FAMILIES
+from kvlab.kernels.geometry import check_launch
 from kvlab.kernels.prefetch import PrefetchConfig
 
 DTYPES = ("float16", "bfloat16")
@@ -77,14 +77,8 @@ class KernelSpec:
             object.__setattr__(self, name, None if value is None else int(value))
 
     def _check_family(self) -> None:
-        block_sizes = {"vllm_v1": VLLM_BLOCK_SIZES, "gqa": GQA_BLOCK_SIZES}[self.kernel]
-        if self.block_size not in block_sizes:
-            raise ValueError(f"block_size={self.block_size}: kernel={self.kernel!r} supports "
-                             f"{block_sizes}")
-        group = self.num_qo_heads // self.num_kv_heads
-        if self.kernel == "gqa" and group > GQA_MAX_GROUP:
-            raise ValueError(f"num_qo_heads / num_kv_heads = {group}: kernel='gqa' supports "
-                             f"groups 1 to {GQA_MAX_GROUP}")
+        KERNEL_FAMILIES[self.kernel].check_shape(self.block_size, self.num_qo_heads,
+                                                 self.num_kv_heads)
         try:
             check_launch(self.kernel, self.batch, self.context)
         except ValueError as err:

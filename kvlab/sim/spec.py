@@ -23,11 +23,10 @@ from numbers import Integral, Real
 import numba
 import numpy as np
 
+from kvlab.arith import ceil_div
 from kvlab.checks import check_head_dim, check_int, check_num_heads
-from kvlab.kernels import FAMILIES
+from kvlab.kernels import FAMILIES, KERNEL_FAMILIES
 from kvlab.kernels.geometry import (
-    FAMILY_BLOCK_SIZES,
-    GQA_MAX_GROUP,
     GQA_NUM_WARPS,
     GQA_WARP_TOKENS,
     VLLM_NUM_WARPS,
@@ -94,17 +93,19 @@ class TraceSpec:
         check_int("seed", self.seed, 0)
         check_num_heads(self.num_qo_heads, self.num_kv_heads)
         check_head_dim(self.head_dim)
-        _check_choice("block_size", self.block_size, FAMILY_BLOCK_SIZES[self.family],
-                      self.family)
+        family = KERNEL_FAMILIES[self.family]
+        _check_choice("block_size", self.block_size, family.block_sizes, self.family)
         _check_choice("dtype_bytes", self.dtype_bytes, DTYPE_BYTES)
         _check_choice("placement", self.placement, PLACEMENTS)
         if (isinstance(self.jitter_rounds, bool) or not isinstance(self.jitter_rounds, Real)
                 or not 0 <= self.jitter_rounds <= 1 or math.isnan(self.jitter_rounds)):
             raise ValueError(f"jitter_rounds={self.jitter_rounds!r}: must be a number in [0, 1] "
                              f"(a CTA's phase stays within one round)")
-        if self.family == "gqa" and self.num_qo_heads > GQA_MAX_GROUP * self.num_kv_heads:
+        if family.max_group is not None and (
+                self.num_qo_heads > family.max_group * self.num_kv_heads):
             raise ValueError(f"num_qo_heads={self.num_qo_heads}: must be at most "
-                             f"{GQA_MAX_GROUP} x num_kv_heads={self.num_kv_heads} for gqa")
+                             f"{family.max_group} x num_kv_heads={self.num_kv_heads} for "
+                             f"{family.name}")
         _check_choice("warps", self.warps, (VLLM_NUM_WARPS,) if self.family == "vllm_v1"
                       else (GQA_NUM_WARPS, 8), self.family)
         quantum = self.block_size if self.family == "vllm_v1" else self.tile_tokens
@@ -136,11 +137,11 @@ class TraceSpec:
 
     @property
     def blocks_per_seq(self) -> int:
-        return -(-self.context // self.block_size)
+        return ceil_div(self.context, self.block_size)
 
     @property
     def num_partitions(self) -> int:
-        return -(-self.context // self.partition_size) if self.partition_size else 1
+        return ceil_div(self.context, self.partition_size) if self.partition_size else 1
 
     @property
     def cta_tokens(self) -> int:
@@ -216,8 +217,8 @@ def block_tables(spec: TraceSpec) -> np.ndarray:
 def _cta_iterations(spec: TraceSpec, tokens):
     """Loop iterations of a CTA over `tokens` tokens (an int, or an int64 array)."""
     if spec.family == "vllm_v1":  # a K loop and a V loop
-        return 2 * -(-tokens // (VLLM_NUM_WARPS * spec.block_size))
-    return -(-tokens // spec.tile_tokens)
+        return 2 * ceil_div(tokens, VLLM_NUM_WARPS * spec.block_size)
+    return ceil_div(tokens, spec.tile_tokens)
 
 
 def iterations_per_cta(spec: TraceSpec) -> np.ndarray:

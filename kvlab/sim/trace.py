@@ -24,6 +24,7 @@ MAX_TRACE_BYTES); requests come in chunks, each within MAX_TRACE_BYTES too.
 import numba
 import numpy as np
 
+from kvlab.arith import ceil_div
 from kvlab.checks import check_int
 from kvlab.kernels.geometry import GQA_WARP_TOKENS
 from kvlab.kernels.geometry import VLLM_NUM_WARPS as NUM_WARPS
@@ -70,7 +71,7 @@ def _chunks(spec: TraceSpec, chunk_iterations: int):
             n = _vllm_requests(
                 cta_ids[chunk], iterations[chunk], times[chunk], tables, spec.context,
                 spec.num_qo_heads, spec.num_qo_heads // spec.num_kv_heads, spec.num_kv_heads,
-                spec.block_size, -(-spec.cta_tokens // spec.block_size), spec.tile_bytes,
+                spec.block_size, ceil_div(spec.cta_tokens, spec.block_size), spec.tile_bytes,
                 spec.v_base, pf_kind, pf_k, pf_v, pf.distance * NUM_WARPS, out)
         else:
             n = _gqa_requests(

@@ -1,6 +1,6 @@
-"""Figures of KVPR: the predicted step time against the split point, the measured timeline of one
-decode step (a Gantt chart per stream on a microsecond axis), and the step time of every setting
-with the best KVPR split's speedup over each baseline.
+"""Figures of KVPR: the predicted step time against the split point, the measured overlap of one
+decode step (its stream spans, a Gantt chart per stream on a microsecond axis), and the step time
+of every setting with the best KVPR split's speedup over each baseline.
 
 Results of `python -m kvlab bench kvpr` recorded before the column-by-column schedule and the
 offloaded weights have no `schedule`, `gpu_batches` or `weights`: `with_defaults` reads them as
@@ -34,9 +34,9 @@ from kvlab.viz.layout import style
 
 __all__ = [
     "BASELINES", "OP_COLORS", "ROW_DEFAULTS", "SPLIT_TITLE", "baseline_speedups",
-    "describe_point", "gpu_bytes", "nearest_timeline", "point_rows", "recorded_rates",
-    "recorded_times", "schedule_label", "speedup_figure", "split_figure", "split_points",
-    "timeline_figure", "with_defaults",
+    "describe_point", "gpu_bytes", "nearest_overlap", "overlap_figure", "point_rows",
+    "recorded_rates", "recorded_times", "schedule_label", "speedup_figure", "split_figure",
+    "split_points", "with_defaults",
 ]
 
 # The runtime's streams (kvlab.offload's LANES), top to bottom; a lane not listed goes below.
@@ -55,7 +55,7 @@ SPLIT_TITLE = "{model}: predicted step vs split l"  # `split_figure`'s, for str.
 
 
 def with_defaults(row: dict) -> dict:
-    """`row` (a benchmark row or a timeline) with `ROW_DEFAULTS` where a key is absent or None."""
+    """`row` (a benchmark row or an overlap) with `ROW_DEFAULTS` where a key is absent or None."""
     return {**row, **{k: d for k, d in ROW_DEFAULTS.items() if row.get(k) is None}}
 
 
@@ -69,7 +69,7 @@ def schedule_label(row: dict) -> str:
 
 
 def describe_point(row: dict) -> str:
-    """One line naming a row's or a timeline's point, schedule and setting, e.g. "opt-6.7b,
+    """One line naming a row's or an overlap's point, schedule and setting, e.g. "opt-6.7b,
     batch 16 x 1024, row, weights resident, kvpr-pipelined at l=1024"."""
     split = "" if row.get("l") is None else f" at l={row['l']}"
     return (f"{row['model']}, batch {row['batch']} x {row['context']}, {schedule_label(row)}, "
@@ -136,14 +136,15 @@ def split_points(rows: list[dict], schedule: str = "row", weights: str = "reside
     return graphed or mine
 
 
-def nearest_timeline(timelines: list[dict], model: str, batch: int, context: int,
-                     schedule: str = "row", weights: str = "resident",
-                     setting: str = "kvpr-pipelined", gpu_batches: int = 1) -> dict | None:
-    """The timeline of `model` and `schedule` at the recorded point nearest to (`batch`,
+def nearest_overlap(overlaps: list[dict], model: str, batch: int, context: int,
+                    schedule: str = "row", weights: str = "resident",
+                    setting: str = "kvpr-pipelined", gpu_batches: int = 1) -> dict | None:
+    """The overlap (a recorded step's stream spans and point: an entry of a KVPR result's
+    "timelines") of `model` and `schedule` at the recorded point nearest to (`batch`,
     `context`) (as `kvlab.results.nearest_point`), of `weights`, `gpu_batches` and `setting`
-    where there is one (in that order of preference). None when no timeline of `model` with
+    where there is one (in that order of preference). None when no overlap of `model` with
     `schedule` is recorded."""
-    mine = [t for t in map(with_defaults, timelines)
+    mine = [t for t in map(with_defaults, overlaps)
             if t["model"] == model and t["schedule"] == schedule]
     if not mine:
         return None
@@ -158,14 +159,14 @@ def _kind(name: str) -> str:
     return name.split("[")[0].strip()
 
 
-def timeline_figure(spans: list[dict], provenance: str, height: int = 320,
-                    point: str = "") -> go.Figure:
-    """One bar per operation of a decode step (`Timeline.spans()` of the KVPR runtime), one row
+def overlap_figure(spans: list[dict], provenance: str, height: int = 320,
+                   point: str = "") -> go.Figure:
+    """One bar per operation of a decode step (`StreamSpans.spans()` of the KVPR runtime), one row
     per stream, on a microsecond axis, coloured by kind; hover gives name, layer, times and, where
     spans carry `batch`, the GPU batch (column-by-column schedule). `point` (e.g. from
     `describe_point`) starts the title."""
     if not spans:
-        raise ValueError("spans is empty: record a step with KVPRDecoder(..., timeline=True)")
+        raise ValueError("spans is empty: record a step with KVPRDecoder(..., record_spans=True)")
     fig = go.Figure()
     present = list(dict.fromkeys(s["lane"] for s in spans))
     lanes = [lane for lane in LANE_ORDER if lane in present]

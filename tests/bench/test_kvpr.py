@@ -53,7 +53,7 @@ def test_host_bytes_count_stores_offloaded_weights_and_hf_cache():
         ({"weights": "disk"}, "weights='disk': must be one of"),
         ({"hf": True, "weights": "offloaded"}, "hf=True with schedule='row', gpu_batches=1, "
                                                "weights='offloaded'"),
-        ({"timeline_setting": "fast"}, "timeline_setting='fast': must be one of"),
+        ({"overlap_setting": "fast"}, "overlap_setting='fast': must be one of"),
         ({"name": "gpt-5"}, "name='gpt-5': must be one of"),
         ({"context": 0}, "context=0: must be an integer >= 1"),
     ],
@@ -92,7 +92,7 @@ def fake_gpu(monkeypatch):
         settings = [*SETTINGS, HF_SETTING] if hf else SETTINGS
         return {"rows": [{**point, "setting": s, "l": 0, "step_ms": 1.0, "tokens_per_s": 1.0,
                           "ratio_to_lower_bound": 1.0, "overlap": 1.0} for s in settings],
-                "timeline": None}
+                "overlap": None}
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Fake GPU")

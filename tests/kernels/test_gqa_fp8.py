@@ -29,7 +29,7 @@ CASES = list(dict.fromkeys(
     [(d, 4, 16, PrefetchConfig()) for d in HEAD_DIMS]
     + [(d, 1, 16, BULK) for d in HEAD_DIMS]
     + [(128, g, 16, BULK) for g in range(1, 9)]
-    + [(80, 3, b, PrefetchConfig("line")) for b in gqa.BLOCK_SIZES]
+    + [(80, 3, b, PrefetchConfig("line")) for b in gqa.FAMILY.block_sizes]
     + [(128, 4, 16, p) for p in (PrefetchConfig("bulk", distance=4),
                                  PrefetchConfig("line", distance=2))]))
 # a bf16 q: every head dim, every group at head_dim 128, and the smallest and largest blocks

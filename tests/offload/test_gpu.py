@@ -67,14 +67,14 @@ def test_offloaded_weights_and_gpu_batches_on_the_gpu_equal_resident_steps(sched
         fill(store, layers, 30, seed=5 + g, device="cuda")
     residents = [ResidentDecoder(model, layers, store, "cuda") for store in stores]
     kvpr = KVPRDecoder(model, HostLayers(layers), stores, "cuda", num_chunks=2,
-                       schedule=schedule, timeline=True)
+                       schedule=schedule, record_spans=True)
     hidden = torch.randn(6, model.hidden_size, device="cuda", dtype=torch.float16)
     for l in (0, 11, 32):
         expected = torch.cat([r.step(h) for r, h in zip(residents, hidden.split(2),
                                                          strict=True)])
         hidden, got = expected, kvpr.step(hidden, l)
         assert rel_l2(got, expected) < 2e-3
-    spans = kvpr.last_timeline.spans()
+    spans = kvpr.last_spans.spans()
     loads = [s for s in spans if s["name"].startswith("W_")]
     per_layer = 1 if schedule == "column" else 3
     assert len(loads) == 2 * model.num_layers * per_layer
@@ -111,11 +111,11 @@ def test_cuda_graphs_give_the_eager_steps_at_real_shapes(name):
         assert rel_l2(a[:, 300:303], b[:, 300:303]) < 1e-3
 
 
-def test_timeline_orders_copies_before_their_use():
+def test_stream_spans_order_copies_before_their_use():
     model, layers, store = setup("tiny-llama", batch=4, context=300, max_context=302)
-    kvpr = KVPRDecoder(model, layers, store, "cuda", num_chunks=4, timeline=True)
+    kvpr = KVPRDecoder(model, layers, store, "cuda", num_chunks=4, record_spans=True)
     kvpr.step(torch.zeros(4, model.hidden_size, device="cuda", dtype=torch.float16), 120)
-    spans = kvpr.last_timeline.spans()
+    spans = kvpr.last_spans.spans()
     assert {s["lane"] for s in spans} == {"H2D", "compute", "D2H"}
     for lane in ("H2D", "compute", "D2H"):  # one stream each: its operations never overlap
         ordered = sorted((s for s in spans if s["lane"] == lane), key=lambda s: s["start_us"])

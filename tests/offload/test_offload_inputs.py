@@ -1,5 +1,5 @@
 """Hostile values at the offload runtime's entry points (the scheduler, the profiler, the host
-store, the timeline): a ValueError naming the parameter, raised before anything is allocated,
+store, the stream spans): a ValueError naming the parameter, raised before anything is allocated,
 measured or written, or the right result. CPU only."""
 
 import math
@@ -15,6 +15,7 @@ from kvlab.model.weights import random_layers
 from kvlab.offload import profiler
 from kvlab.offload.host import HostStore, fill, store_bytes
 from kvlab.offload.loop import decode
+from kvlab.offload.overlap import overlap
 from kvlab.offload.profiler import DriftMonitor
 from kvlab.offload.runtime import KVPRDecoder
 from kvlab.offload.scheduler import (
@@ -27,7 +28,6 @@ from kvlab.offload.scheduler import (
     token_chunks,
     unit_shape,
 )
-from kvlab.offload.timeline import overlap
 
 TINY = MODELS["tiny-llama"]
 RATES = LinkAndCompute(25e9, 100e12, "what-if")
@@ -214,7 +214,7 @@ def tiny_decoder(**kwargs):
     return KVPRDecoder(TINY, layers, store, "cpu", **kwargs), store
 
 
-@pytest.mark.parametrize("flag", ["timeline", "cuda_graphs"])
+@pytest.mark.parametrize("flag", ["record_spans", "cuda_graphs"])
 @pytest.mark.parametrize("value", ["no", 1, None])
 def test_decoder_flags_must_be_bools(flag, value):
     with pytest.raises(ValueError, match=re.escape(f"{flag}={value!r}: must be True or False")):

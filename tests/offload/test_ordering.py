@@ -1,5 +1,5 @@
 """The runtime's streams are ordered by its events alone: run on the CPU with fake streams and
-events that log every record and wait, each operation of a step (its timeline span) must
+events that log every record and wait, each operation of a step (its stream span) must
 happen-after what it reads, under CUDA's rules (in order within a stream; a wait covers the
 event's last record before it). A missing or misplaced wait fails here, not as a rare GPU race."""
 
@@ -71,10 +71,10 @@ def fake_cuda(monkeypatch, decoder):
     return [compute, decoder.copy_stream, decoder.store_stream]
 
 
-def spans_of(timeline):
-    """{(name, layer, batch): (start node, end node)} of a step's timeline."""
+def spans_of(recorded):
+    """{(name, layer, batch): (start node, end node)} of a step's StreamSpans."""
     return {(name, layer, batch): (start.last, end.last)
-            for _, name, layer, batch, start, end in timeline.marks}
+            for _, name, layer, batch, start, end in recorded.marks}
 
 
 def check_step(graph, spans, decoder, l, s):
@@ -117,17 +117,17 @@ def test_every_operation_waits_for_what_it_reads(monkeypatch, schedule, weights,
     layers = random_layers(model, seed=3)
     stores = make_cpu_stores(model, layers, gpu_batches, 2, 24, 16)
     decoder = KVPRDecoder(model, placed(layers, weights), stores, "cpu", num_chunks=2,
-                          timeline=True, schedule=schedule)
+                          record_spans=True, schedule=schedule)
     streams = fake_cuda(monkeypatch, decoder)
     hidden = torch.zeros(2 * gpu_batches, model.hidden_size)
-    timelines = []
+    recorded = []
     for l in (5, 0, 18):  # the last recomputes last step's token from its X
         hidden = decoder.step(hidden, l)
-        timelines.append((decoder.last_timeline, l, stores[0].length - 1))
+        recorded.append((decoder.last_spans, l, stores[0].length - 1))
     graph = Graph(streams)
-    for timeline, l, s in timelines:
-        check_step(graph, spans_of(timeline), decoder, l, s)
-    for (earlier, _, s), (later, l, s_next) in zip(timelines, timelines[1:], strict=False):
+    for spans, l, s in recorded:
+        check_step(graph, spans_of(spans), decoder, l, s)
+    for (earlier, _, s), (later, l, s_next) in zip(recorded, recorded[1:], strict=False):
         old, new = spans_of(earlier), spans_of(later)
         reads = [f"X[{a}:{b}]" for a, b in token_chunks(l, decoder.num_chunks) if a <= s < b]
         reads += [f"KV[{l}:{s_next}]"] if l <= s else []
@@ -141,7 +141,7 @@ def test_the_checker_catches_a_missing_wait(monkeypatch):
     model = MODELS["tiny-llama"]
     layers = random_layers(model, seed=3)
     stores = make_cpu_stores(model, layers, 1, 2, 24, 16)
-    decoder = KVPRDecoder(model, layers, stores, "cpu", num_chunks=2, timeline=True)
+    decoder = KVPRDecoder(model, layers, stores, "cpu", num_chunks=2, record_spans=True)
     streams = fake_cuda(monkeypatch, decoder)
     real_wait = KVPRDecoder._wait
     compute = streams[0]
@@ -155,4 +155,4 @@ def test_the_checker_catches_a_missing_wait(monkeypatch):
     monkeypatch.setattr(KVPRDecoder, "_wait", skip_compute_waits_on_chunks)
     decoder.step(torch.zeros(2, model.hidden_size), 5)
     with pytest.raises(AssertionError, match="may not end before"):
-        check_step(Graph(streams), spans_of(decoder.last_timeline), decoder, 5, 16)
+        check_step(Graph(streams), spans_of(decoder.last_spans), decoder, 5, 16)

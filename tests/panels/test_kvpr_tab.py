@@ -1,7 +1,7 @@
 """The "KVPR" tab: modelled t(l) curves from recorded or what-if rates, recorded steps on top, the
-timeline of one recorded step and the speedup over the baselines; on a GPU, a Measure button. Run
+overlap of one recorded step and the speedup over the baselines; on a GPU, a Measure button. Run
 on the recorded result and on a synthetic one in the format with schedules, weights and
-timelines."""
+overlaps."""
 
 import html
 import re
@@ -46,7 +46,7 @@ def make_row(setting, step_ms, split, schedule="row", weights="resident", contex
             "gpu_batches": 1 if schedule == "row" else 4, "weights": weights}
 
 
-def make_timeline(schedule, weights, start_us, context=1024):
+def make_overlap(schedule, weights, start_us, context=1024):
     spans = [{"lane": "H2D", "name": "KV[0:1024]", "layer": 0, "start_us": start_us,
               "end_us": start_us + 10.0},
              {"lane": "compute", "name": "layer", "layer": 0, "start_us": start_us + 10.0,
@@ -63,17 +63,18 @@ def make_timeline(schedule, weights, start_us, context=1024):
 
 def make_result():
     """opt-6.7b at 16 x 1024: row and column x4, weights resident and offloaded, HF's cache; one
-    timeline per schedule and weights, each starting at its own time."""
+    overlap per schedule and weights, each starting at its own time (under the recorded key
+    "timelines")."""
     rows = [make_row("kvpr-pipelined", 80.0, 1024), make_row("full-transfer", 160.0, 0),
             {**make_row("hf-offloaded", 240.0, None), "h2d_gbps": None},
             make_row("kvpr-pipelined", 50.0, 1024, "column"),
             make_row("full-transfer", 120.0, 0, "column"),
             make_row("kvpr-pipelined", 60.0, 800, "column", "offloaded"),
             make_row("full-transfer", 150.0, 0, "column", "offloaded")]
-    timelines = [make_timeline("row", "resident", 1.0), make_timeline("column", "resident", 2.0),
-                 make_timeline("column", "offloaded", 3.0)]
+    overlaps = [make_overlap("row", "resident", 1.0), make_overlap("column", "resident", 2.0),
+                make_overlap("column", "offloaded", 3.0)]
     return {"gpu": "TEST GPU", "date": "2026-12-01T00:00:00+00:00", "rows": rows,
-            "timelines": timelines}
+            "timelines": overlaps}
 
 
 @pytest.fixture
@@ -94,7 +95,7 @@ def test_dashboard_has_the_kvpr_tab_third(monkeypatch):
     monkeypatch.setenv("KVLAB_BACKEND", "sim")
     dash = dashboard()
     assert dash.tab_widget.titles[2] == "KVPR"
-    assert list(dash.figures["kvpr"]) == ["split", "timeline", "speedup"]
+    assert list(dash.figures["kvpr"]) == ["split", "overlap", "speedup"]
 
 
 def test_recorded_point_shows_its_rates_and_measured_steps(tab):
@@ -133,39 +134,39 @@ def test_recorded_point_shows_its_rates_and_measured_steps(tab):
     assert "Steps shown: llama2-7b batch 16 x 512 (recorded on NVIDIA H200" in tab.status.value
 
 
-def test_recorded_schedules_are_offered_and_the_recorded_timeline_shown(tab):
+def test_recorded_schedules_are_offered_and_the_recorded_overlap_shown(tab):
     c = tab.controls
     assert c["schedule"].options == ("row", "column")
     assert c["weights"].options == ("resident", "offloaded")
     assert tab.measure_button is None and tab.progress is None
     assert not any(isinstance(w, widgets.Button) for w in descendants(tab.widget))
-    timeline = tab.figures["timeline"].figure
-    title = timeline.layout.title.text
+    gantt = tab.figures["overlap"].figure
+    title = gantt.layout.title.text
     assert "<sub>opt-6.7b, batch 16 x 1024, row, weights resident, kvpr-pipelined" in title
-    assert "recorded on NVIDIA H200" in title and len(timeline.data) >= 4
+    assert "recorded on NVIDIA H200" in title and len(gantt.data) >= 4
     c["model"].value = "llama2-7b"
     c["schedule"].value, c["weights"].value = "column", "offloaded"
-    timeline = tab.figures["timeline"].figure
+    gantt = tab.figures["overlap"].figure
     column = [t for t in map(with_defaults, load_results(*KVPR)["timelines"])
               if (t["model"], t["schedule"]) == ("llama2-7b", "column")]
     if column:  # a recorded column step, its weights crossing the link where they were offloaded
-        assert "column x4, weights " in timeline.layout.title.text
+        assert "column x4, weights " in gantt.layout.title.text
         if any(t["weights"] == "offloaded" for t in column):
-            assert "weights offloaded" in timeline.layout.title.text
-            assert {"W_KV", "W_rest"} <= {t.name for t in timeline.data}
-    else:  # kvpr_schedules recorded no timelines
-        assert timeline.data == ()
-        (note,) = timeline.layout.annotations
-        assert "llama2-7b, column schedule: no decode-step timeline recorded" in note.text
+            assert "weights offloaded" in gantt.layout.title.text
+            assert {"W_KV", "W_rest"} <= {t.name for t in gantt.data}
+    else:  # kvpr_schedules recorded no overlaps
+        assert gantt.data == ()
+        (note,) = gantt.layout.annotations
+        assert "llama2-7b, column schedule: no decode-step overlap recorded" in note.text
     c["schedule"].value = "row"  # the grid's step, weights resident: the nearest recorded
-    title = tab.figures["timeline"].figure.layout.title.text
+    title = tab.figures["overlap"].figure.layout.title.text
     assert "<sub>llama2-7b, batch 16 x 1024, row, weights resident, kvpr-pipelined" in title
     c["schedule"].value = "column"
     c["model"].value = "opt-13b"  # no column run recorded for it
-    assert tab.figures["timeline"].figure.data == ()
-    (note,) = tab.figures["timeline"].figure.layout.annotations
-    assert "no decode-step timeline recorded" in note.text
-    assert "Timeline: none of opt-13b with the column schedule" in tab.status.value
+    assert tab.figures["overlap"].figure.data == ()
+    (note,) = tab.figures["overlap"].figure.layout.annotations
+    assert "no decode-step overlap recorded" in note.text
+    assert "Overlap: none of opt-13b with the column schedule" in tab.status.value
 
 
 def test_what_if_rates_move_the_curves(tab):
@@ -213,29 +214,29 @@ def test_gqa_model_recomputes_nothing_and_context_bounds_l(tab):
     assert (b, n) != (48, 4096) and f"nearest recorded: batch {b} x {n}" in tab.status.value
 
 
-def test_schedule_and_weights_pick_the_timeline_and_the_measured_points(new_tab):
+def test_schedule_and_weights_pick_the_overlap_and_the_measured_points(new_tab):
     c = new_tab.controls
     assert c["schedule"].options == ("row", "column")
     assert c["weights"].options == ("resident", "offloaded")
     assert c["pcie_gbps"].value == 50.0  # from a KVPR row, not HF's (no rates)
-    gantt = new_tab.figures["timeline"].figure
+    gantt = new_tab.figures["overlap"].figure
     assert [t.name for t in gantt.data] == ["KV", "layer"] and list(gantt.data[0].base) == [1.0]
     title = gantt.layout.title.text
     assert "<sub>opt-6.7b, batch 16 x 1024, row, weights resident, kvpr-pipelined" in title
     assert PROVENANCE in title
     c["schedule"].value = "column"
-    assert list(new_tab.figures["timeline"].figure.data[0].base) == [2.0]
-    assert "GPU batch" in new_tab.figures["timeline"].figure.data[0].hovertemplate
+    assert list(new_tab.figures["overlap"].figure.data[0].base) == [2.0]
+    assert "GPU batch" in new_tab.figures["overlap"].figure.data[0].hovertemplate
     measured = [t for t in new_tab.figures["split"].figure.data
                 if (t.name or "").startswith("measured")]
     assert list(measured[0].y) == [50.0, 120.0]
     assert "column x4, weights resident" in measured[0].name
     assert "in 4 GPU batches" in new_tab.figures["split"].figure.layout.title.text
     c["weights"].value = "offloaded"
-    gantt = new_tab.figures["timeline"].figure
+    gantt = new_tab.figures["overlap"].figure
     assert [t.name for t in gantt.data] == ["W_KV", "KV", "layer"]
     assert list(gantt.data[1].base) == [3.0]
-    assert "Timeline: opt-6.7b, batch 16 x 1024, column x4, weights offloaded" in (
+    assert "Overlap: opt-6.7b, batch 16 x 1024, column x4, weights offloaded" in (
         new_tab.status.value)
     assert "(column x4, weights offloaded)" in new_tab.status.value  # the modelled optimum's
     c["batch"].value = 6
@@ -296,7 +297,7 @@ def test_measure_button_shows_the_measured_point(monkeypatch):
         progress(2, 2)
         rows = [{**r, "context": context, "step_ms": r["step_ms"] / 2}
                 for r in make_result()["rows"] if r["schedule"] == schedule]
-        return {"rows": rows, "timeline": make_timeline(schedule, "resident", 7.0, context)}
+        return {"rows": rows, "overlap": make_overlap(schedule, "resident", 7.0, context)}
 
     fake_bench(monkeypatch, measure_point)
     tab = KVPRTab(context=2048)
@@ -312,7 +313,7 @@ def test_measure_button_shows_the_measured_point(monkeypatch):
                       module.MEASURE_STEPS, 1, True)]
     assert (tab.progress.value, tab.progress.max) == (2, 2)
     assert not tab.measure_button.disabled and "press Measure" not in tab.status.value
-    gantt = tab.figures["timeline"].figure
+    gantt = tab.figures["overlap"].figure
     assert list(gantt.data[0].base) == [7.0]
     assert "measured on FAKE GPU" in gantt.layout.title.text
     steps = [t for t in tab.figures["speedup"].figure.data if t.xaxis == "x"]
@@ -351,7 +352,7 @@ def test_measure_button_measures_on_this_gpu(monkeypatch):
     assert {r["setting"] for r in measured["rows"]} >= {"kvpr-pipelined", "full-transfer"}
     label = f"measured on {torch.cuda.get_device_name()}"
     assert label in tab.figures["speedup"].figure.layout.title.text
-    assert label in tab.figures["timeline"].figure.layout.title.text
+    assert label in tab.figures["overlap"].figure.layout.title.text
     assert tab.progress.value == tab.progress.max > 0
 
 
@@ -412,7 +413,7 @@ def test_another_gpu_is_modelled_for_it_never_measured_or_recorded(tab, gpu):
             assert not re.search(r"measured|recorded", title), title
         split = tab.figures["split"].figure
         assert not any((t.name or "").startswith("measured") for t in split.data)
-        assert tab.figures["timeline"].figure.data == tab.figures["speedup"].figure.data == ()
+        assert tab.figures["overlap"].figure.data == tab.figures["speedup"].figure.data == ()
         assert f"modelled for {name}" in tab.status.value
         assert says_measured_or_recorded(tab.status.value) == []
     c["gpu"].value = gpus.REFERENCE  # the what-if rates stay what-if; the recordings return
@@ -451,7 +452,7 @@ def test_on_a_gpu_another_gpu_shows_its_model_not_the_measurement(monkeypatch):
 
     def measure_point(name, batch, context, **kwargs):
         return {"rows": [{**r, "step_ms": r["step_ms"] / 2} for r in make_result()["rows"]
-                         if r["schedule"] == "row"], "timeline": None}
+                         if r["schedule"] == "row"], "overlap": None}
 
     fake_bench(monkeypatch, measure_point)
     here = gpus.GPUS["h100-sxm"]

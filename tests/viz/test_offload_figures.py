@@ -1,13 +1,14 @@
 """KVPR figures: the Gantt bars are the spans (microsecond axis, not dates), the split curves are
 the scheduler's, the Chrome trace has one track per stream, and the speedup figure compares the
 fastest KVPR split of each schedule / weights group with each baseline, in the recorded result
-(rows without schedule, gpu_batches, weights; no timelines) and in the format that has them."""
+(rows without schedule, gpu_batches, weights; no overlaps) and in the format that has them."""
 
 import json
 
 import pytest
 
 from kvlab.config import MODELS
+from kvlab.offload.overlap import LANES, chrome_trace
 from kvlab.offload.scheduler import (
     LayerShape,
     LinkAndCompute,
@@ -16,7 +17,6 @@ from kvlab.offload.scheduler import (
     layer_weight_bytes,
     unit_shape,
 )
-from kvlab.offload.timeline import LANES, chrome_trace
 from kvlab.results import KVPR, label, load_result, load_results
 from kvlab.viz.offload import (
     LANE_ORDER,
@@ -24,12 +24,12 @@ from kvlab.viz.offload import (
     baseline_speedups,
     describe_point,
     gpu_bytes,
-    nearest_timeline,
+    nearest_overlap,
+    overlap_figure,
     schedule_label,
     speedup_figure,
     split_figure,
     split_points,
-    timeline_figure,
     with_defaults,
 )
 
@@ -96,15 +96,15 @@ def make_column_spans():
     ]
 
 
-def make_timeline(model="opt-6.7b", batch=16, context=1024, schedule="row", weights="resident",
+def make_overlap(model="opt-6.7b", batch=16, context=1024, schedule="row", weights="resident",
                   setting="kvpr-pipelined", spans=None):
     return {"model": model, "batch": batch, "context": context, "schedule": schedule,
             "gpu_batches": 1 if schedule == "row" else 2, "weights": weights, "setting": setting,
             "l": 1024, "step_ms": 0.044, "spans": spans or SPANS}
 
 
-def test_timeline_bars_are_the_spans_on_a_microsecond_axis():
-    fig = timeline_figure(SPANS, "measured on TEST GPU")
+def test_overlap_bars_are_the_spans_on_a_microsecond_axis():
+    fig = overlap_figure(SPANS, "measured on TEST GPU")
     assert [t.name for t in fig.data] == ["X", "KV", "recompute", "layer", "new token"]
     bars = {t.name: t for t in fig.data}
     assert list(bars["layer"].base) == [30.5] and list(bars["layer"].x) == [11.75]
@@ -116,9 +116,9 @@ def test_timeline_bars_are_the_spans_on_a_microsecond_axis():
     assert LANE_ORDER == LANES  # the viz keeps its own copy: no torch in the dashboard
 
 
-def test_timeline_hover_names_the_gpu_batch_and_weights_have_their_colours():
-    timeline = make_timeline(schedule="column", weights="offloaded", spans=make_column_spans())
-    fig = timeline_figure(timeline["spans"], PROVENANCE, point=describe_point(timeline))
+def test_overlap_hover_names_the_gpu_batch_and_weights_have_their_colours():
+    overlap = make_overlap(schedule="column", weights="offloaded", spans=make_column_spans())
+    fig = overlap_figure(overlap["spans"], PROVENANCE, point=describe_point(overlap))
     bars = {t.name: t for t in fig.data}
     assert list(bars) == ["W_KV", "W_rest", "KV", "layer"]
     assert bars["W_KV"].marker.color == OP_COLORS["W_KV"] != OP_COLORS["W_rest"]
@@ -133,9 +133,9 @@ def test_timeline_hover_names_the_gpu_batch_and_weights_have_their_colours():
     assert PROVENANCE in title
 
 
-def test_timeline_without_spans_is_refused():
+def test_overlap_without_spans_is_refused():
     with pytest.raises(ValueError, match="spans is empty"):
-        timeline_figure([], "x")
+        overlap_figure([], "x")
 
 
 def test_split_figure_draws_each_model_and_its_optimum():
@@ -259,18 +259,18 @@ def test_speedup_figure_needs_one_point():
         speedup_figure(rows, PROVENANCE)
 
 
-def test_nearest_timeline_keeps_the_schedule_and_prefers_the_weights():
-    timelines = [make_timeline(context=1024), make_timeline(context=4096),
-                 make_timeline(context=4096, weights="offloaded"),
-                 make_timeline(context=1024, schedule="column", spans=make_column_spans())]
-    assert nearest_timeline(timelines, "opt-6.7b", 16, 3000) == timelines[1]
-    assert nearest_timeline(timelines, "opt-6.7b", 16, 3000, weights="offloaded") == timelines[2]
-    column = nearest_timeline(timelines, "opt-6.7b", 16, 8192, schedule="column")
+def test_nearest_overlap_keeps_the_schedule_and_prefers_the_weights():
+    overlaps = [make_overlap(context=1024), make_overlap(context=4096),
+                make_overlap(context=4096, weights="offloaded"),
+                make_overlap(context=1024, schedule="column", spans=make_column_spans())]
+    assert nearest_overlap(overlaps, "opt-6.7b", 16, 3000) == overlaps[1]
+    assert nearest_overlap(overlaps, "opt-6.7b", 16, 3000, weights="offloaded") == overlaps[2]
+    column = nearest_overlap(overlaps, "opt-6.7b", 16, 8192, schedule="column")
     assert column["context"] == 1024 and column["schedule"] == "column"
-    assert nearest_timeline(timelines, "llama3-8b", 16, 1024) is None
-    old = [{k: v for k, v in timelines[0].items() if k not in ("schedule", "weights")}]
-    assert nearest_timeline(old, "opt-6.7b", 16, 1024)["spans"] == SPANS
-    assert nearest_timeline(old, "opt-6.7b", 16, 1024, schedule="column") is None
+    assert nearest_overlap(overlaps, "llama3-8b", 16, 1024) is None
+    old = [{k: v for k, v in overlaps[0].items() if k not in ("schedule", "weights")}]
+    assert nearest_overlap(old, "opt-6.7b", 16, 1024)["spans"] == SPANS
+    assert nearest_overlap(old, "opt-6.7b", 16, 1024, schedule="column") is None
 
 
 def test_chrome_trace_has_a_track_per_stream():
@@ -292,7 +292,7 @@ def test_every_legend_hangs_from_the_bottom_edge_below_the_x_axis():
     shape = LayerShape(MODELS["opt-6.7b"], 16, 1024)
     figures = [split_figure(shape, RATES, 300, height=420),
                speedup_figure(make_point_rows(), PROVENANCE, height=400),
-               timeline_figure(SPANS, PROVENANCE, height=360)]
+               overlap_figure(SPANS, PROVENANCE, height=360)]
     for fig in figures:
         legend = fig.layout.legend
         assert (legend.yref, legend.y, legend.yanchor) == ("container", 0.0, "bottom")

@@ -1,8 +1,8 @@
-"""The overlap of link and GPU that a step's timeline shows."""
+"""The overlap of link and GPU that a step's stream spans show."""
 
 import pytest
 
-from kvlab.offload.timeline import overlap
+from kvlab.offload.overlap import overlap
 
 
 def span(lane, start, end):

@@ -1,5 +1,7 @@
-"""The timeline of a KVPR decode step: CUDA events around every operation, per stream, the overlap
-of link and GPU it shows, and its export as Chrome-trace JSON (Perfetto, chrome://tracing)."""
+"""The overlap of a KVPR decode step: CUDA events around every operation, per stream
+(`StreamSpans`), the overlap of link and GPU they show (`overlap`), and their export as
+Chrome-trace JSON (Perfetto, chrome://tracing). ("Timeline" in kvlab is the per-CTA one of
+kvlab.kernels.timeline; a KVPR result keeps these spans under its recorded key "timelines".)"""
 
 from __future__ import annotations
 
@@ -7,10 +9,10 @@ import contextlib
 
 import torch
 
-LANES = ("H2D", "compute", "D2H")  # the runtime's streams, in the order timelines show them
+LANES = ("H2D", "compute", "D2H")  # the runtime's streams, in the order figures show them
 
 
-class Timeline:
+class StreamSpans:
     """CUDA events around each operation of a step, per stream (empty on a CPU)."""
 
     def __init__(self):
@@ -24,7 +26,7 @@ class Timeline:
 
     @contextlib.contextmanager
     def span(self, stream, lane: str, name: str, layer: int, batch: int = 0):
-        """Time what the block enqueues on `stream` (nothing when the timeline is off or on a
+        """Time what the block enqueues on `stream` (nothing when recording is off or on a
         CPU); `batch` is the GPU batch (column-by-column schedules run several per layer)."""
         if stream is None or self.origin is None:
             yield
@@ -48,7 +50,7 @@ class Timeline:
 
 
 def chrome_trace(spans: list[dict], process: str = "kvlab KVPR decode step") -> dict:
-    """Timeline spans as Chrome trace JSON (open it in Perfetto or chrome://tracing): one track
+    """Stream spans as Chrome trace JSON (open it in Perfetto or chrome://tracing): one track
     per stream, one complete event ("X") per operation, times in microseconds."""
     lanes = list(dict.fromkeys([*LANES, *(s["lane"] for s in spans)]))
     meta = [{"ph": "M", "pid": 1, "name": "process_name", "args": {"name": process}}]
@@ -66,10 +68,10 @@ def overlap(spans: list[dict]) -> dict:
     shorter one (clipped to [0, 1]): 1 = the step lasted as long as the longer activity, 0 = as
     long as both one after the other. Gaps where neither is busy (a host-bound step, the final
     write-back) lower it: it measures the step, not only the two streams. ValueError for no
-    spans (a step run on a CPU, or without its timeline, records none)."""
+    spans (a step run on a CPU, or without recording its spans, records none)."""
     if not spans:
-        raise ValueError("spans=[]: no operations to measure (a timeline records them on a GPU "
-                         "only, with timeline=True)")
+        raise ValueError("spans=[]: no operations to measure (a step records them on a GPU "
+                         "only, with record_spans=True)")
     step = max(s["end_us"] for s in spans) - min(s["start_us"] for s in spans)
     busy = {lane: sum(s["end_us"] - s["start_us"] for s in spans if s["lane"] == lane)
             for lane in ("H2D", "compute")}

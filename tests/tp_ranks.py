@@ -17,14 +17,14 @@ def forced_logits(llm) -> torch.Tensor:
     alloc = llm.manager.add_sequence(len(PROMPT), PROMPT)
     seq = alloc.seq_id
     rows = [forward.prefill(llm.local, llm.weights, llm.caches, [alloc], [torch.tensor(PROMPT)],
-                            llm.rope, llm._reduce)[0]]
+                            llm.rope, llm.runner.reduce)[0]]
     for token in FED:
         position = llm.manager.seq_len(seq)
         llm.manager.append(seq, 1, [token])
         slot = torch.tensor(llm.manager.slot_mapping(seq, position, position + 1))
         rows.append(forward.decode_step(
             llm.local, llm.weights, llm.caches, [], slot, torch.tensor([token]),
-            torch.tensor([position]), llm._attend([seq]), llm.rope, llm._reduce)[0])
+            torch.tensor([position]), llm.runner.attend([seq]), llm.rope, llm.runner.reduce)[0])
     llm.manager.free(seq)
     return torch.stack(rows)
 

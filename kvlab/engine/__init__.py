@@ -4,7 +4,12 @@
   LM head), seeded random of any preset's shapes.
 - `forward`: the prefill of a batch of prompts and a decode step of a batch over the paged
   cache; the layer math is `kvlab.model`'s, shared with the KVPR runtime.
-- `llm`: `LLM`, continuous batching with preemption by recompute, greedy and top-p sampling.
+- `config`: `EngineConfig`, `LLM`'s arguments checked and their defaults resolved.
+- `scheduler`: `Scheduler`, continuous batching: admission, the decode batch, preemption by
+  recompute, the blocks each request holds.
+- `runner`: `Runner`, the weights, the paged cache, the prefill and decode passes (eager or
+  CUDA graphs) and greedy and top-p sampling.
+- `llm`: `LLM`, the facade that wires the three and runs generate's loop (async decode).
 - `generation`: `Generation`, what `LLM.generate` returns, and `TokenLog`, how it records each
   new token (shared with `offloaded`).
 - `offloaded`: `LLM(offload=True)`, the K, V in host memory and each decode step through the

@@ -8,6 +8,7 @@ import torch
 import kvlab
 from kvlab.config import MODELS
 from kvlab.engine import forward
+from kvlab.engine.scheduler import make_requests
 from kvlab.engine.weights import ModelWeights
 from kvlab.model.weights import named_tensors
 
@@ -44,7 +45,7 @@ def test_prefill_and_decode_logits_equal_hf(name):
         slot = torch.tensor(llm.manager.slot_mapping(seq, pos, pos + 1))
         got = forward.decode_step(llm.model, llm.weights, llm.caches, [], slot,
                                   torch.tensor([ids[pos]]), torch.tensor([pos]),
-                                  llm._attend([seq]), llm.rope)
+                                  llm.runner.attend([seq]), llm.rope)
         torch.testing.assert_close(got[0], expected[pos], rtol=1e-4, atol=1e-4)
 
 
@@ -75,10 +76,10 @@ def test_prompts_with_a_common_prefix_share_its_blocks_and_decode_alike():
     llm = kvlab.LLM("tiny-qwen", device="cpu", num_blocks=64, block_size=16)
     prefix = tokens(40, seed=5)  # two whole blocks of 16 are shared
     prompts = [prefix + tokens(5, seed=6), prefix + tokens(9, seed=7)]
-    first, second = (llm._requests([p], 1)[0] for p in prompts)
+    first, second = (make_requests([p], 1, llm.model)[0] for p in prompts)
     for r in (first, second):
-        llm._place(r)
-    llm._prefill([first, second])  # one pass: the second's shared blocks are not rewritten
+        llm.scheduler.place(r)
+    llm.runner.prefill([first, second])  # one pass: the second's shared blocks are not rewritten
     tables = [llm.manager.block_table(r.seq_id) for r in (first, second)]
     assert tables[0][:2] == tables[1][:2] and tables[0][2] != tables[1][2]
     for r in (first, second):

@@ -31,7 +31,7 @@ def forced_logits(llm, prompts, fed):
         steps.append(forward.decode_step(
             llm.model, llm.weights, llm.caches, [], torch.tensor(slots, device="cuda"),
             torch.tensor(tokens, device="cuda"), torch.tensor(positions, device="cuda"),
-            llm._attend(seqs), llm.rope))
+            llm.runner.attend(seqs), llm.rope))
     for seq in seqs:
         llm.manager.free(seq)
     return torch.stack(steps).float()

@@ -14,9 +14,10 @@ from factories import no_hang
 import kvlab
 from kvlab.config import MODELS
 from kvlab.engine import forward, generation
-from kvlab.engine import llm as llm_module
+from kvlab.engine import runner as runner_module
+from kvlab.engine import scheduler as scheduler_module
 from kvlab.engine import weights as weights_module
-from kvlab.engine.llm import _sample
+from kvlab.engine.runner import sample
 from kvlab.engine.weights import ModelWeights
 from kvlab.model.rope import RopeTable
 from kvlab.offload.scheduler import LinkAndCompute
@@ -69,13 +70,13 @@ def _prefill_fails(monkeypatch):
 
 def _sampling_fails(monkeypatch):
     """The 20th draw raises (a request preempted and waiting by then)."""
-    sample = llm_module._sample
+    sample = runner_module.sample
     failing = fail_on_call(20, RuntimeError("sampling failed"))
 
     def sampling(*args):
         failing()
         return sample(*args)
-    monkeypatch.setattr(llm_module, "_sample", sampling)
+    monkeypatch.setattr(runner_module, "sample", sampling)
 
 
 def _step_wait_fails(monkeypatch):
@@ -170,10 +171,10 @@ def test_a_tiny_temperature_or_top_p_samples_the_greedy_tokens(kwargs):
 def test_sampling_never_overflows_and_splits_ties_in_the_limit():
     logits = torch.tensor([[3e38, 3e38, -3e38, 0.0], [1.0, 5.0, 5.0 - 1e-6, 2.0]])
     gen = torch.Generator().manual_seed(0)
-    picks = torch.stack([_sample(logits, 1e-300, 1.0, gen) for _ in range(200)])
+    picks = torch.stack([sample(logits, 1e-300, 1.0, gen) for _ in range(200)])
     assert set(picks[:, 0].tolist()) == {0, 1} and set(picks[:, 1].tolist()) == {1}
-    assert _sample(logits[1:], 1.0, 5e-324, gen).tolist() == [1]  # the top token only
-    flat = torch.stack([_sample(logits, 1e300, 1.0, gen) for _ in range(200)])
+    assert sample(logits[1:], 1.0, 5e-324, gen).tolist() == [1]  # the top token only
+    flat = torch.stack([sample(logits, 1e300, 1.0, gen) for _ in range(200)])
     assert set(flat[:, 1].tolist()) == {0, 1, 2, 3}  # uniform in the limit
 
 
@@ -184,7 +185,7 @@ def test_a_cache_too_large_is_refused_before_anything_is_allocated(monkeypatch):
     def allocating(*args, **kwargs):
         raise AssertionError("allocated before the size check")
 
-    monkeypatch.setattr(llm_module, "BlockManager", allocating)
+    monkeypatch.setattr(runner_module, "BlockManager", allocating)
     monkeypatch.setattr(ModelWeights, "random", allocating)
     for num_blocks in (10**8, 2**70):
         with pytest.raises(ValueError, match=f"num_blocks={num_blocks}: the K/V tensors of 2 "
@@ -317,7 +318,7 @@ def test_a_far_arrival_is_waited_for_without_overflowing_the_sleep(monkeypatch):
     def sleep(seconds):  # stand in for the clock: each sleep passes the time asked
         sleeps.append(seconds)
         raise KeyboardInterrupt  # the user stops waiting
-    monkeypatch.setattr(llm_module.time, "sleep", sleep)
+    monkeypatch.setattr(scheduler_module.time, "sleep", sleep)
     with pytest.raises(KeyboardInterrupt):
         llm.generate([[1, 2], [3, 4]], 4, arrivals=[0.0, 1e300])
     assert sleeps and sleeps[0] <= 1.0
@@ -401,8 +402,8 @@ def test_on_a_gpu_sampling_divides_without_overflow():
     logits = torch.tensor([[1.0, 5.0, 5.0 - 1e-6, 2.0], [7.0, -1.0, 3.0, 6.5]], device="cuda")
     gen = torch.Generator("cuda").manual_seed(0)
     for temperature, top_p in [(1e-300, 1.0), (5e-324, 1.0), (1e-40, 1e-50), (0.5, 5e-324)]:
-        assert _sample(logits, temperature, top_p, gen).tolist() == [1, 0]
-    flat = torch.stack([_sample(logits, 1e300, 1.0, gen) for _ in range(200)])
+        assert sample(logits, temperature, top_p, gen).tolist() == [1, 0]
+    flat = torch.stack([sample(logits, 1e300, 1.0, gen) for _ in range(200)])
     assert set(flat[:, 0].tolist()) == {0, 1, 2, 3}
 
 

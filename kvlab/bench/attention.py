@@ -6,9 +6,13 @@ of each, then run 2 of each, ...; `kvlab.timing.Timer`):
 - with `--kernels ... auto`, kernel="auto" on each family's cache three ways: tuned at this point
   ("tuned"), tuned at another shape of its bucket (3/4 of the context) and reused here
   ("reused"), and with KVLAB_AUTOTUNE=0, the recorded choice ("recorded");
-- torch SDPA on dense, contiguous K/V of the same shape (random values of its own, outputs not
-  compared; `enable_gqa=True`), its backend named
-  from the kernels the profiler sees it launch;
+- torch SDPA (`enable_gqa=True`) on the kernels' own K/V: gqa's cache (else vllm_v1's),
+  gathered through its block tables into dense, contiguous [batch, num_kv_heads, context,
+  head_dim] once per loop, outside the timed runs (`dense_kv`); its backend named from the
+  kernels the profiler sees it launch. Before timing, SDPA's output is checked against
+  kvlab.reference's and that family's kernel's (no prefetch) on that cache: the row records
+  both errors (`sdpa_rel_l2`, the worst sequence's relative L2) and `outputs_agree`, within
+  OUTPUT_TOLERANCE (the kernels' tests' tolerance);
 - with `--fp8`, gqa on an fp8 (e4m3) cache of the same shape at every prefetch setting (kernel
   "gqa_fp8": q and out in --dtype; its GB/s count the fp8 bytes it reads, half of fp16's);
 - with `--in-order`, each family without prefetch on a cache of the same shape whose blocks lie
@@ -32,6 +36,9 @@ benchmarks/vllm_cubin.sh) on vllm_v1's cache, launched as vLLM does (kernel "vll
 Every row carries its `loop`: ratios between rows (prefetch over none, gqa over SDPA, auto over
 the best setting) compare rows of one loop only.
 
+`measure` and `measure_point` are the keyword entry points (the CLI parses its options, then
+calls `measure`; the dashboard calls `measure_point`).
+
 Each row: ms (median of --runs runs, L2 flushed before each), every run (`ms_runs`), GB/s of K+V
 read (each byte once) and its % of the HBM roofline (a device-to-device copy measured in the same
 run, `kvlab.timing.copy_roofline_gbps`). The rows of kvlab's kernels carry their plan's launch:
@@ -45,23 +52,26 @@ import itertools
 import os
 import statistics
 import sys
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
 
+from kvlab.arith import ceil_div
+from kvlab.bench.cli import ATTENTION_DEFAULTS, command_line
 from kvlab.bench.env import gpu_info, gpu_state, run_info, write_checkpoint
 from kvlab.cache import filled_cache
 from kvlab.cache.fp8 import FP8_DTYPE
 from kvlab.config import MODELS
-from kvlab.kernels import FAMILIES, gqa, green, tune, vllm_own, vllm_v1
+from kvlab.kernels import FAMILIES, KERNEL_FAMILIES, gqa, green, tune, vllm_own
 from kvlab.kernels.decode import DecodePlan
-from kvlab.kernels.geometry import FAMILY_BLOCK_SIZES
 from kvlab.kernels.prefetch import PrefetchConfig
 from kvlab.kernels.read import PlainRead
+from kvlab.reference import decode_attention as reference
+from kvlab.reference import unpack_blocks
 from kvlab.timing import METHOD, Timer, copy_roofline_gbps
 from kvlab.workload import batch_shape
 
-LAYOUTS = {"vllm_v1": vllm_v1.LAYOUT, "gqa": gqa.LAYOUT}
 AUTO_MODES = ("tuned", "reused", "recorded")
 # What one loop's copies of the K/V (each family's caches, SDPA's dense one, the read's buffer)
 # may hold together.
@@ -69,6 +79,10 @@ MAX_LOOP_KV_BYTES = 120 * 2**30
 DENSE = ("sdpa", "read")  # the variants that read a dense buffer, not the paged cache
 SDPA_BACKENDS = (("cudnn", "cudnn"), ("flash", "flash"), ("fmha", "efficient"),
                  ("efficient", "efficient"))
+# The worst sequence's relative L2 error SDPA's output may have against the reference (and
+# against the kernel's): the tolerance of the kernels' own tests (tests/kernels/test_decode.py).
+OUTPUT_TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
+SDPA_SOURCES = ("gqa", "vllm_v1")  # whose cache SDPA reads, the first built
 
 
 def prefetch_variants(modes, distances, evict_last: bool = False) -> list[PrefetchConfig]:
@@ -213,8 +227,72 @@ def kv_copies(args, mixed: bool) -> float:
     more each with --in-order), half a copy for an fp8 cache, SDPA's dense copy, the plain
     read's buffer."""
     families = sum(family in args.kernels for family in FAMILIES)
+    sdpa = "sdpa" in args.kernels and not mixed
     return (families * (2 if args.in_order else 1) + (0.5 if args.fp8 else 0)
-            + ("sdpa" in args.kernels and not mixed) + ("read" in args.kernels))
+            + sdpa * (1 if families else 2)  # SDPA alone gathers from a cache of its own
+            + ("read" in args.kernels))
+
+
+def dense_kv(cache, seq_ids) -> tuple[torch.Tensor, torch.Tensor]:
+    """The K and V of sequences of one length, read from a paged cache through its block tables
+    into the dense layout SDPA takes: each [len(seq_ids), num_kv_heads, context, head_dim],
+    contiguous, in the cache's dtype and on its device. Raises ValueError for no seq_ids, for
+    sequences of different lengths (a dense batch would be padded), or an fp8 cache."""
+    seq_ids = list(seq_ids)
+    if not seq_ids:
+        raise ValueError("seq_ids=[]: must name at least one sequence")
+    if cache.k_scale is not None:
+        raise ValueError(f"cache.dtype={cache.dtype}: SDPA reads fp16/bf16 K/V, not fp8")
+    lengths = {cache.manager.seq_len(s) for s in seq_ids}
+    if len(lengths) != 1:
+        raise ValueError(f"seq_ids: sequences of {len(lengths)} lengths ({min(lengths)}-"
+                         f"{max(lengths)}): a dense batch needs one")
+    (context,) = lengths
+    num_blocks = ceil_div(context, cache.block_size)
+    tables = cache.block_tables(seq_ids)[:, :num_blocks]  # [B, num_blocks]
+    shape = (len(seq_ids), cache.num_kv_heads, context, cache.head_dim)
+    k, v = (torch.empty(shape, dtype=cache.dtype, device=cache.device) for _ in "kv")
+    for b in range(len(seq_ids)):  # NOTE: one sequence at a time: a temporary of one, not all
+        seq_k, seq_v = unpack_blocks(cache, tables[b])  # [num_kv_heads, num_blocks * bs, D]
+        k[b], v[b] = seq_k[:, :context], seq_v[:, :context]
+    return k, v
+
+
+def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """The worst relative L2 error of any one sequence (row of the batch) of `out` against
+    `ref` (both [B, ...]): an error in one short sequence must not hide in the batch's norm."""
+    diff = (out.float() - ref.float()).flatten(1).norm(dim=1)
+    return (diff / ref.float().flatten(1).norm(dim=1)).max().item()
+
+
+def output_check(sdpa_out, kernel_out, ref, tolerance: float) -> dict:
+    """A row's record of SDPA's output against the reference's and a kernel's on the same K/V
+    (each [B, num_qo_heads, head_dim]): {"sdpa_rel_l2": {"reference": e, "kernel": e},
+    "outputs_agree": both within `tolerance`}."""
+    errors = {"reference": rel_l2(sdpa_out, ref), "kernel": rel_l2(sdpa_out, kernel_out)}
+    return {"sdpa_rel_l2": {k: float(f"{e:.3g}") for k, e in errors.items()},
+            "outputs_agree": all(e <= tolerance for e in errors.values())}
+
+
+def sdpa_variant(q, source: dict, dtype) -> tuple[dict, object]:
+    """SDPA on the K/V of `source` ({"family", "cache", "seq_ids", "plan"}: a cache of one length
+    and its plan without prefetch), gathered into dense K/V here, its output checked against
+    the reference and the plan's kernel before it is timed: (row fields, the timed call)."""
+    k, v = dense_kv(source["cache"], source["seq_ids"])
+    q4 = q[:, :, None]  # [B, num_qo_heads, 1, head_dim]
+
+    def sdpa():
+        return F.scaled_dot_product_attention(q4, k, v, enable_gqa=True)
+
+    check = output_check(sdpa()[:, :, 0], source["plan"].run(q),
+                         reference(q, source["cache"], source["seq_ids"]),
+                         OUTPUT_TOLERANCE[dtype])
+    if not check["outputs_agree"]:
+        print(f"WARNING: SDPA's output on {source['family']}'s K/V is off by "
+              f"{check['sdpa_rel_l2']} (tolerance {OUTPUT_TOLERANCE[dtype]})", file=sys.stderr)
+    kernels = cuda_kernels(sdpa)
+    return ({"kernel": "sdpa", "prefetch": "none", "sdpa_backend": sdpa_backend(kernels),
+             "sdpa_kernels": kernels, "kv_from": source["family"], **check}, sdpa)
 
 
 def loop_variants(model, batch: int, context, block_size: int, args, dtype,
@@ -226,18 +304,20 @@ def loop_variants(model, batch: int, context, block_size: int, args, dtype,
     variants = prefetch_variants(args.prefetch, args.distances, args.evict_last)
     q = torch.randn(batch, model.num_qo_heads, model.head_dim, device="cuda", dtype=dtype)
     out = torch.empty_like(q)
-    found = {}
+    found, sources = {}, {}
     for family in FAMILIES:
-        if family not in args.kernels or block_size not in FAMILY_BLOCK_SIZES[family]:
+        if family not in args.kernels or block_size not in KERNEL_FAMILIES[family].block_sizes:
             continue
         sibling = (sibling_context(context, block_size) if "auto" in args.kernels and not mixed
                    else None)
         cache, seq_ids, sibling_ids = filled_cache(
             batch, context, block_size, model.num_kv_heads, model.head_dim,
-            layout=LAYOUTS[family], dtype=dtype, sibling=sibling)
+            layout=KERNEL_FAMILIES[family].layout, dtype=dtype, sibling=sibling)
         plans = {(family, p.label()): ({"kernel": family, "prefetch": p.label()},
                                        DecodePlan(cache, seq_ids, model.num_qo_heads, family,
                                                   prefetch=p)) for p in variants}
+        sources[family] = {"family": family, "cache": cache, "seq_ids": seq_ids,
+                           "plan": plans[family, "none"][1]}
         if "auto" in args.kernels:
             for mode, (plan, extra) in auto_plans(cache, seq_ids, sibling_ids,
                                                   model.num_qo_heads, sibling).items():
@@ -262,7 +342,7 @@ def loop_variants(model, batch: int, context, block_size: int, args, dtype,
         if family == "gqa" and args.fp8:
             fp8_cache, fp8_ids, _ = filled_cache(
                 batch, context, block_size, model.num_kv_heads, model.head_dim,
-                layout=LAYOUTS[family], dtype=FP8_DTYPE)
+                layout=KERNEL_FAMILIES[family].layout, dtype=FP8_DTYPE)
             plans.update({("gqa_fp8", p.label()): (
                 {"kernel": "gqa_fp8", "prefetch": p.label(), "kv_dtype": "fp8"},
                 DecodePlan(fp8_cache, fp8_ids, model.num_qo_heads, family, prefetch=p,
@@ -271,7 +351,7 @@ def loop_variants(model, batch: int, context, block_size: int, args, dtype,
         if args.in_order:
             ordered, ordered_ids, _ = filled_cache(
                 batch, context, block_size, model.num_kv_heads, model.head_dim,
-                layout=LAYOUTS[family], dtype=dtype, in_order=True)
+                layout=KERNEL_FAMILIES[family].layout, dtype=dtype, in_order=True)
             plans[f"{family}_in_order", "none"] = (
                 {"kernel": f"{family}_in_order", "prefetch": "none", "block_order": "in_order"},
                 DecodePlan(ordered, ordered_ids, model.num_qo_heads, family))
@@ -279,22 +359,64 @@ def loop_variants(model, batch: int, context, block_size: int, args, dtype,
             found[key] = ({"block_order": "scattered", **fields, **launch_fields(plan)},
                           lambda plan=plan: plan.run(q, out=out))
     if "sdpa" in args.kernels and not mixed:
-        shape = (batch, model.num_kv_heads, context, model.head_dim)
-        k, v = (torch.randn(shape, device="cuda", dtype=dtype) for _ in "kv")
-        q4 = q[:, :, None]
-
-        def sdpa():
-            return F.scaled_dot_product_attention(q4, k, v, enable_gqa=True)
-
-        kernels = cuda_kernels(sdpa)
-        found["sdpa"] = ({"kernel": "sdpa", "prefetch": "none", "sdpa_backend":
-                          sdpa_backend(kernels), "sdpa_kernels": kernels}, sdpa)
+        source = next((sources[f] for f in SDPA_SOURCES if f in sources), None)
+        if source is None:  # no family's cache in this loop: a gqa cache for SDPA alone
+            cache, seq_ids, _ = filled_cache(batch, context, block_size, model.num_kv_heads,
+                                             model.head_dim, layout=gqa.FAMILY.layout, dtype=dtype)
+            source = {"family": "gqa", "cache": cache, "seq_ids": seq_ids,
+                      "plan": DecodePlan(cache, seq_ids, model.num_qo_heads, "gqa")}
+        found["sdpa"] = sdpa_variant(q, source, dtype)
     if "read" in args.kernels:
         found["read"] = ({"kernel": "read", "prefetch": "none"}, PlainRead(kv_bytes).read)
     return found
 
 
+def measure(**options) -> dict:
+    """Time the benchmark with keyword options, as `python -m kvlab bench attention` does with
+    the same options parsed: models, batches, contexts (or lengths: lognormal specs; or points:
+    (batch, context) pairs), block_sizes, prefetch (modes), distances, evict_last, kernels,
+    runs, vllm_cubin, fp8, in_order, dtype ("float16" or "bfloat16"), sms, checkpoint (a path),
+    command (the result's command line; default the equivalent `python -m kvlab bench
+    attention ...`). Lists may be any sequence; an option left out takes the CLI's default
+    (kvlab.bench.cli.ATTENTION_DEFAULTS). Returns the result: {"rows": [...], "skipped":
+    [...], the GPU, the roofline, ...}. Raises ValueError for an unknown option, or what
+    `check` refuses (no CUDA GPU, ...), before any GPU work."""
+    args = options_namespace(**options)
+    check(args)
+    return run(args)
+
+
+def options_namespace(command: str | None = None, **options) -> SimpleNamespace:
+    """`measure`'s keyword options as the namespace `check` and `run` take (what the CLI's
+    parser gives): every option of ATTENTION_DEFAULTS (the CLI's defaults) as a list where it
+    is one, and `command`, default the equivalent command line. ValueError for an unknown
+    option."""
+    unknown = set(options) - set(ATTENTION_DEFAULTS)
+    if unknown:
+        raise ValueError(f"{', '.join(sorted(unknown))}: not options of bench attention (its "
+                         f"options: {', '.join(ATTENTION_DEFAULTS)})")
+
+    def plain(value):
+        return list(value) if isinstance(value, (list, tuple)) else value
+
+    given = {k: plain(v) for k, v in options.items() if plain(v) != plain(ATTENTION_DEFAULTS[k])}
+    args = SimpleNamespace(**{k: plain(v) for k, v in ATTENTION_DEFAULTS.items()})
+    vars(args).update(given)
+    args.command = command if command is not None else command_line("attention", given)
+    return args
+
+
+def measure_point(model: str, batch: int, context: int | str, **options) -> dict:
+    """`measure` at one point: `batch` sequences of `context` tokens, or of a lognormal lengths
+    spec ("lognormal:MEAN,MAX"); other options as `measure` takes them (kernels, prefetch,
+    distances, block_sizes, runs, fp8, in_order, ...). Returns the result dict."""
+    shape = ({"lengths": [context]} if isinstance(context, str)
+             else {"contexts": [context]})
+    return measure(models=[model], batches=[batch], **shape, **options)
+
+
 def run(args) -> dict:
+    """The result of the options in `args` (what `measure` and the CLI have checked)."""
     dtype = getattr(torch, args.dtype)
     timer = Timer("cuda", num_runs=args.runs)
     result = {"benchmark": "attention", **run_info(), **gpu_info(), "dtype": args.dtype,

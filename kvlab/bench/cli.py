@@ -128,31 +128,61 @@ def _add_cache(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="fewer repeats (a smoke run)")
 
 
+# `bench attention`'s options and their defaults: the CLI's, and those of the keyword entry
+# point kvlab.bench.attention.measure.
+ATTENTION_DEFAULTS = {
+    "models": ("llama2-7b", "llama3-8b", "qwen2.5-7b", "qwen2.5-14b"),
+    "batches": (1, 16, 64, 128), "contexts": (1024, 4096, 8192, 32768), "lengths": None,
+    "points": None, "block_sizes": (16,), "prefetch": MODES, "distances": (1, 2, 4),
+    "evict_last": False, "kernels": (*FAMILIES, "sdpa"), "runs": 25, "vllm_cubin": None,
+    "fp8": False, "in_order": False, "dtype": "float16", "sms": None, "checkpoint": None}
+
+
+def command_line(name: str, options: dict) -> str:
+    """The command line `python -m kvlab bench <name> ...` that `parse` turns into `options`
+    (keyword options, as the benchmarks' entry points take them; None and False leave a flag
+    out, True gives a store_true flag, a (batch, context) pair is BATCHxCONTEXT)."""
+    argv = ["bench", name]
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if value is None or value is False:
+            continue
+        if value is True:
+            argv.append(flag)
+        elif isinstance(value, (list, tuple)):
+            argv += [flag, *(f"{v[0]}x{v[1]}" if isinstance(v, (list, tuple)) else str(v)
+                             for v in value)]
+        else:
+            argv += [flag, str(value)]
+    return f"{PROG} " + shlex.join(argv)
+
+
 def _add_attention(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--models", nargs="+", default=["llama2-7b", "llama3-8b", "qwen2.5-7b",
-                                                        "qwen2.5-14b"], choices=list(MODELS),
+    default = {k: list(v) if isinstance(v, tuple) else v for k, v in ATTENTION_DEFAULTS.items()}
+    parser.add_argument("--models", nargs="+", default=default["models"], choices=list(MODELS),
                         metavar="MODEL", help=f"one or more of {', '.join(MODELS)}")
-    parser.add_argument("--batches", nargs="+", type=positive_int, default=[1, 16, 64, 128])
+    parser.add_argument("--batches", nargs="+", type=positive_int, default=default["batches"])
     parser.add_argument("--contexts", nargs="+", type=positive_int,
-                        default=[1024, 4096, 8192, 32768])
+                        default=default["contexts"])
     parser.add_argument("--lengths", nargs="+", type=lengths_spec, metavar="SPEC",
                         help="batches of mixed lengths instead of --contexts: lognormal:MEAN,MAX "
                              "(sigma 1, seed 0) per --batches size; kernels only, no SDPA")
     parser.add_argument("--points", nargs="+", type=batch_x_context, metavar="BATCHxCONTEXT",
                         help="time these points instead of every --batches x --contexts")
-    parser.add_argument("--block-sizes", nargs="+", type=block_size, default=[16],
+    parser.add_argument("--block-sizes", nargs="+", type=block_size,
+                        default=default["block_sizes"],
                         help="one loop of timings per block size at each point")
-    parser.add_argument("--prefetch", nargs="+", default=list(MODES), choices=MODES)
-    parser.add_argument("--distances", nargs="+", type=distance, default=[1, 2, 4])
+    parser.add_argument("--prefetch", nargs="+", default=default["prefetch"], choices=MODES)
+    parser.add_argument("--distances", nargs="+", type=distance, default=default["distances"])
     parser.add_argument("--evict-last", action="store_true",
                         help="also time each prefetch setting with the evict-last L2 policy")
-    parser.add_argument("--kernels", nargs="+", default=[*FAMILIES, "sdpa"],
+    parser.add_argument("--kernels", nargs="+", default=default["kernels"],
                         choices=[*FAMILIES, "sdpa", "auto", "read"],
                         help="'auto' also times kernel='auto' on each family's cache: tuned at "
                              "the point, tuned at another shape of its bucket, and with "
                              "KVLAB_AUTOTUNE=0; 'read', a plain read of the point's K/V bytes "
                              "from one buffer (the bound at that size)")
-    parser.add_argument("--runs", type=positive_int, default=25,
+    parser.add_argument("--runs", type=positive_int, default=default["runs"],
                         help="timed runs per variant (median)")
     parser.add_argument("--vllm-cubin", metavar="PATH",
                         help="also time vLLM's own kernels from this cubin (built by "
@@ -292,6 +322,10 @@ def _add_e2e(parser: argparse.ArgumentParser) -> None:
                              "--nproc-per-node N); no HF peer")
     parser.add_argument("--no-hf", dest="hf", action="store_false",
                         help="leave out HF transformers' generate with the static cache")
+    parser.add_argument("--hf-compile", default="on", choices=["on", "off", "both"],
+                        help="HF's decode step torch.compiled (on: HF's default, variant "
+                             "hf-static), not (off: hf-static-eager), or both in turn; "
+                             "compilation falls in an untimed warm-up run")
     parser.add_argument("--async-decode", action=argparse.BooleanOptionalAction, default=True,
                         help="queue each decode step before the previous step's tokens reach "
                              "the host (kvlab.LLM's async_decode; --no-async-decode: wait for "

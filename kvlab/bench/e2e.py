@@ -10,13 +10,22 @@ is recorded: with async decode (the default; `LLM`'s async_decode), from the pre
 tokens reaching the host to its own, as each step is queued before the one before it ends;
 with `--no-async-decode`, from its launch to its tokens on the host. The reported step time is
 the median of every round's steps from the first at steady state (two successive steps within
-5%, `kvlab.bench.steps.is_warm`) on. A row keeps the last round's steps (`step_ms_runs`) and
-each round's median (`round_step_ms`). The roofline step time is what one step must read, the
+5%, `kvlab.bench.steps.is_warm`, the later also within 5% of the median from it on) on. A row
+keeps the last round's steps (`step_ms_runs`), each round's median (`round_step_ms`) and each
+round's whole generate call, timed from outside (`round_wall_ms`: its steps must fit in it).
+The roofline step time is what one step must read, the
 weights (the LM head whole, the embedding's rows aside) and the batch's K, V at the run's mean
 context, over the copy roofline measured in the same run. HF's peer runs
 `generate(cache_implementation="static")` on the same tensors after them (`--rounds` times; its
 static cache and the variants' caches of a 7B MHA model at batch 128 would not fit together),
-its steps timed the same way.
+its steps timed the same way (each stamped once its token is on the host, the GPU synchronised).
+HF compiles that decode step with torch.compile by default: `--hf-compile on` (the default) runs
+it so (variant "hf-static"), `off` with compilation disabled ("hf-static-eager"), `both` the two
+in turn; each row records `compiled` (for HF, whether generate took its compiled path every
+run; kvlab's rows false: CUDA graphs, no torch.compile) and the result `hf_compile`. Every
+variant, kvlab's and HF's, first runs WARMUP_ROUNDS untimed generate runs (graph capture and
+compilation, some 24 s for a compiled first step, fall there), and its timed steps count from
+steady state on.
 With `--tp N`, under `torchrun --nproc-per-node N`: tensor parallelism over N GPUs
 (kvlab.engine.tp), one process each; rank 0 reports its steps and its own roofline (its shard of
 the weights and of the K, V at its copy roofline); no HF peer.
@@ -48,7 +57,10 @@ from kvlab.kernels.prefetch import PrefetchConfig
 PAPER_PREFETCH = PrefetchConfig("bulk")  # the paper's Algorithm 1: the next tile, d=1
 VARIANTS = {"vllm_v1": ("vllm_v1", None), "vllm_v1+prefetch": ("vllm_v1", PAPER_PREFETCH),
             "gqa": ("gqa", None), "gqa+prefetch": ("gqa", PAPER_PREFETCH)}
-HF_VARIANT = "hf-static"
+HF_VARIANT = "hf-static"  # HF's generate as it runs by default: its decode step torch.compiled
+HF_EAGER_VARIANT = "hf-static-eager"  # the same with compilation off (`disable_compile`)
+HF_COMPILE = {"on": (True,), "off": (False,), "both": (True, False)}  # --hf-compile
+WARMUP_ROUNDS = 1  # untimed generate runs of every variant, in turn, before the timed rounds
 SERVING_MAX_LEN = 2048  # a serving request's prompt and output together
 
 
@@ -61,12 +73,15 @@ def prefetch_pairs(variants) -> list[tuple[str, str]]:
 
 
 def steady_steps(step_ms: list[float]) -> list[float]:
-    """The steps from the first at steady state on (the later of two successive steps within
-    5%); all of them if none is."""
-    from kvlab.bench.steps import is_warm
+    """The steps from the first at steady state on: the later of two successive steps within 5%
+    (`kvlab.bench.steps.is_warm`) that is also within 5% of the median of the steps from it on,
+    so that two slow steps alike (a compile, then a recompile) do not start it; all of them if
+    none is."""
+    from kvlab.bench.steps import WARMUP_TOLERANCE, is_warm
 
     for i in range(1, len(step_ms)):
-        if is_warm(step_ms[:i + 1]):
+        rest = statistics.median(step_ms[i:])
+        if is_warm(step_ms[:i + 1]) and abs(step_ms[i] - rest) <= WARMUP_TOLERANCE * rest:
             return step_ms[i:]
     return step_ms
 
@@ -174,16 +189,31 @@ def _row(name, variant, batch, args, rounds, prefill_ms, roofline_ms) -> dict:
             "ratio_to_roofline": ms / roofline_ms}
 
 
-def _in_turn(label: str, prompts, rounds: int, runners: dict) -> dict:
-    """{variant: (each round's steps, every prefill)}: each runner of prompts, in turn, `rounds`
-    times over."""
-    runs = {variant: ([], []) for variant in runners}
-    for turn in range(rounds):
+def _in_turn(label: str, prompts, rounds: int, runners: dict,
+             warmup_rounds: int = WARMUP_ROUNDS, clock=time.perf_counter, sync=None) -> dict:
+    """{variant: (each round's steps, every prefill, each round's wall ms)}: each runner of
+    prompts, in turn, first `warmup_rounds` times untimed (CUDA graphs captured, torch.compile
+    run, caches allocated: none of it in a timed step), then `rounds` times over. A round's
+    wall time is the runner's whole call, from `sync()` (default torch.cuda.synchronize) and
+    `clock()` (s) before it to the same after: what its steps and prefill must fit in."""
+    if sync is None:
+        import torch
+
+        sync = torch.cuda.synchronize
+    runs = {variant: ([], [], []) for variant in runners}
+    for turn in range(warmup_rounds + rounds):
+        timed = turn >= warmup_rounds
         for variant, runner in runners.items():
-            print(f"{label} round {turn + 1}/{rounds}: {variant}", file=sys.stderr)
+            what = f"round {turn - warmup_rounds + 1}/{rounds}" if timed else "warm-up"
+            print(f"{label} {what}: {variant}", file=sys.stderr)
+            sync()
+            start = clock()
             steps, prefills = runner(prompts)
-            runs[variant][0].append(steps)
-            runs[variant][1].extend(prefills)
+            sync()
+            if timed:
+                runs[variant][0].append(steps)
+                runs[variant][1].extend(prefills)
+                runs[variant][2].append(1e3 * (clock() - start))
     return runs
 
 
@@ -191,7 +221,7 @@ def _kvlab_runners(name: str, weights, num_blocks: int, args) -> dict:
     """A runner per variant of args.variants: LLMs on `weights`, with caches of `num_blocks`,
     one per layout (variants that differ in prefetch alone share it)."""
     import kvlab
-    from kvlab.engine.llm import cache_layout
+    from kvlab.engine.runner import cache_layout
 
     first_of_layout, runners = {}, {}
     for variant in args.variants:
@@ -215,37 +245,70 @@ def _kvlab_runner(llm, new_tokens: int):
     return run
 
 
-def _hf_runner(hf, new_tokens: int):
-    """prompts -> (each decode step's ms, [the batch's prefill ms]) of HF's generate."""
-    def run(prompts):
-        steps, prefill = _hf_steps(hf, prompts, new_tokens)
+class HFRunner:
+    """prompts -> (each decode step's ms, [the batch's prefill ms]) of HF's generate with the
+    static cache, its decode step torch.compiled or not (`compile`); `compiled` records, over
+    every call, whether generate took the compiled path each time (None before any call)."""
+
+    def __init__(self, hf, new_tokens: int, compile: bool, clock=time.perf_counter, sync=None):
+        self.hf, self.new_tokens, self.compile = hf, new_tokens, compile
+        self.clock, self.sync = clock, sync
+        self.compiled = None
+
+    def __call__(self, prompts):
+        steps, prefill, compiled = _hf_steps(self.hf, prompts, self.new_tokens, self.compile,
+                                             self.clock, self.sync)
+        self.compiled = compiled if self.compiled is None else self.compiled and compiled
         return steps, [prefill]
 
-    return run
 
-
-def _hf_steps(hf, prompts: list[list[int]], new_tokens: int) -> tuple[list[float], float]:
-    """HF's generate with the static cache: (each decode step's ms, prefill ms)."""
+def _hf_steps(hf, prompts: list[list[int]], new_tokens: int, compile: bool = True,
+              clock=time.perf_counter, sync=None) -> tuple[list[float], float, bool]:
+    """HF's generate with the static cache: (each decode step's ms, prefill ms, whether its
+    decode step ran torch.compiled). Each step is stamped when its token is on the host: the
+    GPU synchronised (`sync`, default torch.cuda.synchronize), then `clock()` (seconds) read,
+    as kvlab's steps are timed to their tokens on the host. compile=False passes
+    disable_compile (HF compiles the static cache's decode step by default)."""
     import torch
     import transformers
 
-    stamps = []
+    sync = torch.cuda.synchronize if sync is None else sync
+    stamps, compiled = [], []
 
     class Stamp(transformers.StoppingCriteria):
         def __call__(self, input_ids, scores, **kwargs):
-            torch.cuda.synchronize()
-            stamps.append(time.perf_counter() * 1e3)
+            sync()
+            stamps.append(clock() * 1e3)
             return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
-    ids = torch.tensor(prompts, device="cuda")
+    def spy(*args, **kwargs):  # HF asks for its compiled call where it compiles
+        compiled.append(True)
+        return type(hf).get_compiled_call(hf, *args, **kwargs)
+
+    ids = torch.tensor(prompts, device=hf.device)
     hf.generation_config.eos_token_id, hf.generation_config.pad_token_id = None, 0
-    torch.cuda.synchronize()
-    start = time.perf_counter() * 1e3
-    with torch.no_grad():
-        hf.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                    cache_implementation="static",
-                    stopping_criteria=transformers.StoppingCriteriaList([Stamp()]))
-    return [b - a for a, b in itertools.pairwise(stamps)], stamps[0] - start
+    hf.get_compiled_call = spy
+    try:
+        sync()
+        start = clock() * 1e3
+        with torch.no_grad():
+            hf.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                        do_sample=False, cache_implementation="static",
+                        disable_compile=not compile,
+                        stopping_criteria=transformers.StoppingCriteriaList([Stamp()]))
+    finally:
+        del hf.get_compiled_call
+    return [b - a for a, b in itertools.pairwise(stamps)], stamps[0] - start, bool(compiled)
+
+
+def hf_variants(hf, new_tokens: int, hf_compile: str, clock=time.perf_counter,
+                sync=None) -> dict:
+    """{variant: HFRunner} of `--hf-compile` ("on": HF_VARIANT compiled, "off":
+    HF_EAGER_VARIANT, "both": the two, timed in turn)."""
+    if hf_compile not in HF_COMPILE:
+        raise ValueError(f"hf_compile={hf_compile!r}: must be one of {', '.join(HF_COMPILE)}")
+    return {HF_VARIANT if on else HF_EAGER_VARIANT: HFRunner(hf, new_tokens, on, clock, sync)
+            for on in HF_COMPILE[hf_compile]}
 
 
 def _start_tensor_parallel() -> tuple[int, int]:
@@ -274,9 +337,12 @@ def run(args) -> dict | None:
     timer = Timer("cuda")
     result = {"benchmark": "e2e", **run_info(), **gpu_info(), "command": args.command,
               "dtype": "float16", "timing": "wall clock per decode step, until its tokens are on "
-              "the host (with async_decode, from the previous step's tokens); median of every "
-              "round's steps from steady state (two within 5%) on; the variants in turn, then "
-              "HF", "async_decode": args.async_decode, "rounds": args.rounds,
+              "the host (with async_decode, from the previous step's tokens); an untimed "
+              "warm-up run of each first; median of every round's steps from steady state (two "
+              "within 5%) on; the variants in turn, then HF's",
+              "async_decode": args.async_decode, "rounds": args.rounds,
+              "warmup_rounds": WARMUP_ROUNDS,
+              "hf_compile": args.hf_compile if args.hf and world == 1 else None,
               "roofline_copy_gbps": round(copy_roofline_gbps(timer), 1), "rows": [],
               "serving": [], "tp": world}
     if world > 1:
@@ -302,13 +368,16 @@ def run(args) -> dict | None:
             runs = _in_turn(f"{name} batch={batch}", prompts, args.rounds,
                             _kvlab_runners(name, weights, blocks, args))
             torch.cuda.empty_cache()  # the variants' caches, before HF's static cache
+            compiled = {variant: False for variant in runs}  # kvlab: CUDA graphs, no compile
             if hf is not None:
-                runs |= _in_turn(f"{name} batch={batch}", prompts, args.rounds,
-                                 {HF_VARIANT: _hf_runner(hf, args.new_tokens)})
-            for variant, (rounds, prefills) in runs.items():
+                hf_runners = hf_variants(hf, args.new_tokens, args.hf_compile)
+                runs |= _in_turn(f"{name} batch={batch}", prompts, args.rounds, hf_runners)
+                compiled |= {variant: runner.compiled for variant, runner in hf_runners.items()}
+            for variant, (rounds, prefills, walls) in runs.items():
                 result["rows"].append({**_row(name, variant, batch, args, rounds,
                                               statistics.median(prefills), roofline_ms),
-                                       "tp": world})
+                                       "round_wall_ms": [round(t, 3) for t in walls],
+                                       "compiled": compiled[variant], "tp": world})
             if rank == 0:
                 write_checkpoint(args.checkpoint, result)
         del weights, hf
@@ -340,7 +409,7 @@ def run(args) -> dict | None:
 
 def report(result: dict) -> str:
     """A line per row: ms per step, tokens/s, its ratio to the roofline step, and its speed
-    over HF's static cache at the same point."""
+    over HF's static cache at the same point (compiled where that ran, else eager)."""
     mode = {True: "; kvlab's steps queued ahead of the host (async decode)",
             False: "; each kvlab step waited for (no async decode)"}.get(
                 result.get("async_decode"), "")  # (older results do not say)
@@ -349,11 +418,14 @@ def report(result: dict) -> str:
              f"{mode}",
              f"{'model':12} {'variant':17} {'B':>4} {'ms/step':>9} {'tok/s':>8} "
              f"{'roofline ms':>11} {'x roofline':>10} {'vs HF':>7}"]
-    hf = {(r["model"], r["batch"]): r["step_ms"] for r in result["rows"]
-          if r["variant"] == HF_VARIANT}
+    hf = {}  # the compiled peer where it ran, else the eager one
+    for variant in (HF_EAGER_VARIANT, HF_VARIANT):
+        hf |= {(r["model"], r["batch"]): r["step_ms"] for r in result["rows"]
+               if r["variant"] == variant}
+    peers = (HF_VARIANT, HF_EAGER_VARIANT)
     for r in result["rows"]:
         base = hf.get((r["model"], r["batch"]))
-        versus = f"{base / r['step_ms']:.2f}x" if base and r["variant"] != HF_VARIANT else "-"
+        versus = f"{base / r['step_ms']:.2f}x" if base and r["variant"] not in peers else "-"
         lines.append(f"{r['model']:12} {r['variant']:17} {r['batch']:>4} {r['step_ms']:>9.2f} "
                      f"{r['tokens_per_s']:>8.0f} {r['roofline_ms']:>11.2f} "
                      f"{r['ratio_to_roofline']:>10.2f} {versus:>7}")

@@ -34,8 +34,8 @@ from kvlab.checks import HEAD_DIMS
 from kvlab.config import MODELS
 from kvlab.device import backend, device_label
 from kvlab.gpus import GPUS, REFERENCE
-from kvlab.kernels import FAMILIES
-from kvlab.kernels.geometry import FAMILY_BLOCK_SIZES, GQA_BLOCK_SIZES
+from kvlab.kernels import FAMILIES, KERNEL_FAMILIES
+from kvlab.kernels.families import BLOCK_SIZES
 from kvlab.kernels.prefetch import MAX_DISTANCE, MODES, PrefetchConfig
 from kvlab.panels.widgets import (
     control_grid,
@@ -47,7 +47,7 @@ from kvlab.panels.widgets import (
     show_figure,
 )
 from kvlab.predict import decode_launch
-from kvlab.predict.point import FAMILY_DTYPES, launch_point
+from kvlab.predict.point import launch_point
 from kvlab.results import (
     ATTENTION,
     label,
@@ -95,7 +95,6 @@ BLOCK_ORDERS = ("scattered", "in order")  # of the cache's blocks in its pool
 # "equal": one context for the batch; else kvlab.workload.lognormal_spec's specs, as recorded
 LENGTHS = ("equal", "lognormal:3200,16384", "lognormal:3200,32768", "lognormal:1536,2048")
 MIXED_FLAGS = ("--kernels", "vllm_v1", "gqa", "read", "--prefetch", "none")  # as attention_mixed
-BLOCK_SIZES = GQA_BLOCK_SIZES  # every size a kernel takes (vllm_v1: FAMILY_BLOCK_SIZES)
 CUSTOM = "custom"  # the model control's entry for a head layout set by hand
 HEAD_FIELDS = ("qo_heads", "kv_heads", "head_dim")
 MAX_HEADS = 256  # the head controls' bound; kvlab.predict refuses layouts no kernel takes
@@ -113,7 +112,7 @@ def measure_point(
     model: str, batch: int, context: int, block_size: int, distance: int, on_progress=None,
     fp8: bool = False, lengths: str = "equal", in_order: bool = False,
 ) -> dict:
-    """Measure one point on this GPU with `kvlab.bench.attention.run`, as the CLI would:
+    """Measure one point on this GPU with `kvlab.bench.attention.measure_point`, as the CLI would:
     vllm_v1 (where it supports `block_size`) and gqa at prefetch none / bulk / line at `distance`,
     (with `fp8`, gqa on an fp8 cache too; with `in_order`, each family without prefetch on a
     cache whose blocks lie in order too), SDPA and a plain read of the same bytes, all timed in
@@ -125,14 +124,13 @@ def measure_point(
     and CuPy.
     """
     from kvlab.bench import attention  # imports torch and CuPy: the GPU path only
-    from kvlab.bench.cli import parse
 
-    shape = (["--contexts", str(context), "--kernels", *FAMILIES, "sdpa", "read"]
-             if lengths == "equal" else ["--lengths", lengths, *MIXED_FLAGS])
-    args = parse(["bench", "attention", "--models", model, "--batches", str(batch), *shape,
-                  "--block-sizes", str(block_size), "--distances", str(distance),
-                  *(["--fp8"] if fp8 else []), *(["--in-order"] if in_order else [])])
-    result = attention.run(args)
+    mixed = lengths != "equal"  # as attention_mixed: MIXED_FLAGS
+    result = attention.measure_point(
+        model, batch, lengths if mixed else context, block_sizes=[block_size],
+        distances=[distance], fp8=fp8, in_order=in_order,
+        kernels=["vllm_v1", "gqa", "read"] if mixed else [*FAMILIES, "sdpa", "read"],
+        **({"prefetch": ["none"]} if mixed else {}))
     if on_progress is not None:
         on_progress(1, 1)
     return result
@@ -192,6 +190,57 @@ def _roofline(rows: list[dict]) -> float:
     return 100 * rows[0]["gbps"] / rows[0]["pct_roofline"]
 
 
+def _check_heads(model, heads) -> tuple:
+    """The (num_qo_heads, num_kv_heads, head_dim) the tab starts with: `heads`, or the model's
+    (llama3-8b's for CUSTOM); ValueError for a model the control does not offer, or heads that
+    differ from a preset's."""
+    if not isinstance(model, str) or model not in (*MODELS, CUSTOM):
+        raise ValueError(f"model={model!r}: must be one of {[*MODELS, CUSTOM]}")
+    if heads is None:
+        heads = _heads("llama3-8b" if model == CUSTOM else model)
+    if not isinstance(heads, tuple | list) or len(heads) != 3:
+        raise ValueError(f"heads={heads!r}: must be (num_qo_heads, num_kv_heads, head_dim)")
+    if model != CUSTOM and tuple(heads) != _heads(model):
+        raise ValueError(f"heads={heads!r}: {model}'s are {_heads(model)}; pass "
+                         f"model={CUSTOM!r} for another layout")
+    return heads
+
+
+def _controls(model, gpu, heads, block_size, batch, context, kernel, prefetch, distance,
+              kv_dtype, lengths, blocks) -> dict:
+    """The tab's controls, set to these values (`labeled` refuses one a control does not
+    offer)."""
+    dropdown, number = widgets.Dropdown, widgets.BoundedIntText
+    return {
+        "model": labeled(dropdown, "model", name="model", options=[*MODELS, CUSTOM],
+                         value=model),
+        "gpu": gpu_control(gpu),
+        "qo_heads": labeled(number, "query heads", name="num_qo_heads", min=1, max=MAX_HEADS,
+                            value=heads[0]),
+        "kv_heads": labeled(number, "KV heads", name="num_kv_heads", min=1, max=MAX_HEADS,
+                            value=heads[1]),
+        "head_dim": labeled(dropdown, "head_dim", name="head_dim", options=HEAD_DIMS,
+                            value=heads[2]),
+        "block_size": labeled(dropdown, "block_size (tokens)", name="block_size",
+                              options=BLOCK_SIZES, value=block_size),
+        "batch": labeled(number, "batch", name="batch", min=1, max=1024, value=batch),
+        "context": labeled(number, "context (tokens)", name="context", min=1, max=131072,
+                           value=context),
+        "kernel": labeled(dropdown, "kernel family", name="kernel", options=FAMILIES,
+                          value=kernel),
+        "prefetch": labeled(dropdown, "L2 prefetch", name="prefetch", options=MODES,
+                            value=prefetch),
+        "distance": labeled(widgets.IntSlider, "prefetch distance", name="distance", min=1,
+                            max=MAX_DISTANCE, value=distance, continuous_update=False),
+        "kv_dtype": labeled(dropdown, "KV cache dtype", name="kv_dtype", options=KV_DTYPES,
+                            value=kv_dtype),
+        "lengths": labeled(dropdown, "batch lengths", name="lengths", options=LENGTHS,
+                           value=lengths),
+        "blocks": labeled(dropdown, "KV blocks", name="blocks", options=BLOCK_ORDERS,
+                          value=blocks),
+    }
+
+
 class DecodeKernelsTab:
     """Decode-attention GB/s per kernel and prefetch setting, and prefetch speedups.
 
@@ -230,15 +279,7 @@ class DecodeKernelsTab:
          self.recorded_timeline, self.recorded_timeline_mixed) = (
             load_shown(*recorded, keys, self.unreadable, view)
             for view, (recorded, keys) in RECORDINGS.items())
-        if not isinstance(model, str) or model not in (*MODELS, CUSTOM):
-            raise ValueError(f"model={model!r}: must be one of {[*MODELS, CUSTOM]}")
-        if heads is None:
-            heads = _heads("llama3-8b" if model == CUSTOM else model)
-        if not isinstance(heads, tuple | list) or len(heads) != 3:
-            raise ValueError(f"heads={heads!r}: must be (num_qo_heads, num_kv_heads, head_dim)")
-        if model != CUSTOM and tuple(heads) != _heads(model):
-            raise ValueError(f"heads={heads!r}: {model}'s are {_heads(model)}; pass "
-                             f"model={CUSTOM!r} for another layout")
+        heads = _check_heads(model, heads)
         # `_key()`: (model, batch, context, block_size, distance, fp8, lengths, in_order) ->
         # result of measure_point
         self.measured: dict[tuple, dict] = {}
@@ -247,55 +288,13 @@ class DecodeKernelsTab:
         # the GPU control's entry that Run's measurements show under: the GPU in use, or where
         # the table lacks it, the control's default (the measurements say "measured on <it>")
         self.local_gpu = gpu_here() if self.backend == "cuda" else None
-        self.controls = {
-            "model": labeled(widgets.Dropdown, "model", name="model",
-                             options=[*MODELS, CUSTOM], value=model),
-            "gpu": gpu_control(gpu),
-            "qo_heads": labeled(widgets.BoundedIntText, "query heads", name="num_qo_heads",
-                                min=1, max=MAX_HEADS, value=heads[0]),
-            "kv_heads": labeled(widgets.BoundedIntText, "KV heads", name="num_kv_heads", min=1,
-                                max=MAX_HEADS, value=heads[1]),
-            "head_dim": labeled(widgets.Dropdown, "head_dim", name="head_dim",
-                                options=HEAD_DIMS, value=heads[2]),
-            "block_size": labeled(
-                widgets.Dropdown, "block_size (tokens)", name="block_size", options=BLOCK_SIZES,
-                value=block_size
-            ),
-            "batch": labeled(widgets.BoundedIntText, "batch", name="batch", min=1, max=1024,
-                             value=batch),
-            "context": labeled(
-                widgets.BoundedIntText, "context (tokens)", name="context", min=1, max=131072,
-                value=context
-            ),
-            "kernel": labeled(widgets.Dropdown, "kernel family", name="kernel", options=FAMILIES,
-                              value=kernel),
-            "prefetch": labeled(widgets.Dropdown, "L2 prefetch", name="prefetch", options=MODES,
-                                value=prefetch),
-            "distance": labeled(
-                widgets.IntSlider,
-                "prefetch distance",
-                name="distance",
-                min=1,
-                max=MAX_DISTANCE,
-                value=distance,
-                continuous_update=False,
-            ),
-            "kv_dtype": labeled(widgets.Dropdown, "KV cache dtype", name="kv_dtype",
-                                options=KV_DTYPES, value=kv_dtype),
-            "lengths": labeled(widgets.Dropdown, "batch lengths", name="lengths", options=LENGTHS,
-                               value=lengths),
-            "blocks": labeled(widgets.Dropdown, "KV blocks", name="blocks", options=BLOCK_ORDERS,
-                              value=blocks),
-        }
+        self.controls = _controls(model, gpu, heads, block_size, batch, context, kernel,
+                                  prefetch, distance, kv_dtype, lengths, blocks)
         self.figures = {name: figure_widget(h) for name, h in FIGURE_HEIGHTS.items()}
         self.status = widgets.HTML()
         self.run_button = self.progress = self.trace_button = None
         if self.backend == "cuda":
-            self.run_button = widgets.Button(description="Run", button_style="primary")
-            self.progress = widgets.IntProgress(min=0, max=1, value=0, description="measuring")
-            self.run_button.on_click(self.run)
-            self.trace_button = widgets.Button(description="Trace CTAs")
-            self.trace_button.on_click(self.trace)
+            self._add_buttons()
         self.controls["model"].observe(self._on_model, names="value")
         for name, control in self.controls.items():
             if name != "model":
@@ -303,6 +302,14 @@ class DecodeKernelsTab:
                                 names="value")
         self.widget = self._layout()
         self.refresh()
+
+    def _add_buttons(self) -> None:
+        """Run (measure the point, `progress` follows it) and Trace CTAs, on a GPU."""
+        self.run_button = widgets.Button(description="Run", button_style="primary")
+        self.progress = widgets.IntProgress(min=0, max=1, value=0, description="measuring")
+        self.run_button.on_click(self.run)
+        self.trace_button = widgets.Button(description="Trace CTAs")
+        self.trace_button.on_click(self.trace)
 
     def _layout(self) -> widgets.Widget:
         c = self.controls
@@ -418,9 +425,10 @@ class DecodeKernelsTab:
             except ValueError as error:
                 notes.append(f"{error}: not shown")
         for family in families:
-            if v["block_size"] not in FAMILY_BLOCK_SIZES[family]:
+            block_sizes = KERNEL_FAMILIES[family].block_sizes
+            if v["block_size"] not in block_sizes:
                 notes.append(f"{family} takes block sizes "
-                             f"{', '.join(map(str, FAMILY_BLOCK_SIZES[family]))}: not shown")
+                             f"{', '.join(map(str, block_sizes))}: not shown")
                 continue
             for batch, context in points:
                 try:  # past the GPU's memory? (the controls' point is checked first: `_check`)
@@ -431,7 +439,7 @@ class DecodeKernelsTab:
                     continue
                 rows += [_row(self._name(v), batch, lengths, family, prefetch, dtype,
                               v["block_size"], self._shape(v), v["gpu"], context)
-                         for dtype in dtypes if dtype in FAMILY_DTYPES[family]
+                         for dtype in dtypes if dtype in KERNEL_FAMILIES[family].cache_dtypes
                          for prefetch in usable]
         if past:
             notes.append(f"past the {GPUS[v['gpu']].name}'s memory, left out: "

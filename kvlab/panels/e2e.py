@@ -43,6 +43,7 @@ from kvlab.predict.point import launch_point
 from kvlab.results import label, load_result, load_shown, recorded_models
 from kvlab.viz.e2e import (
     TITLES,
+    is_hf,
     modelled_rows,
     steps_figure,
     tensor_parallel_figure,
@@ -163,7 +164,7 @@ class EndToEndTab:
                 "outside this model", height))
             return []
         runs = [(result, [r for r in result["rows"] if r["model"] == model
-                          and r["batch"] == batch and r["variant"] != "hf-static"])
+                          and r["batch"] == batch and not is_hf(r["variant"])])
                 for result in self.tensor_parallel]
         runs = [(result, tp_rows) for result, tp_rows in runs if tp_rows]
         unreadable = [why for machine, _ in TENSOR_PARALLEL
@@ -304,7 +305,7 @@ class EndToEndTab:
         except ValueError as error:  # a recorded run without its steps
             figure = note_figure(title, source, html.escape(str(error)), FIGURE_HEIGHTS["steps"])
         show_figure(self.figures["steps"], figure)
-        best = min((r for r in rows if r["variant"] != "hf-static"), key=lambda r: r["step_ms"])
+        best = min((r for r in rows if not is_hf(r["variant"])), key=lambda r: r["step_ms"])
         hf = next((r for r in rows if r["variant"] == "hf-static"), None)
         versus = (f", {hf['step_ms'] / best['step_ms']:.2f}x HF's static cache"
                   if hf is not None else "")

@@ -15,11 +15,18 @@ from kvlab.checks import check_positive_int, is_real
 from kvlab.config import MODELS
 from kvlab.viz.layout import style
 
-__all__ = ["TITLES", "modelled_rows", "steps_figure", "tensor_parallel_figure",
+__all__ = ["TITLES", "is_hf", "modelled_rows", "steps_figure", "tensor_parallel_figure",
            "throughput_figure"]
 
 VARIANT_COLORS = {"vllm_v1": "#1f77b4", "vllm_v1+prefetch": "#9ecae1", "gqa": "#2ca02c",
-                  "gqa+prefetch": "#98df8a", "hf-static": "#7f7f7f"}
+                  "gqa+prefetch": "#98df8a", "hf-static": "#7f7f7f",
+                  "hf-static-eager": "#bdbdbd"}
+
+
+def is_hf(variant: str) -> bool:
+    """Whether `variant` is HF's peer (compiled, "hf-static", or eager, "hf-static-eager")
+    rather than one of kvlab's."""
+    return variant.startswith("hf-")
 # Each figure's title, for `str.format(model=..., batch=...)`: also the title of the note shown in
 # its place where the model or batch has nothing recorded
 TITLES = {"throughput": "Decode throughput: {model}",
@@ -82,7 +89,7 @@ def throughput_figure(rows: list[dict], model: str, provenance: str,
             x=[r["batch"] for r in points], y=[r["tokens_per_s"] for r in points],
             name=variant, mode="lines+markers",
             line=dict(color=VARIANT_COLORS.get(variant, "black"),
-                      dash="dash" if variant == "hf-static" else "solid"),
+                      dash="dash" if is_hf(variant) else "solid"),
             customdata=[[r["step_ms"], r["ratio_to_roofline"]] for r in points],
             hovertemplate=f"{variant}<br>batch %{{x}}: %{{y:,.0f}} tokens/s<br>"
                           "%{customdata[0]:.2f} ms a step, %{customdata[1]:.2f}x the roofline"
@@ -107,7 +114,7 @@ def tensor_parallel_figure(rows: list[dict], model: str, batch: int, provenance:
     `batch` that is not a positive integer."""
     check_positive_int("batch", batch)
     mine = [r for r in rows if r["model"] == model and r["batch"] == batch
-            and r["variant"] != "hf-static"]
+            and not is_hf(r["variant"])]
     if not mine:
         raise ValueError(f"model={model!r}, batch={batch}: no kvlab rows")
     fig = go.Figure()

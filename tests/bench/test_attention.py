@@ -175,6 +175,8 @@ def test_tiny_attention_benchmark_times_every_variant_in_one_loop(tmp_path, caps
     assert {r["kernel"] for r in rows if r["loop"] == 1} == {"gqa", "sdpa", "auto", "read"}
     sdpa = [r for r in rows if r["kernel"] == "sdpa"]
     assert all(r["sdpa_backend"] != "unknown" and r["block_size"] is None for r in sdpa)
+    # SDPA read gqa's K/V and its output agreed with gqa's and the reference's
+    assert all(r["kv_from"] == "gqa" and r["outputs_agree"] for r in sdpa), sdpa
     read = [r for r in rows if r["kernel"] == "read"]
     assert all(r["block_size"] is None and r["kv_bytes"] == first[0]["kv_bytes"] for r in read)
     # the plans' launches: vllm_v1 by vLLM's rule (2 x 32 query heads, two partitions: v2);
@@ -199,6 +201,18 @@ def test_a_bf16_run_times_bf16_caches_and_a_bf16_q_over_fp8(tmp_path):
     result = json.loads(out.read_text())
     assert result["dtype"] == "bfloat16"
     assert {r["kernel"] for r in result["rows"]} == {"gqa", "gqa_fp8", "sdpa"}
+    (sdpa,) = [r for r in result["rows"] if r["kernel"] == "sdpa"]
+    assert sdpa["outputs_agree"] and sdpa["sdpa_rel_l2"]["reference"] < 1e-2, sdpa
+
+
+@pytest.mark.gpu
+def test_sdpa_alone_reads_a_cache_of_its_own_and_the_panel_entry_point_runs(tmp_path):
+    result = attention.measure_point("llama3-8b", 3, 1000, kernels=["sdpa"], runs=3,
+                                     prefetch=["none"])
+    (sdpa,) = result["rows"]
+    assert sdpa["kv_from"] == "gqa" and sdpa["outputs_agree"], sdpa
+    assert result["command"] == ("python -m kvlab bench attention --models llama3-8b --batches 3 "
+                                 "--contexts 1000 --kernels sdpa --runs 3 --prefetch none")
 
 
 @pytest.mark.gpu
@@ -279,3 +293,123 @@ def test_rows_record_their_plans_launch():
     assert attention.launch_fields(plan(1024, 3, 8)) == {"partition_size": 1024, "warps": 8}
     # one partition covers the longest sequence: each CTA takes a whole sequence
     assert attention.launch_fields(plan(4096, 1, 4)) == {"partition_size": 0, "warps": 4}
+
+
+def stored_cache(lengths, block_size, layout, num_kv_heads=2, head_dim=64, dtype=None):
+    """A CPU cache whose blocks are scattered over the pool, holding sequences of `lengths`
+    tokens of known K/V: (cache, seq_ids, [(k, v) per sequence, each [len, heads, D]])."""
+    import torch
+
+    from kvlab.arith import ceil_div
+    from kvlab.cache import PagedKVCache
+    from kvlab.cache.fp8 import FP8_DTYPE
+
+    dtype = dtype or torch.float16
+    num_blocks = sum(ceil_div(n, block_size) for n in lengths) + 3
+    cache = PagedKVCache(num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype,
+                         layout=layout, seed=1)
+    gen = torch.Generator().manual_seed(0)
+    source = torch.float16 if dtype == FP8_DTYPE else dtype  # an fp8 cache is written from fp16
+    kvs = [tuple(torch.randn(n, num_kv_heads, head_dim, generator=gen).to(source) for _ in "kv")
+           for n in lengths]
+    return cache, [cache.add_sequence(k, v) for k, v in kvs], kvs
+
+
+@pytest.mark.parametrize("layout", ["hnd", "vllm"])
+@pytest.mark.parametrize(("batch", "context", "block_size"),
+                         [(1, 1, 16), (3, 17, 16), (2, 97, 8), (4, 33, 32), (1, 256, 16)])
+def test_dense_kv_is_the_kernels_kv_in_sdpas_layout(layout, batch, context, block_size):
+    import torch
+
+    cache, seq_ids, kvs = stored_cache([context] * batch, block_size, layout)
+    blocks = [b for s in seq_ids for b in cache.manager.block_table(s)]
+    assert len(blocks) == 1 or blocks != sorted(blocks)  # scattered over the pool
+    k, v = attention.dense_kv(cache, seq_ids)
+    assert k.shape == v.shape == (batch, 2, context, 64) and k.is_contiguous()
+    assert torch.equal(k, torch.stack([k_.transpose(0, 1) for k_, _ in kvs]))
+    assert torch.equal(v, torch.stack([v_.transpose(0, 1) for _, v_ in kvs]))
+
+
+def test_dense_kv_refuses_mixed_lengths_and_fp8():
+    import torch
+
+    from kvlab.cache.fp8 import FP8_DTYPE
+
+    cache, seq_ids, _ = stored_cache([17, 18], 16, "hnd")
+    with pytest.raises(ValueError, match=r"sequences of 2 lengths \(17-18\)"):
+        attention.dense_kv(cache, seq_ids)
+    with pytest.raises(ValueError, match=r"seq_ids=\[\]"):
+        attention.dense_kv(cache, [])
+    fp8, ids, _ = stored_cache([5], 16, "hnd", dtype=FP8_DTYPE)
+    assert fp8.k_cache.dtype == FP8_DTYPE
+    with pytest.raises(ValueError, match="SDPA reads fp16/bf16 K/V, not fp8"):
+        attention.dense_kv(fp8, ids)
+    assert torch.float16 in attention.OUTPUT_TOLERANCE
+
+
+@pytest.mark.parametrize("layout", ["hnd", "vllm"])
+def test_sdpa_on_the_gathered_kv_matches_the_reference_within_the_tolerance(layout):
+    """What the benchmark checks before timing SDPA, on the CPU: SDPA on dense_kv's K/V against
+    kvlab.reference on the paged cache (fp32 SDPA here: the CPU has no fp16 SDPA kernel)."""
+    import torch
+    import torch.nn.functional as F
+
+    from kvlab.reference import decode_attention
+
+    cache, seq_ids, _ = stored_cache([97] * 3, 16, layout, dtype=torch.float32)
+    q = torch.randn(3, 8, 64, generator=torch.Generator().manual_seed(1))  # 4 q heads per KV
+    k, v = attention.dense_kv(cache, seq_ids)
+    out = F.scaled_dot_product_attention(q[:, :, None], k, v, enable_gqa=True)[:, :, 0]
+    ref = decode_attention(q, cache, seq_ids)
+    check = attention.output_check(out, ref, ref, attention.OUTPUT_TOLERANCE[torch.float16])
+    assert check["outputs_agree"] and check["sdpa_rel_l2"]["reference"] < 1e-5
+    # K/V of other values (what SDPA read before: random of its own) fail the same check
+    other = F.scaled_dot_product_attention(q[:, :, None], torch.randn_like(k),
+                                           torch.randn_like(v), enable_gqa=True)[:, :, 0]
+    assert not attention.output_check(other, ref, ref, 2e-3)["outputs_agree"]
+
+
+def test_output_check_names_the_worst_sequence_against_each():
+    import torch
+
+    ref = torch.ones(2, 4, 8)
+    kernel = ref.clone()
+    sdpa = ref.clone()
+    sdpa[1, 0, 0] += 0.01  # one element of the second sequence: 0.01 / sqrt(32)
+    check = attention.output_check(sdpa, kernel, ref, 2e-3)
+    assert check["sdpa_rel_l2"] == {"reference": pytest.approx(0.01 / 32**0.5, rel=1e-2),
+                                    "kernel": pytest.approx(0.01 / 32**0.5, rel=1e-2)}
+    assert check["outputs_agree"] is True
+    sdpa[1, 0, 0] += 0.1
+    assert attention.output_check(sdpa, kernel, ref, 2e-3)["outputs_agree"] is False
+
+
+def test_measures_options_are_the_clis_and_its_command_parses_back_to_them():
+    from kvlab.bench.cli import parse
+
+    cli = vars(parse(["bench", "attention"]))
+    defaults = vars(attention.options_namespace())
+    assert {k: cli[k] for k in defaults if k != "command"} == {
+        k: v for k, v in defaults.items() if k != "command"}
+    options = {"models": ["qwen2.5-7b"], "batches": (16,), "contexts": [4096],
+               "block_sizes": [16, 32], "distances": [2], "fp8": True, "in_order": True,
+               "kernels": ("gqa", "sdpa", "read"), "prefetch": ["none", "bulk"], "runs": 5,
+               "dtype": "bfloat16"}
+    args = attention.options_namespace(**options)
+    parsed = vars(parse(args.command.split(" ", 3)[3].split()))  # after "python -m kvlab"
+    assert {k: parsed[k] for k in defaults if k != "command"} == {
+        k: v for k, v in vars(args).items() if k != "command"}
+    assert args.command == ("python -m kvlab bench attention --models qwen2.5-7b --batches 16 "
+                            "--contexts 4096 --block-sizes 16 32 --distances 2 --fp8 --in-order "
+                            "--kernels gqa sdpa read --prefetch none bulk --runs 5 "
+                            "--dtype bfloat16")
+    points = attention.options_namespace(points=[(2, 300), (1, 600)], lengths=None)
+    assert points.command == "python -m kvlab bench attention --points 2x300 1x600"
+
+
+def test_measure_refuses_an_unknown_option_and_a_machine_without_a_gpu(monkeypatch):
+    with pytest.raises(ValueError, match="block_size: not options of bench attention"):
+        attention.measure(block_size=16)
+    monkeypatch.setenv("KVLAB_BACKEND", "sim")
+    with pytest.raises(ValueError, match="needs a CUDA GPU"):
+        attention.measure_point("llama3-8b", 1, 1024, runs=3)

@@ -24,7 +24,7 @@ def test_bench_cache_prints_and_writes_json(tmp_path):
     assert result["benchmark"] == "cache"
     assert result["pool_pairs_per_s"] > 0 and result["num_repeats"] == 3
     assert result["command"] == f"python -m kvlab bench cache --quick --json {path}"
-    assert result["meets_target"] == (result["pool_pairs_per_s"] >= 500_000)
+    assert isinstance(result["meets_target"], bool)  # its rule: tests/bench/test_targets.py
     assert {"git_revision", "git_dirty", "versions"} <= set(result)
 
 

@@ -79,9 +79,31 @@ def test_a_small_run_times_every_variant_and_hf(tmp_path):
     assert result["async_decode"] is True
     assert {(r["variant"], r["batch"]) for r in rows} == {
         (v, b) for v in (*VARIANTS, HF_VARIANT) for b in (1, 3)}
+    assert result["hf_compile"] == "on" and result["warmup_rounds"] == 1
     for r in rows:
-        assert len(r["step_ms_runs"]) == 23 and r["step_ms"] > 0 and r["roofline_ms"] > 0
-        assert r["tokens_per_s"] == pytest.approx(r["batch"] / r["step_ms"] * 1e3)
+        assert len(r["step_ms_runs"]) == 23 and r["roofline_ms"] > 0
+        assert r["compiled"] is (r["variant"] == HF_VARIANT)  # HF compiles its static cache
+        # the steps and the prefill fit in the generate call timed from outside, and fill most
+        # of it: steps timed on another basis (not waited for, or counted twice) would not
+        for steps, wall in zip([r["step_ms_runs"]], r["round_wall_ms"][-1:], strict=True):
+            assert sum(steps) <= wall
+            assert sum(steps) + r["prefill_ms"] >= 0.5 * wall, (r["variant"], wall)
+        # the timed steps exclude the warm-up: none near a compile's (some 1000x a step)
+        assert max(r["step_ms_runs"][r["steady_from"]:]) < 10 * r["step_ms"]
+    # a bigger batch decodes more tokens a second on the same model
+    by = {(r["variant"], r["batch"]): r["tokens_per_s"] for r in rows}
+    assert all(by[v, 3] > by[v, 1] for v in (*VARIANTS, HF_VARIANT))
+
+
+@pytest.mark.gpu
+def test_hf_compile_both_times_hf_eager_and_compiled_in_turn(tmp_path):
+    out = tmp_path / "e2e.json"
+    main(["bench", "e2e", "--models", "tiny-llama", "--batches", "2", "--prompt", "16",
+          "--new-tokens", "16", "--variants", "gqa", "--hf-compile", "both", "--json", str(out)])
+    result = json.loads(out.read_text())
+    compiled = {r["variant"]: r["compiled"] for r in result["rows"]}
+    assert compiled == {"gqa": False, HF_VARIANT: True, "hf-static-eager": False}
+    assert result["hf_compile"] == "both"
 
 
 @pytest.mark.parametrize(("async_decode", "said"), [
@@ -134,3 +156,141 @@ def test_a_small_serving_run(tmp_path):
     assert result["async_decode"] is False
     assert serving["requests"] == 24 and serving["rate"] == 50.0
     assert serving["output_tokens_per_s"] > 0 and serving["tpot_ms_p99"] >= serving["tpot_ms_p50"]
+
+
+class FakeGPU:
+    """A clock (s) that the host's work advances at once and the GPU's queued work only when the
+    host waits for it (`sync`): a step timed without waiting would read the host's time alone."""
+
+    def __init__(self):
+        self.now, self.queued, self.log = 0.0, 0.0, []
+
+    def clock(self) -> float:
+        self.log.append("clock")
+        return self.now
+
+    def sync(self) -> None:
+        self.log.append("sync")
+        self.now, self.queued = self.now + self.queued, 0.0
+
+    def host(self, ms: float) -> None:
+        self.now += ms / 1e3
+
+    def queue(self, ms: float) -> None:
+        self.queued += ms / 1e3
+
+
+class FakeHF:
+    """HF's generate on a FakeGPU: a prefill of PREFILL_MS with the first token, then a decode
+    step of STEP_MS per token, each handed to the stopping criteria; where it compiles (as HF
+    does unless disable_compile), it asks for its compiled call and the first decode step also
+    takes COMPILE_MS of host time (in its first run)."""
+
+    PREFILL_MS, STEP_MS, COMPILE_MS = 50.0, 10.0, 24_000.0
+
+    def __init__(self, gpu: FakeGPU):
+        import types
+
+        self.gpu, self.device = gpu, torch.device("cpu")
+        self.generation_config = types.SimpleNamespace()
+        self.compiled_calls = 0
+
+    def get_compiled_call(self, config=None):
+        self.compiled_calls += 1
+
+    def generate(self, ids, max_new_tokens, min_new_tokens, do_sample, cache_implementation,
+                 disable_compile, stopping_criteria):
+        assert cache_implementation == "static" and not do_sample
+        if not disable_compile:
+            self.get_compiled_call(None)
+        self.gpu.queue(self.PREFILL_MS)
+        stopping_criteria(ids, None)
+        for step in range(max_new_tokens - 1):
+            if step == 0 and not disable_compile and self.compiled_calls == 1:
+                self.gpu.host(self.COMPILE_MS)  # the first compiled run only, as torch caches
+            self.gpu.queue(self.STEP_MS)
+            stopping_criteria(ids, None)
+
+
+@pytest.mark.parametrize("compile", [True, False])
+def test_hf_steps_wait_for_each_token_before_reading_the_clock(compile):
+    from kvlab.bench.e2e import _hf_steps
+
+    gpu = FakeGPU()
+    hf = FakeHF(gpu)
+    steps, prefill, compiled = _hf_steps(hf, [[1, 2, 3]], 6, compile, gpu.clock, gpu.sync)
+    # each step is its GPU time (the host waited for it), the compile on the first decode step
+    first = FakeHF.STEP_MS + (FakeHF.COMPILE_MS if compile else 0.0)
+    assert steps == pytest.approx([first] + [FakeHF.STEP_MS] * 4)
+    assert prefill == pytest.approx(FakeHF.PREFILL_MS)
+    assert compiled is compile and hf.compiled_calls == int(compile)
+    assert "get_compiled_call" not in vars(hf)  # the spy is taken off again
+    reads = [i for i, what in enumerate(gpu.log) if what == "clock"]
+    assert all(gpu.log[i - 1] == "sync" for i in reads)  # synchronised before every stamp
+
+
+def test_warm_up_runs_are_untimed_and_a_compile_never_counts_as_steady():
+    """kvlab's runner and HF's compiled one in turn on one FakeGPU: the warm-up round (where HF
+    compiles) is left out, every round's wall time holds its steps, and a row's step time is
+    the steady step on both, as the GPU would give it."""
+    from types import SimpleNamespace
+
+    from kvlab.bench.e2e import HF_VARIANT, _in_turn, _row, hf_variants
+
+    gpu = FakeGPU()
+    calls = []
+
+    def kvlab_runner(prompts):  # a CUDA-graph capture on the first call, then 8 ms steps
+        calls.append("kvlab")
+        gpu.host(500.0 if calls.count("kvlab") == 1 else 0.0)
+        steps = []
+        for _ in range(5):
+            gpu.queue(8.0)
+            gpu.sync()
+            steps.append(8.0)
+        return steps, [40.0]
+
+    hf = hf_variants(FakeHF(gpu), 6, "on", gpu.clock, gpu.sync)
+    runs = _in_turn("fake", [[1, 2]], 2, {"gqa": kvlab_runner, **hf}, clock=gpu.clock,
+                    sync=gpu.sync)
+    assert calls == ["kvlab"] * 3  # one warm-up call, two timed
+    assert hf[HF_VARIANT].compiled is True
+    args = SimpleNamespace(prompt=2, new_tokens=6)
+    for variant, step in (("gqa", 8.0), (HF_VARIANT, FakeHF.STEP_MS)):
+        rounds, prefills, walls = runs[variant]
+        assert len(rounds) == len(walls) == 2
+        assert all(max(steps) == pytest.approx(step) for steps in rounds)  # no compile, no capture
+        for steps, wall in zip(rounds, walls, strict=True):
+            assert sum(steps) <= wall + 1e-9
+        assert _row("m", variant, 1, args, rounds, 1.0, 1.0)["step_ms"] == pytest.approx(step)
+    # without the warm-up round the compile falls in the first round: the steady rule drops it
+    gpu = FakeGPU()
+    hf = hf_variants(FakeHF(gpu), 8, "on", gpu.clock, gpu.sync)
+    runs = _in_turn("fake", [[1, 2]], 1, hf, warmup_rounds=0, clock=gpu.clock, sync=gpu.sync)
+    (steps,) = runs[HF_VARIANT][0]
+    assert steps[0] > 1000 and _row("m", HF_VARIANT, 1, args, [steps], 1.0, 1.0)[
+        "steady_from"] >= 1
+
+
+def test_a_compile_then_a_recompile_alike_do_not_start_the_steady_state():
+    assert steady_steps([24_000.0, 23_500.0, 10.0, 10.2, 10.1, 10.0]) == [10.2, 10.1, 10.0]
+    assert steady_steps([12.0, 10.4, 10.0, 10.1]) == [10.0, 10.1]
+
+
+def test_hf_compile_gives_one_variant_per_setting():
+    from kvlab.bench.e2e import HF_EAGER_VARIANT, hf_variants
+
+    assert {v: r.compile for v, r in hf_variants(None, 4, "both").items()} == {
+        HF_VARIANT: True, HF_EAGER_VARIANT: False}
+    assert list(hf_variants(None, 4, "off")) == [HF_EAGER_VARIANT]
+    with pytest.raises(ValueError, match="hf_compile='yes': must be one of on, off, both"):
+        hf_variants(None, 4, "yes")
+
+
+def test_the_report_compares_with_the_compiled_peer_where_it_ran():
+    row = {"model": "m", "batch": 1, "roofline_ms": 1.0, "ratio_to_roofline": 1.0}
+    rows = [{**row, "variant": "gqa", "step_ms": 5.0, "tokens_per_s": 200.0},
+            {**row, "variant": HF_VARIANT, "step_ms": 10.0, "tokens_per_s": 100.0},
+            {**row, "variant": "hf-static-eager", "step_ms": 20.0, "tokens_per_s": 50.0}]
+    lines = report({"gpu": "H200", "roofline_copy_gbps": 1.0, "rows": rows}).splitlines()
+    assert lines[2].split()[-1] == "2.00x" and lines[3].split()[-1] == lines[4].split()[-1] == "-"

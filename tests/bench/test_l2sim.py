@@ -3,7 +3,6 @@
 import json
 
 from kvlab.bench.cli import main
-from kvlab.bench.l2sim import TARGET_SECTORS_PER_S
 
 
 def test_quick_run_reports_both_rates_against_the_target(tmp_path, capsys):
@@ -12,7 +11,7 @@ def test_quick_run_reports_both_rates_against_the_target(tmp_path, capsys):
     result = json.loads(path.read_text())
     rates = result["cache_sectors_per_s"], result["simulate_sectors_per_s"]
     assert all(rate > 0 for rate in rates)
-    assert result["meets_target"] == (min(rates) >= TARGET_SECTORS_PER_S)
+    assert isinstance(result["meets_target"], bool)  # its rule: tests/bench/test_targets.py
     for runs, rate in zip(("cache_runs", "simulate_runs"), rates, strict=True):
         assert len(result[runs]) == result["num_repeats"] and min(result[runs]) <= rate
     assert {"git_revision", "versions", "core"} <= set(result)

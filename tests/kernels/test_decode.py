@@ -12,14 +12,14 @@ from factories import force_gqa_warps
 import kvlab
 from kvlab.cache import PagedKVCache
 from kvlab.checks import HEAD_DIMS
-from kvlab.kernels import gqa, select, tune, vllm_v1
+from kvlab.kernels import KERNEL_FAMILIES, gqa, select, tune, vllm_v1
 from kvlab.kernels.decode import check_kernel
 from kvlab.kernels.geometry import GQA_NUM_WARPS, GQA_WARP_TOKENS, gqa_row_bytes, gqa_stages
 from kvlab.kernels.loader import load
 from kvlab.kernels.prefetch import PrefetchConfig
 from kvlab.reference import decode_attention as reference
 
-FAMILIES = {"vllm_v1": vllm_v1, "gqa": gqa}
+FAMILIES = KERNEL_FAMILIES
 TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
 BULK = PrefetchConfig("bulk")
 PREFETCHES = [
@@ -44,7 +44,7 @@ def case_grid():
                 cases.append((kernel, dtype, head_dim, 4, 16, PrefetchConfig()))
                 cases.append((kernel, dtype, head_dim, 1, 16, BULK))
         cases += [(kernel, torch.float16, 128, group, 16, BULK) for group in range(1, 9)]
-        for block_size in family.BLOCK_SIZES:
+        for block_size in family.block_sizes:
             cases.append((kernel, torch.bfloat16, 128, 2, block_size, PrefetchConfig()))
             cases.append((kernel, torch.float16, 80, 3, block_size, PrefetchConfig("line")))
         cases += [(kernel, torch.float16, 128, 4, 16, p) for p in PREFETCHES]
@@ -70,7 +70,7 @@ def all_name_expressions(kernel):
         else:
             for part in (0, vllm_v1.PARTITION_SIZE):
                 names += vllm_v1.name_expressions(dtype, head_dim, block_size, part, prefetch)
-    return family.SOURCE, list(dict.fromkeys(names))
+    return family.source, list(dict.fromkeys(names))
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +85,7 @@ def make_batch(kernel, dtype, head_dim, block_size, lens, seed):
     torch.manual_seed(seed)
     num_blocks = sum(-(-n // block_size) for n in lens) + 3
     cache = PagedKVCache(num_blocks, block_size, NUM_KV_HEADS, head_dim, dtype=dtype,
-                         device="cuda", layout=FAMILIES[kernel].LAYOUT, seed=seed)
+                         device="cuda", layout=FAMILIES[kernel].layout, seed=seed)
     cache.k_cache.fill_(math.nan)  # slots no sequence wrote must never reach the output
     cache.v_cache.fill_(math.nan)
     seq_ids = []
@@ -126,7 +126,7 @@ def test_matches_reference(case, compiled):
 EIGHT_WARP_CASES = list(dict.fromkeys(
     [(dtype, d, 4, 16, PrefetchConfig()) for dtype in TOLERANCE for d in HEAD_DIMS if d != 256]
     + [(torch.float16, 128, g, 16, BULK) for g in (1, 3, 8)]
-    + [(torch.float16, 80, 3, b, PrefetchConfig("line")) for b in gqa.BLOCK_SIZES]
+    + [(torch.float16, 80, 3, b, PrefetchConfig("line")) for b in gqa.FAMILY.block_sizes]
     + [(torch.float16, 128, 4, 16, p) for p in (
         PrefetchConfig("bulk", distance=2), PrefetchConfig("line", distance=4),
         PrefetchConfig("bulk", evict_last=True))]))
@@ -311,7 +311,7 @@ def test_split_merge_rescales_to_a_dominant_token(kernel):
     torch.manual_seed(6)
     n, token, group = 32768, 30001, 4
     cache = PagedKVCache(n // 16, 16, NUM_KV_HEADS, 128, dtype=torch.float16, device="cuda",
-                         layout=FAMILIES[kernel].LAYOUT)
+                         layout=FAMILIES[kernel].layout)
     q = torch.randn(1, NUM_KV_HEADS * group, 128, device="cuda", dtype=torch.float16)
     k, v = (torch.randn(n, NUM_KV_HEADS, 128, device="cuda", dtype=torch.float16) for _ in "kv")
     k[token] = 4 * q[0, ::group]  # KV head h: 4 x the first query head of its group
@@ -335,7 +335,7 @@ def test_softmax_follows_rising_logits(kernel):
     torch.manual_seed(7)
     n, group = 4096, 4
     cache = PagedKVCache(n // 16, 16, NUM_KV_HEADS, 128, dtype=torch.float16, device="cuda",
-                         layout=FAMILIES[kernel].LAYOUT)
+                         layout=FAMILIES[kernel].layout)
     q = torch.randn(1, NUM_KV_HEADS * group, 128, device="cuda", dtype=torch.float16)
     k, v = (torch.randn(n, NUM_KV_HEADS, 128, device="cuda", dtype=torch.float16) for _ in "kv")
     lead = q[0, ::group].float()  # the first query head of each KV head's group

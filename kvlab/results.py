@@ -1,8 +1,9 @@
 """Recorded benchmark results shipped with kvlab: `benchmarks/results/<machine>/<name>.json`.
 
 The wheel ships that folder as `kvlab/results_data/`; a source checkout reads it in place. The
-simulated backend shows these numbers, always labelled with where and when they were recorded.
-Pure Python and json: no torch, no pandas.
+simulated backend shows these numbers, always labelled with where and when they were recorded, at
+which revision, and which of the components they measured have changed since (`changed_since`,
+from the versions a result records: `kvlab.components`). Pure Python and json: no torch, no pandas.
 """
 
 from __future__ import annotations
@@ -13,14 +14,17 @@ import re
 from pathlib import Path
 
 from kvlab.checks import is_int, is_real
+from kvlab.components import BENCHMARKS, COMPONENTS, versions
 
 __all__ = [
     "ATTENTION",
+    "changed_since",
     "label",
     "load_recorded",
     "load_result",
     "load_results",
     "load_shown",
+    "manifest",
     "nearest_point",
     "nearest_rows",
     "recorded_models",
@@ -49,6 +53,11 @@ PATH_COMPONENT = re.compile(r"[A-Za-z0-9_.-]+")
 MAX_NAME_LEN = 128  # of `machine` and `name`: "<name>.json" stays a short file name
 # The lists of entries `load_results` merges: each must be a list of objects where present
 MERGED = ("rows", "timelines")
+# What a result records of the code it measured, kept per result by `load_results` ("sources")
+PROVENANCE = ("benchmark", "git_revision", "git_dirty", "components")
+# `label`'s length where its names of components changed fit: a 500 px chart's subtitle line
+# (kvlab.viz.layout.NOTE_LINE_CHARS, 72) less a prefix such as "H200 "
+LABEL_CHARS = 66
 # What `load_result`'s `keys` can ask a value to be: type -> (test, what it must be)
 VALUE_TYPES = {float: (is_real, "a finite number"), int: (is_int, "an integer"),
                str: (lambda v: isinstance(v, str), "a string"),
@@ -159,8 +168,9 @@ def _result_path(machine: str, name: str) -> Path:
 def load_results(machine: str, names, keys: dict | None = None) -> dict:
     """Several recorded results of one machine as one: the first one's metadata (gpu, roofline,
     ...), the dates of all (`dates`, sorted: `label` names each; `source_dates`: each result's),
-    and the rows of all, in order, each tagged `source` = its result's name (and so their
-    `timelines`, where they have any). `label(merged, rows)` names the dates of those rows.
+    what each records of its code (`sources`: name -> its PROVENANCE keys), and the rows of
+    all, in order, each tagged `source` = its result's name (and so their `timelines`, where
+    they have any). `label(merged, rows)` names the dates and revisions of those rows.
     `keys`: what each result must hold (`load_result`).
 
     NOTE: every run measures its own no-prefetch baseline, so a row can appear once per run.
@@ -179,6 +189,7 @@ def load_results(machine: str, names, keys: dict | None = None) -> dict:
     merged["source_dates"] = {n: str(r.get("date", "unknown date"))[:10]
                               for n, r in loaded.items()}
     merged["dates"] = sorted(set(merged["source_dates"].values()))
+    merged["sources"] = {n: {k: r.get(k) for k in PROVENANCE} for n, r in loaded.items()}
     for key in MERGED:
         entries = [{**e, "source": n} for n, result in loaded.items() for e in result.get(key, [])]
         if key == "rows" or entries:
@@ -223,16 +234,107 @@ def speedups(rows) -> list[tuple[dict, float]]:
     return pairs
 
 
-def label(result: dict, rows=None) -> str:
-    """Where and when `result` was recorded, e.g. "recorded on NVIDIA H200, 2026-11-29"; for
-    results merged by `load_results`, every date: "..., 2026-11-29 and 2026-12-01", or with
-    `rows` (some of its rows) the dates of the results those rows came from."""
+def label(result: dict, rows=None, changes: bool = True) -> str:
+    """Where, when and from which code `result` was recorded, e.g. "recorded on NVIDIA H200,
+    2026-12-03 at bcfeff1; gqa, engine changed since" (the components of its benchmark whose
+    code differs now: `changed_since`), "...; no revision recorded", "...; recorded on a tree
+    with uncommitted changes". For results merged by `load_results`, every date and revision
+    ("..., 2026-11-29 and 2026-12-01 at ..."), or with `rows` (some of its rows) those of the
+    results those rows came from. `changes=False` leaves out what changed since (text that
+    must not move with every edit of the code: the docs; `manifest` has the changes)."""
     where = result.get("gpu") or result.get("cpu") or "unknown machine"
     dates = result.get("dates") or [str(result.get("date", "unknown date"))[:10]]
+    sources = _sources(result)
     if rows is not None and "source_dates" in result:
-        dates = sorted({result["source_dates"][r["source"]] for r in rows}) or dates
+        names = {r["source"] for r in rows}
+        dates = sorted({result["source_dates"][n] for n in names}) or dates
+        sources = {n: p for n, p in sources.items() if n in names} or sources
     when = dates[0] if len(dates) == 1 else f"{', '.join(dates[:-1])} and {dates[-1]}"
-    return f"recorded on {where}, {when}"
+    revisions = dict.fromkeys(p["git_revision"][:7] for p in sources.values()
+                              if isinstance(p.get("git_revision"), str))
+    at = f" at {', '.join(revisions)}" if revisions else ""
+    head = "; ".join([f"recorded on {where}, {when}{at}", *_notes(sources)])
+    changed = [c for c in COMPONENTS if changes
+               and any(c in (changed_since(p) or ()) for p in sources.values())]
+    return _with_changed(head, changed)
+
+
+def _with_changed(head: str, changed: list[str]) -> str:
+    """`head`, then the `changed` components: all their names where they fit in LABEL_CHARS,
+    else the first few and how many more, else "code changed since"."""
+    if not changed:
+        return head
+    for k in range(len(changed), 0, -1):
+        names = ", ".join(changed[:k]) + (f" and {len(changed) - k} more" if k < len(changed)
+                                          else "")
+        if len(f"{head}; {names} changed since") <= LABEL_CHARS:
+            return f"{head}; {names} changed since"
+    return f"{head}; code changed since"
+
+
+def _sources(result: dict) -> dict[str, dict]:
+    """name -> what each result merged into `result` records of its code (one, named "", for a
+    result not merged)."""
+    return result.get("sources") or {"": {k: result.get(k) for k in PROVENANCE}}
+
+
+def _notes(sources: dict[str, dict]) -> list[str]:
+    """What `label` adds about the code of `sources` but the components changed since: revisions
+    not recorded, uncommitted changes."""
+    notes = []
+    unknown = [n for n, p in sources.items() if changed_since(p) is None]
+    if unknown:
+        recorded = any(sources[n].get("git_revision") for n in unknown)
+        # NOTE: not "not recorded": the dashboard says that of a point with no recording
+        whose = f" for {', '.join(unknown)}" if len(unknown) < len(sources) else ""
+        notes.append(f"no code versions recorded{whose}" if recorded else
+                     f"no revision recorded{whose}")
+    if any(p.get("git_dirty") for p in sources.values()):
+        notes.append("recorded on a tree with uncommitted changes")
+    return notes
+
+
+def changed_since(result: dict) -> list[str] | None:
+    """The components `result` measured whose code differs now from what it records
+    (`result["components"]`: name -> version, `kvlab.components`), in COMPONENTS' order: those
+    of its benchmark (`kvlab.components.BENCHMARKS`; every one it records where the benchmark
+    is not known). A component it does not record, or records as None (absent then), counts as
+    changed; one this install cannot read (a driver outside the wheel) does not. None where
+    `result` records no components: unknown. For results merged by `load_results`, those of
+    any of them (None where one records none)."""
+    if "sources" in result:
+        found = [changed_since(p) for p in result["sources"].values()]
+        if any(f is None for f in found):
+            return None
+        return [c for c in COMPONENTS if any(c in f for f in found)]
+    recorded = result.get("components")
+    if not isinstance(recorded, dict):
+        return None
+    now = versions()
+    names = BENCHMARKS.get(result.get("benchmark"), tuple(recorded))
+    return [c for c in COMPONENTS
+            if c in names and now.get(c) is not None and recorded.get(c) != now[c]]
+
+
+def manifest() -> list[dict]:
+    """One entry per recorded result, sorted by file: "file" ("h200/attention.json"),
+    "benchmark", "date" (YYYY-MM-DD), "revision" (7 hex digits, None where not recorded),
+    "dirty" (its tree had uncommitted changes; None where not recorded), "gpu" (or the CPU, for
+    CPU benchmarks), "host" and "gpu_uuid" (None where not recorded), and "changed"
+    (`changed_since`). Raises ValueError (as `load_result`) for a file that cannot be read."""
+    entries = []
+    for machine_name in _available():
+        machine, name = machine_name.split("/")
+        result = load_result(machine, name)
+        revision = result.get("git_revision")
+        entries.append({
+            "file": f"{machine_name}.json", "benchmark": result.get("benchmark"),
+            "date": str(result.get("date", ""))[:10] or None,
+            "revision": revision[:7] if isinstance(revision, str) else None,
+            "dirty": result.get("git_dirty"), "gpu": result.get("gpu") or result.get("cpu"),
+            "host": result.get("host"), "gpu_uuid": result.get("gpu_uuid"),
+            "changed": changed_since(result)})
+    return entries
 
 
 def recorded_models(result: dict) -> list[str]:

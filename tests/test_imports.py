@@ -10,7 +10,7 @@ PACKAGE = ROOT / "kvlab"
 
 # The floors, bottom to top: each room (a module or subpackage directly under kvlab/) on one.
 FLOORS = [
-    ("checks", "arith"),  # the leaves: import nothing of kvlab
+    ("checks", "arith", "components"),  # the leaves: import nothing of kvlab
     ("config", "results", "timing", "workload", "gpus", "device"),
     ("cache", "reference"),  # the paged cache, and the oracle that reads it
     ("kernels",),

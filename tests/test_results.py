@@ -1,4 +1,5 @@
-"""Recorded results: loading, provenance label, nearest recorded point on a log2 scale."""
+"""Recorded results: loading, provenance label (date, revision, components changed since), the
+manifest of every result, nearest recorded point on a log2 scale."""
 
 import json
 import os
@@ -9,9 +10,11 @@ import pytest
 
 import kvlab.results
 from kvlab.results import (
+    changed_since,
     label,
     load_result,
     load_results,
+    manifest,
     nearest_point,
     nearest_rows,
     recorded_models,
@@ -40,7 +43,11 @@ def test_results_dir_holds_the_h200_attention_result():
 
 def test_load_result_and_label(h200):
     assert h200["gpu"] == "NVIDIA H200" and h200["rows"]
-    assert label(h200) == f"recorded on NVIDIA H200, {h200['date'][:10]}"
+    head = f"recorded on NVIDIA H200, {h200['date'][:10]} at bcfeff1"
+    if changed_since(h200):
+        assert label(h200).startswith(f"{head}; ") and label(h200).endswith(" changed since")
+    else:
+        assert label(h200) == head
     assert recorded_models(h200) == ["llama2-7b", "llama3-8b", "qwen2.5-7b", "qwen2.5-14b"]
 
 
@@ -95,11 +102,12 @@ def test_merged_results_are_labelled_with_every_date(tmp_path, monkeypatch):
         (tmp_path / "h200" / f"{name}.json").write_text(json.dumps(result))
     monkeypatch.setattr(kvlab.results, "results_dir", lambda: tmp_path)
     assert label(load_results("h200", ["b", "a", "c"])) == (
-        "recorded on NVIDIA H200, 2026-11-29 and 2026-12-01")
-    assert label(load_results("h200", ["a", "c"])) == "recorded on NVIDIA H200, 2026-11-29"
+        "recorded on NVIDIA H200, 2026-11-29 and 2026-12-01; no revision recorded")
+    assert label(load_results("h200", ["a", "c"])) == (
+        "recorded on NVIDIA H200, 2026-11-29; no revision recorded")
     merged = load_results("h200", ["b", "a", "c"])
     rows_of_a = [r for r in merged["rows"] if r["source"] == "a"]
-    assert label(merged, rows_of_a) == "recorded on NVIDIA H200, 2026-11-29"
+    assert label(merged, rows_of_a) == "recorded on NVIDIA H200, 2026-11-29; no revision recorded"
 
 
 def test_load_results_needs_a_name():
@@ -307,3 +315,118 @@ def test_load_shown_keeps_why_a_recording_cannot_be_read_for_its_view(tmp_path, 
     assert kvlab.results.load_shown("h200", ["good", "bad"], None, unreadable, "c") is None
     assert list(unreadable) == ["c"]
     assert unreadable["c"].startswith(f"{tmp_path / 'h200' / 'bad.json'}: not a JSON recording")
+
+
+# The code now, for the tests of staleness: three components, one this install cannot read
+NOW = {"gqa": "1" * 12, "vllm_v1": "2" * 12, "engine": "3" * 12, "bench_dashboard": None}
+REVISION = "abcdef1" + "0" * 33
+
+
+def coded(components=None, benchmark="attention", **keys) -> dict:
+    """A result of `benchmark` at REVISION recording `components` (NOW's by default)."""
+    found = {k: v for k, v in NOW.items() if v is not None}
+    return {**make_result([(1, 1024)]), "benchmark": benchmark, "git_revision": REVISION,
+            "git_dirty": False, "components": found if components is None else components,
+            **keys}
+
+
+@pytest.fixture
+def now(monkeypatch):
+    monkeypatch.setattr(kvlab.results, "versions", lambda: NOW)
+
+
+def test_changed_since_lists_the_benchmarks_components_that_differ(now):
+    assert changed_since(coded()) == []
+    assert changed_since(coded({**coded()["components"], "vllm_v1": "f" * 12})) == ["vllm_v1"]
+    # absent at the revision (None) or not recorded: changed
+    assert changed_since(coded({"gqa": None, "engine": NOW["engine"]})) == ["gqa", "vllm_v1"]
+    # engine is no part of attention; a component this install cannot read is not known changed
+    assert changed_since(coded({"gqa": NOW["gqa"], "vllm_v1": NOW["vllm_v1"], "engine": "x",
+                                "bench_dashboard": "y"})) == []
+    assert changed_since(coded({"engine": "x"}, benchmark="e2e")) == ["gqa", "vllm_v1", "engine"]
+    # a benchmark not in the table: every component it records
+    assert changed_since(coded({"engine": "x", "gqa": NOW["gqa"]}, benchmark="new")) == [
+        "engine"]
+
+
+def test_changed_since_is_none_without_recorded_components(now):
+    assert changed_since(make_result([(1, 1)])) is None
+    assert changed_since(coded() | {"components": None}) is None
+
+
+def test_label_names_revision_dirty_tree_and_what_changed(now):
+    where = "recorded on G, 2026-01-02"
+    assert label(coded()) == f"{where} at abcdef1"
+    assert label(coded({"gqa": "x"})) == f"{where} at abcdef1; gqa, vllm_v1 changed since"
+    assert label(coded({"gqa": "x"}), changes=False) == f"{where} at abcdef1"
+    # names as fit in LABEL_CHARS (a chart's subtitle line), then how many more
+    assert label(coded({"gqa": "x"}, benchmark="e2e")) == (
+        f"{where} at abcdef1; gqa and 2 more changed since")
+    assert label(coded(git_dirty=True)) == (
+        f"{where} at abcdef1; recorded on a tree with uncommitted changes")
+    assert label(make_result([(1, 1)])) == f"{where}; no revision recorded"
+    assert label(coded() | {"components": None}) == (
+        f"{where} at abcdef1; no code versions recorded")
+
+
+def test_label_names_what_fits_a_chart_line_and_counts_the_rest(monkeypatch):
+    names = ["gqa", "vllm_v1", "vllm_own", "read", "green"]
+    monkeypatch.setattr(kvlab.results, "versions", lambda: dict.fromkeys(names, "new"))
+    result = coded(dict.fromkeys(names, "old")) | {"gpu": "H"}
+    assert changed_since(result) == names  # in the table's order
+    assert label(result) == "recorded on H, 2026-01-02 at abcdef1; gqa and 4 more changed since"
+    assert len(label(result)) <= kvlab.results.LABEL_CHARS
+    assert label(result | {"gpu": "NVIDIA H200"}) == (
+        "recorded on NVIDIA H200, 2026-01-02 at abcdef1; code changed since")
+    assert label(coded({**dict.fromkeys(names, "new"), "gqa": "old"}) | {"gpu": "NVIDIA H200"}) == (
+        "recorded on NVIDIA H200, 2026-01-02 at abcdef1; gqa changed since")
+
+
+def test_merged_results_label_each_revision_and_the_changes_of_each(tmp_path, monkeypatch, now):
+    (tmp_path / "h200").mkdir()
+    other = "1234567" + "0" * 33
+    for name, result in (("a", coded({"gqa": "old"}, git_revision=other)),
+                         ("b", coded(git_dirty=True)),
+                         ("c", make_result([(2, 1024)]) | {"gpu": "G"})):
+        (tmp_path / "h200" / f"{name}.json").write_text(json.dumps(result))
+    monkeypatch.setattr(kvlab.results, "results_dir", lambda: tmp_path)
+    assert label(load_results("h200", ["a", "b"])) == (
+        "recorded on G, 2026-01-02 at 1234567, abcdef1; recorded on a tree with uncommitted "
+        "changes; code changed since")
+    assert changed_since(load_results("h200", ["a", "b"])) == ["gqa", "vllm_v1"]
+    merged = load_results("h200", ["a", "b", "c"])
+    assert changed_since(merged) is None
+    assert label(merged) == ("recorded on G, 2026-01-02 at 1234567, abcdef1; no revision recorded "
+                             "for c; recorded on a tree with uncommitted changes; code changed "
+                             "since")
+    rows_of_b = [r for r in merged["rows"] if r["source"] == "b"]
+    assert label(merged, rows_of_b) == (
+        "recorded on G, 2026-01-02 at abcdef1; recorded on a tree with uncommitted changes")
+
+
+def test_manifest_lists_every_committed_result_with_its_code():
+    entries = {e["file"]: e for e in manifest()}
+    files = {f"{p.parent.name}/{p.name}" for p in results_dir().glob("*/*.json")}
+    assert set(entries) == files and len(entries) == len(manifest())
+    unrevised = {"cpu/cache.json", "h200/attention_block_sizes.json",
+                 "h200/attention_evict_last.json"}
+    for name, e in entries.items():
+        assert e["benchmark"] and re.fullmatch(r"\d{4}-\d{2}-\d{2}", e["date"]) and e["gpu"]
+        if name in unrevised:
+            assert e["revision"] is None and e["dirty"] is None and e["changed"] is None
+        else:
+            assert re.fullmatch(r"[0-9a-f]{7}", e["revision"]) and isinstance(e["changed"], list)
+    assert {n for n, e in entries.items() if e["revision"] is None} == unrevised
+    assert {n for n, e in entries.items() if e["dirty"]} == {"h200/attention_vllm.json"}
+    assert label(load_result("h200", "attention_evict_last")).endswith("; no revision recorded")
+    assert "; recorded on a tree with uncommitted changes" in label(
+        load_result("h200", "attention_vllm"))
+
+
+def test_every_committed_result_records_its_components():
+    """New recordings record them (kvlab.bench.env.run_info); older ones were backfilled by
+    benchmarks/manifest.py, or hold null where no revision tells which code ran."""
+    for path in results_dir().glob("*/*.json"):
+        result = json.loads(path.read_text())
+        assert "components" in result, path
+        assert (result["components"] is None) == (result.get("git_revision") is None), path

@@ -5,8 +5,10 @@ that revision (`benchmarks/results/`, where results are written, does not count)
 checkout without its `.git` folder (a device machine, say) takes both from the environment:
 KVLAB_GIT_REVISION (40 hex digits) and KVLAB_GIT_DIRTY ("0" or "1"), set by whoever made the
 copy. An installed kvlab has neither: the revision is then None, and such a result cannot be
-resumed (`kvlab.bench.kvpr`), since nothing shows which code made it. `write_checkpoint` saves a
-result as it stands, for the benchmarks' --checkpoint.
+resumed (`kvlab.bench.kvpr`), since nothing shows which code made it. Either way the result
+records every component's version (`kvlab.components`: a hash of its files), which an installed
+kvlab computes as a checkout does. `write_checkpoint` saves a result as it stands, for the
+benchmarks' --checkpoint.
 """
 
 import datetime
@@ -15,17 +17,22 @@ import json
 import os
 import platform
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
+
+from kvlab import components
 
 # The folder holding the kvlab package: a git checkout's top level when kvlab runs from one.
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 RESULTS = "benchmarks/results"
 VERSIONED = ("numpy", "torch", "cupy", "transformers")
-NVIDIA_SMI_FIELDS = {"driver_version": "driver_version", "clocks.sm": "sm_mhz",
+# nvidia-smi's field -> our key; all numbers but the driver's version and the GPU's UUID
+NVIDIA_SMI_FIELDS = {"driver_version": "driver_version", "uuid": "uuid", "clocks.sm": "sm_mhz",
                      "clocks.mem": "mem_mhz", "clocks.max.sm": "max_sm_mhz",
                      "clocks.max.mem": "max_mem_mhz", "temperature.gpu": "temperature_c"}
+NVIDIA_SMI_TEXT = ("driver_version", "uuid")
 
 
 def cpu_name() -> str:
@@ -91,7 +98,7 @@ def versions() -> dict:
 
 def _nvidia_smi(index: int) -> dict:
     """NVIDIA_SMI_FIELDS of GPU `index` as nvidia-smi reads them ({} where it cannot), numbers
-    as floats."""
+    as floats (None where not a number), NVIDIA_SMI_TEXT as text."""
     try:
         out = subprocess.run(
             ["nvidia-smi", f"--id={index}", "--format=csv,noheader,nounits",
@@ -103,7 +110,7 @@ def _nvidia_smi(index: int) -> dict:
     if out.returncode != 0 or len(values) != len(NVIDIA_SMI_FIELDS):
         return {}
     found = dict(zip(NVIDIA_SMI_FIELDS.values(), values, strict=True))
-    return {key: value if key == "driver_version" else
+    return {key: value if key in NVIDIA_SMI_TEXT else
             float(value) if re.fullmatch(r"[0-9.]+", value) else None
             for key, value in found.items()}
 
@@ -112,30 +119,44 @@ def gpu_state(index: int = 0) -> dict:
     """The SM and memory clocks (now and their maximum, MHz) and the temperature of GPU `index`:
     {} where nvidia-smi cannot read them."""
     state = _nvidia_smi(index)
-    state.pop("driver_version", None)
+    for key in NVIDIA_SMI_TEXT:
+        state.pop(key, None)
     return state
 
 
 def gpu_info(index: int = 0) -> dict:
     """The GPU a benchmark runs on: its name, SM count, the CUDA version torch was built with,
-    the driver, and `gpu_state` now, as "clocks_start" ("clocks_end" is added at the end)."""
+    the driver, the GPU's UUID ("GPU-..." as nvidia-smi names it; torch's where nvidia-smi
+    cannot tell, None where neither can), and `gpu_state` now, as "clocks_start" ("clocks_end"
+    is added at the end)."""
     import torch
 
     props = torch.cuda.get_device_properties(index)
     state = _nvidia_smi(index)
+    uuid = state.pop("uuid", None) or _torch_uuid(props)
     return {"gpu": props.name, "num_sms": props.multi_processor_count,
             "torch_cuda": torch.version.cuda, "driver": state.pop("driver_version", None),
-            "clocks_start": state}
+            "gpu_uuid": uuid, "clocks_start": state}
+
+
+def _torch_uuid(props) -> str | None:
+    """torch's UUID of the GPU of `props` in nvidia-smi's form, "GPU-<uuid>"; None where torch
+    has none."""
+    uuid = getattr(props, "uuid", None)
+    return None if uuid is None else f"GPU-{uuid}"
 
 
 def run_info() -> dict:
-    """When and where a benchmark runs, and by what code."""
+    """When and where (the host's name) a benchmark runs, and by what code: the git state and
+    every component's version (`kvlab.components`, `{name: version}`)."""
     import kvlab
 
     return {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "kvlab": kvlab.__version__,
         **git_state(),
+        "components": components.versions(),
+        "host": socket.gethostname(),
         "python": sys.version.split()[0],
         "versions": versions(),
         "platform": platform.platform(),

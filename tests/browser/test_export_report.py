@@ -140,7 +140,7 @@ def test_every_bar_and_line_of_every_report_is_drawn_on_its_axes_offline(reports
     assert requests == [] and errors == []
     # the charts the offset was found on: vertical bars, and the timelines (bars from a base;
     # lines of subplots sharing an axis)
-    for chart in ("paged_cache/memory", "decode_kernels/speedup", "kvpr/timeline",
+    for chart in ("paged_cache/memory", "decode_kernels/speedup", "kvpr/overlap",
                   "decode_kernels/timeline"):
         assert checked[chart] > 0, chart
 

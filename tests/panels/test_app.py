@@ -209,7 +209,7 @@ def test_each_csv_names_its_columns_by_the_axis_titles(dash):
     assert headers["paged_cache-fragmentation.csv"] == (
         'trace,type,"x: block_size (tokens, log2 scale)",y: internal fragmentation (%),'
         "y: paged reserved (GiB)")
-    assert headers["kvpr-timeline.csv"] == ("trace,type,x start: time from the step's start (us),"
+    assert headers["kvpr-overlap.csv"] == ("trace,type,x start: time from the step's start (us),"
                                             "x end: time from the step's start (us),y")
 
 

@@ -1,14 +1,15 @@
 // The small ops of a decoder layer's decode step, each one kernel.
+// Design notes, measurements and dead ends: docs/kernels/layer_ops.md.
+// Current (e58397b): with rope_write and the linear's epilogues, Llama-3-8B's batch-1 step on the
+// H200 took 4.61-4.63 ms, from 4.80-4.82 (a session probe).
 //
 // A decode step of a real-size model spends most of its time in GEMMs that read the weights;
-// what is left is a few dozen small ops a layer, and at batch 1 to 64 each of them costs the
-// GPU about 2-6 us however little it computes. Composed from torch ops, RMSNorm, RoPE through a
-// cos/sin table, the cache write and SiLU-and-multiply took 36 kernels a layer of Llama-3-8B and
-// 2.0 ms of a 6.8 ms step at batch 1 on the H200 (a profiled CUDA-graph replay; session probe).
-// Here each is one launch, and some share one: RoPE of Q and K with the cache write
-// (rope_write), and the residual add or SwiGLU's product in the epilogue of the linear before
-// them. The arithmetic follows the torch ops they replace (fp32 inside, and the same roundings
-// to T where the torch composition rounds), so they agree to T's precision.
+// what is left is a few dozen small ops a layer, each of which costs a launch however little it
+// computes, and several launches when composed from torch ops. Here each is one launch, and some
+// share one: RoPE of Q and K with the cache write (rope_write), and the residual add or SwiGLU's
+// product in the epilogue of the linear before them. The arithmetic follows the torch ops they
+// replace (fp32 inside, and the same roundings to T where the torch composition rounds), so they
+// agree to T's precision.
 //
 // Template parameter T: __half or __nv_bfloat16. Launch contracts are in kvlab/kernels/layer_ops.py,
 // which checks shapes, strides and alignment before launching.
@@ -256,20 +257,11 @@ __global__ void silu_mul(T* __restrict__ out, const T* __restrict__ gate_up, int
 //
 // Such a layer only streams w from HBM, and the kernel's one job is to keep enough of w in
 // flight on every SM, from the first CTA to the last. A CTA owns COLS rows of w and its warps
-// split k between them (a warp per row alone would walk a long row one memory round trip after
-// another: Llama-3-8B's W_down, 4,096 rows of 14,336, ran at 0.78x the copy roofline so); each
-// lane issues COLS * UNROLL 16-byte loads before it uses any. The loads of w skip L1, where x
-// stays for the next CTA. Many small CTAs let the block scheduler even out the SMs' shares.
-// Measured on the H200 (a session probe, not recorded; Llama-3-8B's linears, 8 layers' copies
-// in one CUDA graph, share of the copy roofline at one row): W_QKV 0.80 (cuBLAS 0.74), W_O 0.74
-// (0.57), gate and up 0.99 (0.96), W_down 0.95 (0.85), the LM head 1.04 (0.99). Over the four
-// paper models' linears: 9% less time than cuBLAS at one row, 5% at two (though W_down there
-// ran 0.73 against 0.85), 5% more at four. Tried and dropped: every layer op launched as a
-// programmatic dependent, with this kernel's first loads before its griddepcontrol.wait: alone
-// 2-6% faster, but the whole batch-1 step ran 4.71-4.99 ms against 4.55-4.78 launched plainly.
-// Each epilogue saves a launch of its own: with rope_write, four launches a layer fewer took
-// Llama-3-8B's batch-1 step from 4.80-4.82 to 4.61-4.63 ms on the H200 (128 launches, about
-// 1.5 us each; a session probe, not recorded).
+// split k between them (a warp per row alone would walk a long row, such as W_down's, one
+// memory round trip after another); each lane issues COLS * UNROLL 16-byte loads before it uses
+// any. The loads of w skip L1, where x stays for the next CTA. Many small CTAs let the block
+// scheduler even out the SMs' shares. Each epilogue saves a launch of its own. Launched plainly,
+// not as a programmatic dependent: the whole step runs slower so (docs/kernels/layer_ops.md).
 // Grid ceil(n / COLS) (LINEAR_SWIGLU: ceil(n / 2 / (COLS / 2))); blockDim.x = 32 * warps, at most
 // 32 * LINEAR_MAX_WARPS.
 constexpr int LINEAR_MAX_WARPS = 8;
@@ -365,8 +357,8 @@ __global__ void linear(T* __restrict__ out, const T* __restrict__ x, const T* __
 // Greedy sampling's argmax over a decode step's logits, a CTA a row:
 //   out[r] = the index of the largest x[r, c], c < cols: the first of equal ones, and NaN above
 //   every number (torch.argmax's order).
-// The logits stay in T: torch's path converted a step's [batch, vocab] logits to fp32 and ran a
-// reduction with few outputs over them. Columns [0, vector_cols) are read in 16-byte vectors (x
+// The logits stay in T (torch's path converts a step's [batch, vocab] logits to fp32 first, then
+// runs a reduction with few outputs over them). Columns [0, vector_cols) are read in 16-byte vectors (x
 // and the row stride 16-byte aligned, vector_cols a multiple of VEC; the launcher passes 0
 // otherwise), ARGMAX_UNROLL of them in flight a thread; the rest one element at a time. A
 // thread keeps its best vector, by the vector's maximum (NaN-propagating pairwise max, a few

@@ -1,6 +1,9 @@
 // Paged decode attention after the design of vLLM's PagedAttention v1/v2 kernel (the baseline of the
 // L2-prefetch paper, arXiv 2504.06319), with the paper's L2 prefetch (Algorithm 1) as template options.
 // Written from the design, not from vLLM's source.
+// Design notes, versions and dead ends: docs/kernels/vllm_v1.md.
+// Current (554f766): 0.963-1.046x the speed of vLLM's own kernels at their 20 points, recorded
+// at 15947c5 (benchmarks/results/h200/attention_vllm.json).
 //
 // One decode step: every query head of every sequence attends to all of that sequence's cached tokens.
 //
@@ -32,8 +35,9 @@
 //     sum_p s_p * exp(m_p - M), M = max_p m_p.
 //   PF_MODE (kvlab::PF_NONE / PF_BULK / PF_LINE, see prefetch.cuh), PF_K, PF_V, PF_DIST,
 //     PF_EVICT_LAST: in the K loop (PF_K) and in the V loop (PF_V), right after a warp has issued
-//     the loads of its current block i, it prefetches into L2 the tile of block i + PF_DIST * 4
-//     (PF_DIST of its own strides ahead) when that block is still inside the CTA's range. With
+//     the (first batch of) loads of its current block i, it prefetches into L2 the tile of block
+//     i + PF_DIST * 4 (PF_DIST of its own strides ahead) when that block is still inside the
+//     CTA's range. With
 //     PF_EVICT_LAST the prefetched lines are tagged evict-last (bulk: through one L2 policy made per
 //     thread at the start; line: the evict_last form of the prefetch). PF_NONE compiles to the same
 //     SASS as the baseline whatever the other PF_* values are.
@@ -67,67 +71,11 @@
 //   vllm_reduce  no dynamic shared memory; static NUM_THREADS + 2 * NUM_WARPS floats (544 B). Any
 //                number of partitions (weights are staged 128 partitions at a time).
 //
-// Versions tried (NVIDIA H200; recorded in benchmarks/results/h200/attention*.json, summed up in
-// benchmarks/README.md):
-//   v1 / v2 baseline, PF_NONE: MHA at the copy roofline from 16 x 4k; GQA far below it (every
-//     query head re-reads its KV head): where vLLM's own kernel lands on this GPU.
-//   + L2 prefetch (bulk or line, K and V, distances 1/2/4): gains where the kernel is far from the
-//     bandwidth limit (GQA shapes, batch 1), loses where it is near it (MHA); nowhere near the
-//     paper's 1.84-2.15x on an H20. (A first recording with a write flush and host launch time
-//     inside the timed region showed up to 2.31x at batch 1: an artefact of the timing.)
-//   Faithful to vLLM's design (revision e5e265a): q in shared memory instead of registers, the
-//     p.V products in T, vLLM's v1/v2 rule. Registers fell from 117-119 to 88 (v1) and 94 (v2) a
-//     thread at head_dim 128, block 16: 5 CTAs an SM instead of 4. Against vLLM's kernels as
-//     measured on the H200 (../shared/H200.md): 1.04-1.09x on MHA (32:32), 1.01-1.29x on GQA, up
-//     from 0.77-1.25x. Also tried, not kept (observed, not recorded): vLLM's address arithmetic
-//     (runtime strides, per-load offsets from the vector index), 1.03-1.33x of vLLM's figures.
-//   Faithful to vLLM's build (revision 0a2bb2d; benchmarks/results/h200/attention_vllm.json
-//     then): two properties of vLLM's source as nvcc 13 compiles it for sm_90 (read from the
-//     SASS; vLLM's own build: 96 registers a thread for v1, 126 for v2), which this source does
-//     not get by itself, are emulated. vLLM's K loop issues a block's 16 loads in two batches, two
-//     memory round trips a block, which a latency-bound GQA shape pays in full: qk_logits
-//     addresses batch b + 1 through a value known only once batch b's products are in
-//     (KLoadBatches now; this kernel's own build issued all 16 at once). vLLM's v2 holds 4 CTAs an
-//     SM (registers) where this one, at 88 registers, would hold 5: the launcher reserves shared
-//     memory to hold it at 4 (geometry.VLLM_V2_CTAS_PER_SM then). Against vLLM's
-//     figures: 0.93-1.17x, 10 of 20 points within 7%; the two batches alone ran 1.02-1.19x (8 of
-//     20; a session run, not kept).
-//   vLLM's K-vector indexing (revision 61b76c2): qk_logits computes each K load's
-//     address as vLLM's source does (a signed thread index, the vector index split into offset1
-//     and offset2 per load), where ours had folded them into immediate offsets. Read from nvcc
-//     13's SASS (<half, 128, 16> v1): the K loop takes 339 instructions a block, vLLM's build 355,
-//     ours before 266. It needs more registers (93-96 under NVRTC at head_dim 128, vLLM's v1 96):
-//     the launch bounds ask for 5 CTAs an SM so that v1 keeps vLLM's occupancy (v1 with prefetch
-//     now holds 5 too, not 6). Against vLLM's figures: 0.90-1.12x, 13 of 20 points within 7%
-//     (benchmarks/results/h200/attention_vllm.json).
-//   Beside vLLM's own kernels (this file): vLLM 0.9.2's source compiled by nvcc 13 for sm_90
-//     (benchmarks/vllm_cubin.sh) and timed in the same loop (kvlab.kernels.vllm_own; its times
-//     match ../shared/H200.md's vLLM figures within 1.6% at all 20 points). ncu and the SASS of
-//     both showed three differences, all now followed:
-//     - vLLM's v2 holds 5 CTAs an SM (96 registers a thread; its CUDA 12.8 wheel's too), not 4:
-//       the 126 registers read before are its count at head_dim 256. No shared memory is
-//       reserved any more.
-//     - its K loop's round trips differ between v1 and v2 (KLoadBatches): v1 issues 7 x-vectors,
-//       then 9; v2 issues 2, then 1, then 13 (this file issued 8 and 8 in both).
-//     - its p.V sums a row's 8 products in T (this file summed them in fp32: 24 instructions a
-//       row, not 8), and tests for the last block row by row (8 branches a block).
-//     Executed instructions a block of the p.V loop: vLLM 150-152, this file 144-145 (120 with
-//     one test a block). Against vLLM's kernels side by side, one loop a point: 0.963-1.046x at
-//     the 20 points (benchmarks/results/h200/attention_vllm.json, revision 15947c5), from
-//     0.805-1.045x before (a session probe; v2 held to 4 CTAs: the GQA v2 points up to 19% slow).
-//   Blocks 8 and 32 (revision 554f766): the K batches' loops of 15947c5 ran from a batch's first
-//     x-vector to its last; nvcc 13 left them partly rolled at blocks 8 and 32 (head_dim 128) and
-//     at head_dim 256 (block 16 too) and put k_words in local memory (64- and 256-byte stack
-//     frames; ncu on llama2-7b at block 32: 40% L2 hits from the stack's traffic where the loads
-//     hit 3%). They now run over every x-vector with a constant trip count: no stack frame in any
-//     instance CI compiles (tests/kernels/test_nvcc.py checks it), the SASS at head_dim 128,
-//     block 16 unchanged. Fidelity was matched at block 16 only. Beside vLLM's own kernels at
-//     16 points a block size (the four models x 1 x 32k, 8 x 4k, 16 x 1k, 64 x 8k; session
-//     probe, not recorded): block 8 0.842-1.232x (9 within 7%; 79-80 registers, 6 CTAs an SM,
-//     vLLM's 94-96 and 5), block 32 0.892-1.494x (4 within 7%; 219-222 registers, 2 CTAs an SM,
-//     vLLM's 66-68 and 6-7); the build with the stack frames ran 0.471-1.014x and 0.757-1.123x.
-//     Launch bounds of 5 CTAs an SM at block 32 (96 registers, a few spills) ran 1.071-1.703x:
-//     the occupancy alone does not make it vLLM's.
+// Where it follows vLLM's build rather than its source (vLLM 0.9.2 compiled by nvcc 13 for
+// sm_90, read from the SASS; kvlab.kernels.vllm_own times those kernels beside this one): the
+// K loop issues a block's x-vectors in KLoadBatches' round trips; the p.V sums a row's 8
+// products in T and tests for the last block row by row; the launch bounds ask for vLLM's
+// 5 CTAs an SM where that costs no spills.
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -369,8 +317,8 @@ __device__ __forceinline__ float qk_logits(float* logits, const T* q_smem, const
     for (int b = 0; b < Batches::COUNT; ++b) {
       const int first = b == 0 ? 0 : Batches::end(b - 1), last = Batches::end(b);
       // j runs over every x-vector and skips those of other batches: a constant trip count
-      // unrolls whole, so k_words stays in registers (a loop from `first` to `last` was left
-      // partly rolled at blocks 8 and 32 and at head_dim 256, with k_words in local memory)
+      // unrolls whole, so k_words stays in registers (nvcc 13 leaves a loop from `first` to
+      // `last` partly rolled at blocks 8 and 32 and at head_dim 256, k_words in local memory)
       uint32_t k_words[G::NUM_X_VECS][G::K_WORDS];
 #pragma unroll
       for (int j = 0; j < G::NUM_X_VECS; ++j) {

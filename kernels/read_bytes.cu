@@ -1,20 +1,17 @@
 // A plain read of one contiguous buffer, each byte once: the bound a decode kernel's reading of
 // the same bytes is measured against (`bench attention --kernels read`). Nothing is computed but
 // the XOR of the 32-bit words read, one per CTA, which proves every word was read once.
+// Settings probed and why these: docs/kernels/read_bytes.md.
+// Current (494668b): 93.1% of the H200's copy roofline at 134 MB, the fastest setting probed
+// there (a session probe at c12c8b9).
 //
 //   read_bytes: grid (num_ctas), block (READ_THREADS), no dynamic shared memory.
 //     src   [num_words]  uint4 (16-byte words, 16-byte aligned).
 //     sink  [num_ctas]   uint32: sink[c] = the XOR of the 32-bit words CTA c read; the XOR of all
 //                        of sink is that of the whole buffer.
 //   Each thread strides over the buffer by the grid's width with READ_UNROLL words in flight,
-//   through the read-only path (`ld.global.nc`), 4 CTAs an SM (kvlab/kernels/read.py).
-//
-// Tried on the H200 (session probe at revision c12c8b9, not recorded; one loop a size, L2 flushed,
-// % of the copy roofline): READ_UNROLL 2, 4, 8 x `ld.global.cs` or `.nc` x 1, 2, 4 CTAs an SM.
-// This one, 4 x .nc x 4, was the fastest at 34 MB (67.1%) and 134 MB (93.1%), and within 3.2
-// points of the fastest at 67 MB (78.9% against 82.1%) and 0.9 from 268 MB to 4 GiB (98.6-106.1%).
-// No setting came within 3 points of the fastest at every size: below ~100 MB a read's speed
-// is known to about 3 points. torch's sum of the words as int32 read 13-18%.
+//   through the read-only path (`ld.global.nc`), 4 CTAs an SM (kvlab/kernels/read.py): the
+//   fastest of the unroll, cache-hint and occupancy settings probed.
 
 #include "timeline.cuh"
 

@@ -1,21 +1,19 @@
 """Decode steps replayed as CUDA graphs, one per batch-size bucket and span of lengths.
 
 An eager decode step of a real-size model launches 15 or more kernels a layer from Python: the
-host, not the GPU, sets its pace (Llama-3-8B on the H200, when it took 36 a layer: 24-34 ms a step
-against a roofline of 3.5-4.6 ms, observed in a session probe). A graph replays a whole step's
-launches at once.
+host, not the GPU, sets its pace. A graph replays a whole step's launches at once.
 
 For each bucket B (1, 2, 4, ... up to MAX_BUCKET) and span S (MIN_SPAN, 2 MIN_SPAN, ... up to
 max_seq_len) the first step of at most B sequences of at most S tokens captures
 `forward.decode_step` on static buffers: token ids, positions, cache slots and lengths [B], and a
 `DecodePlan.for_capture` whose block tables and lengths are buffers too, planned for B sequences
 of S tokens. A plan made for longer sequences than a step's splits them into partitions that
-mostly hold nothing, and a small batch pays for launching and merging those: Llama-3-8B at batch
-1 and 640 tokens, planned for 8,192, launched 32 partitions a KV head, 3 of them holding tokens,
-and merged all 32; planned for 1,024, 4. Its step took 5.05-5.30 ms so and 5.00-5.20 ms with
-spans (the H200, a session probe). Each step fills the first rows of the buffers with its batch;
-the rows past it (padding) decode token 0 at position 0 into a scratch block that no sequence
-owns, with length 1 and a table of that block, and their logits are dropped.
+mostly hold nothing, and a small batch pays for launching and merging those (Llama-3-8B at
+batch 1 and 640 tokens, planned for 8,192, launches 32 partitions a KV head, 3 of them holding
+tokens, and merges all 32; planned for 1,024, 4): spans keep the plan near the step's lengths.
+Each step fills the first rows of the buffers with its batch; the rows past it (padding) decode
+token 0 at position 0 into a scratch block that no sequence owns, with length 1 and a table of
+that block, and their logits are dropped.
 
 The host side of a step is `HostInputs`, shared by the buckets: it fills pinned buffers and
 keeps the block tables from step to step, asking the manager for a whole table only for a

@@ -3,11 +3,11 @@ kernel each (RMSNorm with its residual add, RoPE from a cos/sin table, the paged
 SwiGLU's product, and RoPE of Q and K with the cache write together), where torch composes them
 from several; the linear layers of a step of at most LINEAR_ROWS rows, whose weights it
 streams in less time than cuBLAS over the paper models' linears (not at every shape:
-kernels/layer_ops.cu has the figures), with the residual add or SwiGLU's product that follows
+docs/kernels/layer_ops.md has the figures), with the residual add or SwiGLU's product that follows
 them in the same launch; and greedy sampling's argmax over the logits in their own dtype.
 
 The layer code (`kvlab.model`, `kvlab.engine.forward`) and the engine's sampling
-(`kvlab.engine.llm`) call these where `usable` says so: fp16 or bf16 tensors on a CUDA device,
+(`kvlab.engine.runner`) call these where `usable` says so: fp16 or bf16 tensors on a CUDA device,
 with CuPy present. Elsewhere they run torch ops, which these equal to the dtype's precision
 (checked by tests/kernels/test_layer_ops.py on a GPU). Every launcher checks its tensors before
 launching.

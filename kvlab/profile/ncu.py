@@ -30,7 +30,7 @@ of the L2-prefetch paper's Table 5.2 (`kvlab.profile.paper`) it answers:
 - l2_read_bytes: lts__t_sectors_srcunit_tex_op_read.sum, the sectors the SMs' loads asked of L2,
   in bytes (32 a sector); no row. Against dram_read_bytes it shows how often L2 served each
   byte: a kernel that reads every byte once asks as many as DRAM gives, unless the same sector
-  is asked again (gqa before v7 asked 1.5 times over; see kernels/paged_decode_gqa.cu).
+  is asked again (docs/kernels/gqa.md tells of a version that did).
 - l2_read_hit_bytes: lts__t_sectors_srcunit_tex_op_read_lookup_hit.sum, those of the loads'
   sectors that hit in L2, in bytes; no row. Over l2_read_bytes it is the loads' own hit rate,
   which an L2 prefetch is meant to raise. l2_hit_pct counts every L2 lookup: the prefetches'

@@ -16,11 +16,8 @@ The geometry is the H200's; how lines map to sets and which line leaves are assu
 - A demand read fills only the sectors it missed (NVIDIA's L2 fills 32-byte sectors).
 - gqa's cp.async carry the `.L2::128B` hint, but its loads ask for whole lines (each warp's rows
   of a tile are contiguous and line-aligned), so the hint fills nothing a load does not ask for:
-  they are plain loads here. ncu read 0.2-2.0% hits for gqa v8 without prefetch (its loads share
-  nothing). NOTE: before v7 the kernel asked L2 for 1.5 sectors per sector it read (its odd
-  shared-memory rows split each cache sector in two requests), and ncu read 48-49% hits; this
-  model matched that through an assumption about the hint, fitted to those counters and
-  dropped once v8's were recorded.
+  they are plain loads here. Without prefetch gqa's loads share nothing, and ncu reads almost
+  no hits (docs/l2-model.md).
 - A bulk prefetch (`cp.async.bulk.prefetch.L2`) fills the sectors its byte range covers; a line
   prefetch (`prefetch.global.L2`) fills the whole 128-byte line of its address.
 - Time: every request comes with a time in rounds (kvlab.sim.spec: one turn of every CTA slot,
@@ -56,14 +53,13 @@ SET_INDEXES = ("hash", "modulo")
 # alike; with the CTAs' phases spread, siblings' hits fall as the latency grows.
 FILL_LATENCY_ROUNDS = 0.5
 
-# The H200's L2 is two partitions joined by a fabric. Measured (ncu, gqa v8 at llama3-8b 16 x 4k,
-# without prefetch and with a bulk one at distance 1; a session probe at revision af1c220, not a
-# recorded result): for every sector the SMs ask of L2, loads and prefetches alike, the fabric
-# looks up 0.50 more (lts__t_sectors_srcunit_ltcfabric: 4.22M for 8.40M, and 8.27M for 16.55M):
-# half the addresses live in the other partition. With the prefetch, the loads hit 48.2% in
-# their own partition (where the model, one cache, has 97% hit) and the fabric's lookups 49.6%:
-# a prefetch fills its sector's home partition only, so the first load of a prefetched sector
-# homed across the fabric misses near and hits there.
+# The H200's L2 is two partitions joined by a fabric: half the addresses an SM asks for live in
+# the other partition, and the fabric looks those up again, loads and prefetches alike. A
+# prefetch fills its sector's home partition only, so the first load of a prefetched sector
+# homed across the fabric misses near and hits there. Both shares were read from ncu's
+# per-source counters (lts__t_sectors_srcunit_ltcfabric) at one gqa launch, with and without a
+# bulk prefetch, in a probe that no result file keeps; docs/l2-model.md checks the hit rates
+# they give against the recorded counters.
 FABRIC_LOOKUP_SHARE = 0.5  # fabric lookups per SM lookup
 NEAR_HOME_SHARE = 0.5  # of the sectors an SM asks for, homed in its own partition
 
@@ -315,6 +311,7 @@ def _replay(addrs, nbytes, kinds, times, latency, tags, last_use, valid, prefetc
     `sets_per_group` consecutive sets and replayed group by group: a group's state stays in the
     CPU's cache instead of every lookup touching a random set of the whole 60 MiB model.
     """
+    # ceil_div, written out: compiled code cannot call kvlab.arith's plain Python
     num_groups = -(-num_sets // sets_per_group)
     group_stride = sets_per_group * num_ways
     offsets = np.empty(num_groups + 1, np.int64)

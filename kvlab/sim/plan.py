@@ -3,13 +3,10 @@ choice and gqa's partition size and warps on the SMs given, and the CTAs an SM h
 
 vllm_v1's CTAs an SM (kvlab.kernels.geometry) are what the driver reports for vllm_decode<__half,
 128, 16, ...>, which a GPU test checks (tests/kernels/test_decode.py): registers limit v1 and v2
-to VLLM_CTAS_PER_SM = 5, with or without prefetch, as vLLM's own build runs them. Launches
-recorded before revision e5e265a ran an earlier kernel, which held 4 without prefetch (ncu:
-launch__occupancy_limit_registers = 4 at 119 registers; tests/profile/data/ncu_raw_h200.csv);
-from e5e265a until vllm_v1 took vLLM's K-vector indexing (revision 61b76c2), v1 held 6 with
-prefetch; from 0a2bb2d until v2 took vLLM's K-load batches (kernels/paged_decode_vllm.cu), v2 was
-held to 4 by reserved shared memory (vLLM's v2 was taken to need 126 registers a thread,
-its count at head_dim 256; at 128 it needs 96). gqa's follows from
+to VLLM_CTAS_PER_SM = 5, with or without prefetch, as vLLM's own build runs them. NOTE: older
+recordings ran earlier builds of the kernel at other occupancies (ncu's
+launch__occupancy_limit_registers = 4 in tests/profile/data/ncu_raw_h200.csv); the git history
+of kernels/paged_decode_vllm.cu says which. gqa's follows from
 its shared memory (kvlab.kernels.geometry.ctas_per_sm), which ncu confirms (its
 launch__occupancy_limit_shared_mem = 2 for head_dim 128, as ctas_per_sm(128) says).
 """

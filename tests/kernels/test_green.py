@@ -32,7 +32,9 @@ def test_32_sms_hold_32_or_a_few_more_and_copy_slower():
         assert green.current_sms() == held == green.sms_in_use()
         limited = copy_ms()
     assert green.current_sms() == total
-    assert limited > 1.5 * whole, (limited, whole)
+    # Fewer SMs cannot keep as many loads in flight: the copy slows by how much depends on the
+    # GPU's bandwidth per SM (1.46x at 32 SMs on an H100, more on an H200); unlimited, it would not
+    assert limited > 1.2 * whole, (limited, whole)
 
 
 def test_the_whole_gpu_needs_no_green_context():

@@ -2,7 +2,6 @@
 from the models' code, the table made from the rows, and the agreement that must not drift
 (CPU)."""
 
-import importlib.util
 import math
 from pathlib import Path
 
@@ -117,15 +116,6 @@ def test_the_markdown_is_made_from_the_rows():
     for row, line in zip(rows, lines[2:], strict=True):
         assert line.startswith(f"| {row.model} | {paper.QUANTITIES[row.quantity]} | ")
         assert line.endswith("| - |" if row.ratio is None else f"| {row.ratio:.4f} |")
-
-
-def test_benchmarks_tables_prints_the_same_table():
-    spec = importlib.util.spec_from_file_location("tables", ROOT / "benchmarks" / "tables.py")
-    tables = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tables)
-    for rates in paper.RATES:
-        assert tables.kvpr_table_1(rates) == paper.table_1_markdown(paper.table_1_rows(
-            rates=rates))
 
 
 def test_the_form_factor_changes_nothing_the_table_uses():

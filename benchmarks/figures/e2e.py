@@ -1,0 +1,134 @@
+"""Whole-model decode steps and serving runs (results/h200/e2e*.json).
+"""
+
+from __future__ import annotations
+
+from kvlab.bench.e2e import prefetch_pairs
+from kvlab.results import load_result, load_results
+
+from .common import source
+
+# The recorded end-to-end runs of 256 new tokens (`load_results("h200", E2E_RESULTS)`).
+E2E_RESULTS = ("e2e", "e2e_qwen7b", "e2e_qwen14b")
+
+
+def e2e_table(result: dict) -> list[str]:
+    """Decode steps of whole models (results/h200/e2e*.json), per model and batch: each
+    variant's ms per step (tokens/s), HF's static cache, the roofline step, and the fastest
+    variant over HF and over the roofline; then, per model, the speed of each variant with the
+    paper's prefetch over the same variant without it at each batch."""
+    rows = result["rows"]
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    lines = ["| model | batch | " + " | ".join(variants) + " | roofline | fastest kvlab / HF | "
+             "fastest kvlab / roofline |", "|---|---|" + "---|" * (len(variants) + 3)]
+    for model, batch in dict.fromkeys((r["model"], r["batch"]) for r in rows):
+        mine = {r["variant"]: r for r in rows if (r["model"], r["batch"]) == (model, batch)}
+        cells = [f"{mine[v]['step_ms']:.2f} ms ({mine[v]['tokens_per_s']:,.0f})" for v in variants]
+        best = min((r for v, r in mine.items() if v != "hf-static"), key=lambda r: r["step_ms"])
+        roofline = best["roofline_ms"]
+        lines.append(f"| {model} | {batch} | " + " | ".join(cells) + f" | {roofline:.2f} ms | "
+                     f"{mine['hf-static']['step_ms'] / best['step_ms']:.2f}x | "
+                     f"{best['step_ms'] / roofline:.2f}x |")
+    for model in dict.fromkeys(r["model"] for r in rows):
+        ms = {(r["variant"], r["batch"]): r["step_ms"] for r in rows if r["model"] == model}
+        batches = sorted({b for _, b in ms})
+        gains = [f"{with_} over {without} " + ", ".join(
+            f"{ms[without, b] / ms[with_, b]:.2f}x" for b in batches)
+            for with_, without in prefetch_pairs(variants)]
+        lines.append(f"- {model}, batch {', '.join(map(str, batches))}: " + "; ".join(gains)
+                     + ".")
+    return lines
+
+
+def serving_table(result: dict) -> list[str]:
+    """The serving runs of a bench e2e result (`--serve-rates`, results/h200/e2e_serving.json):
+    per model, variant and arrival rate, output tokens/s, time to first token and time per output
+    token (p50, p99), and preemptions."""
+    lines = ["| model | variant | requests | rate | output tokens/s | TTFT p50 / p99 | "
+             "TPOT p50 / p99 | preemptions |", "|---|---|---|---|---|---|---|---|"]
+    for r in result["serving"]:
+        lines.append(
+            f"| {r['model']} | {r['variant']} | {r['requests']} | {r['rate']:g}/s | "
+            f"{r['output_tokens_per_s']:,.0f} | {r['ttft_ms_p50']:,.1f} / {r['ttft_ms_p99']:,.1f} "
+            f"ms | {r['tpot_ms_p50']:.2f} / {r['tpot_ms_p99']:.2f} ms | {r['preemptions']} |")
+    return lines
+
+
+# The batch at which the README and the targets compare kvlab with HF.
+TARGET_BATCH = 64
+
+
+def steps() -> dict:
+    """(model, batch) -> {variant: row} over E2E_RESULTS."""
+    found = {}
+    for r in load_results("h200", E2E_RESULTS)["rows"]:
+        found.setdefault((r["model"], r["batch"]), {})[r["variant"]] = r
+    return found
+
+
+def fastest(variants: dict) -> dict:
+    """The fastest kvlab variant's row of one (model, batch)."""
+    return min((r for v, r in variants.items() if v != "hf-static"), key=lambda r: r["step_ms"])
+
+
+def _range(values) -> str:
+    lo, hi = f"{min(values):.2f}", f"{max(values):.2f}"
+    return f"{lo}x" if lo == hi else f"{lo}-{hi}x"
+
+
+def summary() -> list[str]:
+    """The fastest variant against HF's static cache and the roofline step, and the prefetch's
+    effect, one bullet each."""
+    found = steps()
+    at = {m: v for (m, b), v in found.items() if b == TARGET_BATCH}
+    over_hf = ", ".join(f"{m} {v['hf-static']['step_ms'] / fastest(v)['step_ms']:.2f}x"
+                        for m, v in at.items())
+    hf_ms = ", ".join(f"{m} {v['hf-static']['step_ms']:.2f} ms" for m, v in at.items())
+
+    def roofline(keep):
+        return _range([fastest(v)["step_ms"] / fastest(v)["roofline_ms"]
+                       for (_, b), v in found.items() if keep(b)])
+
+    gains = {(m, b, w): v[wo]["step_ms"] / v[w]["step_ms"]
+             for (m, b), v in found.items() for w, wo in prefetch_pairs(list(v))}
+    above = [f"{m} batch {b} ({w}, {g:.3f}x)" for (m, b, w), g in gains.items() if g > 1.01]
+    return [
+        f"- **Against HF's static cache** at batch {TARGET_BATCH}, the fastest variant runs "
+        f"{over_hf} as fast. HF's own step there: {hf_ms}.",
+        f"- **Against the roofline step**: {roofline(lambda b: b == 1)} at batch 1, "
+        f"{roofline(lambda b: b > 1)} at batch 16 to 128.",
+        f"- **The paper's prefetch** moves a step by {_range(list(gains.values()))} over the "
+        "same variant without it; above 1.01x at " + (", ".join(above) or "no point") + "."]
+
+
+def hf_first_steps() -> str:
+    """Over the models, the range of the longest first decode step HF took at any of its
+    points, in seconds: the step in which its static-cache decode is compiled."""
+    first = {}
+    for (model, _), v in steps().items():
+        first[model] = max(first.get(model, 0), v["hf-static"]["step_ms_runs"][0] / 1000)
+    return f"{min(first.values()):.1f}-{max(first.values()):.1f} s"
+
+
+def serving_summary() -> str:
+    """Per arrival rate: the output tokens/s asked (the requests' mean output times the rate)
+    against those served."""
+    runs = load_result("h200", "e2e_serving")["serving"]
+    return "; ".join(
+        f"at {r['rate']:g} requests/s about {r['output_tokens'] / r['requests'] * r['rate']:,.0f} "
+        f"output tokens/s are asked and {r['output_tokens_per_s']:,.0f} served" for r in runs)
+
+
+BLOCKS = {
+    "e2e.source": lambda: [f"- {source('h200', name)}" for name in E2E_RESULTS],
+    "e2e.rounds": lambda: ", ".join(sorted({str(load_result("h200", name)["rounds"])
+                                            for name in E2E_RESULTS})),
+    "e2e.summary": summary,
+    "e2e.source-2048": lambda: source("h200", "e2e_2048"),
+    "e2e.source-serving": lambda: source("h200", "e2e_serving"),
+    "e2e.serving-summary": serving_summary,
+    "e2e.hf-first-steps": hf_first_steps,
+    "e2e.table": lambda: e2e_table(load_results("h200", E2E_RESULTS)),
+    "e2e.table-2048": lambda: e2e_table(load_result("h200", "e2e_2048")),
+    "e2e.serving": lambda: serving_table(load_result("h200", "e2e_serving")),
+}

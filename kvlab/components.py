@@ -2,12 +2,12 @@
 source files' bytes.
 
 A component is a list of files named from the repository's top level (`kernels/...`,
-`kvlab/...`, `benchmarks/...`). Its version is the first VERSION_HEX hex digits of the sha256
-over each file's name and bytes, in the listed order; it is None where a file is absent (a
-recording made before the file existed: the component has changed since). The wheel ships
-`kernels/` as `kvlab/csrc/` and the package itself, so every component but the drivers under
-`benchmarks/` and `tests/` (checkout only) has the same version installed as in the checkout it
-was built from. `BENCHMARKS` names the components each benchmark runs (a result's "benchmark").
+`kvlab/...`). Its version is the first VERSION_HEX hex digits of the sha256 over each file's
+name and bytes, in the listed order; it is None where a file is absent (a recording made before
+the file existed: the component has changed since). Only what the wheel ships is versioned
+(`kernels/` ships as `kvlab/csrc/`), so a version, and every label made from it, reads the same
+installed as in the checkout it was built from; the driver scripts under `benchmarks/` are not
+versioned. `BENCHMARKS` names the components each benchmark runs (a result's "benchmark").
 Pure Python: no torch.
 """
 
@@ -40,6 +40,7 @@ COMPONENTS: dict[str, tuple[str, ...]] = {
     "vllm_v1": _in("kernels", "paged_decode_vllm.cu", "dtypes.cuh", "prefetch.cuh")
     + ("kvlab/kernels/vllm_v1.py",),
     "vllm_own": ("kvlab/kernels/vllm_own.py",),  # the launch; the cubin is recorded apart
+    "flashinfer": ("kvlab/kernels/flashinfer_peer.py",),  # the adapter; its wheel pinned there
     "numba": ("kernels/prefetch_numba.cu", "kvlab/kernels/numba_decode.py"),
     "read": ("kernels/read_bytes.cu", "kernels/timeline.cuh", "kvlab/kernels/read.py"),
     "layer_ops": ("kernels/layer_ops.cu", "kernels/dtypes.cuh", "kvlab/kernels/layer_ops.py"),
@@ -79,9 +80,6 @@ COMPONENTS: dict[str, tuple[str, ...]] = {
     "bench_timeline": ("kvlab/bench/timeline.py",),
     "bench_cache": ("kvlab/bench/cache.py",),
     "bench_l2sim": ("kvlab/bench/l2sim.py",),
-    "bench_l2_validation": ("benchmarks/l2_validation.py",),
-    "bench_dashboard": ("benchmarks/dashboard.py", "tests/browser_lab.py"),
-    "bench_predict": ("benchmarks/predict_fit.py",),
 }
 # Files no recording's numbers depend on: what a recording records about itself, how recordings
 # are read back (kvlab.results), the docs' statistics, a docstring
@@ -92,7 +90,8 @@ _DECODE = ("base", "cache", "decode_plan", "gqa", "vllm_v1", "green")
 # benchmark (a result's "benchmark") -> the components it runs. NOTE: tests/test_components.py
 # checks that each holds every kvlab module its harness imports, directly or not.
 BENCHMARKS: dict[str, tuple[str, ...]] = {
-    "attention": (*_DECODE, "vllm_own", "read", "timing", "cli", "bench_attention"),
+    "attention": (*_DECODE, "vllm_own", "flashinfer", "read", "timing", "cli",
+                  "bench_attention"),
     "counters": (*_DECODE, "profile", "timing", "cli", "bench_counters"),
     "timeline": (*_DECODE, "read", "tracer", "timing", "cli", "bench_timeline"),
     "e2e": (*_DECODE, "layer_ops", "model", "engine", "kvpr", "timing", "cli", "bench_e2e"),
@@ -100,11 +99,11 @@ BENCHMARKS: dict[str, tuple[str, ...]] = {
              "cli", "bench_kvpr"),
     "cache": ("base", "cache", "cli", "bench_cache"),
     "l2sim": ("base", "decode_plan", "l2_model", "cli", "bench_l2sim"),
-    "l2_validation": ("base", "decode_plan", "l2_model", "bench_l2_validation"),
-    "predict_fit": ("base", "decode_plan", "l2_model", "profile", "predict", "bench_predict"),
+    "l2_validation": ("base", "decode_plan", "l2_model"),
+    "predict_fit": ("base", "decode_plan", "l2_model", "profile", "predict"),
     # the dashboard's tabs reach every benchmark (their run buttons) but those of other drivers
     "dashboard": tuple(c for c in COMPONENTS if c not in (
-        "numba", "bench_cache", "bench_l2sim", "bench_l2_validation", "bench_predict")),
+        "numba", "bench_cache", "bench_l2sim")),
 }
 
 
@@ -142,7 +141,7 @@ def _read(path: str) -> bytes | None:
 
 def version(name: str) -> str | None:
     """The version of component `name` in the code installed now (None where one of its files
-    is not here: the drivers under `benchmarks/` in an installed wheel). Raises ValueError
+    is not here). Raises ValueError
     naming `name` and listing the components for a name not in COMPONENTS."""
     if name not in COMPONENTS:
         raise ValueError(f"name={name!r}: not a component; components: {list(COMPONENTS)}")

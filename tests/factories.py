@@ -106,3 +106,59 @@ def no_hang(seconds: int = 20):
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+class FakeWrapper:
+    """flashinfer.BatchDecodeWithPagedKVCacheWrapper on the CPU: records its arguments and
+    computes attention from the CSR and K/V tuple it was handed, as FlashInfer reads them."""
+
+    made: list = []
+
+    def __init__(self, workspace, kv_layout="NHD", use_tensor_cores=False):
+        self.kv_layout, self.use_tensor_cores = kv_layout, use_tensor_cores
+        self.workspace = workspace
+        FakeWrapper.made.append(self)
+
+    def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim,
+             page_size, **kwargs):
+        self.planned = dict(indptr=indptr, indices=indices, last_page_len=last_page_len,
+                            num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
+                            head_dim=head_dim, page_size=page_size, **kwargs)
+
+    def run(self, q, paged_kv_cache, k_scale=None, v_scale=None, out=None):
+        assert self.kv_layout == "HND"
+        p = self.planned
+        k_cache, v_cache = paged_kv_cache  # each [pages, num_kv_heads, page_size, head_dim]
+        self.ran = dict(q=q, k_cache=k_cache, v_cache=v_cache, k_scale=k_scale, v_scale=v_scale)
+        group = p["num_qo_heads"] // p["num_kv_heads"]
+        result = torch.empty(q.shape, dtype=torch.float32)
+        for b in range(q.shape[0]):
+            pages = p["indices"][p["indptr"][b]:p["indptr"][b + 1]].long()
+            n = (len(pages) - 1) * p["page_size"] + int(p["last_page_len"][b])
+            k, v = (c[pages].float().permute(1, 0, 2, 3).reshape(p["num_kv_heads"], -1,
+                                                                  p["head_dim"])[:, :n]
+                    for c in (k_cache, v_cache))  # [num_kv_heads, n, head_dim]
+            k, v = (t.repeat_interleave(group, 0) for t in (k, v))
+            logits = torch.einsum("hd,hnd->hn", q[b].float(), k)
+            logits *= p["sm_scale"] * (k_scale or 1.0)
+            result[b] = torch.einsum("hn,hnd->hd", logits.softmax(-1), v) * (v_scale or 1.0)
+        result = result.to(q.dtype)
+        if out is not None:
+            out.copy_(result)
+            return out
+        return result
+
+
+def install_fake_flashinfer(monkeypatch, device_types=("cpu",)):
+    """Put a fake `flashinfer` (FakeWrapper as its decode wrapper) in sys.modules and let
+    kvlab.kernels.flashinfer_peer take caches on `device_types`; returns the fake module."""
+    import types
+
+    from kvlab.kernels import flashinfer_peer
+
+    fake = types.ModuleType("flashinfer")
+    fake.BatchDecodeWithPagedKVCacheWrapper = FakeWrapper
+    FakeWrapper.made = []
+    monkeypatch.setitem(sys.modules, "flashinfer", fake)
+    monkeypatch.setattr(flashinfer_peer, "DEVICE_TYPES", tuple(device_types))
+    return fake

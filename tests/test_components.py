@@ -116,12 +116,10 @@ def test_each_benchmark_holds_the_components_its_harness_imports(benchmark):
     assert sorted(needed - set(BENCHMARKS[benchmark])) == []
 
 
-def copy_tree(top: Path, names=("gqa", "vllm_v1", "bench_dashboard"), wheel=False) -> Path:
+def copy_tree(top: Path, names=("gqa", "vllm_v1"), wheel=False) -> Path:
     """The files of `names` under `top` as a checkout holds them, or (`wheel`) as a wheel does:
-    kernels/ as kvlab/csrc/, and no benchmarks/ or tests/."""
+    kernels/ as kvlab/csrc/."""
     for path in {p for n in names for p in COMPONENTS[n]}:
-        if wheel and path.startswith(("benchmarks/", "tests/")):
-            continue
         to = top / ("kvlab/csrc" + path.removeprefix("kernels") if wheel and path.startswith(
             "kernels/") else path)
         to.parent.mkdir(parents=True, exist_ok=True)
@@ -148,14 +146,14 @@ def test_a_version_changes_when_a_file_of_it_changes(tmp_path, monkeypatch):
 
 
 def test_a_wheel_computes_the_versions_of_its_checkout(tmp_path, monkeypatch):
-    """kernels/ shipped as kvlab/csrc/ gives the same versions; the drivers under benchmarks/
-    and tests/, which the wheel leaves out, are None (unknown)."""
-    before = {n: version(n) for n in ("gqa", "vllm_v1", "bench_dashboard")}
+    """kernels/ shipped as kvlab/csrc/ gives the same versions, and every component is made of
+    files the wheel ships, so a label reads the same installed as checked out."""
+    assert all(p.startswith(("kernels/", "kvlab/")) for f in COMPONENTS.values() for p in f)
+    before = {n: version(n) for n in ("gqa", "vllm_v1")}
     use_tree(monkeypatch, copy_tree(tmp_path, wheel=True))
     assert source_path("kernels/paged_decode_gqa.cu") == (
         tmp_path / "kvlab" / "csrc" / "paged_decode_gqa.cu")
     assert version("gqa") == before["gqa"] and version("vllm_v1") == before["vllm_v1"]
-    assert before["bench_dashboard"] is not None and version("bench_dashboard") is None
 
 
 def test_digest_is_of_names_bytes_and_order_and_none_for_an_absent_file():

@@ -318,7 +318,7 @@ def test_load_shown_keeps_why_a_recording_cannot_be_read_for_its_view(tmp_path, 
 
 
 # The code now, for the tests of staleness: three components, one this install cannot read
-NOW = {"gqa": "1" * 12, "vllm_v1": "2" * 12, "engine": "3" * 12, "bench_dashboard": None}
+NOW = {"gqa": "1" * 12, "vllm_v1": "2" * 12, "engine": "3" * 12, "numba": None}
 REVISION = "abcdef1" + "0" * 33
 
 
@@ -342,7 +342,7 @@ def test_changed_since_lists_the_benchmarks_components_that_differ(now):
     assert changed_since(coded({"gqa": None, "engine": NOW["engine"]})) == ["gqa", "vllm_v1"]
     # engine is no part of attention; a component this install cannot read is not known changed
     assert changed_since(coded({"gqa": NOW["gqa"], "vllm_v1": NOW["vllm_v1"], "engine": "x",
-                                "bench_dashboard": "y"})) == []
+                                "numba": "y"})) == []
     assert changed_since(coded({"engine": "x"}, benchmark="e2e")) == ["gqa", "vllm_v1", "engine"]
     # a benchmark not in the table: every component it records
     assert changed_since(coded({"engine": "x", "gqa": NOW["gqa"]}, benchmark="new")) == [

@@ -17,6 +17,13 @@ of each, then run 2 of each, ...; `kvlab.timing.Timer`):
   "gqa_fp8": q and out in --dtype; its GB/s count the fp8 bytes it reads, half of fp16's);
 - with `--in-order`, each family without prefetch on a cache of the same shape whose blocks lie
   in order, as a fresh pool hands them out (kernels "vllm_v1_in_order", "gqa_in_order");
+- with `--kernels ... flashinfer flashinfer_tc`, FlashInfer's paged decode (its CUDA-core kernel,
+  its tensor-core path for grouped queries; `kvlab.kernels.flashinfer_peer`) on gqa's cache, the
+  same K/V tensors (zero copy), and with `--fp8` on gqa's fp8 cache too ("flashinfer_fp8",
+  "flashinfer_tc_fp8"); without gqa in --kernels, on a gqa cache of its own (SDPA then reads that
+  one). Before timing, each one's output is checked against kvlab.reference's and gqa's kernel's
+  (no prefetch) on that cache: `rel_l2` and `outputs_agree` as SDPA's; rows carry
+  `flashinfer_version`;
 - with `--kernels ... read`, a plain read of as many bytes as the point's K/V from one buffer
   (`kvlab.kernels.read.PlainRead`): what a read of that size reaches, the bound of a decode
   kernel there (small points cannot reach the copy roofline, which is measured on 4 GiB).
@@ -63,7 +70,7 @@ from kvlab.bench.env import gpu_info, gpu_state, run_info, write_checkpoint
 from kvlab.cache import filled_cache
 from kvlab.cache.fp8 import FP8_DTYPE
 from kvlab.config import MODELS
-from kvlab.kernels import FAMILIES, KERNEL_FAMILIES, gqa, green, tune, vllm_own
+from kvlab.kernels import FAMILIES, KERNEL_FAMILIES, flashinfer_peer, gqa, green, tune, vllm_own
 from kvlab.kernels.decode import DecodePlan
 from kvlab.kernels.prefetch import PrefetchConfig
 from kvlab.kernels.read import PlainRead
@@ -83,6 +90,8 @@ SDPA_BACKENDS = (("cudnn", "cudnn"), ("flash", "flash"), ("fmha", "efficient"),
 # against the kernel's): the tolerance of the kernels' own tests (tests/kernels/test_decode.py).
 OUTPUT_TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
 SDPA_SOURCES = ("gqa", "vllm_v1")  # whose cache SDPA reads, the first built
+# FlashInfer's kernels, as --kernels names them -> use_tensor_cores
+FLASHINFER_TENSOR_CORES = {"flashinfer": False, "flashinfer_tc": True}
 
 
 def prefetch_variants(modes, distances, evict_last: bool = False) -> list[PrefetchConfig]:
@@ -96,7 +105,7 @@ def prefetch_variants(modes, distances, evict_last: bool = False) -> list[Prefet
 
 def check(args) -> None:
     """Raise ValueError unless this machine can run the benchmark (a CUDA GPU and CuPy, and no
-    more SMs asked for than it has)."""
+    more SMs asked for than it has; FlashInfer installed when its kernels are asked for)."""
     from kvlab.device import backend
 
     if args.points and args.lengths:
@@ -110,6 +119,9 @@ def check(args) -> None:
     if backend() != "cuda":
         raise ValueError("python -m kvlab bench attention needs a CUDA GPU usable through torch "
                          "and CuPy (kvlab.backend() is 'sim' here)")
+    peers = [k for k in FLASHINFER_TENSOR_CORES if k in args.kernels]
+    if peers and (reason := flashinfer_peer.unavailable_reason()) is not None:
+        raise ValueError(f"--kernels {' '.join(peers)}: {reason}")
     total = green.device_sms()
     for n in args.sms or ():
         if n > total:
@@ -224,12 +236,14 @@ def launch_fields(plan) -> dict:
 
 def kv_copies(args, mixed: bool) -> float:
     """How many copies of a point's K/V one loop holds: a cache per family asked for (and one
-    more each with --in-order), half a copy for an fp8 cache, SDPA's dense copy, the plain
-    read's buffer."""
+    more each with --in-order), half a copy for an fp8 cache, a gqa cache for FlashInfer where
+    gqa is not asked for, SDPA's dense copy, the plain read's buffer."""
     families = sum(family in args.kernels for family in FAMILIES)
+    peer_cache = ("gqa" not in args.kernels
+                  and any(k in args.kernels for k in FLASHINFER_TENSOR_CORES))
     sdpa = "sdpa" in args.kernels and not mixed
-    return (families * (2 if args.in_order else 1) + (0.5 if args.fp8 else 0)
-            + sdpa * (1 if families else 2)  # SDPA alone gathers from a cache of its own
+    return (families * (2 if args.in_order else 1) + (0.5 if args.fp8 else 0) + peer_cache
+            + sdpa * (1 if families or peer_cache else 2)  # SDPA alone gathers from its own
             + ("read" in args.kernels))
 
 
@@ -265,12 +279,12 @@ def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
     return (diff / ref.float().flatten(1).norm(dim=1)).max().item()
 
 
-def output_check(sdpa_out, kernel_out, ref, tolerance: float) -> dict:
-    """A row's record of SDPA's output against the reference's and a kernel's on the same K/V
-    (each [B, num_qo_heads, head_dim]): {"sdpa_rel_l2": {"reference": e, "kernel": e},
+def output_check(sdpa_out, kernel_out, ref, tolerance: float, field: str = "sdpa_rel_l2") -> dict:
+    """A row's record of SDPA's (or a peer's) output against the reference's and a kernel's on
+    the same K/V (each [B, num_qo_heads, head_dim]): {field: {"reference": e, "kernel": e},
     "outputs_agree": both within `tolerance`}."""
     errors = {"reference": rel_l2(sdpa_out, ref), "kernel": rel_l2(sdpa_out, kernel_out)}
-    return {"sdpa_rel_l2": {k: float(f"{e:.3g}") for k, e in errors.items()},
+    return {field: {k: float(f"{e:.3g}") for k, e in errors.items()},
             "outputs_agree": all(e <= tolerance for e in errors.values())}
 
 
@@ -293,6 +307,34 @@ def sdpa_variant(q, source: dict, dtype) -> tuple[dict, object]:
     kernels = cuda_kernels(sdpa)
     return ({"kernel": "sdpa", "prefetch": "none", "sdpa_backend": sdpa_backend(kernels),
              "sdpa_kernels": kernels, "kv_from": source["family"], **check}, sdpa)
+
+
+def flashinfer_variants(q, out, kernels, sources, dtype) -> dict:
+    """FlashInfer's `kernels` (names of FLASHINFER_TENSOR_CORES) on each source's cache
+    ({"family", "cache", "seq_ids", "plan"}: gqa's, and gqa's fp8 one), each output checked
+    against the reference and the source's plan before it is timed: {key: (row fields, the timed
+    call)}."""
+    found = {}
+    for source in sources:
+        cache, seq_ids = source["cache"], source["seq_ids"]
+        fp8 = cache.k_scale is not None
+        ref = reference(q, cache, seq_ids)
+        for name in kernels:
+            decode = flashinfer_peer.FlashInferDecode(
+                cache, seq_ids, q.shape[1], use_tensor_cores=FLASHINFER_TENSOR_CORES[name],
+                q_dtype=dtype)
+            kernel = f"{name}_fp8" if fp8 else name
+            check = output_check(decode.run(q), source["plan"].run(q), ref,
+                                 OUTPUT_TOLERANCE[dtype], field="rel_l2")
+            if not check["outputs_agree"]:
+                print(f"WARNING: {kernel}'s output on {source['family']}'s K/V is off by "
+                      f"{check['rel_l2']} (tolerance {OUTPUT_TOLERANCE[dtype]})", file=sys.stderr)
+            found[kernel, "none"] = (
+                {"kernel": kernel, "prefetch": "none", "block_order": "scattered",
+                 "kv_from": source["family"], **({"kv_dtype": "fp8"} if fp8 else {}),
+                 "flashinfer_version": flashinfer_peer.installed_version(), **check},
+                lambda decode=decode: decode.run(q, out=out))
+    return found
 
 
 def loop_variants(model, batch: int, context, block_size: int, args, dtype,
@@ -348,6 +390,8 @@ def loop_variants(model, batch: int, context, block_size: int, args, dtype,
                 DecodePlan(fp8_cache, fp8_ids, model.num_qo_heads, family, prefetch=p,
                            q_dtype=dtype))
                 for p in variants})
+            sources["gqa_fp8"] = {"family": "gqa_fp8", "cache": fp8_cache, "seq_ids": fp8_ids,
+                                  "plan": plans["gqa_fp8", "none"][1]}
         if args.in_order:
             ordered, ordered_ids, _ = filled_cache(
                 batch, context, block_size, model.num_kv_heads, model.head_dim,
@@ -358,6 +402,15 @@ def loop_variants(model, batch: int, context, block_size: int, args, dtype,
         for key, (fields, plan) in plans.items():
             found[key] = ({"block_order": "scattered", **fields, **launch_fields(plan)},
                           lambda plan=plan: plan.run(q, out=out))
+    peers = [k for k in FLASHINFER_TENSOR_CORES if k in args.kernels]
+    if peers:
+        if "gqa" not in sources:  # no gqa in this loop: a gqa cache for FlashInfer (and SDPA)
+            cache, seq_ids, _ = filled_cache(batch, context, block_size, model.num_kv_heads,
+                                             model.head_dim, layout=gqa.FAMILY.layout, dtype=dtype)
+            sources["gqa"] = {"family": "gqa", "cache": cache, "seq_ids": seq_ids,
+                              "plan": DecodePlan(cache, seq_ids, model.num_qo_heads, "gqa")}
+        found.update(flashinfer_variants(q, out, peers, [sources[f] for f in ("gqa", "gqa_fp8")
+                                                         if f in sources], dtype))
     if "sdpa" in args.kernels and not mixed:
         source = next((sources[f] for f in SDPA_SOURCES if f in sources), None)
         if source is None:  # no family's cache in this loop: a gqa cache for SDPA alone
@@ -481,8 +534,9 @@ def run(args) -> dict:
 
 
 def loop_ratios(rows) -> dict[int, dict]:
-    """Per loop: the fastest setting of each family, gqa over SDPA, gqa and SDPA over the plain
-    read (`over_read`), and each auto row's time over the fastest setting of its family
+    """Per loop: the fastest setting of each family, gqa over SDPA, gqa over each FlashInfer
+    kernel on the same cache (`gqa_over_flashinfer`), gqa and SDPA over the plain read
+    (`over_read`), and each auto row's time over the fastest setting of its family
     ({loop: {...}}), from rows of one loop only."""
     by_loop = {}
     for row in rows:
@@ -515,6 +569,9 @@ def loop_ratios(rows) -> dict[int, dict]:
                         None)
         if fp8_none and gqa_none:
             entry["fp8_over_fp16"] = gqa_none["ms"] / fp8_none["ms"]  # tokens/s ratio
+        entry["gqa_over_flashinfer"] = {  # speed ratio, gqa (no prefetch) on the same cache
+            r["kernel"]: r["ms"] / gqa["ms"] for r in mine if r["kernel"].startswith("flashinfer")
+            for gqa in [fp8_none if r.get("kv_dtype") == "fp8" else gqa_none] if gqa}
         entry["auto"] = {(r["family"], r["auto_mode"]): r["ms"] / best[r["family"]]["ms"]
                          for r in mine if r["kernel"] == "auto" and r["family"] in best}
         ratios[loop] = entry
@@ -539,6 +596,12 @@ def report(result: dict) -> str:
     sdpa = [e["gqa_over_sdpa"] for e in ratios.values() if "gqa_over_sdpa" in e]
     if sdpa:
         lines.append(f"gqa (no prefetch) / SDPA, same loop: {min(sdpa):.3f}-{max(sdpa):.3f}x")
+    peers = sorted({k for e in ratios.values() for k in e["gqa_over_flashinfer"]})
+    for kernel in peers:
+        speed = [e["gqa_over_flashinfer"][kernel] for e in ratios.values()
+                 if kernel in e["gqa_over_flashinfer"]]
+        lines.append(f"gqa{'_fp8' if kernel.endswith('_fp8') else ''} (no prefetch) / {kernel}, "
+                     f"same loop: {min(speed):.3f}-{max(speed):.3f}x")
     ordered = [e["gqa_in_order_over_sdpa"] for e in ratios.values()
                if "gqa_in_order_over_sdpa" in e]
     if ordered:

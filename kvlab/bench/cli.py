@@ -35,6 +35,7 @@ PROG = "python -m kvlab"
 PAPER_PREFETCH = "bulk K+V d=1"  # the paper's Algorithm 1: the next tile, one warp stride ahead
 # What `bench kvpr` times at each point: KVPR's split under each model of time, and the two ends.
 KVPR_SETTINGS = (*(f"kvpr-{m}" for m in MODELS_OF_TIME), "full-transfer", "full-recompute")
+FLASHINFER = ("flashinfer", "flashinfer_tc")  # FlashInfer's decode: CUDA cores, tensor cores
 MAX_COUNT = 2**31 - 1  # the kernels count tokens, blocks and sequences in int32
 # seconds per profiled launch: an ncu run of N launches waits N times this in poll(), whose
 # timeout in ms must fit an int32 (24.8 days): an hour each keeps up to 596 launches in range
@@ -177,8 +178,10 @@ def _add_attention(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--evict-last", action="store_true",
                         help="also time each prefetch setting with the evict-last L2 policy")
     parser.add_argument("--kernels", nargs="+", default=default["kernels"],
-                        choices=[*FAMILIES, "sdpa", "auto", "read"],
-                        help="'auto' also times kernel='auto' on each family's cache: tuned at "
+                        choices=[*FAMILIES, "sdpa", "auto", "read", *FLASHINFER],
+                        help="'flashinfer', 'flashinfer_tc': FlashInfer's paged decode (CUDA "
+                             "cores; tensor cores) on gqa's cache (pip install flashinfer-python); "
+                             "'auto' also times kernel='auto' on each family's cache: tuned at "
                              "the point, tuned at another shape of its bucket, and with "
                              "KVLAB_AUTOTUNE=0; 'read', a plain read of the point's K/V bytes "
                              "from one buffer (the bound at that size)")

@@ -75,6 +75,9 @@ def test_blocks_in_order_are_compared_with_scattered_and_sdpa_in_their_loop():
     (["gqa", "sdpa"], False, True, True, 2),  # no SDPA on mixed lengths
     (["gqa", "sdpa", "read"], False, False, False, 3),
     (["gqa", "read"], False, False, True, 2),  # the read's buffer, mixed lengths too
+    (["gqa", "flashinfer", "flashinfer_tc", "sdpa"], True, False, False, 2.5),  # gqa's caches
+    (["flashinfer", "sdpa"], False, False, False, 2),  # a gqa cache of its own, SDPA reads it
+    (["vllm_v1", "flashinfer_tc"], False, False, True, 2),
 ])
 def test_a_loop_holds_a_copy_of_the_kv_per_cache(kernels, fp8, in_order, mixed, copies):
     from types import SimpleNamespace
@@ -413,3 +416,58 @@ def test_measure_refuses_an_unknown_option_and_a_machine_without_a_gpu(monkeypat
     monkeypatch.setenv("KVLAB_BACKEND", "sim")
     with pytest.raises(ValueError, match="needs a CUDA GPU"):
         attention.measure_point("llama3-8b", 1, 1024, runs=3)
+
+
+def test_gqa_is_compared_with_flashinfer_on_the_same_cache_in_its_loop():
+    rows = [row(0, "gqa", "none", 2.0), row(0, "flashinfer", "none", 3.0),
+            row(0, "flashinfer_tc", "none", 2.5), row(0, "gqa_fp8", "none", 1.0),
+            row(0, "flashinfer_fp8", "none", 1.5, kv_dtype="fp8"),
+            row(1, "flashinfer", "none", 1.0)]  # no gqa in that loop: no ratio
+    ratios = attention.loop_ratios(rows)
+    assert ratios[0]["gqa_over_flashinfer"] == {"flashinfer": 1.5, "flashinfer_tc": 1.25,
+                                                "flashinfer_fp8": 1.5}
+    assert ratios[1]["gqa_over_flashinfer"] == {}
+    lines = attention.report({"gpu": "H200", "roofline_copy_gbps": 4000.0, "num_runs": 3,
+                              "skipped": [], "rows": [
+                                  {**r, "model": "llama3-8b", "batch": 1, "context": 1024,
+                                   "block_size": 16, "gbps": 1.0, "pct_roofline": 1.0}
+                                  for r in rows]}).splitlines()
+    assert "gqa (no prefetch) / flashinfer_tc, same loop: 1.250-1.250x" in lines
+    assert "gqa_fp8 (no prefetch) / flashinfer_fp8, same loop: 1.500-1.500x" in lines
+
+
+def test_the_clis_flashinfer_kernels_are_the_benchmarks():
+    from kvlab.bench.cli import FLASHINFER
+
+    assert tuple(attention.FLASHINFER_TENSOR_CORES) == FLASHINFER
+
+
+def test_flashinfer_rows_check_its_output_on_the_sources_cache(monkeypatch):
+    """With a fake flashinfer on the CPU: one row per kernel and cache, zero copy, its output
+    checked against the reference and the source's kernel (here the reference itself)."""
+    import types
+
+    import torch
+    from factories import FakeWrapper, install_fake_flashinfer, make_cache, make_seq
+
+    from kvlab.kernels import flashinfer_peer
+    from kvlab.reference import decode_attention
+
+    install_fake_flashinfer(monkeypatch)
+    monkeypatch.setattr(flashinfer_peer, "installed_version", lambda: "0.0-fake")
+    cache = make_cache(num_blocks=32, block_size=16, num_kv_heads=2, head_dim=64,
+                       dtype=torch.float16)
+    seq_ids = [make_seq(cache, n, seed=n)[0] for n in (1, 17, 97)]
+    plan = types.SimpleNamespace(run=lambda q: decode_attention(q, cache, seq_ids).half())
+    source = {"family": "gqa", "cache": cache, "seq_ids": seq_ids, "plan": plan}
+    q = torch.randn(3, 8, 64).half()
+    out = torch.empty_like(q)
+    found = attention.flashinfer_variants(q, out, ["flashinfer", "flashinfer_tc"], [source],
+                                          torch.float16)
+    assert set(found) == {("flashinfer", "none"), ("flashinfer_tc", "none")}
+    for (kernel, _), (fields, call) in found.items():
+        assert fields["kernel"] == kernel and fields["kv_from"] == "gqa"
+        assert fields["outputs_agree"] and fields["flashinfer_version"] == "0.0-fake"
+        assert call() is out
+    assert [w.use_tensor_cores for w in FakeWrapper.made] == [False, True]
+    assert all(w.ran["k_cache"] is cache.k_cache for w in FakeWrapper.made)

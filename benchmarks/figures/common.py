@@ -34,10 +34,16 @@ def spread(ratios) -> str:
     return f"{min(ratios):.3f}-{max(ratios):.3f}x (median {statistics.median(ratios):.3f}x)"
 
 
+def value_range(values, fmt: str = "{:.2f}", unit: str = "x") -> str:
+    """"0.98-1.04x", or one value where both ends print alike ("1.00x"): the ends formatted
+    with `fmt`, then `unit`."""
+    lo, hi = fmt.format(min(values)), fmt.format(max(values))
+    return f"{lo}{unit}" if lo == hi else f"{lo}-{hi}{unit}"
+
+
 def pct_range(values) -> str:
     """"71.2%" or "68.0-71.2%"."""
-    lo, hi = min(values), max(values)
-    return f"{lo:.1f}%" if f"{lo:.1f}" == f"{hi:.1f}" else f"{lo:.1f}-{hi:.1f}%"
+    return value_range(values, "{:.1f}", "%")
 
 
 def source(machine: str, name: str) -> str:

@@ -9,7 +9,7 @@ import statistics
 from kvlab.config import MODELS
 from kvlab.results import load_result
 
-from .common import context_label, heads
+from .common import context_label, heads, value_range
 
 # The counters' point of the Table 5.2 reproduction, (batch, context): the paper states none.
 TABLE_5_2_POINT = (16, 4096)
@@ -192,8 +192,7 @@ def _gqa_models() -> list[str]:
 
 
 def _range(values, fmt="{:.0f}", unit="") -> str:
-    lo, hi = fmt.format(min(values)), fmt.format(max(values))
-    return f"{lo}{unit}" if lo == hi else f"{lo}-{hi}{unit}"
+    return value_range(values, fmt, unit)
 
 
 def _median_x(kernel, sms) -> str:

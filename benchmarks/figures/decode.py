@@ -10,7 +10,7 @@ import statistics
 from kvlab.bench.stats import tally, versus
 from kvlab.results import load_result
 
-from .common import context_label, heads, loops, source
+from .common import context_label, heads, loops, pct_range, source
 from .fp8 import FP8_LARGE_TOKENS, FP8_TARGET
 from .small import MIXED_TARGET, SMALL_TARGETS, outcomes
 
@@ -38,11 +38,6 @@ def _versus_sdpa(result: dict) -> dict:
 def _ratio(row: dict, baseline: dict) -> float:
     """`row`'s speed over `baseline`'s."""
     return baseline["ms"] / row["ms"]
-
-
-def _pct(values, digits: int = 1) -> str:
-    lo, hi = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
-    return f"{lo}%" if lo == hi else f"{lo}-{hi}%"
 
 
 def decode_table(result: dict, points=DECODE_POINTS) -> list[str]:
@@ -153,8 +148,8 @@ def large(result: dict) -> str:
     pairs = [p for (_, b, c), p in _versus_sdpa(result).items() if b * c >= LARGE_TOKENS]
     ratios = [_ratio(*p) for p in pairs]
     return (f"at the {len(pairs)} points from {LARGE_TOKENS // 1024}k tokens gqa reads "
-            f"{_pct([g['pct_roofline'] for g, _ in pairs])} of the copy roofline and SDPA "
-            f"{_pct([s['pct_roofline'] for _, s in pairs])}; gqa runs "
+            f"{pct_range([g['pct_roofline'] for g, _ in pairs])} of the copy roofline and SDPA "
+            f"{pct_range([s['pct_roofline'] for _, s in pairs])}; gqa runs "
             f"{min(ratios):.3f}-{max(ratios):.3f}x SDPA's speed (median "
             f"{statistics.median(ratios):.3f}x; "
             f"{outcomes((g['ms_runs'], s['ms_runs']) for g, s in pairs)})")

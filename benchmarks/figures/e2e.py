@@ -6,7 +6,7 @@ from __future__ import annotations
 from kvlab.bench.e2e import prefetch_pairs
 from kvlab.results import load_result, load_results
 
-from .common import source
+from .common import source, value_range
 
 # The recorded end-to-end runs of 256 new tokens (`load_results("h200", E2E_RESULTS)`).
 E2E_RESULTS = ("e2e", "e2e_qwen7b", "e2e_qwen14b")
@@ -71,11 +71,6 @@ def fastest(variants: dict) -> dict:
     return min((r for v, r in variants.items() if v != "hf-static"), key=lambda r: r["step_ms"])
 
 
-def _range(values) -> str:
-    lo, hi = f"{min(values):.2f}", f"{max(values):.2f}"
-    return f"{lo}x" if lo == hi else f"{lo}-{hi}x"
-
-
 def summary() -> list[str]:
     """The fastest variant against HF's static cache and the roofline step, and the prefetch's
     effect, one bullet each."""
@@ -86,7 +81,7 @@ def summary() -> list[str]:
     hf_ms = ", ".join(f"{m} {v['hf-static']['step_ms']:.2f} ms" for m, v in at.items())
 
     def roofline(keep):
-        return _range([fastest(v)["step_ms"] / fastest(v)["roofline_ms"]
+        return value_range([fastest(v)["step_ms"] / fastest(v)["roofline_ms"]
                        for (_, b), v in found.items() if keep(b)])
 
     gains = {(m, b, w): v[wo]["step_ms"] / v[w]["step_ms"]
@@ -97,7 +92,7 @@ def summary() -> list[str]:
         f"{over_hf} as fast. HF's own step there: {hf_ms}.",
         f"- **Against the roofline step**: {roofline(lambda b: b == 1)} at batch 1, "
         f"{roofline(lambda b: b > 1)} at batch 16 to 128.",
-        f"- **The paper's prefetch** moves a step by {_range(list(gains.values()))} over the "
+        f"- **The paper's prefetch** moves a step by {value_range(list(gains.values()))} over the "
         "same variant without it; above 1.01x at " + (", ".join(above) or "no point") + "."]
 
 

@@ -8,7 +8,7 @@ import statistics
 from kvlab.config import MODELS
 from kvlab.results import load_result
 
-from .common import context_label, source
+from .common import context_label, source, value_range
 
 GRID = ("kvpr_opt", "kvpr_llama")
 # At least this much faster than full transfer: multi-head attention from MHA_TOKENS a sequence.
@@ -58,11 +58,6 @@ def kvpr_table_1(rates: str = "spec") -> list[str]:
     return paper.table_1_markdown(paper.table_1_rows(rates=rates))
 
 
-def _range(values, digits: int = 2) -> str:
-    lo, hi = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
-    return f"{lo}x" if lo == hi else f"{lo}-{hi}x"
-
-
 def points(names=GRID, schedule="row", gpu_batches=1, weights="resident") -> dict:
     """(model, batch, context[, weights]) -> {setting: row} over the results `names`, for one
     schedule and number of GPU batches."""
@@ -97,20 +92,21 @@ def grid_summary() -> list[str]:
     model_error = [p["kvpr-pipelined"]["step_ms"] / p["kvpr-pipelined"]["predicted_pipelined_ms"]
                    for p in grid.values()]
     gqa = [p for (m, *_), p in grid.items() if not multi_head(m)]
-    gqa_speed = [p["full-transfer"]["step_ms"] / fastest(p)["step_ms"] for p in gqa]
+    gqa_speed = value_range([p["full-transfer"]["step_ms"] / fastest(p)["step_ms"] for p in gqa],
+                            "{:.3f}")
     return [
         f"- **At most {LOWER_BOUND_TARGET}x the lower bound** (the fastest KVPR setting) at "
         f"{len(grid) - len(missed)} of {len(grid)} points; the misses: " + ", ".join(
             f"{MODELS[m].name} {b} x {context_label(c)} ({r:.2f}x)" for r, (m, b, c) in missed)
         + ". The bound leaves out the layer's own work, which shares the GPU with the "
         "recomputation; against the pipelined model, which counts it and the host, the steps "
-        f"take {_range(model_error)} (median {statistics.median(model_error):.2f}x).",
+        f"take {value_range(model_error)} (median {statistics.median(model_error):.2f}x).",
         f"- **Multi-head attention from {MHA_TOKENS // 1024}k tokens, at least {MHA_TARGET}x "
         f"faster than full transfer**: at {sum(x >= MHA_TARGET for x in mha)} of {len(mha)} "
-        f"points ({_range(mha)}).",
+        f"points ({value_range(mha)}).",
         f"- **GQA**: the pipelined model chooses l = "
         f"{', '.join(sorted({str(p['kvpr-pipelined']['l']) for p in gqa}))} at every point, and "
-        f"the fastest setting runs {_range(gqa_speed, 3)} as fast as full transfer: K, V with "
+        f"the fastest setting runs {gqa_speed} as fast as full transfer: K, V with "
         "few heads cost less to send than X."]
 
 
@@ -124,8 +120,8 @@ def against_hf() -> list[str]:
         mine = [p for (m, *_), p in grid.items() if keep(m)]
         over_full = [p["hf-offloaded"]["step_ms"] / p["full-transfer"]["step_ms"] for p in mine]
         over_kvpr = [p["hf-offloaded"]["step_ms"] / fastest(p)["step_ms"] for p in mine]
-        lines.append(f"- {name}, {len(mine)} points: HF's step takes {_range(over_full)} full "
-                     f"transfer's, and KVPR runs {_range(over_kvpr)} faster than HF.")
+        lines.append(f"- {name}, {len(mine)} points: HF's step takes {value_range(over_full)} full "
+                     f"transfer's, and KVPR runs {value_range(over_kvpr)} faster than HF.")
     return lines
 
 

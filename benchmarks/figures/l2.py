@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from kvlab.results import load_result
 
+from .common import value_range
+
 
 def l2_validation_table(result: dict) -> list[str]:
     """The L2 model against ncu and the measured times (results/cpu/l2_validation.json): per
@@ -62,8 +64,7 @@ def _rows(kernel=None, prefetch=None, block_size=16, models=None) -> list[dict]:
 
 
 def _range(values, fmt="{:.1f}", unit="%") -> str:
-    lo, hi = fmt.format(min(values)), fmt.format(max(values))
-    return f"{lo}{unit}" if lo == hi else f"{lo}-{hi}{unit}"
+    return value_range(values, fmt, unit)
 
 
 def _span(column: str, **keep) -> str:

@@ -7,14 +7,9 @@ import statistics
 from kvlab.results import load_result, speedups
 
 from . import decode, e2e, fp8, kvpr
-from .common import context_label
+from .common import context_label, value_range
 
 E2E_MODEL = "llama3-8b"  # the model whose tokens/s the README names
-
-
-def _range(values, digits: int = 2, unit: str = "x") -> str:
-    lo, hi = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
-    return f"{lo}{unit}" if lo == hi else f"{lo}-{hi}{unit}"
 
 
 def prefetch_in_the_kernel() -> str:
@@ -58,7 +53,7 @@ def end_to_end() -> str:
                        in best.items() if batch == e2e.TARGET_BATCH and m != E2E_MODEL)
 
     def roofline(keep):
-        return _range([b["step_ms"] / b["roofline_ms"] for (_, batch), (b, _) in best.items()
+        return value_range([b["step_ms"] / b["roofline_ms"] for (_, batch), (b, _) in best.items()
                        if keep(batch)])
 
     return (f"{E2E_MODEL} decodes {mine['tokens_per_s']:,.0f} tokens/s at batch "
@@ -79,10 +74,10 @@ def kvpr_gain() -> str:
     with_hf = [p for p in grid.values() if "hf-offloaded" in p]
     hf_full = [p["hf-offloaded"]["step_ms"] / p["full-transfer"]["step_ms"] for p in with_hf]
     hf_kvpr = [p["hf-offloaded"]["step_ms"] / kvpr.fastest(p)["step_ms"] for p in with_hf]
-    return (f"decode steps run {_range(over_full)} faster than full transfer at every "
+    return (f"decode steps run {value_range(over_full)} faster than full transfer at every "
             f"multi-head point of {kvpr.MHA_TOKENS // 1024}k tokens or more; HF transformers' "
-            f"offloaded cache, timed in turn at steady state, takes {_range(hf_full)} full "
-            f"transfer there, so KVPR beats it by {_range(hf_kvpr)}")
+            f"offloaded cache, timed in turn at steady state, takes {value_range(hf_full)} full "
+            f"transfer there, so KVPR beats it by {value_range(hf_kvpr)}")
 
 
 def prefetch_on_other_gpus() -> str:
@@ -94,9 +89,10 @@ def prefetch_on_other_gpus() -> str:
 
     hopper = ("h200", "h100-sxm", "h20", "h800-sxm", "gh200")
     grid = [(1, 4096), (1, 32768), (16, 4096), (64, 8192)]
+    small = [speedup(g, 1, 4096) for g in hopper]
     big = [speedup(g, 64, 8192) for g in ("h100-sxm", "h800-sxm", "h200", "gh200")]
-    return (f"at 1 x 4k every Hopper GPU gains {_range([speedup(g, 1, 4096) for g in hopper])}, "
-            f"at 64 x 8k the H100, H800, H200 and GH200 lose ({_range(big)}), and the H20 and "
+    return (f"at 1 x 4k every Hopper GPU gains {value_range(small)}, "
+            f"at 64 x 8k the H100, H800, H200 and GH200 lose ({value_range(big)}), and the H20 and "
             f"the B200 gain at most {max(speedup('h20', *p) for p in grid):.2f}x and "
             f"{max(speedup('b200', *p) for p in grid):.2f}x")
 

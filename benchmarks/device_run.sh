@@ -1,23 +1,23 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: every test marked gpu or compile (nvcc, NVRTC), the sanitizers, a
 # benchmark. Logs and JSON go to $OUT.
-# Usage (from the repo root there): [BENCH=attention|kvpr] bash benchmarks/device_run.sh [bench
-# options...]; TESTS overrides the test paths (default: all of tests/), SKIP_TESTS=1 /
-# SKIP_SANITIZER=1 skip those parts. The panels' tests need ipywidgets, plotly and anywidget,
+# Usage (from the repo root there): [BENCH=attention|kvpr] [NAME=file stem, default $BENCH]
+# bash benchmarks/device_run.sh [bench options...]; TESTS overrides the test paths (default: all
+# of tests/), SKIP_TESTS=1 / SKIP_SANITIZER=1 skip those parts. The panels' tests need ipywidgets, plotly and anywidget,
 # which the device image lacks: carry their wheels in .whl/ (benchmarks/README.md says how).
 # Provenance: where the tree travelled without .git, set KVLAB_GIT_REVISION and KVLAB_GIT_DIRTY
 # (kvlab/bench/env.py).
 # NOTE: the device returns at most 8 files from $OUT. This script leaves three: device.log (GPU,
-# tests, sanitizers), $BENCH.log (the report and progress) and $BENCH.json (or, when the run was
-# cut short, the checkpoint $BENCH_partial.json), so a call can run a few benchmarks.
+# tests, sanitizers), $NAME.log (the report and progress) and $NAME.json (or, when the run was
+# cut short, the checkpoint $NAME_partial.json), so a call can run a few benchmarks.
 set -uo pipefail
 OUT=${OUT:-/tmp/kvlab-out}
 mkdir -p "$OUT"
 log=$OUT/device.log
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-fi
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH
+fi  # PATH: the wheels' commands (ninja, which FlashInfer's JIT runs)
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv 2>&1 | tee -a "$log"
 python3 -c "from kvlab.bench.env import git_state; print(git_state())" 2>&1 | tee -a "$log"
@@ -35,9 +35,9 @@ if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
   done
 fi
 if [ "$#" -gt 0 ]; then
-  bench=${BENCH:-attention}
-  timeout "${BENCH_TIMEOUT:-300}" python3 -m kvlab bench "$bench" --json "$OUT/$bench.json" \
-    --checkpoint "$OUT/${bench}_partial.json" "$@" > "$OUT/$bench.log" 2>&1
-  [ -f "$OUT/$bench.json" ] && rm -f "$OUT/${bench}_partial.json"
-  tail -60 "$OUT/$bench.log"
+  bench=${BENCH:-attention} name=${NAME:-${BENCH:-attention}}
+  timeout "${BENCH_TIMEOUT:-300}" python3 -m kvlab bench "$bench" --json "$OUT/$name.json" \
+    --checkpoint "$OUT/${name}_partial.json" "$@" > "$OUT/$name.log" 2>&1
+  [ -f "$OUT/$name.json" ] && rm -f "$OUT/${name}_partial.json"
+  tail -60 "$OUT/$name.log"
 fi

@@ -20,10 +20,14 @@ __all__ = [
     "DISTRIBUTIONS",
     "Workload",
     "batch_shape",
+    "describe_mixed",
     "lognormal",
     "lognormal_lengths",
     "lognormal_spec",
     "make_workload",
+    "mixed_lengths",
+    "mixed_spec",
+    "production_lengths",
     "shared_prefix",
     "uniform",
 ]
@@ -32,6 +36,10 @@ __all__ = [
 MAX_SEQ_LEN = 2**31 - 1
 # Requests of a generated workload: its three int64 arrays take at most 384 MiB.
 MAX_NUM_REQUESTS = 2**24
+# FlashInfer's production length mix (its decode benchmarks, issue #51): (KV length, weight %).
+PRODUCTION_MIX = ((4096, 35), (8192, 20), (16384, 15), (32768, 12), (65536, 10), (131072, 8))
+# The smallest longest length of a scaled production mix: its shortest length is then 1.
+PRODUCTION_MIN_MAX = PRODUCTION_MIX[-1][0] // PRODUCTION_MIX[0][0]
 
 
 def _int_array(name: str, values) -> np.ndarray:
@@ -271,16 +279,75 @@ def lognormal_lengths(num_seqs: int, mean: int, max_len: int, sigma: float = 1.0
     return lognormal(num_seqs, median, 1, sigma, max_len, seed).prompt_lens
 
 
+def mixed_spec(text: str) -> tuple[str, tuple[int, ...]]:
+    """A spec of a batch of mixed lengths as (kind, arguments): ("lognormal", (MEAN, MAX)) for
+    `lognormal:MEAN,MAX` (`lognormal_lengths`), ("production", (MAX,)) for `production:MAX`
+    (`production_lengths`). Raises ValueError, naming both forms, for anything else."""
+    kind, _, number = text.partition(":") if isinstance(text, str) else ("", "", "")
+    if kind == "production":
+        number = number.strip()
+        if number.isascii() and number.isdigit() and len(number) <= 10:
+            if PRODUCTION_MIN_MAX <= int(number) <= MAX_SEQ_LEN:
+                return kind, (int(number),)
+    elif kind == "lognormal":
+        return kind, lognormal_spec(text)
+    raise ValueError(f"{text!r}: must be lognormal:MEAN,MAX (integers 1 <= MEAN <= MAX <= "
+                     f"{MAX_SEQ_LEN}) or production:MAX (an integer in "
+                     f"[{PRODUCTION_MIN_MAX}, {MAX_SEQ_LEN}]), e.g. "
+                     "lognormal:3200,16384 or production:32768")
+
+
+def _production_scaled(max_len: int) -> np.ndarray:
+    """PRODUCTION_MIX's lengths scaled (rounded) so that the longest is max_len."""
+    max_len = _check_count("max_len", max_len, PRODUCTION_MIN_MAX, MAX_SEQ_LEN)
+    lens = np.array([length for length, _ in PRODUCTION_MIX], dtype=np.int64)
+    return (lens * max_len + lens[-1] // 2) // lens[-1]
+
+
+def production_lengths(num_seqs: int, max_len: int, seed: int = 0) -> np.ndarray:
+    """int64 [num_seqs] KV lengths in FlashInfer's production mix (PRODUCTION_MIX: 4k to 128k
+    weighted 35, 20, 15, 12, 10, 8 %) scaled by max_len / 128k, so that the longest is max_len.
+    Each length gets its weight's share of the batch, rounded by largest remainder (ties to the
+    shorter), and the batch is shuffled (seeded). Raises ValueError for num_seqs not in
+    [1, MAX_NUM_REQUESTS] or max_len not in [PRODUCTION_MIN_MAX, MAX_SEQ_LEN]."""
+    num_seqs = _check_count("num_seqs", num_seqs, 1, MAX_NUM_REQUESTS)
+    lens = _production_scaled(max_len)
+    share = np.array([w for _, w in PRODUCTION_MIX], dtype=np.int64) * num_seqs
+    counts = share // 100
+    by_remainder = np.argsort(-(share % 100), kind="stable")  # stable: ties to the shorter
+    counts[by_remainder[:num_seqs - int(counts.sum())]] += 1
+    batch = np.repeat(lens, counts)
+    np.random.default_rng(seed).shuffle(batch)
+    return batch
+
+
+def mixed_lengths(num_seqs: int, spec: str) -> np.ndarray:
+    """int64 [num_seqs] KV lengths of a `mixed_spec` spec (seed 0), as `bench attention
+    --lengths` draws them. Raises ValueError for a bad spec or num_seqs."""
+    kind, args = mixed_spec(spec)
+    draw = lognormal_lengths if kind == "lognormal" else production_lengths
+    return draw(num_seqs, *args)
+
+
+def describe_mixed(spec: str) -> str:
+    """A mixed-lengths spec in words, for a chart's note."""
+    kind, args = mixed_spec(spec)
+    if kind == "lognormal":
+        return f"lognormal of mean {args[0]} before clipping at {args[1]}"
+    return (f"FlashInfer's production mix ({', '.join(str(n) for n in _production_scaled(*args))} "
+            f"weighted {', '.join(str(w) for _, w in PRODUCTION_MIX)} %)")
+
+
 def batch_shape(batch: int, shape: int | str) -> tuple[int | list[int], int, int, dict]:
     """A benchmark point's batch: `batch` sequences of `shape` tokens, or of the lengths of a
-    `lognormal:MEAN,MAX` spec (`lognormal_spec`, `lognormal_lengths`). Returns what a filled
-    cache takes (the context, or the lengths), the mean length (rounded), the tokens in all, and
-    what a result row of mixed lengths records: {"lengths": the spec, "max_context": the
-    longest} ({} for one context). Raises ValueError for batch not in [1, MAX_NUM_REQUESTS], or
-    shape neither an integer in [1, MAX_SEQ_LEN] nor such a spec."""
+    `mixed_spec` spec (`mixed_lengths`). Returns what a filled cache takes (the context, or the
+    lengths), the mean length (rounded), the tokens in all, and what a result row of mixed
+    lengths records: {"lengths": the spec, "max_context": the longest} ({} for one context).
+    Raises ValueError for batch not in [1, MAX_NUM_REQUESTS], or shape neither an integer in
+    [1, MAX_SEQ_LEN] nor a `mixed_spec` spec."""
     batch = _check_count("batch", batch, 1, MAX_NUM_REQUESTS)
     if isinstance(shape, str):
-        lengths = lognormal_lengths(batch, *lognormal_spec(shape))
+        lengths = mixed_lengths(batch, shape)
         return (lengths.tolist(), round(float(lengths.mean())), int(lengths.sum()),
                 {"lengths": shape, "max_context": int(lengths.max())})
     shape = _check_count("shape", shape, 1)

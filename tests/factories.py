@@ -114,8 +114,8 @@ class FakeWrapper:
 
     made: list = []
 
-    def __init__(self, workspace, kv_layout="NHD", use_tensor_cores=False):
-        self.kv_layout, self.use_tensor_cores = kv_layout, use_tensor_cores
+    def __init__(self, workspace, kv_layout="NHD", use_tensor_cores=False, backend="auto"):
+        self.kv_layout, self.use_tensor_cores, self.backend = kv_layout, use_tensor_cores, backend
         self.workspace = workspace
         FakeWrapper.made.append(self)
 

@@ -310,3 +310,56 @@ def test_token_ids_take_an_integer_index():
 def test_generators_refuse_hostile_arguments(make, match):
     with pytest.raises(ValueError, match=match):
         make()
+
+
+# -- FlashInfer's production length mix --------------------------------------------------------
+
+@pytest.mark.parametrize("num_seqs", [1, 6, 7, 64, 100, 128])
+def test_production_lengths_give_each_length_its_weights_share(num_seqs):
+    from kvlab.workload import PRODUCTION_MIX, production_lengths
+
+    lens = production_lengths(num_seqs, 131072)
+    assert lens.dtype == np.int64 and len(lens) == num_seqs
+    counts = {length: int((lens == length).sum()) for length, _ in PRODUCTION_MIX}
+    assert sum(counts.values()) == num_seqs  # nothing but the mix's lengths
+    for length, weight in PRODUCTION_MIX:  # largest remainder: within one of the exact share
+        assert abs(counts[length] - num_seqs * weight / 100) < 1
+    assert np.array_equal(lens, production_lengths(num_seqs, 131072))  # seeded
+
+
+def test_production_lengths_of_100_are_the_weights_and_scale_to_max_len():
+    from kvlab.workload import production_lengths
+
+    lens = production_lengths(100, 32768)
+    values, counts = np.unique(lens, return_counts=True)
+    assert values.tolist() == [1024, 2048, 4096, 8192, 16384, 32768]
+    assert counts.tolist() == [35, 20, 15, 12, 10, 8]
+    assert sorted(production_lengths(6, 32).tolist()) == [1, 1, 2, 4, 8, 16]  # 4k scales to 1
+    assert not np.array_equal(production_lengths(100, 32768, seed=1), lens)  # shuffled
+
+
+def test_mixed_spec_reads_both_forms_and_names_both_when_refusing():
+    from kvlab.workload import (
+        batch_shape,
+        describe_mixed,
+        mixed_lengths,
+        mixed_spec,
+        production_lengths,
+    )
+
+    assert mixed_spec("production:32768") == ("production", (32768,))
+    assert mixed_spec("lognormal:3200,16384") == ("lognormal", (3200, 16384))
+    assert np.array_equal(mixed_lengths(8, "lognormal:512,2048"), lognormal_lengths(8, 512, 2048))
+    # 4 of 128..4096: shares 1.4, 0.8, 0.6, 0.48, 0.4, 0.32; the largest remainders take 256-1024
+    assert sorted(mixed_lengths(4, "production:4096").tolist()) == [128, 256, 512, 1024]
+    assert batch_shape(4, "production:4096")[3] == {"lengths": "production:4096",
+                                                   "max_context": 1024}
+    assert "1024, 2048, 4096, 8192, 16384, 32768 weighted 35, 20" in describe_mixed(
+        "production:32768")
+    for text in ("production:31", "production:", "production:1,2", "production:٣٢", "zipf:3",
+                 "production:" + "9" * 11, None):
+        with pytest.raises(ValueError, match=r"must be lognormal:MEAN,MAX .* or production:MAX "
+                                             r"\(an integer in \[32, 2147483647\]\)"):
+            mixed_spec(text)
+    with pytest.raises(ValueError, match=r"max_len=16: must be >= 32"):
+        production_lengths(4, 16)

@@ -31,8 +31,9 @@ Every other cache's blocks are scattered over the pool (a shuffled free queue, a
 has run for a while; vLLM's kernel benchmark draws random block ids too). The rows of kvlab's
 kernels record which in `block_order`: "scattered" or "in_order".
 `--dtype` (float16 or bfloat16) is that of q, out, the fp16/bf16 caches and SDPA's K/V.
-With `--lengths lognormal:MEAN,MAX`, each point is a batch of mixed lengths
-(kvlab.workload.lognormal_lengths) instead of one context: its rows carry `lengths` (the spec),
+With `--lengths lognormal:MEAN,MAX` or `production:MAX` (FlashInfer's production mix, 4k to 128k
+weighted 35 to 8 %, scaled so that its longest is MAX), each point is a batch of mixed lengths
+(kvlab.workload.mixed_lengths) instead of one context: its rows carry `lengths` (the spec),
 `context` (the batch's mean length, rounded) and `max_context`, and no SDPA row (a dense batch of
 mixed lengths would be padded to the longest); kernel "gqa_split_longest" is gqa without prefetch
 with its split planned as if every sequence were the longest (kvlab before it planned by lengths).
@@ -332,7 +333,8 @@ def flashinfer_variants(q, out, kernels, sources, dtype) -> dict:
             found[kernel, "none"] = (
                 {"kernel": kernel, "prefetch": "none", "block_order": "scattered",
                  "kv_from": source["family"], **({"kv_dtype": "fp8"} if fp8 else {}),
-                 "flashinfer_version": flashinfer_peer.installed_version(), **check},
+                 "flashinfer_version": flashinfer_peer.installed_version(),
+                 "flashinfer_backend": flashinfer_peer.BACKEND, **check},
                 lambda decode=decode: decode.run(q, out=out))
     return found
 
@@ -460,9 +462,9 @@ def options_namespace(command: str | None = None, **options) -> SimpleNamespace:
 
 
 def measure_point(model: str, batch: int, context: int | str, **options) -> dict:
-    """`measure` at one point: `batch` sequences of `context` tokens, or of a lognormal lengths
-    spec ("lognormal:MEAN,MAX"); other options as `measure` takes them (kernels, prefetch,
-    distances, block_sizes, runs, fp8, in_order, ...). Returns the result dict."""
+    """`measure` at one point: `batch` sequences of `context` tokens, or of a mixed-lengths spec
+    ("lognormal:MEAN,MAX" or "production:MAX"); other options as `measure` takes them (kernels,
+    prefetch, distances, block_sizes, runs, fp8, in_order, ...). Returns the result dict."""
     shape = ({"lengths": [context]} if isinstance(context, str)
              else {"contexts": [context]})
     return measure(models=[model], batches=[batch], **shape, **options)

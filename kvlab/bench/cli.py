@@ -29,7 +29,7 @@ from kvlab.kernels.prefetch import MAX_DISTANCE, MODES, PrefetchConfig
 from kvlab.offload.scheduler import MODELS_OF_TIME, SCHEDULES, WEIGHTS
 from kvlab.profile import paper
 from kvlab.profile.ncu import DEFAULT_TIMEOUT_S
-from kvlab.workload import lognormal_spec
+from kvlab.workload import mixed_spec
 
 PROG = "python -m kvlab"
 PAPER_PREFETCH = "bulk K+V d=1"  # the paper's Algorithm 1: the next tile, one warp stride ahead
@@ -117,9 +117,10 @@ def batch_x_context(text: str) -> tuple[int, int]:
 
 def lengths_spec(text: str) -> str:
     """A batch of mixed lengths, `lognormal:MEAN,MAX` (kvlab.workload.lognormal_lengths, sigma 1,
-    seed 0), returned as given after checking it."""
+    seed 0) or `production:MAX` (FlashInfer's production mix scaled to MAX,
+    kvlab.workload.production_lengths), returned as given after checking it."""
     try:
-        lognormal_spec(text)
+        mixed_spec(text)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
     return text
@@ -167,7 +168,8 @@ def _add_attention(parser: argparse.ArgumentParser) -> None:
                         default=default["contexts"])
     parser.add_argument("--lengths", nargs="+", type=lengths_spec, metavar="SPEC",
                         help="batches of mixed lengths instead of --contexts: lognormal:MEAN,MAX "
-                             "(sigma 1, seed 0) per --batches size; kernels only, no SDPA")
+                             "(sigma 1, seed 0) or production:MAX (FlashInfer's production mix "
+                             "scaled to MAX) per --batches size; kernels only, no SDPA")
     parser.add_argument("--points", nargs="+", type=batch_x_context, metavar="BATCHxCONTEXT",
                         help="time these points instead of every --batches x --contexts")
     parser.add_argument("--block-sizes", nargs="+", type=block_size,
@@ -294,7 +296,7 @@ def _add_timeline(parser: argparse.ArgumentParser) -> None:
                         help="default: 1x32768 1x8192 16x1024 16x4096")
     parser.add_argument("--lengths", nargs="+", type=lengths_spec, metavar="SPEC",
                         help="batches of mixed lengths instead of --points: lognormal:MEAN,MAX "
-                             "(sigma 1, seed 0) per --batches size")
+                             "(sigma 1, seed 0) or production:MAX per --batches size")
     parser.add_argument("--batches", nargs="+", type=positive_int,
                         help="the sizes of the --lengths batches (default: 16 64)")
     parser.add_argument("--runs", type=positive_int, default=25,

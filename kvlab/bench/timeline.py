@@ -1,7 +1,7 @@
 """Where a decode step's time goes, CTA by CTA: `python -m kvlab bench timeline`.
 
-At each point (model, BATCHxCONTEXT, or a batch of mixed lengths with `--lengths
-lognormal:MEAN,MAX` as in `bench attention`; fp16, block 16, blocks scattered over the pool),
+At each point (model, BATCHxCONTEXT, or a batch of mixed lengths with `--lengths SPEC` as in
+`bench attention`; fp16, block 16, blocks scattered over the pool),
 one loop times `gqa` and a plain read of the point's K/V bytes in turn
 (`kvlab.timing.Timer`: L2 flushed by a read, medians of --runs), with the copy roofline measured
 in the same run. Then --traces steps of each are traced, in turn, on builds of the same kernels

@@ -6,7 +6,8 @@ plans FlashInfer's `BatchDecodeWithPagedKVCacheWrapper` once for a batch and run
 cache's own K and V tensors: kvlab's "hnd" layout, [num_blocks, num_kv_heads, block_size,
 head_dim] each, is FlashInfer's kv_layout="HND", handed over as the tuple (k_cache, v_cache), so
 nothing is copied. `use_tensor_cores=True` picks FlashInfer's tensor-core path for grouped queries
-(its prefill kernel with one query token); False, its CUDA-core decode kernel.
+(its FA2 prefill kernel with one query token); False, its CUDA-core decode kernel. Both are
+pinned to FlashInfer's own FA2 kernels (BACKEND), never left to its "auto" choice.
 
 flashinfer is imported on first use, never by `import kvlab`: `unavailable_reason()` says why it
 cannot run here. The version the benchmarks are recorded with is FLASHINFER_VERSION
@@ -26,6 +27,9 @@ from kvlab.arith import ceil_div
 FLASHINFER_VERSION = "0.7.2.post1"  # the flashinfer-python release the benchmarks pin
 INSTALL = f"pip install flashinfer-python=={FLASHINFER_VERSION}"
 WORKSPACE_BYTES = 128 * 2**20  # FlashInfer's float workspace (its split-KV partial outputs)
+# Its FA2 kernels, on both paths: backend "auto" may hand a plan to cuDNN (or, for fp8 on the
+# tensor-core path, to FA3), and then the row would time another library's kernel.
+BACKEND = "fa2"
 KV_DTYPES = (torch.float16, torch.bfloat16, torch.float8_e4m3fn)
 Q_DTYPES = (torch.float16, torch.bfloat16)
 DEVICE_TYPES = ("cuda",)  # where the cache may live (the CPU tests add "cpu" for a fake library)
@@ -162,7 +166,7 @@ class FlashInferDecode:
         flashinfer = _flashinfer()
         workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=cache.device)
         self.wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            workspace, kv_layout="HND", use_tensor_cores=self.use_tensor_cores)
+            workspace, kv_layout="HND", use_tensor_cores=self.use_tensor_cores, backend=BACKEND)
         # NOTE: keywords past page_size: FlashInfer's later positional arguments have moved
         self.wrapper.plan(indptr, indices, last_block_len, num_qo_heads, cache.num_kv_heads,
                           cache.head_dim, cache.block_size, pos_encoding_mode="NONE",

@@ -66,7 +66,7 @@ from kvlab.viz.kernels import (
 )
 from kvlab.viz.layout import note_figure, note_text, unreadable_figure
 from kvlab.viz.timeline import timeline_figure
-from kvlab.workload import lognormal_lengths, lognormal_spec
+from kvlab.workload import describe_mixed, mixed_lengths
 
 RECORDED = ATTENTION  # (machine, result names) of the recorded results shown without a GPU
 RECORDED_FP8 = ("h200", ("attention_fp8",))  # gqa on fp8 against fp16, prefetch none, block 16
@@ -92,8 +92,10 @@ RECORDINGS = {
 }
 KV_DTYPES = ("float16", "fp8")
 BLOCK_ORDERS = ("scattered", "in order")  # of the cache's blocks in its pool
-# "equal": one context for the batch; else kvlab.workload.lognormal_spec's specs, as recorded
-LENGTHS = ("equal", "lognormal:3200,16384", "lognormal:3200,32768", "lognormal:1536,2048")
+# "equal": one context for the batch; else kvlab.workload.mixed_spec's specs: those recorded,
+# and FlashInfer's production mix scaled to 32k
+LENGTHS = ("equal", "lognormal:3200,16384", "lognormal:3200,32768", "lognormal:1536,2048",
+           "production:32768")
 MIXED_FLAGS = ("--kernels", "vllm_v1", "gqa", "read", "--prefetch", "none")  # as attention_mixed
 CUSTOM = "custom"  # the model control's entry for a head layout set by hand
 HEAD_FIELDS = ("qo_heads", "kv_heads", "head_dim")
@@ -115,21 +117,26 @@ def measure_point(
     """Measure one point on this GPU with `kvlab.bench.attention.measure_point`, as the CLI would:
     vllm_v1 (where it supports `block_size`) and gqa at prefetch none / bulk / line at `distance`,
     (with `fp8`, gqa on an fp8 cache too; with `in_order`, each family without prefetch on a
-    cache whose blocks lie in order too), SDPA and a plain read of the same bytes, all timed in
-    turn in one loop. With `lengths` a lognormal spec, a batch of those lengths instead of
-    `context`: vllm_v1, gqa, gqa_split_longest and the read, without prefetch (`--lengths`).
+    cache whose blocks lie in order too), SDPA and a plain read of the same bytes, and where
+    flashinfer is installed FlashInfer's decode on both its paths (on gqa's cache), all timed in
+    turn in one loop. With `lengths` a mixed-lengths spec, a batch of those lengths instead of
+    `context`: vllm_v1, gqa, gqa_split_longest, FlashInfer and the read, without prefetch
+    (`--lengths`).
 
     Returns the benchmark's result dict (rows of every kernel; gpu, roofline_copy_gbps, ...).
     `on_progress(num_done, num_total)` is called once the loop is timed. Needs torch with CUDA
     and CuPy.
     """
     from kvlab.bench import attention  # imports torch and CuPy: the GPU path only
+    from kvlab.kernels import flashinfer_peer
 
     mixed = lengths != "equal"  # as attention_mixed: MIXED_FLAGS
+    peers = [*attention.FLASHINFER_TENSOR_CORES] if flashinfer_peer.available() else []
     result = attention.measure_point(
         model, batch, lengths if mixed else context, block_sizes=[block_size],
         distances=[distance], fp8=fp8, in_order=in_order,
-        kernels=["vllm_v1", "gqa", "read"] if mixed else [*FAMILIES, "sdpa", "read"],
+        kernels=["vllm_v1", "gqa", "read", *peers] if mixed else [*FAMILIES, "sdpa", "read",
+                                                                    *peers],
         **({"prefetch": ["none"]} if mixed else {}))
     if on_progress is not None:
         on_progress(1, 1)
@@ -179,7 +186,7 @@ def _row(name: str, batch: int, lengths: str, family: str, prefetch: str, dtype:
            "pct_roofline": 100 * p.roofline_share, "basis": p.source,
            "gbps_band": (p.gbps * p.time_ms / hi_ms, p.gbps * p.time_ms / lo_ms), "note": p.note}
     if lengths != "equal":
-        lens = lognormal_lengths(batch, *lognormal_spec(lengths))  # as decode_launch draws them
+        lens = mixed_lengths(batch, lengths)  # as decode_launch draws them
         row.update(lengths=lengths, context=round(float(lens.mean())),
                    max_context=int(lens.max()))
     return row
@@ -663,9 +670,7 @@ class DecodeKernelsTab:
             v, self.recorded_mixed) else None)
         rows = [r for r in (result or {}).get("rows", ())
                 if r["model"] == v["model"] and r.get("lengths") == v["lengths"]]
-        mean, longest = lognormal_spec(v["lengths"])
-        notes = [f"context: set by the lengths, lognormal of mean {mean} before clipping at "
-                 f"{longest}"]
+        notes = [f"context: set by the lengths, {describe_mixed(v['lengths'])}"]
         batches = sorted({r["batch"] for r in rows})
         if v["batch"] in batches:
             provenance = device_label() if measured else label(result)

@@ -127,10 +127,11 @@ def decode_launch(model_or_shape, batch: int, context: int | None, *, block_size
         query heads a KV head and head_dim in kvlab.checks.HEAD_DIMS.
     batch, context: sequences, and tokens of each (None with mixed `lengths`).
     block_size, family ("vllm_v1", "gqa"), prefetch (None, a PrefetchConfig or its label),
-    dtype of the KV cache ("float16", "bfloat16"; gqa also "fp8"), lengths ("equal" or
-    "lognormal:MEAN,MAX", drawn as the benchmark draws them), num_sms (a green context's SMs;
-    None: the whole GPU), gpu (a key of kvlab.gpus.GPUS), recordings (False: the closed form
-    at a recorded point too, e.g. for ratios of settings of which only some are recorded).
+    dtype of the KV cache ("float16", "bfloat16"; gqa also "fp8"), lengths ("equal",
+    "lognormal:MEAN,MAX" or "production:MAX", drawn as the benchmark draws them), num_sms (a
+    green context's SMs; None: the whole GPU), gpu (a key of kvlab.gpus.GPUS), recordings
+    (False: the closed form at a recorded point too, e.g. for ratios of settings of which only
+    some are recorded).
     Returns a Prediction: the recording where the point is recorded on the H200 (and
     `recordings`), else the closed form, labelled interpolated or extrapolated. For another
     GPU than the H200 the copy roofline, the per-SM and L2 rates are assumptions (kvlab.gpus),

@@ -19,7 +19,7 @@ from kvlab.kernels.geometry import (
     PARTITION_SIZE,
 )
 from kvlab.kernels.prefetch import PrefetchConfig
-from kvlab.workload import lognormal_lengths, lognormal_spec
+from kvlab.workload import PRODUCTION_MIN_MAX, mixed_lengths, mixed_spec
 
 # the KV cache's element types each family reads, and their bytes
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "fp8": 1}
@@ -33,7 +33,7 @@ LONGEST = {"vllm_v1": MAX_GRID_YZ * PARTITION_SIZE, "gqa": MAX_SEQ_LEN}  # token
 class LaunchPoint:
     """One decode launch of one layer. `model`: the preset's name, or None for a shape given by
     its heads. `context`: every sequence's tokens, or the longest's where `seq_lens` (int64
-    [batch], read-only) holds mixed lengths drawn from `lengths` ("lognormal:MEAN,MAX")."""
+    [batch], read-only) holds mixed lengths drawn from `lengths` (kvlab.workload.mixed_spec)."""
 
     model: str | None
     num_qo_heads: int
@@ -138,16 +138,17 @@ def launch_point(model_or_shape, batch: int, context: int | None, *, block_size:
         seq_lens, asked = None, f"context={context}"
     else:
         try:
-            mean, max_len = lognormal_spec(lengths)
+            max_len = mixed_spec(lengths)[1][-1]
         except ValueError:
-            raise ValueError(f"lengths={lengths!r}: must be 'equal' or 'lognormal:MEAN,MAX' "
-                             "with integers 1 <= MEAN <= MAX") from None
+            raise ValueError(f"lengths={lengths!r}: must be 'equal' or a batch of mixed lengths, "
+                             "'lognormal:MEAN,MAX' (integers 1 <= MEAN <= MAX) or "
+                             f"'production:MAX' (an integer >= {PRODUCTION_MIN_MAX})") from None
         if context is not None:
             raise ValueError(f"context={context!r}: must be None with lengths={lengths!r} (the "
                              "spec draws the lengths)")
         check_int("lengths' MAX", max_len, 1, LONGEST[family])
         # drawn as `bench attention --lengths` draws them (seed 0)
-        seq_lens = lognormal_lengths(batch, mean, max_len)
+        seq_lens = mixed_lengths(batch, lengths)
         seq_lens.setflags(write=False)
         context, asked = int(seq_lens.max()), f"lengths={lengths!r}"
     point = LaunchPoint(model, num_qo_heads, num_kv_heads, head_dim, int(batch), int(context),

@@ -21,13 +21,20 @@ __all__ = ["AUTO_MODES", "PAPER_REFERENCE", "bandwidth_figure", "block_order_fig
 PAPER_REFERENCE = "paper: 1.84-2.15x, vLLM + L2 prefetch on H20 (arXiv 2504.06319)"
 KERNEL_COLORS = {"vllm_v1": "#1f77b4", "vllm_v1_in_order": "#0b3c68", "gqa": "#2ca02c",
                  "gqa_in_order": "#145a14", "gqa_fp8": "#98df8a", "gqa_split_longest": "#bcbd22",
-                 "auto": "#17becf", "sdpa": "#7f7f7f", "read": "#d4a017"}
+                 "auto": "#17becf", "sdpa": "#7f7f7f", "read": "#d4a017",
+                 "vllm_own": "#aec7e8", "flashinfer": "#d62728", "flashinfer_fp8": "#ff9896",
+                 "flashinfer_tc": "#9467bd", "flashinfer_tc_fp8": "#c5b0d5"}
 KERNEL_NAMES = {"vllm_v1": "vllm_v1", "vllm_v1_in_order": "vllm_v1, blocks in order", "gqa": "gqa",
                 "gqa_in_order": "gqa, blocks in order",
                 "gqa_fp8": "gqa on an fp8 cache (its bytes)",
                 "gqa_split_longest": "gqa, split planned as if all were the longest",
                 "auto": "auto: kvlab's choice", "sdpa": "sdpa (PyTorch, dense K, V)",
-                "read": "read: the same bytes, one plain read (the bound at this size)"}
+                "read": "read: the same bytes, one plain read (the bound at this size)",
+                "vllm_own": "vLLM's own kernel (built from its source)",
+                "flashinfer": "FlashInfer decode (CUDA cores, gqa's K/V)",
+                "flashinfer_fp8": "FlashInfer decode on the fp8 cache",
+                "flashinfer_tc": "FlashInfer, tensor-core path (gqa's K/V)",
+                "flashinfer_tc_fp8": "FlashInfer, tensor cores, fp8 cache"}
 # How a kernel="auto" row chose its family and prefetch setting (`auto_mode`)
 AUTO_MODES = {"tuned": "tuned at this point", "reused": "reused from another shape of its bucket",
               "recorded": "the recorded choice"}

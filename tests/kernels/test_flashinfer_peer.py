@@ -69,6 +69,7 @@ def test_adapter_hands_flashinfer_the_cache_itself(fake_flashinfer, block_size, 
     out = decode.run(q)
     (wrapper,) = FakeWrapper.made
     assert (wrapper.kv_layout, wrapper.use_tensor_cores) == ("HND", tensor_cores)
+    assert wrapper.backend == "fa2"  # never "auto", which may hand the plan to cuDNN
     p = wrapper.planned
     assert (p["num_qo_heads"], p["num_kv_heads"], p["head_dim"], p["page_size"]) == (
         2 * group, 2, 64, block_size)
@@ -174,3 +175,18 @@ def test_flashinfer_matches_the_reference(dtype, group, tensor_cores, block_size
     tol = {torch.float16: 2e-3, torch.bfloat16: 1e-2}[dtype]
     torch.testing.assert_close(out.float(), decode_attention(q, cache, seq_ids),
                                atol=tol, rtol=tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(flashinfer_peer.unavailable_reason() is not None,
+                    reason=str(flashinfer_peer.unavailable_reason()))
+@pytest.mark.parametrize("tensor_cores", [False, True])
+def test_flashinfer_reads_an_fp8_cache_with_fp16_queries(tensor_cores):
+    lens, num_kv_heads, group = [1, 17, 97, 1000], 2, 4
+    cache, seq_ids, _ = filled_cache(len(lens), lens, 16, num_kv_heads, 128, layout="hnd",
+                                     dtype=torch.float8_e4m3fn)
+    q = torch.randn(len(lens), num_kv_heads * group, 128, device="cuda", dtype=torch.float16)
+    decode = FlashInferDecode(cache, seq_ids, num_kv_heads * group, use_tensor_cores=tensor_cores)
+    assert decode.q_dtype == torch.float16 and decode.k_scale == 1.0
+    torch.testing.assert_close(decode.run(q).float(), decode_attention(q, cache, seq_ids),
+                               atol=1e-2, rtol=1e-2)

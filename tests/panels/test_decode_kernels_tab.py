@@ -557,3 +557,21 @@ def test_trace_button_traces_the_point_on_this_gpu(monkeypatch):
     assert "measured on" in fig.layout.title.text
     assert "llama3-8b batch=1 context=4096" in fig.layout.title.text
     assert any(d.name.startswith("merge:") for d in fig.data)
+
+
+@pytest.mark.parametrize("installed", [False, True])
+@pytest.mark.parametrize("lengths", ["equal", "production:32768"])
+def test_the_run_button_times_flashinfer_beside_the_others_where_it_is_installed(
+        monkeypatch, installed, lengths):
+    from kvlab.bench import attention
+    from kvlab.kernels import flashinfer_peer
+    from kvlab.panels import decode_kernels
+
+    asked = {}
+    monkeypatch.setattr(attention, "measure_point",
+                        lambda *args, **options: asked.update(options) or {"rows": []})
+    monkeypatch.setattr(flashinfer_peer, "available", lambda: installed)
+    decode_kernels.measure_point("llama3-8b", 16, 1024, 16, 1, lengths=lengths)
+    peers = {"flashinfer", "flashinfer_tc"} & set(asked["kernels"])
+    assert peers == ({"flashinfer", "flashinfer_tc"} if installed else set())
+    assert {"gqa", "vllm_v1", "read"} <= set(asked["kernels"])

@@ -52,8 +52,9 @@ from kvlab.predict.point import launch_point
     (("llama3-8b", 16, None), {}, "context=None: must be an integer"),
     (("llama3-8b", 16, 4096), {"lengths": "lognormal:3200,16384"},
      "context=4096: must be None with lengths='lognormal:3200,16384'"),
-    (("llama3-8b", 16, None), {"lengths": "zipf:3,4"}, "lengths='zipf:3,4': must be 'equal' or "
-                                                       "'lognormal:MEAN,MAX'"),
+    (("llama3-8b", 16, None), {"lengths": "zipf:3,4"},
+     "lengths='zipf:3,4': must be 'equal' or a batch of mixed lengths, 'lognormal:MEAN,MAX' "
+     "(integers 1 <= MEAN <= MAX) or 'production:MAX' (an integer >= 32)"),
     (("llama3-8b", 16, None), {"lengths": "lognormal:5000,100"}, "lengths='lognormal:5000,100'"),
     (("llama3-8b", 16, None), {"lengths": ["equal"]}, "lengths=['equal']: must be 'equal' or"),
     (("llama3-8b", 65535, None), {"lengths": "lognormal:1000000,2000000", "family": "vllm_v1"},

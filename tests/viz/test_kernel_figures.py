@@ -63,6 +63,19 @@ def test_the_dashboards_recorded_point_has_a_read_of_its_bytes_from_its_own_run(
     assert read[0]["gbps"] > max(r["gbps"] for r in rows if r["kernel"] != "read")
 
 
+def test_flashinfer_rows_get_their_own_colour_and_legend_entry():
+    from kvlab.viz.kernels import KERNEL_COLORS
+
+    kernels = ["gqa", "flashinfer", "flashinfer_tc", "flashinfer_fp8", "flashinfer_tc_fp8"]
+    rows = [make_row(kernel=k, ms=1.0 + i / 10) for i, k in enumerate(kernels)]
+    bars, *keys, _ = bandwidth_figure(rows, 4000.0, PROVENANCE).data
+    assert list(bars.marker.color) == [KERNEL_COLORS[k] for k in kernels]
+    assert len(set(bars.marker.color)) == len(kernels)  # none falls back to gray
+    assert [k.name for k in keys] == [
+        "gqa", "FlashInfer decode (CUDA cores, gqa's K/V)", "FlashInfer decode on the fp8 cache",
+        "FlashInfer, tensor-core path (gqa's K/V)", "FlashInfer, tensor cores, fp8 cache"]
+
+
 def test_bandwidth_figure_rejects_mixed_points():
     rows = [make_row(), make_row(batch=64)]
     with pytest.raises(ValueError, match="2 \\(model, batch, context\\) points"):

@@ -404,7 +404,9 @@ def loop_variants(model, batch: int, context, block_size: int, args, dtype,
         for key, (fields, plan) in plans.items():
             found[key] = ({"block_order": "scattered", **fields, **launch_fields(plan)},
                           lambda plan=plan: plan.run(q, out=out))
-    peers = [k for k in FLASHINFER_TENSOR_CORES if k in args.kernels]
+    peers = [k for k in FLASHINFER_TENSOR_CORES if k in args.kernels and not
+             flashinfer_peer.unsupported(model.num_qo_heads, model.num_kv_heads,
+                                         FLASHINFER_TENSOR_CORES[k])]
     if peers:
         if "gqa" not in sources:  # no gqa in this loop: a gqa cache for FlashInfer (and SDPA)
             cache, seq_ids, _ = filled_cache(batch, context, block_size, model.num_kv_heads,
@@ -507,6 +509,11 @@ def run(args) -> dict:
                                       f"{MAX_LOOP_KV_BYTES / 2**30:.0f} GiB in all)"})
             continue
         print(f"[{i + 1}/{len(points)}] {name} batch={batch} context={context}", file=sys.stderr)
+        skipped.extend({"model": name, "batch": batch, "context": context, **mixed,
+                        "kernel": kernel, "reason": why} for kernel in FLASHINFER_TENSOR_CORES
+                       if kernel in args.kernels and (why := flashinfer_peer.unsupported(
+                           model.num_qo_heads, model.num_kv_heads,
+                           FLASHINFER_TENSOR_CORES[kernel])))
         for block_size, sms in itertools.product(args.block_sizes, counts):
             with green.sm_limit(sms) as held:
                 if sms is not None and str(held) not in result["roofline_copy_gbps_by_sms"]:
@@ -592,7 +599,8 @@ def report(result: dict) -> str:
         lines.append(f"{r['model']:12} {r['batch']:>4} {r['context']:>6} "
                      f"{r['block_size'] or '-':>4} {kernel:16} {prefetch:24} "
                      f"{r['ms']:>8.4f} {r['gbps']:>7.0f} {r['pct_roofline']:>6.1f}")
-    lines += [f"skipped {s['model']} B={s['batch']} ctx={s['context']}: {s['reason']}"
+    lines += [f"skipped {s['model']} B={s['batch']} ctx={s['context']}"
+              f"{' ' + s['kernel'] if 'kernel' in s else ''}: {s['reason']}"
               for s in result["skipped"]]
     ratios = loop_ratios(result["rows"])
     sdpa = [e["gqa_over_sdpa"] for e in ratios.values() if "gqa_over_sdpa" in e]

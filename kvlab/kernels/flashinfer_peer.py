@@ -30,6 +30,9 @@ WORKSPACE_BYTES = 128 * 2**20  # FlashInfer's float workspace (its split-KV part
 # Its FA2 kernels, on both paths: backend "auto" may hand a plan to cuDNN (or, for fp8 on the
 # tensor-core path, to FA3), and then the row would time another library's kernel.
 BACKEND = "fa2"
+# Query heads a KV head that FlashInfer's CUDA-core decode is compiled for (its
+# DISPATCH_GQA_GROUP_SIZE); its tensor-core path takes any group.
+CUDA_CORE_GROUPS = (1, 2, 3, 4, 6, 8, 16)
 KV_DTYPES = (torch.float16, torch.bfloat16, torch.float8_e4m3fn)
 Q_DTYPES = (torch.float16, torch.bfloat16)
 DEVICE_TYPES = ("cuda",)  # where the cache may live (the CPU tests add "cpu" for a fake library)
@@ -85,6 +88,16 @@ def unavailable_reason() -> str | None:
         importlib.import_module("flashinfer")
     except ImportError as err:
         return f"flashinfer is not installed ({err}): {INSTALL}"
+    return None
+
+
+def unsupported(num_qo_heads: int, num_kv_heads: int, use_tensor_cores: bool) -> str | None:
+    """Why FlashInfer's decode (on that path) does not take this head layout, or None."""
+    group = num_qo_heads // num_kv_heads
+    if not use_tensor_cores and group not in CUDA_CORE_GROUPS:
+        return (f"num_qo_heads / num_kv_heads = {num_qo_heads} / {num_kv_heads} = {group}: "
+                f"FlashInfer's CUDA-core decode takes groups of {CUDA_CORE_GROUPS} query heads "
+                "(use_tensor_cores=True takes any)")
     return None
 
 
@@ -147,6 +160,8 @@ class FlashInferDecode:
                 or num_qo_heads % cache.num_kv_heads):
             raise ValueError(f"num_qo_heads={num_qo_heads!r}: must be a positive multiple of "
                              f"num_kv_heads={cache.num_kv_heads}")
+        if (why := unsupported(num_qo_heads, cache.num_kv_heads, use_tensor_cores)) is not None:
+            raise ValueError(why)
         q_dtype = q_dtype or (cache.dtype if cache.dtype in Q_DTYPES else torch.float16)
         if q_dtype not in Q_DTYPES:
             raise ValueError(f"q_dtype={q_dtype}: must be one of {Q_DTYPES}")

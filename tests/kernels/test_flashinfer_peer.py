@@ -190,3 +190,13 @@ def test_flashinfer_reads_an_fp8_cache_with_fp16_queries(tensor_cores):
     assert decode.q_dtype == torch.float16 and decode.k_scale == 1.0
     torch.testing.assert_close(decode.run(q).float(), decode_attention(q, cache, seq_ids),
                                atol=1e-2, rtol=1e-2)
+
+
+def test_the_cuda_core_path_refuses_groups_it_is_not_built_for(fake_flashinfer):
+    cache, seq_ids = make_batch([5, 9], 16, 4)
+    with pytest.raises(ValueError, match=r"28 / 4 = 7: FlashInfer's CUDA-core decode takes "
+                                         r"groups of \(1, 2, 3, 4, 6, 8, 16\)"):
+        FlashInferDecode(cache, seq_ids, 28)
+    assert not FakeWrapper.made  # refused before anything was planned
+    FlashInferDecode(cache, seq_ids, 28, use_tensor_cores=True)  # the tensor-core path takes it
+    assert flashinfer_peer.unsupported(32, 8, use_tensor_cores=False) is None

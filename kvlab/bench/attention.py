@@ -82,8 +82,10 @@ from kvlab.workload import batch_shape
 
 AUTO_MODES = ("tuned", "reused", "recorded")
 # What one loop's copies of the K/V (each family's caches, SDPA's dense one, the read's buffer)
-# may hold together.
+# may hold together: at most this, and the GPU's memory less LOOP_HEADROOM_BYTES (queries,
+# outputs, workspaces, the L2 flush buffer, SDPA's gather).
 MAX_LOOP_KV_BYTES = 120 * 2**30
+LOOP_HEADROOM_BYTES = 10 * 2**30
 DENSE = ("sdpa", "read")  # the variants that read a dense buffer, not the paged cache
 SDPA_BACKENDS = (("cudnn", "cudnn"), ("flash", "flash"), ("fmha", "efficient"),
                  ("efficient", "efficient"))
@@ -491,6 +493,9 @@ def run(args) -> dict:
     result["roofline_copy_gbps_by_sms"] = {}
     result.update(rows=[], skipped=[])
     rows, skipped = result["rows"], result["skipped"]
+    loop_budget = min(MAX_LOOP_KV_BYTES,
+                      torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+                      - LOOP_HEADROOM_BYTES)
     if args.points:
         points = [(name, batch, context) for name in args.models for batch, context in args.points]
     else:
@@ -502,11 +507,11 @@ def run(args) -> dict:
         shape, context, tokens, mixed = batch_shape(batch, shape)
         kv_bytes = 2 * tokens * model.kv_size * 2
         copies = kv_copies(args, mixed=bool(mixed))
-        if kv_bytes * copies > MAX_LOOP_KV_BYTES:
+        if kv_bytes * copies > loop_budget:
             skipped.append({"model": name, "batch": batch, "context": context, **mixed,
                             "reason": f"{kv_bytes / 2**30:.0f} GiB of K/V for one layer, "
                                       f"{copies:g} copies in one loop (at most "
-                                      f"{MAX_LOOP_KV_BYTES / 2**30:.0f} GiB in all)"})
+                                      f"{loop_budget / 2**30:.0f} GiB in all on this GPU)"})
             continue
         print(f"[{i + 1}/{len(points)}] {name} batch={batch} context={context}", file=sys.stderr)
         skipped.extend({"model": name, "batch": batch, "context": context, **mixed,

@@ -3,6 +3,7 @@ blocks hold exactly what `benchmarks/docgen.py` makes from the committed results
 measured figure stands in the prose outside them (CPU)."""
 
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -124,3 +125,35 @@ def test_a_link_to_a_missing_page_or_heading_is_caught(page):
                     "[no such](other.md#nothing) but not `[code](x.md)`.\n")
     assert [p for p in docgen.problems([path], check_git=False) if "broken link" in p] == [
         f"{path}: broken link 'gone.md'", f"{path}: broken link 'other.md#nothing'"]
+
+
+def _loop_rows(loop, ms_by_kernel):
+    return [{"model": "llama3-8b", "batch": 16, "context": 1024 * (1 + loop), "loop": loop,
+             "kernel": k,
+             "ms": statistics.median(runs), "ms_runs": runs, "pct_roofline": 50.0}
+            for k, runs in ms_by_kernel.items()]
+
+
+def test_flashinfer_tally_counts_wins_ties_and_losses_and_names_the_losses():
+    from figures import flashinfer
+
+    result = {"rows": _loop_rows(0, {"gqa": [1.0, 1.0, 1.0], "flashinfer": [1.2, 1.2, 1.2]})
+              + _loop_rows(1, {"gqa": [1.0, 1.1, 1.2], "flashinfer": [1.1, 1.1, 1.1]})
+              + _loop_rows(2, {"gqa": [2.0, 2.0, 2.0], "flashinfer": [1.0, 1.0, 1.0]}),
+              "skipped": []}
+    assert flashinfer.tally_table(result)[2] == ("| `flashinfer` (CUDA-core decode) | `gqa` | 3 "
+                                                 "| 1 | 1 | 1 | 0.500-1.200x |")
+    assert flashinfer.losses(result) == "`flashinfer` at llama3-8b 16 x 3k (0.500x)"
+
+
+def test_flashinfer_e2e_table_refuses_a_peer_of_the_wrong_compile_state():
+    from figures import flashinfer
+
+    rows = [{"model": "m", "batch": 64, "variant": v, "step_ms": ms, "tokens_per_s": 1.0,
+             "ratio_to_roofline": 1.2, "compiled": compiled}
+            for v, ms, compiled in (("gqa", 8.0, False), ("hf-static", 24.0, True),
+                                    ("hf-static-eager", 40.0, False))]
+    assert flashinfer.e2e_table({"rows": rows})[2].endswith("| 3.00x | 5.00x | 1.20x |")
+    rows[1]["compiled"] = False
+    with pytest.raises(ValueError, match="hf-static must be the compiled peer"):
+        flashinfer.e2e_table({"rows": rows})

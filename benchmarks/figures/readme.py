@@ -6,7 +6,7 @@ import statistics
 
 from kvlab.results import load_result, speedups
 
-from . import decode, e2e, fp8, kvpr
+from . import decode, e2e, flashinfer, fp8, kvpr
 from .common import context_label, value_range
 
 E2E_MODEL = "llama3-8b"  # the model whose tokens/s the README names
@@ -104,6 +104,8 @@ BLOCKS = {
     "readme.gqa-vs-sdpa": lambda: decode.vs_sdpa(load_result("h200", "attention")),
     "readme.fp8-large": lambda: fp8.large(load_result("h200", "attention_fp8")),
     "readme.end-to-end": end_to_end,
+    "readme.flashinfer": lambda: flashinfer.headline(load_result(*flashinfer.GRID),
+                                                     load_result(*flashinfer.E2E)),
     "readme.kvpr": kvpr_gain,
     "readme.prefetch-on-other-gpus": prefetch_on_other_gpus,
 }

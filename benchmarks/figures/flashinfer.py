@@ -1,0 +1,161 @@
+"""FlashInfer's paged decode beside gqa on the attention grid and the mixed-length batches, and
+HF's static cache, eager and compiled, beside kvlab end to end: the H100's recordings
+(results/h100/attention_flashinfer.json, attention_flashinfer_mixed.json, e2e_hf.json;
+docs/flashinfer.md).
+"""
+
+from __future__ import annotations
+
+from kvlab.bench.stats import tally, versus
+from kvlab.results import load_result
+
+from .common import context_label, heads, loops, source, value_range
+
+GRID = ("h100", "attention_flashinfer")
+MIXED = ("h100", "attention_flashinfer_mixed")
+E2E = ("h100", "e2e_hf")
+# FlashInfer's kernel, the gqa kernel on the same cache, what the FlashInfer kernel is
+PEERS = (("flashinfer", "gqa", "CUDA-core decode"),
+         ("flashinfer_tc", "gqa", "tensor-core path"),
+         ("flashinfer_fp8", "gqa_fp8", "CUDA-core decode, fp8 cache"),
+         ("flashinfer_tc_fp8", "gqa_fp8", "tensor-core path, fp8 cache"))
+TABLE_POINTS = ((1, 32768), (16, 1024), (64, 8192))  # the grid table's (batch, context)
+
+
+def _cell(mine: dict, peer: dict | None) -> str:
+    """gqa's speed over the peer's at one point, with the outcome where it is not a win."""
+    if peer is None:
+        return "-"
+    outcome = versus(mine["ms_runs"], peer["ms_runs"])
+    return f"{peer['ms'] / mine['ms']:.2f}x" + ("" if outcome == "win" else f" ({outcome})")
+
+
+def tally_table(result: dict) -> list[str]:
+    """Per FlashInfer kernel: the grid's points where it ran, gqa's wins, ties and losses
+    against it (kvlab.bench.stats, same loop) and the range of gqa's speed over it."""
+    lines = ["| FlashInfer | against | points | gqa faster | ties | gqa slower | gqa's speed "
+             "over FlashInfer's |", "|---|---|---|---|---|---|---|"]
+    timed = loops(result).values()
+    for peer, mine, what in PEERS:
+        pairs = [(p[mine], p[peer]) for p in timed if peer in p and mine in p]
+        if not pairs:
+            continue
+        counts = tally((a["ms_runs"], b["ms_runs"]) for a, b in pairs)
+        lines.append(f"| `{peer}` ({what}) | `{mine}` | {len(pairs)} | {counts['win']} | "
+                     f"{counts['tie']} | {counts['loss']} | "
+                     f"{value_range([b['ms'] / a['ms'] for a, b in pairs], '{:.3f}')} |")
+    return lines
+
+
+def losses(result: dict) -> str:
+    """The points where gqa was slower than a FlashInfer kernel, or "none"."""
+    found = [f"`{peer}` at {model} {batch} x {context_label(context)} "
+             f"({p[peer]['ms'] / p[mine]['ms']:.3f}x)"
+             for (model, batch, context, _), p in loops(result).items()
+             for peer, mine, _ in PEERS if peer in p and mine in p
+             and versus(p[mine]["ms_runs"], p[peer]["ms_runs"]) == "loss"]
+    return "; ".join(found) or "none"
+
+
+def unsupported(result: dict) -> str:
+    """The models FlashInfer's CUDA-core decode skipped, with their groups."""
+    models = sorted({s["model"] for s in result["skipped"] if s.get("kernel") == "flashinfer"})
+    return ", ".join(f"{m} ({heads(m)})" for m in models) or "none"
+
+
+def too_big(result: dict) -> str:
+    """The grid's points left out for memory."""
+    points = [f"{s['model']} {s['batch']} x {context_label(s['context'])}"
+              for s in result["skipped"] if "kernel" not in s]
+    return ", ".join(points) or "none"
+
+
+def grid_table(result: dict, points=TABLE_POINTS) -> list[str]:
+    """Per model and point: gqa's and each FlashInfer kernel's % of the copy roofline, and
+    gqa's speed over each (fp16 cache)."""
+    lines = ["| model (q:kv) | batch x context | gqa | flashinfer | flashinfer_tc | gqa / "
+             "flashinfer | gqa / flashinfer_tc |", "|---|---|---|---|---|---|---|"]
+    timed = loops(result)
+    for (model, batch, context, _), p in timed.items():
+        if (batch, context) not in points:
+            continue
+        pct = {k: f"{p[k]['pct_roofline']:.0f}%" if k in p else "-"
+               for k in ("gqa", "flashinfer", "flashinfer_tc")}
+        lines.append(f"| {model} ({heads(model)}) | {batch} x {context_label(context)} | "
+                     f"{pct['gqa']} | {pct['flashinfer']} | {pct['flashinfer_tc']} | "
+                     f"{_cell(p['gqa'], p.get('flashinfer'))} | "
+                     f"{_cell(p['gqa'], p.get('flashinfer_tc'))} |")
+    return lines
+
+
+def mixed_table(result: dict) -> list[str]:
+    """Per model, lengths spec and batch: each kernel's ms and gqa's speed over FlashInfer's."""
+    lines = ["| model (q:kv) | lengths | batch | vllm_v1 | gqa | flashinfer | flashinfer_tc | "
+             "gqa / flashinfer | gqa / flashinfer_tc |", "|---|---|---|---|---|---|---|---|---|"]
+    for (model, batch, _, lengths), p in loops(result).items():
+        ms = {k: f"{p[k]['ms'] * 1e3:,.0f} us" if k in p else "-"
+              for k in ("vllm_v1", "gqa", "flashinfer", "flashinfer_tc")}
+        lines.append(f"| {model} ({heads(model)}) | `{lengths}` | {batch} | {ms['vllm_v1']} | "
+                     f"{ms['gqa']} | {ms['flashinfer']} | {ms['flashinfer_tc']} | "
+                     f"{_cell(p['gqa'], p.get('flashinfer'))} | "
+                     f"{_cell(p['gqa'], p.get('flashinfer_tc'))} |")
+    return lines
+
+
+def e2e_table(result: dict) -> list[str]:
+    """Per model and batch: kvlab's step, HF's compiled and eager static-cache steps (ms and
+    tokens/s), kvlab's speed over each, and each step over the roofline step."""
+    lines = ["| model | batch | kvlab (gqa) | HF compiled | HF eager | kvlab / HF compiled | "
+             "kvlab / HF eager | kvlab / roofline step |", "|---|---|---|---|---|---|---|---|"]
+    by_point: dict = {}
+    for r in result["rows"]:
+        by_point.setdefault((r["model"], r["batch"]), {})[r["variant"]] = r
+    for (model, batch), v in by_point.items():
+        mine, hf, eager = v["gqa"], v["hf-static"], v["hf-static-eager"]
+        if not hf["compiled"] or eager["compiled"]:
+            raise ValueError(f"{model} batch {batch}: hf-static must be the compiled peer, "
+                             "hf-static-eager the eager one")
+        cell = [f"{r['step_ms']:.2f} ms ({r['tokens_per_s']:,.0f} tok/s)"
+                for r in (mine, hf, eager)]
+        lines.append(f"| {model} | {batch} | {' | '.join(cell)} | "
+                     f"{hf['step_ms'] / mine['step_ms']:.2f}x | "
+                     f"{eager['step_ms'] / mine['step_ms']:.2f}x | "
+                     f"{mine['ratio_to_roofline']:.2f}x |")
+    return lines
+
+
+def headline(grid: dict, e2e: dict) -> str:
+    """gqa against FlashInfer's two paths over the grid (fp16 and fp8 pairs of a kernel and a
+    point), and kvlab's step over HF's compiled one, for the README."""
+    def count(fp8: bool) -> str:
+        pairs = [(p[mine], p[peer]) for p in loops(grid).values()
+                 for peer, mine, _ in PEERS if mine.endswith("_fp8") == fp8
+                 and peer in p and mine in p]
+        counts = tally((a["ms_runs"], b["ms_runs"]) for a, b in pairs)
+        return (f"{counts['win'] + counts['tie']} of {len(pairs)} on "
+                f"{'an fp8 cache' if fp8 else 'fp16'} ({counts['tie']} "
+                f"tie{'' if counts['tie'] == 1 else 's'})")
+    steps = {r["model"]: r for r in e2e["rows"] if r["variant"] == "gqa"}
+    hf = {r["model"]: r for r in e2e["rows"] if r["variant"] == "hf-static" and r["compiled"]}
+    ratios = [f"{hf[m]['step_ms'] / steps[m]['step_ms']:.2f}x ({m}, batch {steps[m]['batch']})"
+              for m in steps if m in hf]
+    return (f"`gqa` is at least FlashInfer's speed (its CUDA-core and tensor-core decode, each "
+            f"point of the grid a pair) at {count(False)} and {count(True)}; kvlab's step is "
+            f"{' and '.join(ratios)} HF's compiled static cache")
+
+
+BLOCKS = {
+    "flashinfer.source": lambda: source(*GRID),
+    "flashinfer.source-mixed": lambda: source(*MIXED),
+    "flashinfer.source-e2e": lambda: source(*E2E),
+    "flashinfer.tally": lambda: tally_table(load_result(*GRID)),
+    "flashinfer.losses": lambda: losses(load_result(*GRID)),
+    "flashinfer.unsupported": lambda: unsupported(load_result(*GRID)),
+    "flashinfer.too-big": lambda: too_big(load_result(*GRID)),
+    "flashinfer.table": lambda: grid_table(load_result(*GRID)),
+    "flashinfer.mixed": lambda: mixed_table(load_result(*MIXED)),
+    "flashinfer.e2e": lambda: e2e_table(load_result(*E2E)),
+    "flashinfer.checks": lambda: (lambda c: f"{c['tests']}; compute-sanitizer memcheck "
+                                            f"{c['memcheck']}, racecheck {c['racecheck']}")(
+        load_result(*GRID)["gpu_checks"]),
+}

@@ -3,24 +3,26 @@ prefetch, against the copy roofline and a plain read of the same bytes (the boun
 and the speedup prefetch gives across batch and context.
 
 Wiring only. Every point answers at once: a point recorded on the H200 shows its recording
-(`kvlab.results`); any other point, model, head layout (the model "custom": query heads, KV heads
-and head dim set by hand), block size the kernels take, or GPU of `kvlab.gpus` shows
+(`kvlab.results`); any other point, model, head layout (the model "custom": query heads, KV
+heads and head dim set by hand), block size the kernels take, or GPU of `kvlab.gpus` shows
 `kvlab.predict`'s closed form, hatched, with its held-out error band, and labelled "modelled"
 (for another GPU than the H200, "modelled for <GPU>"). On a GPU a Run button measures the chosen
-point with `kvlab.bench.attention` (`measure_point`); torch and CuPy load only then.
-The KV cache dtype control shows gqa on an fp8 cache against fp16 (recorded:
-`attention_fp8.json`; measured: the same loop with `--fp8`). The batch lengths control shows
-batches of mixed (lognormal) lengths, without prefetch: gqa, gqa with its split planned for the
-longest sequence, vllm_v1 and the read (recorded: `attention_mixed.json`; measured:
-`--lengths`). The KV blocks control shows each family on blocks in order beside blocks scattered
-through the pool, and SDPA, without prefetch (recorded: `attention_block_order.json`; measured:
-`--in-order`; not modelled). The read is recorded in `attention_read.json`, a run of its own
-beside gqa and SDPA (`kvlab.results.ATTENTION`); a Run times it in the point's loop.
-A third figure draws one gqa step CTA by CTA beside a read of the same bytes, at the traced point
-nearest the model, batch and context, or batch of mixed lengths (recorded: `timeline.json`,
-`timeline_mixed.json`; on a GPU the Trace CTAs button traces the point, `trace_point`).
-A setting no kernel takes (a GQA ratio past 8, a shape past the GPU's memory) is named in the
-status line and the figures.
+point with `kvlab.bench.attention` (`measure_point`), with FlashInfer's decode where it is
+installed; torch and CuPy load only then. FlashInfer beside the others is recorded on an H100
+(`h100/attention_flashinfer.json`): the GPU control's h100-sxm shows that recording at its
+points, and the H200's view says so where the H100 holds the point. The KV cache dtype control
+shows gqa on an fp8 cache against fp16 (recorded: `attention_fp8.json`; measured: the same loop
+with `--fp8`). The batch lengths control shows batches of mixed lengths (lognormal, and
+FlashInfer's production mix), without prefetch: gqa, gqa with its split planned for the longest
+sequence, vllm_v1 and the read (recorded: `attention_mixed.json`; measured: `--lengths`). The KV
+blocks control shows each family on blocks in order beside blocks scattered through the pool,
+and SDPA, without prefetch (recorded: `attention_block_order.json`; measured: `--in-order`; not
+modelled). The read is recorded in `attention_read.json`, a run of its own beside gqa and SDPA
+(`kvlab.results.ATTENTION`); a Run times it in the point's loop. A third figure draws one gqa
+step CTA by CTA beside a read of the same bytes, at the traced point nearest the model, batch
+and context, or batch of mixed lengths (recorded: `timeline.json`, `timeline_mixed.json`; on a
+GPU the Trace CTAs button traces the point, `trace_point`). A setting no kernel takes (a GQA
+ratio past 8, a shape past the GPU's memory) is named in the status line and the figures.
 """
 
 from __future__ import annotations
@@ -75,6 +77,9 @@ RECORDED_MIXED = ("h200", ("attention_mixed",))  # mixed lengths, prefetch none,
 RECORDED_BLOCK_ORDER = ("h200", ("attention_block_order",))
 RECORDED_TIMELINE = ("h200", ("timeline",))  # traced steps: gqa and the read, CTA by CTA
 RECORDED_TIMELINE_MIXED = ("h200", ("timeline_mixed",))  # the same, batches of mixed lengths
+# FlashInfer beside the others: the grid, prefetch none, block 16, recorded on an H100
+RECORDED_FLASHINFER = ("h100", ("attention_flashinfer",))
+FLASHINFER_GPU = "h100-sxm"  # the kvlab.gpus key of the GPU that recorded it
 # What the tab reads of each recording (`kvlab.results.load_result`'s keys)
 ATTENTION_ROWS = ("model", "batch", "context", "kernel", "prefetch", "block_size", "ms", "gbps",
                   "pct_roofline")
@@ -89,6 +94,7 @@ RECORDINGS = {
     "block_order": (RECORDED_BLOCK_ORDER, {"roofline_copy_gbps": float, "rows": ATTENTION_ROWS}),
     "timeline": (RECORDED_TIMELINE, {"rows": TIMELINE_ROWS}),
     "timeline_mixed": (RECORDED_TIMELINE_MIXED, {"rows": (*TIMELINE_ROWS, *MIXED_ROWS)}),
+    "flashinfer": (RECORDED_FLASHINFER, {"roofline_copy_gbps": float, "rows": ATTENTION_ROWS}),
 }
 KV_DTYPES = ("float16", "fp8")
 BLOCK_ORDERS = ("scattered", "in order")  # of the cache's blocks in its pool
@@ -283,7 +289,7 @@ class DecodeKernelsTab:
         self.backend = backend()
         self.unreadable: dict[str, str] = {}  # a view of RECORDINGS -> why its recording is not
         (self.recorded, self.recorded_fp8, self.recorded_mixed, self.recorded_order,
-         self.recorded_timeline, self.recorded_timeline_mixed) = (
+         self.recorded_timeline, self.recorded_timeline_mixed, self.recorded_flashinfer) = (
             load_shown(*recorded, keys, self.unreadable, view)
             for view, (recorded, keys) in RECORDINGS.items())
         heads = _check_heads(model, heads)
@@ -402,10 +408,20 @@ class DecodeKernelsTab:
             return None
         return self.measured.get(self._key())
 
-    def _recorded_here(self, v: dict, recorded: dict | None) -> bool:
-        """Whether `recorded` can show the controls: a preset it holds, on the H200."""
-        return (recorded is not None and v["gpu"] == REFERENCE and v["model"] != CUSTOM
+    def _recorded_here(self, v: dict, recorded: dict | None, gpu: str = REFERENCE) -> bool:
+        """Whether `recorded` (made on `gpu`) can show the controls: a preset it holds, on
+        that GPU."""
+        return (recorded is not None and v["gpu"] == gpu and v["model"] != CUSTOM
                 and v["model"] in recorded_models(recorded))
+
+    def _grid_recording(self, v: dict) -> dict | None:
+        """The attention grid recorded on the GPU chosen, where one holds the model: the H200's,
+        or the H100's with FlashInfer."""
+        if self._recorded_here(v, self.recorded):
+            return self.recorded
+        if self._recorded_here(v, self.recorded_flashinfer, FLASHINFER_GPU):
+            return self.recorded_flashinfer
+        return None
 
     def _modelled(self, v: dict) -> str:
         """The provenance of kvlab.predict's answers for the GPU chosen."""
@@ -514,13 +530,13 @@ class DecodeKernelsTab:
         if measured is not None:
             rows, roofline, provenance = measured["rows"], measured["roofline_copy_gbps"], (
                 device_label())
-        elif self._recorded_here(v, self.recorded):
-            near = nearest_rows(self.recorded, v["model"], v["batch"], v["context"])
+        elif (recorded := self._grid_recording(v)) is not None:
+            near = nearest_rows(recorded, v["model"], v["batch"], v["context"])
             here = [r for r in near if r["block_size"] in (v["block_size"], None)]
             if (near[0]["batch"], near[0]["context"]) == asked[:2] and any(
                     r["block_size"] == v["block_size"] for r in here):
-                rows, roofline, provenance = here, self.recorded["roofline_copy_gbps"], label(
-                    self.recorded)
+                rows, roofline, provenance = here, recorded["roofline_copy_gbps"], label(
+                    recorded)
                 if selected not in {variant(r) for r in rows}:
                     extra, left_out = self._rows(v, [asked[:2]], families=(v["kernel"],),
                                                  prefetches=(chosen,))
@@ -537,6 +553,12 @@ class DecodeKernelsTab:
         if measured is None and provenance.startswith("recorded") and (
                 v["gpu"] == self.local_gpu):
             notes.append("press Run to measure this point on this GPU")
+        if (v["gpu"] != FLASHINFER_GPU and not any(r["kernel"].startswith("flashinfer")
+                                                   for r in rows)
+                and self._recorded_here({**v, "gpu": FLASHINFER_GPU}, self.recorded_flashinfer,
+                                        FLASHINFER_GPU)):
+            notes.append(f"FlashInfer is recorded on the {GPUS[FLASHINFER_GPU].name} only: "
+                         f"choose gpu {FLASHINFER_GPU} to see it beside the others")
         self.status.value = html.escape(
             f"Showing {self._name(v)} batch={v['batch']} context={v['context']} "
             f"block_size={v['block_size']} ({provenance})"

@@ -575,3 +575,25 @@ def test_the_run_button_times_flashinfer_beside_the_others_where_it_is_installed
     peers = {"flashinfer", "flashinfer_tc"} & set(asked["kernels"])
     assert peers == ({"flashinfer", "flashinfer_tc"} if installed else set())
     assert {"gqa", "vllm_v1", "read"} <= set(asked["kernels"])
+
+
+def test_the_h100_shows_flashinfer_recorded_beside_the_others(tab):
+    from kvlab.panels.decode_kernels import RECORDED_FLASHINFER
+
+    for name, value in {"gpu": "h100-sxm", "model": "llama3-8b", "batch": 16, "context": 1024,
+                        "kernel": "gqa", "prefetch": "none"}.items():
+        tab.controls[name].value = value
+    figure = tab.figures["bandwidth"].figure
+    assert "recorded on NVIDIA H100 80GB HBM3" in figure.layout.title.text
+    recorded = [r for r in nearest_rows(load_results(*RECORDED_FLASHINFER), "llama3-8b", 16, 1024)
+                if r["block_size"] in (16, None)]
+    assert {"flashinfer / none", "flashinfer_tc / none", "gqa / none"} <= set(figure.data[0].y)
+    assert list(figure.data[0].x) == [r["gbps"] for r in recorded]  # as recorded, none modelled
+    assert "FlashInfer is recorded" not in tab.status.value
+
+
+def test_the_h200_view_says_where_flashinfer_is_recorded(tab):
+    tab.controls["batch"].value, tab.controls["context"].value = 16, 1024
+    assert not any(y.startswith("flashinfer") for y in tab.figures["bandwidth"].figure.data[0].y)
+    assert ("FlashInfer is recorded on the NVIDIA H100 80GB HBM3 only: choose gpu h100-sxm"
+            in html.unescape(tab.status.value))

@@ -22,17 +22,33 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv 2>&1 | tee -a "$log"
 python3 -c "from kvlab.bench.env import git_state; print(git_state())" 2>&1 | tee -a "$log"
 
+checks=()  # the summary lines of the checks, recorded in the benchmark's result (gpu_checks)
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   timeout ${TEST_TIMEOUT:-420} python3 -m pytest -q -m "gpu or compile" -p no:cacheprovider \
-    --import-mode=importlib ${TESTS:-tests} 2>&1 | tail -40 | tee -a "$log"
+    --import-mode=importlib ${TESTS:-tests} 2>&1 | tail -40 | tee -a "$log" > "$OUT/tests.tail"
+  summary=$(grep -E "[0-9]+ (passed|failed|errors?|skipped|deselected)" "$OUT/tests.tail" | tail -1 \
+            | tr -d "=")
+  checks+=(tests "${summary:-no summary: cut short or not run} (${TESTS:-tests})")
+  rm -f "$OUT/tests.tail"
 fi
 if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
   for tool in memcheck racecheck; do
     echo "== compute-sanitizer --tool $tool" >> "$log"
     timeout ${SANITIZER_TIMEOUT:-90} compute-sanitizer --tool $tool python3 benchmarks/sanitize_cases.py \
-      2>&1 | tail -20 >> "$log"
+      2>&1 | tail -20 > "$OUT/$tool.tail"
+    cat "$OUT/$tool.tail" >> "$log"
+    summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/$tool.tail" | tail -1 \
+              | sed 's/^=* *//')
+    checks+=("$tool" "${summary:-no summary: cut short or not run}")
+    rm -f "$OUT/$tool.tail"
     tail -3 "$log"
   done
+fi
+if [ "${#checks[@]}" -gt 0 ]; then
+  KVLAB_GPU_CHECKS=$(python3 -c 'import json, sys; a = sys.argv[1:]
+print(json.dumps(dict(zip(a[::2], a[1::2]))))' "${checks[@]}")
+  export KVLAB_GPU_CHECKS
+  echo "gpu_checks: $KVLAB_GPU_CHECKS" | tee -a "$log"
 fi
 if [ "$#" -gt 0 ]; then
   bench=${BENCH:-attention} name=${NAME:-${BENCH:-attention}}

@@ -7,8 +7,9 @@ KVLAB_GIT_REVISION (40 hex digits) and KVLAB_GIT_DIRTY ("0" or "1"), set by whoe
 copy. An installed kvlab has neither: the revision is then None, and such a result cannot be
 resumed (`kvlab.bench.kvpr`), since nothing shows which code made it. Either way the result
 records every component's version (`kvlab.components`: a hash of its files), which an installed
-kvlab computes as a checkout does. `write_checkpoint` saves a result as it stands, for the
-benchmarks' --checkpoint.
+kvlab computes as a checkout does. The GPU tests and sanitizers run before the benchmark on
+the same code (benchmarks/device_run.sh) are recorded too, from KVLAB_GPU_CHECKS (`gpu_checks`).
+`write_checkpoint` saves a result as it stands, for the benchmarks' --checkpoint.
 """
 
 import datetime
@@ -146,11 +147,35 @@ def _torch_uuid(props) -> str | None:
     return None if uuid is None else f"GPU-{uuid}"
 
 
+GPU_CHECKS = ("tests", "memcheck", "racecheck")  # what KVLAB_GPU_CHECKS may tell
+
+
+def gpu_checks() -> dict | None:
+    """The GPU tests and sanitizers run on this code before the benchmark, as
+    benchmarks/device_run.sh sets KVLAB_GPU_CHECKS: a JSON object of GPU_CHECKS' keys, each a
+    summary line ("40 passed, 233 deselected", "0 errors", ...). None where it is not set.
+    Raises ValueError for a value that is not such an object."""
+    text = os.environ.get("KVLAB_GPU_CHECKS")
+    if text is None:
+        return None
+    try:
+        checks = json.loads(text)
+    except json.JSONDecodeError:
+        checks = None
+    if (not isinstance(checks, dict) or not set(checks) <= set(GPU_CHECKS)
+            or not all(isinstance(v, str) for v in checks.values())):
+        raise ValueError(f"KVLAB_GPU_CHECKS={text!r}: must be a JSON object of strings with "
+                         f"keys among {GPU_CHECKS}")
+    return checks
+
+
 def run_info() -> dict:
-    """When and where (the host's name) a benchmark runs, and by what code: the git state and
-    every component's version (`kvlab.components`, `{name: version}`)."""
+    """When and where (the host's name) a benchmark runs, and by what code: the git state,
+    every component's version (`kvlab.components`, `{name: version}`) and, where the device
+    script ran them first, the GPU tests and sanitizers (`gpu_checks`)."""
     import kvlab
 
+    checks = gpu_checks()
     return {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "kvlab": kvlab.__version__,
@@ -161,6 +186,7 @@ def run_info() -> dict:
         "versions": versions(),
         "platform": platform.platform(),
         "cpu": cpu_name(),
+        **({"gpu_checks": checks} if checks is not None else {}),
     }
 
 

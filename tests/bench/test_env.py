@@ -1,6 +1,7 @@
 """What a recording records about where and by what code it ran (kvlab.bench.env): the
 components' versions, the host, the GPU's UUID; nvidia-smi and torch faked (CPU)."""
 
+import json
 import socket
 import subprocess
 from types import SimpleNamespace
@@ -75,3 +76,18 @@ def test_gpu_info_takes_torchs_uuid_where_nvidia_smi_cannot_tell(monkeypatch, fa
     assert info["driver"] is None and info["clocks_start"] == {}
     del fake_gpu.uuid
     assert env.gpu_info(0)["gpu_uuid"] is None
+
+
+def test_run_info_records_the_gpu_checks_the_device_script_ran(monkeypatch):
+    monkeypatch.delenv("KVLAB_GPU_CHECKS", raising=False)
+    assert "gpu_checks" not in env.run_info()
+    checks = {"tests": "40 passed, 233 deselected (tests/bench)", "memcheck": "0 errors"}
+    monkeypatch.setenv("KVLAB_GPU_CHECKS", json.dumps(checks))
+    assert env.run_info()["gpu_checks"] == checks
+
+
+@pytest.mark.parametrize("text", ["40 passed", "[]", '{"tests": 40}', '{"pytest": "40 passed"}'])
+def test_gpu_checks_refuse_what_the_device_script_does_not_write(monkeypatch, text):
+    monkeypatch.setenv("KVLAB_GPU_CHECKS", text)
+    with pytest.raises(ValueError, match=r"KVLAB_GPU_CHECKS=.*: must be a JSON object of strings"):
+        env.gpu_checks()

@@ -114,6 +114,40 @@ def serving_summary() -> str:
         f"output tokens/s are asked and {r['output_tokens_per_s']:,.0f} served" for r in runs)
 
 
+def step_model_constants() -> str:
+    """The step model's two constants and its held-out error (kvlab.predict.step)."""
+    from kvlab.predict.step import fit_step_model
+
+    fit = fit_step_model()
+    return (f"{fit.streaming_overhead_us:.2f} us of idle HBM a kernel at batch 1 and 2, "
+            f"{fit.overhead_us:.2f} us at larger batches, and {fit.per_sequence_us:.3f} us a "
+            f"sequence and layer, fitted on {fit.points} steps; on each model left out of the "
+            f"fit in turn its step is within {fit.held_out_error:.1%} (median "
+            f"{fit.median_error:.1%})")
+
+
+def step_model_table() -> list[str]:
+    """Per model and batch of gqa's recorded steps: the step over the roofline step, the
+    modelled idle budget, and the step less that budget over the roofline step."""
+    from kvlab.predict.step import fit_step_model, step_anatomy
+
+    fit = fit_step_model()
+    lines = ["| model | batch | step / roofline step | idle budget (modelled) | step less the "
+             "budget / roofline step |", "|---|---|---|---|---|"]
+    for name in E2E_RESULTS:
+        result = load_result("h200", name)
+        for r in result["rows"]:
+            if r["variant"] != "gqa":
+                continue
+            anatomy = step_anatomy(r["model"], r["batch"], r["prompt"] + r["new_tokens"] / 2,
+                                   result["roofline_copy_gbps"], fit)
+            idle_ms = anatomy["idle_us"] / 1e3
+            lines.append(f"| {r['model']} | {r['batch']} | {r['ratio_to_roofline']:.2f}x | "
+                         f"{idle_ms:.2f} ms ({idle_ms / r['step_ms']:.0%} of the step) | "
+                         f"{(r['step_ms'] - idle_ms) / r['roofline_ms']:.2f}x |")
+    return lines
+
+
 BLOCKS = {
     "e2e.source": lambda: [f"- {source('h200', name)}" for name in E2E_RESULTS],
     "e2e.rounds": lambda: ", ".join(sorted({str(load_result("h200", name)["rounds"])
@@ -126,4 +160,6 @@ BLOCKS = {
     "e2e.table": lambda: e2e_table(load_results("h200", E2E_RESULTS)),
     "e2e.table-2048": lambda: e2e_table(load_result("h200", "e2e_2048")),
     "e2e.serving": lambda: serving_table(load_result("h200", "e2e_serving")),
+    "e2e.step-constants": step_model_constants,
+    "e2e.step-model": step_model_table,
 }

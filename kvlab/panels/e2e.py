@@ -40,9 +40,11 @@ from kvlab.panels.widgets import (
     show_figure,
 )
 from kvlab.predict.point import launch_point
+from kvlab.predict.step import STREAMING_ROWS, fit_step_model, step_anatomy
 from kvlab.results import label, load_result, load_shown, recorded_models
 from kvlab.viz.e2e import (
     TITLES,
+    anatomy_figure,
     is_hf,
     modelled_rows,
     steps_figure,
@@ -60,7 +62,7 @@ E2E_ROWS = ("model", "variant", "batch", "prompt", "new_tokens", "step_ms", "tok
             "step_ms_runs", "roofline_ms", "ratio_to_roofline")
 SERVING_KEYS = {"serving": ("model", "variant", "rate", "requests", "output_tokens_per_s",
                             "tpot_ms_p50", "tpot_ms_p99", "ttft_ms_p50", "preemptions")}
-FIGURE_HEIGHTS = {"throughput": 420, "steps": 360, "tensor_parallel": 360}
+FIGURE_HEIGHTS = {"throughput": 420, "steps": 360, "tensor_parallel": 360, "anatomy": 420}
 PROMPT_TOKENS = 512
 RECORD_COMMAND = "python -m kvlab bench e2e --json benchmarks/results/h200/e2e.json"
 TP_COMMAND = ("torchrun --nproc-per-node N -m kvlab bench e2e --tp N",  # lines of a note
@@ -98,6 +100,10 @@ class EndToEndTab:
                          for name in self.recorded.get("source_dates", {})}
         self.serving = load_shown(*SERVING, SERVING_KEYS, self.unreadable,
                                   "serving") or {"serving": []}
+        try:  # the step's anatomy: its constants, fitted on the recorded steps
+            self.step_model = fit_step_model()
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            self.step_model = f"the step model cannot be fitted: {error}"
         self.tensor_parallel = [  # the recorded tensor-parallel results
             result for machine, names in TENSOR_PARALLEL
             if (result := load_shown(machine, names, {"tp": int, "rows": E2E_ROWS},
@@ -241,16 +247,17 @@ class EndToEndTab:
                 titles["throughput"], provenance, "every batch is past the GPU's memory:<br>"
                 "see the status line", FIGURE_HEIGHTS["throughput"]))
         at_batch = [r for r in rows if r["batch"] == batch]
+        anatomy = []
         if at_batch:
             lines = self._show_steps(model, batch, gpu, at_batch, where, provenance) + lines
+            anatomy = self._show_anatomy(model, batch, gpu, at_batch)
         else:
             why = past.get(batch, f"no run of {model} at batch {batch}")
-            show_figure(self.figures["steps"], note_figure(
-                titles["steps"], provenance,
-                note_text(why),
-                FIGURE_HEIGHTS["steps"]))
+            for name in ("steps", "anatomy"):
+                show_figure(self.figures[name], note_figure(
+                    titles[name], provenance, note_text(why), FIGURE_HEIGHTS[name]))
             lines.insert(0, html.escape(why))
-        lines += self._show_tensor_parallel(model, batch, rows, gpu)
+        lines += self._show_tensor_parallel(model, batch, rows, gpu) + anatomy
         if not modelled:
             lines += self._serving_lines(model)
         lines += map(html.escape, unreadable)
@@ -260,6 +267,45 @@ class EndToEndTab:
         """`note` in place of every figure."""
         for name, height in FIGURE_HEIGHTS.items():
             show_figure(self.figures[name], note_figure(titles[name], provenance, note, height))
+
+    def _show_anatomy(self, model: str, batch: int, gpu: str, rows: list[dict]) -> list[str]:
+        """Draw one step kernel by kernel (kvlab.predict.step), at the prompt and new tokens of
+        `rows` (the recorded batch), on the chosen GPU's copy roofline (the H200's: that of the
+        run recorded), with gqa's recorded step beside it; the status line on its idle budget."""
+        title = TITLES["anatomy"].format(model=model, batch=batch)
+        height = FIGURE_HEIGHTS["anatomy"]
+        fit = self.step_model
+        if isinstance(fit, str):
+            show_figure(self.figures["anatomy"], note_figure(title, "not modelled",
+                                                             note_text(fit), height))
+            return [html.escape(fit)]
+        gqa = next((r for r in rows if r["variant"] == "gqa"), None)
+        prompt, new_tokens = ((gqa["prompt"], gqa["new_tokens"]) if gqa is not None
+                              else (PROMPT_TOKENS, PROMPT_TOKENS // 2))
+        if gpu == REFERENCE and gqa is not None and gqa.get("source") in self.run_gbps:
+            gbps, recorded = self.run_gbps[gqa["source"]], gqa["step_ms"]
+        else:
+            gbps, recorded = copy_roofline_gbps(gpu)[0], None
+        overhead = (fit.streaming_overhead_us if batch <= STREAMING_ROWS else fit.overhead_us)
+        provenance = (f"{modelled_for(gpu) if gpu != REFERENCE else 'modelled'}: "
+                      f"{overhead:.1f} us idle a kernel at this batch, "
+                      f"{fit.per_sequence_us:.2f} us a sequence and layer, fitted on the "
+                      f"{GPUS[REFERENCE].name}'s steps (within {fit.held_out_error:.0%} on "
+                      "models left out)")
+        try:
+            anatomy = step_anatomy(model, batch, prompt + new_tokens / 2, gbps, fit)
+        except ValueError as error:
+            show_figure(self.figures["anatomy"], note_figure(title, "not modelled",
+                                                             note_text(str(error)), height))
+            return [html.escape(f"Step anatomy: {error}")]
+        show_figure(self.figures["anatomy"], anatomy_figure(anatomy, title, provenance,
+                                                            recorded, height))
+        return [html.escape(
+            f"Idle budget (modelled): {anatomy['idle_us'] / 1e3:.2f} ms of a "
+            f"{anatomy['step_us'] / 1e3:.2f} ms step, "
+            f"{anatomy['idle_us'] / anatomy['step_us']:.0%}: HBM idles between and around "
+            "the kernels, what prefetching the next kernel's operands into L2 could at most "
+            "win back (modelled, not traced kernel by kernel)")]
 
     def _modelled(self, model: str, batch: int, gpu: str, rows: list[dict]
                   ) -> tuple[list[dict], dict[int, str], list[str]]:

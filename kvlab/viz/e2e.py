@@ -15,8 +15,8 @@ from kvlab.checks import check_positive_int, is_real
 from kvlab.config import MODELS
 from kvlab.viz.layout import style
 
-__all__ = ["TITLES", "is_hf", "modelled_rows", "steps_figure", "tensor_parallel_figure",
-           "throughput_figure"]
+__all__ = ["TITLES", "anatomy_figure", "is_hf", "modelled_rows", "steps_figure",
+           "tensor_parallel_figure", "throughput_figure"]
 
 VARIANT_COLORS = {"vllm_v1": "#1f77b4", "vllm_v1+prefetch": "#9ecae1", "gqa": "#2ca02c",
                   "gqa+prefetch": "#98df8a", "hf-static": "#7f7f7f",
@@ -31,7 +31,11 @@ def is_hf(variant: str) -> bool:
 # its place where the model or batch has nothing recorded
 TITLES = {"throughput": "Decode throughput: {model}",
           "steps": "Decode steps: {model}, batch {batch}",
-          "tensor_parallel": "Tensor parallel: {model}, batch {batch}"}
+          "tensor_parallel": "Tensor parallel: {model}, batch {batch}",
+          "anatomy": "Where a step's HBM idles: {model}, batch {batch}"}
+# the anatomy's segments: (key of kvlab.predict.step.step_anatomy's kernels, legend, colour)
+ANATOMY_PARTS = (("roofline_us", "HBM busy: the kernel's bytes at the copy roofline", "#2ca02c"),
+                 ("idle_us", "HBM idle: the gap to the next kernel, ramp and tail", "#d62728"))
 
 
 def modelled_rows(rows: list[dict], run_gbps: dict[str, float], gpu: str
@@ -158,3 +162,31 @@ def steps_figure(step_ms: dict[str, list[float]], title: str, provenance: str,
     fig.update_layout(xaxis=dict(title="decode step"), yaxis=dict(title="ms", range=[0, top]))
     return style(fig, title, provenance, detail, "the axis ends at twice the slowest median: "
                  "warm-up steps may lie above it", height=height)
+
+
+def anatomy_figure(anatomy: dict, title: str, provenance: str, recorded_ms: float | None = None,
+                   height: int = 360) -> go.Figure:
+    """A decode step kernel by kernel (`kvlab.predict.step.step_anatomy`): per kernel, over the
+    whole step, the time HBM is busy with its bytes and the time it idles around it; a last bar
+    for the step, with the per-sequence work; and a line at `recorded_ms`, the step recorded at
+    that point. Raises ValueError for an anatomy without kernels."""
+    kernels = anatomy.get("kernels") if isinstance(anatomy, dict) else None
+    if not kernels:
+        raise ValueError("anatomy: must hold kernels (kvlab.predict.step.step_anatomy)")
+    names = [f"{k['name']} x{k['count']}" for k in kernels]
+    step = "whole step"
+    fig = go.Figure()
+    for key, legend, color in ANATOMY_PARTS:
+        fig.add_bar(y=[*names, step], x=[k[key] / 1e3 for k in kernels] + [anatomy[key] / 1e3],
+                    name=legend, orientation="h", marker_color=color)
+    fig.add_bar(y=[step], x=[anatomy["per_sequence_us"] / 1e3], orientation="h",
+                name="per-sequence work beyond the bytes", marker_color="#ff7f0e")
+    if recorded_ms is not None:
+        fig.add_vline(x=recorded_ms, line=dict(color="black", dash="dash", width=1))
+        fig.add_scatter(x=[None], y=[None], mode="lines", name=f"recorded step "
+                        f"{recorded_ms:.2f} ms", line=dict(color="black", dash="dash", width=1))
+    fig.update_layout(barmode="stack", xaxis=dict(title="ms a step"),
+                      yaxis=dict(autorange="reversed"))
+    idle = anatomy["idle_us"] / anatomy["step_us"]
+    return style(fig, title, provenance, f"idle budget {anatomy['idle_us'] / 1e3:.2f} ms, "
+                 f"{idle:.0%} of the modelled step", height=height)

@@ -77,7 +77,8 @@ def titles(tab) -> dict[str, str]:
 
 WHAT_EACH_SHOWS = {"throughput": "Decode throughput: {model}",
                    "steps": "Decode steps: {model}, batch {batch}",
-                   "tensor_parallel": "Tensor parallel: {model}, batch {batch}"}
+                   "tensor_parallel": "Tensor parallel: {model}, batch {batch}",
+                   "anatomy": "Where a step's HBM idles: {model}, batch {batch}"}
 
 
 @pytest.mark.parametrize("model", ["opt-13b", "tiny-llama", "llama2-13b"])
@@ -296,3 +297,33 @@ def test_on_a_gpu_the_run_generated_here_shows_under_its_gpu_alone(monkeypatch):
     assert tab.generate_button.disabled
     assert "FAKE GPU" not in tab.figures["steps"].figure.layout.title.text
     assert "kvlab.LLM" not in {t.name for t in tab.figures["steps"].figure.data}
+
+
+def test_the_step_anatomy_shows_where_hbm_idles_beside_the_recorded_step(tab):
+    from kvlab.predict.step import fit_step_model, step_anatomy
+
+    figure = tab.figures["anatomy"].figure
+    busy, idle, per_sequence, recorded = figure.data
+    assert busy.name.startswith("HBM busy") and idle.name.startswith("HBM idle")
+    gqa = next(r for r in load_result("h200", "e2e")["rows"]
+               if (r["model"], r["variant"], r["batch"]) == ("llama3-8b", "gqa", 64))
+    assert recorded.name == f"recorded step {gqa['step_ms']:.2f} ms"
+    fit = fit_step_model()
+    anatomy = step_anatomy("llama3-8b", 64, 512 + 128, load_result(
+        "h200", "e2e")["roofline_copy_gbps"], fit)
+    assert list(idle.x) == [k["idle_us"] / 1e3 for k in anatomy["kernels"]] + [
+        anatomy["idle_us"] / 1e3]
+    assert list(busy.y)[-1] == "whole step" and list(busy.y)[3] == "attention x32"
+    assert "fitted on the NVIDIA H200's steps" in figure.layout.title.text
+    assert "Idle budget (modelled)" in tab.status.value
+
+
+def test_the_step_anatomy_says_why_where_it_cannot_model(monkeypatch):
+    monkeypatch.setenv("KVLAB_BACKEND", "sim")
+    monkeypatch.setattr(module, "fit_step_model",
+                        lambda: (_ for _ in ()).throw(ValueError("no steps to fit on")))
+    tab = EndToEndTab()
+    title = tab.figures["anatomy"].figure.layout.title.text
+    assert "not modelled" in title
+    assert "the step model cannot be fitted: no steps to fit on" in html.unescape(
+        tab.status.value)

@@ -154,3 +154,11 @@ def test_tensor_parallel_needs_a_positive_batch(batch):
 
 def test_tensor_parallel_takes_a_numpy_batch():
     assert list(tensor_parallel_figure(E2E_ROWS, "m", np.int64(64), "p").data[0].x) == [1, 2]
+
+
+@pytest.mark.parametrize("anatomy", [{}, {"kernels": []}, None])
+def test_the_step_anatomy_needs_its_kernels(anatomy):
+    from kvlab.viz.e2e import anatomy_figure
+
+    with pytest.raises(ValueError, match="anatomy: must hold kernels"):
+        anatomy_figure(anatomy, "t", "p")

@@ -1,0 +1,165 @@
+"""Where a decode step's time goes, kernel by kernel, modelled.
+
+One step of `kvlab.LLM` on a Llama or Qwen2 model runs, per layer, the attention norm, the QKV
+GEMM, RoPE with the cache write, the decode attention, W_O, the MLP norm (with the residual),
+gate and up, and down; then the final norm and the LM head (`step_kernels`). Each kernel must
+move its own bytes (weights, activations, the K/V it reads): `bytes / roofline` at the copy
+roofline, HBM busy. Three constants explain the rest of a recorded step:
+
+- an overhead paid by every kernel: the gap to the next kernel in the CUDA graph, its ramp and
+  its tail, time in which HBM idles. It is fitted apart for steps of at most STREAMING_ROWS
+  sequences (`streaming_overhead_us`), where the engine's linears are its own weight-streaming
+  kernel, and for larger ones (`overhead_us`), where they are cuBLAS GEMMs;
+- `per_sequence_us`, paid per sequence and layer: the work a step does beyond moving bytes
+  (the GEMMs' arithmetic, attention's per-sequence setup and merge).
+
+`fit_step_model` fits them by least squares to the H200's end-to-end recordings (the steps of
+the engine with `gqa`) and checks them on each model left out of the fit. The overheads of all
+kernels are the step's idle budget: what prefetching the next kernel's operands into L2 across
+kernel boundaries (issue 52) could at most win back.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvlab.config import MODELS, ModelConfig
+from kvlab.results import load_result
+
+__all__ = ["StepModel", "fit_step_model", "step_anatomy", "step_kernels"]
+
+E2E_RECORDINGS = ("h200", ("e2e", "e2e_qwen7b", "e2e_qwen14b"))  # the engine's steps
+VARIANT = "gqa"  # the decode kernel whose steps the model is fitted on
+ITEM = 2  # bytes of an fp16 weight, activation or K/V element
+# kvlab.kernels.layer_ops.LINEAR_ROWS (not imported here: it loads torch): up to this batch the
+# engine's linears run on layer_ops' weight-streaming kernel
+STREAMING_ROWS = 2
+
+
+@dataclass(frozen=True)
+class StepModel:
+    """The fitted constants (us) and their check: the points fitted, and the largest and the
+    median |predicted / recorded - 1| of a step over the models left out of the fit in turn."""
+
+    streaming_overhead_us: float
+    overhead_us: float
+    per_sequence_us: float
+    points: int
+    held_out_error: float
+    median_error: float
+
+
+def _check_number(name: str, value, minimum: float = 0.0, strict: bool = True) -> float:
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not (value > minimum if strict else value >= minimum) or value == float("inf")):
+        raise ValueError(f"{name}={value!r}: must be a finite number "
+                         f"{'>' if strict else '>='} {minimum}")
+    return float(value)
+
+
+def _model(model: str) -> ModelConfig:
+    if model not in MODELS or MODELS[model].family == "opt":
+        raise ValueError(f"model={model!r}: must be a Llama or Qwen2 preset of kvlab.MODELS")
+    return MODELS[model]
+
+
+def step_kernels(model: str, batch: int, context: float) -> list[tuple[str, float]]:
+    """(name, bytes) of each kernel of one decode step of `model` (a Llama or Qwen2 preset) at
+    `batch` sequences of `context` tokens each (a mean may be fractional): the layers' kernels
+    in order, then the final norm and the LM head. Raises ValueError for another model, a batch
+    that is not an int >= 1 or a context that is not a number > 0."""
+    m = _model(model)
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch={batch!r}: must be an int >= 1")
+    context = _check_number("context", context)
+    h, inter, qkv = m.hidden_size, m.intermediate_size, m.q_size + 2 * m.kv_size
+    act = batch * ITEM  # an activation row's bytes per element
+    layer = [("attention norm", ITEM * h + act * 3 * h),
+             ("qkv", ITEM * qkv * h + act * (h + qkv)),
+             ("rope + cache write", act * 2 * qkv),
+             ("attention", 2 * ITEM * batch * context * m.kv_size + act * 2 * m.q_size),
+             ("w_o", ITEM * h * m.q_size + act * (m.q_size + h)),
+             ("mlp norm", ITEM * h + act * 4 * h),
+             ("gate + up", ITEM * 2 * inter * h + act * (h + 2 * inter)),
+             ("down", ITEM * h * inter + act * (inter + 2 * h))]
+    return layer * m.num_layers + [
+        ("final norm", ITEM * h + act * 2 * h),
+        ("lm head", ITEM * m.vocab_size * h + act * (h + m.vocab_size))]
+
+
+def step_anatomy(model: str, batch: int, context: float, roofline_gbps: float,
+                 fit: StepModel) -> dict:
+    """One step modelled: {"kernels": per kernel name, in step order, {"name", "count" (a
+    step's launches of it), "roofline_us" (its bytes at the copy roofline), "idle_us" (count x
+    the overhead at this batch)}, "per_sequence_us", "roofline_us", "idle_us", "step_us"} (all
+    over the whole step). Raises ValueError as `step_kernels`, and for a roofline that is not a
+    number > 0."""
+    roofline_gbps = _check_number("roofline_gbps", roofline_gbps)
+    kernels: dict[str, dict] = {}
+    for name, nbytes in step_kernels(model, batch, context):
+        k = kernels.setdefault(name, {"name": name, "count": 0, "roofline_us": 0.0,
+                                      "idle_us": 0.0})
+        k["count"] += 1
+        k["roofline_us"] += nbytes / roofline_gbps / 1e3
+        k["idle_us"] += fit.streaming_overhead_us if batch <= STREAMING_ROWS else fit.overhead_us
+    per_sequence = fit.per_sequence_us * batch * MODELS[model].num_layers
+    roofline = sum(k["roofline_us"] for k in kernels.values())
+    idle = sum(k["idle_us"] for k in kernels.values())
+    return {"kernels": list(kernels.values()), "per_sequence_us": per_sequence,
+            "roofline_us": roofline, "idle_us": idle, "step_us": roofline + idle + per_sequence}
+
+
+def _points(results) -> list[dict]:
+    """Each recorded step of the engine with VARIANT on one GPU: model, batch, mean context
+    (the prompt and half the new tokens), the step (us) and its run's copy roofline."""
+    return [{"model": r["model"], "batch": r["batch"],
+             "context": r["prompt"] + r["new_tokens"] / 2, "step_us": 1e3 * r["step_ms"],
+             "roofline_gbps": result["roofline_copy_gbps"]}
+            for result in results for r in result["rows"]
+            if r["variant"] == VARIANT and r.get("tp", 1) == 1]
+
+
+def _features(p: dict) -> tuple[list[float], float]:
+    """A point's three features (kernels a step at a streaming batch, kernels a step at a
+    larger one, sequences x layers) and its step past the roofline (us)."""
+    kernels = step_kernels(p["model"], p["batch"], p["context"])
+    roofline = sum(b for _, b in kernels) / p["roofline_gbps"] / 1e3
+    streaming = p["batch"] <= STREAMING_ROWS
+    return ([len(kernels) * streaming, len(kernels) * (not streaming),
+             p["batch"] * MODELS[p["model"]].num_layers], p["step_us"] - roofline)
+
+
+def _solve(points: list[dict]) -> np.ndarray:
+    """(streaming_overhead_us, overhead_us, per_sequence_us) fitting the points by least
+    squares (a constant no point exercises stays 0)."""
+    rows = [_features(p) for p in points]
+    coef, *_ = np.linalg.lstsq(np.array([f for f, _ in rows]), np.array([y for _, y in rows]),
+                               rcond=None)
+    return coef
+
+
+def fit_step_model(results=None) -> StepModel:
+    """`StepModel` fitted on the recorded steps (`E2E_RECORDINGS`, or `results`: benchmark
+    results of `bench e2e`), checked on each model left out. Raises ValueError where the
+    recordings hold fewer than two models' steps of VARIANT."""
+    if results is None:
+        results = [load_result(E2E_RECORDINGS[0], name) for name in E2E_RECORDINGS[1]]
+    points = _points(results)
+    models = sorted({p["model"] for p in points})
+    if len(models) < 2:
+        raise ValueError(f"the recordings hold {VARIANT}'s steps of {len(models)} model(s): the "
+                         "fit needs two or more, one to leave out")
+    errors = []
+    for left_out in models:
+        coef = _solve([p for p in points if p["model"] != left_out])
+        for p in points:
+            if p["model"] == left_out:
+                features, excess = _features(p)
+                predicted = p["step_us"] - excess + float(np.dot(coef, features))
+                errors.append(abs(predicted / p["step_us"] - 1))
+    streaming, overhead, per_sequence = (float(c) for c in _solve(points))
+    return StepModel(streaming, overhead, per_sequence, len(points), max(errors),
+                     statistics.median(errors))

@@ -1,0 +1,99 @@
+"""The modelled decode step: its kernels' bytes, the two fitted constants (recovered from steps
+made with known ones, and checked on the H200's recordings), the anatomy's sums, bad input."""
+
+import pytest
+
+from kvlab.config import MODELS
+from kvlab.predict.step import (
+    StepModel,
+    fit_step_model,
+    step_anatomy,
+    step_kernels,
+)
+
+
+@pytest.mark.parametrize("model", ["llama2-7b", "llama3-8b", "qwen2.5-7b", "qwen2.5-14b"])
+def test_a_steps_kernels_read_every_weight_once_and_the_kv_cache(model):
+    m = MODELS[model]
+    h, inter, q, kv = m.hidden_size, m.intermediate_size, m.q_size, m.kv_size
+    weights = 2 * (m.num_layers * (h * (q + 2 * kv) + h * q + 3 * h * inter + 2 * h)
+                   + h + m.vocab_size * h)  # the LM head whole, the embedding not
+    kernels = step_kernels(model, 1, 1)
+    assert len(kernels) == 8 * m.num_layers + 2
+    assert weights <= sum(b for _, b in kernels) <= 1.001 * weights  # + one token's activations
+    more = sum(b for _, b in step_kernels(model, 4, 1000)) - sum(b for _, b in step_kernels(
+        model, 4, 500))
+    assert more == pytest.approx(2 * 2 * 4 * 500 * kv * m.num_layers)  # K and V, fp16
+
+
+def synthetic_steps(streaming_us, overhead_us, per_sequence_us, gbps=4000.0):
+    """`bench e2e` results whose gqa steps are exactly the model's with the constants given."""
+    rows = []
+    for model in ("llama3-8b", "qwen2.5-7b", "llama2-7b"):
+        for batch in (1, 16, 64):
+            kernels = step_kernels(model, batch, 640)
+            step_us = (sum(b for _, b in kernels) / gbps / 1e3
+                       + (streaming_us if batch <= 2 else overhead_us) * len(kernels)
+                       + per_sequence_us * batch * MODELS[model].num_layers)
+            rows += [{"model": model, "variant": "gqa", "batch": batch, "prompt": 512,
+                      "new_tokens": 256, "step_ms": step_us / 1e3},
+                     {"model": model, "variant": "hf-static", "batch": batch, "prompt": 512,
+                      "new_tokens": 256, "step_ms": 99.0}]  # not kvlab's: not fitted
+    return [{"roofline_copy_gbps": gbps, "rows": rows}]
+
+
+def test_the_fit_recovers_the_constants_the_steps_were_made_with():
+    fit = fit_step_model(synthetic_steps(2.0, 3.0, 0.25))
+    assert fit.streaming_overhead_us == pytest.approx(2.0)
+    assert fit.overhead_us == pytest.approx(3.0) and fit.per_sequence_us == pytest.approx(0.25)
+    assert fit.points == 9 and fit.held_out_error == pytest.approx(0, abs=1e-9)
+
+
+def test_the_fit_to_the_h200s_steps_holds_on_models_left_out():
+    fit = fit_step_model()
+    assert 0 < fit.streaming_overhead_us < fit.overhead_us < 10 and 0 < fit.per_sequence_us < 1
+    assert fit.points >= 12 and fit.median_error < 0.03 and fit.held_out_error < 0.08
+
+
+def test_the_streaming_batch_is_layer_ops_own():
+    from kvlab.kernels.layer_ops import LINEAR_ROWS
+    from kvlab.predict.step import STREAMING_ROWS
+
+    assert STREAMING_ROWS == LINEAR_ROWS
+
+
+def test_the_anatomy_adds_up_and_grows_as_it_should():
+    fit = StepModel(2.0, 3.0, 0.25, 0, 0.0, 0.0)
+    one = step_anatomy("llama3-8b", 1, 640, 4000.0, fit)
+    assert [k["name"] for k in one["kernels"]] == [
+        "attention norm", "qkv", "rope + cache write", "attention", "w_o", "mlp norm",
+        "gate + up", "down", "final norm", "lm head"]
+    assert one["idle_us"] == pytest.approx(2.0 * (8 * 32 + 2))
+    assert one["step_us"] == pytest.approx(one["roofline_us"] + one["idle_us"]
+                                           + one["per_sequence_us"])
+    many = step_anatomy("llama3-8b", 64, 640, 4000.0, fit)
+    assert many["idle_us"] == pytest.approx(1.5 * one["idle_us"])  # cuBLAS's gaps, not layer_ops'
+    assert many["per_sequence_us"] == pytest.approx(64 * one["per_sequence_us"])
+
+
+@pytest.mark.parametrize("args, message", [
+    (("opt-6.7b", 1, 10), "model='opt-6.7b': must be a Llama or Qwen2 preset"),
+    (("gpt-5", 1, 10), "model='gpt-5'"),
+    (("llama3-8b", 0, 10), "batch=0: must be an int >= 1"),
+    (("llama3-8b", 2.0, 10), "batch=2.0: must be an int >= 1"),
+    (("llama3-8b", 1, 0), "context=0: must be a finite number > 0"),
+    (("llama3-8b", 1, float("inf")), "context=inf"),
+    (("llama3-8b", 1, True), "context=True"),
+])
+def test_bad_input_is_refused_by_name(args, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        step_kernels(*args)
+
+
+def test_the_anatomy_refuses_a_bad_roofline_and_the_fit_needs_two_models():
+    with pytest.raises(ValueError, match=r"roofline_gbps=-1: must be a finite number > 0"):
+        step_anatomy("llama3-8b", 1, 640, -1, StepModel(2.0, 3.0, 0.25, 0, 0.0, 0.0))
+    one = synthetic_steps(2.0, 3.0, 0.25)[0]
+    one["rows"] = [r for r in one["rows"] if r["model"] == "llama3-8b"]
+    with pytest.raises(ValueError, match=r"steps of 1 model\(s\): the fit needs two or more"):
+        fit_step_model([one])

@@ -25,7 +25,7 @@ python3 -c "from kvlab.bench.env import git_state; print(git_state())" 2>&1 | te
 checks=()  # the summary lines of the checks, recorded in the benchmark's result (gpu_checks)
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   timeout ${TEST_TIMEOUT:-420} python3 -m pytest -q -m "gpu or compile" -p no:cacheprovider \
-    --import-mode=importlib ${TESTS:-tests} 2>&1 | tail -40 | tee -a "$log" > "$OUT/tests.tail"
+    --import-mode=importlib ${TESTS:-tests} 2>&1 | tail -40 | tee -a "$log" "$OUT/tests.tail"
   summary=$(grep -E "[0-9]+ (passed|failed|errors?|skipped|deselected)" "$OUT/tests.tail" | tail -1 \
             | tr -d "=")
   checks+=(tests "${summary:-no summary: cut short or not run} (${TESTS:-tests})")

@@ -21,7 +21,9 @@ version=$(sed -n 's/^FLASHINFER_VERSION = "\([^"]*\)".*/\1/p' kvlab/kernels/flas
 # What `import flashinfer` needs that the image (torch, numpy, transformers and theirs) lacks;
 # its other requirements (cuda-python, cutlass-dsl, cudnn-frontend, nccl4py, ...) serve kernels
 # kvlab does not run, and flashinfer imports without them.
-deps=(apache-tvm-ffi click einops ninja nvidia-ml-py tabulate)
+# Pinned to the versions the recordings ran with (within flashinfer's own constraints).
+deps=(apache-tvm-ffi==0.1.15.post2 click==8.5.1 einops==0.8.2 ninja==1.13.2
+      nvidia-ml-py==13.615.71 tabulate==0.10.0)
 mkdir -p "$dest"
 get() {  # one requirement, its own wheel only, for the device's python and platform
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$pyver" \
@@ -41,7 +43,7 @@ with zipfile.ZipFile(path) as src, zipfile.ZipFile(slim, "w", zipfile.ZIP_DEFLAT
         data = src.read(info)
         if info.filename.endswith(".dist-info/RECORD"):  # list only the files kept
             data = b"".join(line for line in data.splitlines(keepends=True)
-                            if not dropped.match(line.decode()))
+                            if not dropped.match(line.decode().split(",")[0]))
         dst.writestr(info, data)
 os.replace(slim, path)
 PYEOF

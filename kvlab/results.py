@@ -42,6 +42,8 @@ ATTENTION = ("h200", ("attention", "attention_block_sizes", "attention_read"))
 # in 4 GPU batches with resident and offloaded weights (kvpr_schedules). The ablations (kvpr_eager,
 # kvpr_chunks4) stay out of the dashboard: they repeat points of the grid under other settings.
 KVPR = ("h200", ("kvpr_opt", "kvpr_llama", "kvpr_schedules"))
+# Whole models decoding (bench e2e), prompts of 512 tokens and 256 new ones: Llama and Qwen2.5
+E2E = ("h200", ("e2e", "e2e_qwen7b", "e2e_qwen14b"))
 # A row's identity; "family" and "auto_mode" are set on kernel="auto" rows only (the family auto
 # ran; tuned at the point, reused from another shape of its bucket, or the recorded choice);
 # "sms" on rows timed with `--sms` only (the SMs of the green context; absent: the whole GPU).

@@ -306,10 +306,12 @@ def _production_scaled(max_len: int) -> np.ndarray:
 
 def production_lengths(num_seqs: int, max_len: int, seed: int = 0) -> np.ndarray:
     """int64 [num_seqs] KV lengths in FlashInfer's production mix (PRODUCTION_MIX: 4k to 128k
-    weighted 35, 20, 15, 12, 10, 8 %) scaled by max_len / 128k, so that the longest is max_len.
-    Each length gets its weight's share of the batch, rounded by largest remainder (ties to the
-    shorter), and the batch is shuffled (seeded). Raises ValueError for num_seqs not in
-    [1, MAX_NUM_REQUESTS] or max_len not in [PRODUCTION_MIN_MAX, MAX_SEQ_LEN]."""
+    weighted 35, 20, 15, 12, 10, 8 %) scaled by max_len / 128k, so that the mix's longest length is
+    max_len. Each length gets its weight's share of the batch, rounded by largest remainder
+    (ties to the shorter), and the batch is shuffled (seeded); a batch of fewer sequences than
+    the mix has lengths holds only some of them (1 sequence: the shortest). Raises ValueError
+    for num_seqs not in [1, MAX_NUM_REQUESTS] or max_len not in [PRODUCTION_MIN_MAX,
+    MAX_SEQ_LEN]."""
     num_seqs = _check_count("num_seqs", num_seqs, 1, MAX_NUM_REQUESTS)
     lens = _production_scaled(max_len)
     share = np.array([w for _, w in PRODUCTION_MIX], dtype=np.int64) * num_seqs

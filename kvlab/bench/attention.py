@@ -32,8 +32,8 @@ has run for a while; vLLM's kernel benchmark draws random block ids too). The ro
 kernels record which in `block_order`: "scattered" or "in_order".
 `--dtype` (float16 or bfloat16) is that of q, out, the fp16/bf16 caches and SDPA's K/V.
 With `--lengths lognormal:MEAN,MAX` or `production:MAX` (FlashInfer's production mix, 4k to 128k
-weighted 35 to 8 %, scaled so that its longest is MAX), each point is a batch of mixed lengths
-(kvlab.workload.mixed_lengths) instead of one context: its rows carry `lengths` (the spec),
+weighted 35 to 8 %, scaled so that the mix's longest length is MAX), each point is a batch of mixed
+lengths (kvlab.workload.mixed_lengths) instead of one context: its rows carry `lengths` (the spec),
 `context` (the batch's mean length, rounded) and `max_context`, and no SDPA row (a dense batch of
 mixed lengths would be padded to the longest); kernel "gqa_split_longest" is gqa without prefetch
 with its split planned as if every sequence were the longest (kvlab before it planned by lengths).

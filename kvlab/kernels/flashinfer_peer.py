@@ -30,8 +30,8 @@ WORKSPACE_BYTES = 128 * 2**20  # FlashInfer's float workspace (its split-KV part
 # Its FA2 kernels, on both paths: backend "auto" may hand a plan to cuDNN (or, for fp8 on the
 # tensor-core path, to FA3), and then the row would time another library's kernel.
 BACKEND = "fa2"
-# Query heads a KV head that FlashInfer's CUDA-core decode is compiled for (its
-# DISPATCH_GQA_GROUP_SIZE); its tensor-core path takes any group.
+# Query heads a KV head that FlashInfer's CUDA-core decode is compiled for (DISPATCH_GQA_GROUP_SIZE
+# in include/flashinfer/utils.cuh of FLASHINFER_VERSION); its tensor-core path takes any group.
 CUDA_CORE_GROUPS = (1, 2, 3, 4, 6, 8, 16)
 KV_DTYPES = (torch.float16, torch.bfloat16, torch.float8_e4m3fn)
 Q_DTYPES = (torch.float16, torch.bfloat16)
@@ -92,7 +92,14 @@ def unavailable_reason() -> str | None:
 
 
 def unsupported(num_qo_heads: int, num_kv_heads: int, use_tensor_cores: bool) -> str | None:
-    """Why FlashInfer's decode (on that path) does not take this head layout, or None."""
+    """Why FlashInfer's decode (on that path) does not take this head layout, or None. Raises
+    ValueError unless both head counts are ints >= 1, num_qo_heads a multiple of num_kv_heads."""
+    for name, value in (("num_qo_heads", num_qo_heads), ("num_kv_heads", num_kv_heads)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r}: must be an int >= 1")
+    if num_qo_heads % num_kv_heads:
+        raise ValueError(f"num_qo_heads={num_qo_heads}: must be a multiple of "
+                         f"num_kv_heads={num_kv_heads}")
     group = num_qo_heads // num_kv_heads
     if not use_tensor_cores and group not in CUDA_CORE_GROUPS:
         return (f"num_qo_heads / num_kv_heads = {num_qo_heads} / {num_kv_heads} = {group}: "

@@ -414,6 +414,15 @@ class DecodeKernelsTab:
         return (recorded is not None and v["gpu"] == gpu and v["model"] != CUSTOM
                 and v["model"] in recorded_models(recorded))
 
+    def _flashinfer_at(self, v: dict) -> bool:
+        """Whether the H100's recording holds FlashInfer at exactly the controls' point."""
+        if not self._recorded_here({**v, "gpu": FLASHINFER_GPU}, self.recorded_flashinfer,
+                                   FLASHINFER_GPU):
+            return False
+        near = nearest_rows(self.recorded_flashinfer, v["model"], v["batch"], v["context"])
+        return (near[0]["batch"], near[0]["context"]) == (v["batch"], v["context"]) and any(
+            r["kernel"].startswith("flashinfer") for r in near)
+
     def _grid_recording(self, v: dict) -> dict | None:
         """The attention grid recorded on the GPU chosen, where one holds the model: the H200's,
         or the H100's with FlashInfer."""
@@ -532,7 +541,8 @@ class DecodeKernelsTab:
                 device_label())
         elif (recorded := self._grid_recording(v)) is not None:
             near = nearest_rows(recorded, v["model"], v["batch"], v["context"])
-            here = [r for r in near if r["block_size"] in (v["block_size"], None)]
+            here = [r for r in near if r["block_size"] in (v["block_size"], None)
+                    and not r["kernel"].endswith("_fp8")]  # the fp8 cache: its own view
             if (near[0]["batch"], near[0]["context"]) == asked[:2] and any(
                     r["block_size"] == v["block_size"] for r in here):
                 rows, roofline, provenance = here, recorded["roofline_copy_gbps"], label(
@@ -555,8 +565,7 @@ class DecodeKernelsTab:
             notes.append("press Run to measure this point on this GPU")
         if (v["gpu"] != FLASHINFER_GPU and not any(r["kernel"].startswith("flashinfer")
                                                    for r in rows)
-                and self._recorded_here({**v, "gpu": FLASHINFER_GPU}, self.recorded_flashinfer,
-                                        FLASHINFER_GPU)):
+                and self._flashinfer_at(v)):
             notes.append(f"FlashInfer is recorded on the {GPUS[FLASHINFER_GPU].name} only: "
                          f"choose gpu {FLASHINFER_GPU} to see it beside the others")
         self.status.value = html.escape(

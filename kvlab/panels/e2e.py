@@ -41,7 +41,7 @@ from kvlab.panels.widgets import (
 )
 from kvlab.predict.point import launch_point
 from kvlab.predict.step import STREAMING_ROWS, fit_step_model, step_anatomy
-from kvlab.results import label, load_result, load_shown, recorded_models
+from kvlab.results import E2E, label, load_result, load_shown, recorded_models
 from kvlab.viz.e2e import (
     TITLES,
     anatomy_figure,
@@ -53,7 +53,7 @@ from kvlab.viz.e2e import (
 )
 from kvlab.viz.layout import note_figure, note_text, unreadable_figure
 
-RECORDED = ("h200", ("e2e", "e2e_qwen7b", "e2e_qwen14b"))  # 256 new tokens (e2e_2048: 2,048)
+RECORDED = E2E  # 256 new tokens (e2e_2048: 2,048)
 SERVING = ("h200", ("e2e_serving",))  # its `serving` entries; its one row only loads the model
 # tensor-parallel runs of N GPUs (rows with "tp": N), the prefetch paper's section 5.5
 TENSOR_PARALLEL = tuple((f"h200x{n}", ("e2e",)) for n in (2, 4, 8))
@@ -288,7 +288,7 @@ class EndToEndTab:
             gbps, recorded = copy_roofline_gbps(gpu)[0], None
         overhead = (fit.streaming_overhead_us if batch <= STREAMING_ROWS else fit.overhead_us)
         provenance = (f"{modelled_for(gpu) if gpu != REFERENCE else 'modelled'}: "
-                      f"{overhead:.1f} us idle a kernel at this batch, "
+                      f"{overhead:.1f} us idle a modelled kernel at this batch, "
                       f"{fit.per_sequence_us:.2f} us a sequence and layer, fitted on the "
                       f"{GPUS[REFERENCE].name}'s steps (within {fit.held_out_error:.0%} on "
                       "models left out)")
@@ -304,8 +304,8 @@ class EndToEndTab:
             f"Idle budget (modelled): {anatomy['idle_us'] / 1e3:.2f} ms of a "
             f"{anatomy['step_us'] / 1e3:.2f} ms step, "
             f"{anatomy['idle_us'] / anatomy['step_us']:.0%}: HBM idles between and around "
-            "the kernels, what prefetching the next kernel's operands into L2 could at most "
-            "win back (modelled, not traced kernel by kernel)")]
+            "the kernels, an estimate of what prefetching the next kernel's operands into L2 "
+            "could win back (modelled, not traced kernel by kernel)")]
 
     def _modelled(self, model: str, batch: int, gpu: str, rows: list[dict]
                   ) -> tuple[list[dict], dict[int, str], list[str]]:

@@ -2,21 +2,24 @@
 
 One step of `kvlab.LLM` on a Llama or Qwen2 model runs, per layer, the attention norm, the QKV
 GEMM, RoPE with the cache write, the decode attention, W_O, the MLP norm (with the residual),
-gate and up, and down; then the final norm and the LM head (`step_kernels`). Each kernel must
-move its own bytes (weights, activations, the K/V it reads): `bytes / roofline` at the copy
-roofline, HBM busy. Three constants explain the rest of a recorded step:
+gate and up, and down; then the final norm and the LM head (`step_kernels`). Above
+STREAMING_ROWS sequences the linears are cuBLAS GEMMs, and SwiGLU's product and down's residual
+add are kernels of their own; up to it they are folded into layer_ops' weight-streaming linear.
+The list is a model of the launches: the embedding, the sampling and gqa's merge (where it
+splits the context) are not counted apart. Each kernel must move its own bytes (weights,
+activations, the K/V it reads): `bytes / roofline` at the copy roofline, HBM busy. Three
+constants explain the rest of a recorded step:
 
-- an overhead paid by every kernel: the gap to the next kernel in the CUDA graph, its ramp and
-  its tail, time in which HBM idles. It is fitted apart for steps of at most STREAMING_ROWS
-  sequences (`streaming_overhead_us`), where the engine's linears are its own weight-streaming
-  kernel, and for larger ones (`overhead_us`), where they are cuBLAS GEMMs;
+- an overhead a modelled kernel: the gap to the next kernel in the CUDA graph, its ramp and its
+  tail, time in which HBM idles. It is fitted apart at most STREAMING_ROWS sequences
+  (`streaming_overhead_us`) and above (`overhead_us`);
 - `per_sequence_us`, paid per sequence and layer: the work a step does beyond moving bytes
   (the GEMMs' arithmetic, attention's per-sequence setup and merge).
 
 `fit_step_model` fits them by least squares to the H200's end-to-end recordings (the steps of
-the engine with `gqa`) and checks them on each model left out of the fit. The overheads of all
-kernels are the step's idle budget: what prefetching the next kernel's operands into L2 across
-kernel boundaries (issue 52) could at most win back.
+the engine with `gqa`, kvlab.results.E2E) and checks them on each model left out of the fit.
+The overheads of a step's kernels are its idle budget, an estimate of what prefetching the next
+kernel's operands into L2 across kernel boundaries (issue 52) could win back.
 """
 
 from __future__ import annotations
@@ -27,11 +30,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvlab.config import MODELS, ModelConfig
-from kvlab.results import load_result
+from kvlab.results import E2E, load_result
 
 __all__ = ["StepModel", "fit_step_model", "step_anatomy", "step_kernels"]
 
-E2E_RECORDINGS = ("h200", ("e2e", "e2e_qwen7b", "e2e_qwen14b"))  # the engine's steps
 VARIANT = "gqa"  # the decode kernel whose steps the model is fitted on
 ITEM = 2  # bytes of an fp16 weight, activation or K/V element
 # kvlab.kernels.layer_ops.LINEAR_ROWS (not imported here: it loads torch): up to this batch the
@@ -61,7 +63,7 @@ def _check_number(name: str, value, minimum: float = 0.0, strict: bool = True) -
 
 
 def _model(model: str) -> ModelConfig:
-    if model not in MODELS or MODELS[model].family == "opt":
+    if not isinstance(model, str) or model not in MODELS or MODELS[model].family == "opt":
         raise ValueError(f"model={model!r}: must be a Llama or Qwen2 preset of kvlab.MODELS")
     return MODELS[model]
 
@@ -82,9 +84,15 @@ def step_kernels(model: str, batch: int, context: float) -> list[tuple[str, floa
              ("rope + cache write", act * 2 * qkv),
              ("attention", 2 * ITEM * batch * context * m.kv_size + act * 2 * m.q_size),
              ("w_o", ITEM * h * m.q_size + act * (m.q_size + h)),
-             ("mlp norm", ITEM * h + act * 4 * h),
-             ("gate + up", ITEM * 2 * inter * h + act * (h + 2 * inter)),
-             ("down", ITEM * h * inter + act * (inter + 2 * h))]
+             ("mlp norm", ITEM * h + act * 4 * h)]
+    if batch <= STREAMING_ROWS:  # SwiGLU and the residual folded into the linears
+        layer += [("gate + up", ITEM * 2 * inter * h + act * (h + inter)),
+                  ("down", ITEM * h * inter + act * (inter + 2 * h))]
+    else:
+        layer += [("gate + up", ITEM * 2 * inter * h + act * (h + 2 * inter)),
+                  ("swiglu", act * 3 * inter),
+                  ("down", ITEM * h * inter + act * (inter + h)),
+                  ("residual add", act * 3 * h)]
     return layer * m.num_layers + [
         ("final norm", ITEM * h + act * 2 * h),
         ("lm head", ITEM * m.vocab_size * h + act * (h + m.vocab_size))]
@@ -95,9 +103,11 @@ def step_anatomy(model: str, batch: int, context: float, roofline_gbps: float,
     """One step modelled: {"kernels": per kernel name, in step order, {"name", "count" (a
     step's launches of it), "roofline_us" (its bytes at the copy roofline), "idle_us" (count x
     the overhead at this batch)}, "per_sequence_us", "roofline_us", "idle_us", "step_us"} (all
-    over the whole step). Raises ValueError as `step_kernels`, and for a roofline that is not a
-    number > 0."""
+    over the whole step). Raises ValueError as `step_kernels`, for a roofline that is not a
+    number > 0, and for a fit that is not a StepModel."""
     roofline_gbps = _check_number("roofline_gbps", roofline_gbps)
+    if not isinstance(fit, StepModel):
+        raise ValueError(f"fit={fit!r}: must be a StepModel (fit_step_model)")
     kernels: dict[str, dict] = {}
     for name, nbytes in step_kernels(model, batch, context):
         k = kernels.setdefault(name, {"name": name, "count": 0, "roofline_us": 0.0,
@@ -142,11 +152,16 @@ def _solve(points: list[dict]) -> np.ndarray:
 
 
 def fit_step_model(results=None) -> StepModel:
-    """`StepModel` fitted on the recorded steps (`E2E_RECORDINGS`, or `results`: benchmark
-    results of `bench e2e`), checked on each model left out. Raises ValueError where the
-    recordings hold fewer than two models' steps of VARIANT."""
+    """`StepModel` fitted on the recorded steps (kvlab.results.E2E, or `results`: a list of
+    `bench e2e` results), checked on each model left out. Raises ValueError for `results` that
+    is not a list of such results, or holds fewer than two models' steps of VARIANT."""
     if results is None:
-        results = [load_result(E2E_RECORDINGS[0], name) for name in E2E_RECORDINGS[1]]
+        results = [load_result(E2E[0], name) for name in E2E[1]]
+    if not isinstance(results, list | tuple) or not all(
+            isinstance(r, dict) and isinstance(r.get("rows"), list)
+            and "roofline_copy_gbps" in r for r in results):
+        raise ValueError(f"results={results!r:.80}: must be a list of bench e2e results (each "
+                         "with rows and roofline_copy_gbps)")
     points = _points(results)
     models = sorted({p["model"] for p in points})
     if len(models) < 2:

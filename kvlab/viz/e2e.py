@@ -35,7 +35,7 @@ TITLES = {"throughput": "Decode throughput: {model}",
           "anatomy": "Where a step's HBM idles: {model}, batch {batch}"}
 # the anatomy's segments: (key of kvlab.predict.step.step_anatomy's kernels, legend, colour)
 ANATOMY_PARTS = (("roofline_us", "HBM busy: the kernel's bytes at the copy roofline", "#2ca02c"),
-                 ("idle_us", "HBM idle: the gap to the next kernel, ramp and tail", "#d62728"))
+                 ("idle_us", "HBM idle (fitted): gaps, ramps and tails", "#d62728"))
 
 
 def modelled_rows(rows: list[dict], run_gbps: dict[str, float], gpu: str

@@ -1,6 +1,7 @@
 """FlashInfer as a peer: kvlab's block tables as FlashInfer's CSR, the adapter checked against a
 fake flashinfer module on the CPU, and FlashInfer's own output against the reference (GPU)."""
 
+import importlib.util
 import sys
 
 import pytest
@@ -200,3 +201,27 @@ def test_the_cuda_core_path_refuses_groups_it_is_not_built_for(fake_flashinfer):
     assert not FakeWrapper.made  # refused before anything was planned
     FlashInferDecode(cache, seq_ids, 28, use_tensor_cores=True)  # the tensor-core path takes it
     assert flashinfer_peer.unsupported(32, 8, use_tensor_cores=False) is None
+
+
+@pytest.mark.parametrize("heads, match", [((32, 0), "num_kv_heads=0: must be an int >= 1"),
+                                          ((30, 8), "num_qo_heads=30: must be a multiple of"),
+                                          ((True, 1), "num_qo_heads=True")])
+def test_the_group_check_refuses_bad_head_counts(heads, match):
+    with pytest.raises(ValueError, match=match):
+        flashinfer_peer.unsupported(*heads, use_tensor_cores=False)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("flashinfer") is None,
+                    reason="flashinfer is not installed")
+def test_the_cuda_core_groups_are_those_of_the_installed_header():
+    import pathlib
+    import re
+
+    import flashinfer
+
+    header = (pathlib.Path(flashinfer.__file__).parent / "data" / "include" / "flashinfer"
+              / "utils.cuh").read_text()
+    dispatch = header[header.index("#define DISPATCH_GQA_GROUP_SIZE"):]
+    dispatch = dispatch[:dispatch.index("Unsupported group_size")]
+    groups = tuple(int(g) for g in re.findall(r"group_size == (\d+)", dispatch))
+    assert groups == flashinfer_peer.CUDA_CORE_GROUPS

@@ -1,4 +1,4 @@
-"""The modelled decode step: its kernels' bytes, the two fitted constants (recovered from steps
+"""The modelled decode step: its kernels' bytes, the three fitted constants (recovered from steps
 made with known ones, and checked on the H200's recordings), the anatomy's sums, bad input."""
 
 import pytest
@@ -72,7 +72,9 @@ def test_the_anatomy_adds_up_and_grows_as_it_should():
     assert one["step_us"] == pytest.approx(one["roofline_us"] + one["idle_us"]
                                            + one["per_sequence_us"])
     many = step_anatomy("llama3-8b", 64, 640, 4000.0, fit)
-    assert many["idle_us"] == pytest.approx(1.5 * one["idle_us"])  # cuBLAS's gaps, not layer_ops'
+    assert [k["name"] for k in many["kernels"]][6:] == [  # cuBLAS: SwiGLU, the add apart
+        "gate + up", "swiglu", "down", "residual add", "final norm", "lm head"]
+    assert many["idle_us"] == pytest.approx(3.0 * (10 * 32 + 2))
     assert many["per_sequence_us"] == pytest.approx(64 * one["per_sequence_us"])
 
 
@@ -90,9 +92,16 @@ def test_bad_input_is_refused_by_name(args, message):
         step_kernels(*args)
 
 
-def test_the_anatomy_refuses_a_bad_roofline_and_the_fit_needs_two_models():
+def test_the_anatomy_refuses_a_bad_roofline_or_fit_and_the_fit_needs_two_models():
     with pytest.raises(ValueError, match=r"roofline_gbps=-1: must be a finite number > 0"):
         step_anatomy("llama3-8b", 1, 640, -1, StepModel(2.0, 3.0, 0.25, 0, 0.0, 0.0))
+    with pytest.raises(ValueError, match=r"fit=None: must be a StepModel"):
+        step_anatomy("llama3-8b", 1, 640, 4000.0, None)
+    with pytest.raises(ValueError, match=r"model=\['x'\]: must be a Llama or Qwen2 preset"):
+        step_kernels(["x"], 1, 10)
+    for results in ("abc", [{"rows": []}], None.__class__):
+        with pytest.raises(ValueError, match=r"must be a list of bench e2e results"):
+            fit_step_model(results)
     one = synthetic_steps(2.0, 3.0, 0.25)[0]
     one["rows"] = [r for r in one["rows"] if r["model"] == "llama3-8b"]
     with pytest.raises(ValueError, match=r"steps of 1 model\(s\): the fit needs two or more"):

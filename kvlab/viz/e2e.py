@@ -169,10 +169,15 @@ def anatomy_figure(anatomy: dict, title: str, provenance: str, recorded_ms: floa
     """A decode step kernel by kernel (`kvlab.predict.step.step_anatomy`): per kernel, over the
     whole step, the time HBM is busy with its bytes and the time it idles around it; a last bar
     for the step, with the per-sequence work; and a line at `recorded_ms`, the step recorded at
-    that point. Raises ValueError for an anatomy without kernels."""
+    that point. Raises ValueError for an anatomy without kernels or a step of time, or a
+    `recorded_ms` that is not a finite number > 0."""
     kernels = anatomy.get("kernels") if isinstance(anatomy, dict) else None
-    if not kernels:
-        raise ValueError("anatomy: must hold kernels (kvlab.predict.step.step_anatomy)")
+    if not kernels or not all(isinstance(k, dict) for k in kernels) or not (
+            is_real(anatomy.get("step_us")) and anatomy["step_us"] > 0):
+        raise ValueError("anatomy: must hold kernels and a step_us > 0 "
+                         "(kvlab.predict.step.step_anatomy)")
+    if recorded_ms is not None and not (is_real(recorded_ms) and recorded_ms > 0):
+        raise ValueError(f"recorded_ms={recorded_ms!r}: must be a finite number > 0 or None")
     names = [f"{k['name']} x{k['count']}" for k in kernels]
     step = "whole step"
     fig = go.Figure()

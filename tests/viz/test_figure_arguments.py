@@ -156,9 +156,20 @@ def test_tensor_parallel_takes_a_numpy_batch():
     assert list(tensor_parallel_figure(E2E_ROWS, "m", np.int64(64), "p").data[0].x) == [1, 2]
 
 
-@pytest.mark.parametrize("anatomy", [{}, {"kernels": []}, None])
-def test_the_step_anatomy_needs_its_kernels(anatomy):
+@pytest.mark.parametrize("anatomy", [{}, {"kernels": []}, None, {"kernels": [1], "step_us": 1},
+                                     {"kernels": [{}], "step_us": 0}])
+def test_the_step_anatomy_needs_its_kernels_and_a_step(anatomy):
     from kvlab.viz.e2e import anatomy_figure
 
-    with pytest.raises(ValueError, match="anatomy: must hold kernels"):
+    with pytest.raises(ValueError, match="anatomy: must hold kernels and a step_us > 0"):
         anatomy_figure(anatomy, "t", "p")
+
+
+@pytest.mark.parametrize("recorded_ms", [-5.0, float("nan"), 0, "1"])
+def test_the_step_anatomy_refuses_a_bad_recorded_step(recorded_ms):
+    from kvlab.predict.step import StepModel, step_anatomy
+    from kvlab.viz.e2e import anatomy_figure
+
+    anatomy = step_anatomy("llama3-8b", 1, 640, 4000.0, StepModel(2.0, 3.0, 0.2, 0, 0.0, 0.0))
+    with pytest.raises(ValueError, match=r"recorded_ms=.*: must be a finite number > 0"):
+        anatomy_figure(anatomy, "t", "p", recorded_ms)

@@ -81,6 +81,7 @@ COMPONENTS: dict[str, tuple[str, ...]] = {
     "bench_timeline": ("kvlab/bench/timeline.py",),
     "bench_cache": ("kvlab/bench/cache.py",),
     "bench_l2sim": ("kvlab/bench/l2sim.py",),
+    "bench_steptrace": ("kvlab/bench/steptrace.py",),
 }
 # Files no recording's numbers depend on: what a recording records about itself, how recordings
 # are read back (kvlab.results), the docs' statistics, a docstring
@@ -96,6 +97,8 @@ BENCHMARKS: dict[str, tuple[str, ...]] = {
     "counters": (*_DECODE, "profile", "timing", "cli", "bench_counters"),
     "timeline": (*_DECODE, "read", "tracer", "timing", "cli", "bench_timeline"),
     "e2e": (*_DECODE, "layer_ops", "model", "engine", "kvpr", "timing", "cli", "bench_e2e"),
+    "steptrace": (*_DECODE, "layer_ops", "model", "engine", "kvpr", "l2_model", "predict",
+                  "step_model", "timing", "cli", "bench_e2e", "bench_steptrace"),
     "kvpr": ("base", "cache", "decode_plan", "vllm_v1", "layer_ops", "model", "kvpr", "timing",
              "cli", "bench_kvpr"),
     "cache": ("base", "cache", "cli", "bench_cache"),

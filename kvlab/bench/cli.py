@@ -344,6 +344,18 @@ def _add_e2e(parser: argparse.ArgumentParser) -> None:
                              "and serving rate")
 
 
+def _add_steptrace(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--models", nargs="+", default=["llama3-8b", "llama2-7b", "qwen2.5-7b",
+                                                        "qwen2.5-14b"], choices=list(MODELS),
+                        metavar="MODEL", help=f"one or more of {', '.join(MODELS)}")
+    parser.add_argument("--batches", nargs="+", type=positive_int, default=[1, 16, 64, 128])
+    parser.add_argument("--prompt", type=positive_int, default=512, help="prompt tokens")
+    parser.add_argument("--new-tokens", type=positive_int, default=32,
+                        help="tokens decoded per request in the traced generate call")
+    parser.add_argument("--steps", type=positive_int, default=8,
+                        help="the last decode steps of the trace that are kept")
+
+
 BENCHMARKS = {
     "cache": ("kvlab.bench.cache", _add_cache, "the block pool on one CPU core"),
     "attention": ("kvlab.bench.attention", _add_attention,
@@ -357,6 +369,9 @@ BENCHMARKS = {
                  "where a gqa decode step's time goes, CTA by CTA, beside a plain read (GPU)"),
     "e2e": ("kvlab.bench.e2e", _add_e2e,
             "decode throughput of whole models on kvlab.LLM beside HF's static cache (GPU)"),
+    "steptrace": ("kvlab.bench.steptrace", _add_steptrace,
+                  "one decode step of kvlab.LLM traced kernel by kernel, its gaps beside the "
+                  "modelled idle budget (GPU)"),
 }
 
 

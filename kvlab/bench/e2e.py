@@ -169,7 +169,9 @@ def check(args) -> None:
             raise ValueError("--hf needs transformers (pip install 'kvlab[dev]')") from err
 
 
-def _prompts(model: ModelConfig, batch: int, length: int) -> list[list[int]]:
+def random_prompts(model: ModelConfig, batch: int, length: int) -> list[list[int]]:
+    """`batch` prompts of `length` token ids drawn from the model's vocabulary, seeded by the
+    batch (the same prompts for every variant of a point)."""
     import torch
 
     gen = torch.Generator().manual_seed(batch)
@@ -362,7 +364,7 @@ def run(args) -> dict | None:
 
             hf = causal_lm(model, weights)
         for batch in args.batches:
-            prompts = _prompts(model, batch, args.prompt)
+            prompts = random_prompts(model, batch, args.prompt)
             roofline_ms = step_bytes(local, weights, batch, context) / gbps / 1e6
             blocks = ceil_div(batch * (args.prompt + args.new_tokens), 16) + 16
             runs = _in_turn(f"{name} batch={batch}", prompts, args.rounds,

@@ -1,0 +1,164 @@
+"""One decode step of kvlab.LLM traced kernel by kernel: `python -m kvlab bench steptrace`.
+
+For each model and batch, kvlab.LLM (seeded random weights, `gqa`, CUDA graphs, steps queued
+ahead) generates --new-tokens tokens for prompts of --prompt tokens under torch.profiler with
+CUDA activity. Each decode step is one CUDA graph launch, and the kernels it ran carry that
+launch's correlation id (`split_steps`). The last --steps steps are kept. Each step records:
+
+- its span, from its first kernel's start to its last kernel's end;
+- the kernels' busy time;
+- the gaps between consecutive kernels (`step_summary`).
+
+The last step is kept whole, kernel by kernel. Beside each trace go the step's bytes at the copy
+roofline, measured in the same run, and the idle budget that kvlab.predict.step models for it.
+The trace checks that model: HBM also idles inside a kernel (its ramp and tail), so the gaps are
+a lower bound of the idle time.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+
+from kvlab.bench.env import gpu_info, run_info
+from kvlab.config import MODELS
+
+GRAPH_LAUNCH = "cudaGraphLaunch"  # the runtime call whose correlation id a graph's kernels carry
+
+
+def split_steps(events: list[dict]) -> list[list[dict]]:
+    """The kernels of each CUDA graph launch, in launch order, each step's kernels by start.
+
+    events: dicts {"name", "kind": "runtime" or "kernel", "correlation", "start_us", "dur_us"}
+    (`kineto_events`). Kernels launched outside a graph (the prefill, the sampling) are left
+    out. Raises ValueError for an event without those keys."""
+    launches, kernels = [], {}
+    for i, e in enumerate(events):
+        if not isinstance(e, dict) or not {"name", "kind", "correlation", "start_us",
+                                           "dur_us"} <= set(e):
+            raise ValueError(f"events[{i}]={e!r:.80}: must be a dict with name, kind, "
+                             "correlation, start_us and dur_us")
+        if e["kind"] == "runtime" and e["name"] == GRAPH_LAUNCH:
+            launches.append(e)
+        elif e["kind"] == "kernel":
+            kernels.setdefault(e["correlation"], []).append(e)
+    launches.sort(key=lambda e: e["start_us"])
+    return [sorted(kernels[e["correlation"]], key=lambda k: k["start_us"])
+            for e in launches if e["correlation"] in kernels]
+
+
+def step_summary(kernels: list[dict]) -> dict:
+    """One step's kernels (`split_steps`): {"num_kernels", "span_us", "busy_us", "gap_us" (the
+    idle time between consecutive kernels; overlapping kernels count no gap)}. Raises ValueError
+    for a step without kernels."""
+    if not kernels:
+        raise ValueError("kernels=[]: a step needs at least one kernel")
+    busy = sum(k["dur_us"] for k in kernels)
+    gap, end = 0.0, kernels[0]["start_us"]
+    for k in kernels:
+        gap += max(0.0, k["start_us"] - end)
+        end = max(end, k["start_us"] + k["dur_us"])
+    return {"num_kernels": len(kernels), "span_us": end - kernels[0]["start_us"],
+            "busy_us": busy, "gap_us": gap}
+
+
+def kineto_events(prof) -> list[dict]:
+    """torch.profiler's CUDA runtime calls and kernels as `split_steps` takes them."""
+    from torch.autograd import DeviceType
+
+    found = []
+    for e in prof.profiler.kineto_results.events():
+        kind = "kernel" if e.device_type() == DeviceType.CUDA else "runtime"
+        found.append({"name": e.name(), "kind": kind, "correlation": e.correlation_id(),
+                      "start_us": e.start_ns() / 1e3, "dur_us": e.duration_ns() / 1e3})
+    return found
+
+
+def check(args) -> None:
+    """Raise ValueError unless this machine can run the benchmark."""
+    from kvlab.device import backend
+
+    for name in args.models:
+        if MODELS[name].family == "opt":
+            raise ValueError(f"--models {name}: the step model (kvlab.predict.step) covers Llama "
+                             "and Qwen2 models")
+        if args.prompt + args.new_tokens > MODELS[name].max_position:
+            raise ValueError(f"--prompt {args.prompt} + --new-tokens {args.new_tokens}: beyond "
+                             f"{name}'s context limit of {MODELS[name].max_position}")
+    if args.steps >= args.new_tokens:
+        raise ValueError(f"--steps {args.steps}: must be fewer than --new-tokens "
+                         f"{args.new_tokens} (the first steps warm up)")
+    if backend() != "cuda":
+        raise ValueError("python -m kvlab bench steptrace needs a CUDA GPU usable through "
+                         "torch and CuPy (kvlab.backend() is 'sim' here)")
+
+
+def _trace(llm, prompts: list, new_tokens: int) -> list[list[dict]]:
+    """The kernels of each decode step of one generate call, traced."""
+    import torch
+
+    llm.generate(prompts, new_tokens, ignore_eos=True)  # capture the graphs untraced
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        llm.generate(prompts, new_tokens, ignore_eos=True)
+    return split_steps(kineto_events(prof))
+
+
+def run(args) -> dict:
+    import torch
+
+    import kvlab
+    from kvlab.arith import ceil_div
+    from kvlab.bench.e2e import random_prompts
+    from kvlab.engine.weights import ModelWeights
+    from kvlab.predict.step import fit_step_model, step_anatomy
+    from kvlab.timing import Timer, copy_roofline_gbps
+
+    fit = fit_step_model()
+    result = {"benchmark": "steptrace", **run_info(), **gpu_info(), "command": args.command,
+              "dtype": "float16", "attention": "gqa",
+              "timing": "torch.profiler's CUDA activity (CUPTI) of one generate call after an "
+                        "untraced one; a step is one CUDA graph launch",
+              "roofline_copy_gbps": round(copy_roofline_gbps(Timer("cuda")), 1),
+              "step_model": {"streaming_overhead_us": fit.streaming_overhead_us,
+                             "overhead_us": fit.overhead_us,
+                             "per_sequence_us": fit.per_sequence_us}, "rows": []}
+    for name in args.models:
+        weights = ModelWeights.random(MODELS[name], 0, torch.float16, "cuda")
+        for batch in args.batches:
+            print(f"{name} batch={batch}", file=sys.stderr)
+            llm = kvlab.LLM(name, attention="gqa", weights=weights, num_blocks=batch * ceil_div(
+                args.prompt + args.new_tokens, 16) + 16)
+            steps = _trace(llm, random_prompts(MODELS[name], batch, args.prompt),
+                           args.new_tokens)
+            kept = steps[-args.steps:]
+            if not kept:
+                raise RuntimeError(f"{name} batch={batch}: no decode step ran as a CUDA graph")
+            summaries = [step_summary(s) for s in kept]
+            last, context = kept[-1], args.prompt + args.new_tokens - args.steps / 2
+            modelled = step_anatomy(name, batch, context, result["roofline_copy_gbps"], fit)
+            result["rows"].append({
+                "model": name, "batch": batch, "prompt": args.prompt,
+                "new_tokens": args.new_tokens, "steps": summaries,
+                **{key: statistics.median(s[key] for s in summaries)
+                   for key in ("num_kernels", "span_us", "busy_us", "gap_us")},
+                "roofline_us": modelled["roofline_us"], "modelled_idle_us": modelled["idle_us"],
+                "modelled_step_us": modelled["step_us"],
+                "kernels": [{"name": k["name"], "start_us": k["start_us"] - last[0]["start_us"],
+                             "dur_us": k["dur_us"]} for k in last]})
+            del llm
+            torch.cuda.empty_cache()
+    return result
+
+
+def report(result: dict) -> str:
+    lines = [f"{result.get('gpu', 'GPU')}: one decode step of kvlab.LLM (gqa, CUDA graphs), "
+             f"traced; copy roofline {result['roofline_copy_gbps']:,.0f} GB/s",
+             f"{'model':12} {'B':>4} {'kernels':>8} {'span ms':>8} {'busy ms':>8} {'gaps ms':>8} "
+             f"{'roofline':>9} {'modelled idle':>14}"]
+    for r in result["rows"]:
+        lines.append(f"{r['model']:12} {r['batch']:>4} {r['num_kernels']:>8.0f} "
+                     f"{r['span_us'] / 1e3:>8.3f} {r['busy_us'] / 1e3:>8.3f} "
+                     f"{r['gap_us'] / 1e3:>8.3f} {r['roofline_us'] / 1e3:>9.3f} "
+                     f"{r['modelled_idle_us'] / 1e3:>14.3f}")
+    return "\n".join(lines)

@@ -48,6 +48,7 @@ if [ "${#checks[@]}" -gt 0 ]; then
   KVLAB_GPU_CHECKS=$(python3 -c 'import json, sys; a = sys.argv[1:]
 print(json.dumps(dict(zip(a[::2], a[1::2]))))' "${checks[@]}")
   export KVLAB_GPU_CHECKS
+  echo "$KVLAB_GPU_CHECKS" > "$OUT/gpu_checks.json"  # for benchmarks/rerecord.py --gpu-checks
   echo "gpu_checks: $KVLAB_GPU_CHECKS" | tee -a "$log"
 fi
 if [ "$#" -gt 0 ]; then

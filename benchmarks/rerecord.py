@@ -1,0 +1,144 @@
+"""Record a machine's results again on the code as it stands, each with the command it was made
+with: `python benchmarks/rerecord.py`.
+
+Every committed result of `results/<machine>/` made by `python -m kvlab bench ...` is a part,
+named by its file. A part's command is the one its file records, with its output paths (--json,
+--checkpoint) pointed into --out and no --resume (a new recording starts afresh). `--list`
+prints the parts and their commands; `--run NAME ...` (or `--run all`) runs them in turn, each
+under its own timeout, and writes `rerecord.json` into --out: per part its command, exit status
+and seconds. A device call has a time limit: with `--budget SECONDS`, no part starts once the
+elapsed time plus the part's seconds from an earlier `rerecord.json` (`--durations`) would pass
+it. The parts not run are named, so that the next call takes them up.
+`--gpu-checks FILE` hands the GPU tests' and sanitizers' summary (`gpu_checks.json`, which
+benchmarks/device_run.sh leaves in $OUT) to every part, which records it as `gpu_checks`.
+A part whose command names a file needs that file first: attention_vllm's --vllm-cubin is built
+by benchmarks/vllm_cubin.sh.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+PREFIX = ["python", "-m", "kvlab", "bench"]
+# the benchmarks whose CLI takes --checkpoint (tests/test_rerecord.py checks it against the CLI)
+CHECKPOINTED = ("attention", "e2e", "kvpr", "timeline")
+DROPPED = ("--json", "--checkpoint", "--resume")  # options a part sets itself, with their value
+PART_TIMEOUT_S = 3600
+
+
+def parts(machine: str) -> dict[str, list[str]]:
+    """{file name (no .json): its recorded command, as argv} for the results of `machine` made
+    by `python -m kvlab bench`. Raises ValueError for a machine with no results folder."""
+    folder = RESULTS / machine
+    if not folder.is_dir():
+        machines = sorted(p.name for p in RESULTS.iterdir() if p.is_dir())
+        raise ValueError(f"--machine {machine!r}: no results/{machine}/; one of {machines}")
+    found = {}
+    for path in sorted(folder.glob("*.json")):
+        argv = shlex.split(json.loads(path.read_text()).get("command") or "")
+        if argv[:4] == PREFIX:
+            found[path.stem] = argv
+    return found
+
+
+def command(name: str, argv: list[str], out: Path) -> list[str]:
+    """`argv` (a recorded command) with DROPPED's options and their values left out, writing
+    its result to out/<name>.json (and, where the benchmark takes it, its checkpoint beside)."""
+    kept, skip = [], False
+    for token in argv:
+        if skip:
+            skip = False
+        elif token in DROPPED:
+            skip = True
+        elif not token.startswith(tuple(f"{o}=" for o in DROPPED)):
+            kept.append(token)
+    kept += ["--json", str(out / f"{name}.json")]
+    if argv[4] in CHECKPOINTED:
+        kept += ["--checkpoint", str(out / f"{name}_partial.json")]
+    return [sys.executable, *kept[1:]]
+
+
+def chosen(names: list[str], known: dict) -> list[str]:
+    """The parts named (or all, for ["all"]), in the order given. Raises ValueError for an
+    unknown name."""
+    if names == ["all"]:
+        return list(known)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"--run {' '.join(unknown)}: no such part; one of {sorted(known)} "
+                         "or all")
+    return list(dict.fromkeys(names))
+
+
+def run(names: list[str], known: dict, out: Path, budget_s: float | None,
+        durations: dict[str, float], env: dict, runner=subprocess.run) -> dict:
+    """Run the parts in turn; returns {"parts": [{"name", "command", "returncode",
+    "seconds"}], "not_run": [names left for want of budget]}."""
+    log = {"parts": [], "not_run": []}
+    start = time.monotonic()
+    for name in names:
+        elapsed = time.monotonic() - start
+        if budget_s is not None and elapsed + durations.get(name, 0.0) > budget_s:
+            log["not_run"].append(name)
+            continue
+        argv = command(name, known[name], out)
+        print(f"== {name}: {shlex.join(argv)}", file=sys.stderr, flush=True)
+        began = time.monotonic()
+        try:
+            code = runner(argv, cwd=ROOT, env=env, timeout=PART_TIMEOUT_S).returncode
+        except subprocess.TimeoutExpired:
+            code = None
+        log["parts"].append({"name": name, "command": shlex.join(argv), "returncode": code,
+                             "seconds": round(time.monotonic() - began, 1)})
+    return log
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python benchmarks/rerecord.py",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--machine", default="h200", help="the results folder (default h200)")
+    parser.add_argument("--list", action="store_true", help="print the parts and commands")
+    parser.add_argument("--run", nargs="+", metavar="NAME", help="parts to run, or all")
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "rerecorded")))
+    parser.add_argument("--budget", type=float, metavar="SECONDS",
+                        help="start no part that would end past this (by --durations)")
+    parser.add_argument("--durations", type=Path, metavar="JSON",
+                        help="an earlier rerecord.json: each part's seconds, for --budget")
+    parser.add_argument("--gpu-checks", type=Path, metavar="JSON",
+                        help="the GPU checks' summary every part records (KVLAB_GPU_CHECKS)")
+    args = parser.parse_args(argv)
+    try:
+        known = parts(args.machine)
+        names = chosen(args.run, known) if args.run else []
+    except ValueError as err:
+        parser.error(str(err))
+    if args.list or not names:
+        for name, recorded in known.items():
+            print(f"{name}: {shlex.join(command(name, recorded, args.out))}")
+        return 0
+    durations = ({p["name"]: p["seconds"] for p in json.loads(args.durations.read_text())[
+        "parts"]} if args.durations else {})
+    env = dict(os.environ)
+    if args.gpu_checks is not None:
+        env["KVLAB_GPU_CHECKS"] = args.gpu_checks.read_text().strip()
+    args.out.mkdir(parents=True, exist_ok=True)
+    log = run(names, known, args.out, args.budget, durations, env)
+    (args.out / "rerecord.json").write_text(json.dumps(log, indent=2) + "\n")
+    for p in log["parts"]:
+        print(f"{p['name']}: {p['seconds']:.0f} s, exit {p['returncode']}")
+    if log["not_run"]:
+        print(f"not run (budget): {' '.join(log['not_run'])}")
+    return 0 if all(p["returncode"] == 0 for p in log["parts"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

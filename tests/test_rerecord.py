@@ -1,0 +1,98 @@
+"""benchmarks/rerecord.py: each committed GPU result's command, pointed into --out, run in turn
+within a budget, on the CPU with a fake runner."""
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import rerecord  # noqa: E402
+
+
+def test_every_h200_result_of_the_cli_is_a_part_with_its_command():
+    parts = rerecord.parts("h200")
+    files = sorted(p.stem for p in (rerecord.RESULTS / "h200").glob("*.json"))
+    assert sorted(parts) == files  # all of them came from `python -m kvlab bench`
+    assert parts["attention_fp8"][:5] == ["python", "-m", "kvlab", "bench", "attention"]
+
+
+def test_a_parts_command_writes_into_out_and_never_resumes(tmp_path):
+    recorded = shlex.split("python -m kvlab bench kvpr --json a.json --checkpoint b.json "
+                           "--resume b.json --models llama2-7b --timeline-points --steps 5")
+    argv = rerecord.command("kvpr_llama", recorded, tmp_path)
+    assert argv[0] == sys.executable and argv[1:5] == ["-m", "kvlab", "bench", "kvpr"]
+    assert "--resume" not in argv and "a.json" not in argv and "b.json" not in argv
+    assert argv[5:9] == ["--models", "llama2-7b", "--timeline-points", "--steps"]
+    assert argv[-4:] == ["--json", str(tmp_path / "kvpr_llama.json"), "--checkpoint",
+                         str(tmp_path / "kvpr_llama_partial.json")]
+    counters = rerecord.command("counters", shlex.split(
+        "python -m kvlab bench counters --json=x.json"), tmp_path)
+    assert counters[-2:] == ["--json", str(tmp_path / "counters.json")]  # no --checkpoint there
+
+
+def test_the_benchmarks_with_a_checkpoint_are_those_whose_cli_takes_one():
+    from kvlab.bench.cli import BENCHMARKS, parser
+
+    takes = set()
+    for name in BENCHMARKS:
+        try:
+            parser().parse_args(["bench", name, "--checkpoint", "x.json"])
+            takes.add(name)
+        except SystemExit:
+            pass
+    assert takes == set(rerecord.CHECKPOINTED)
+
+
+def test_parts_run_in_turn_and_those_past_the_budget_wait(tmp_path):
+    known = {"a": shlex.split("python -m kvlab bench cache"),
+             "b": shlex.split("python -m kvlab bench cache"),
+             "c": shlex.split("python -m kvlab bench cache")}
+    ran = []
+
+    def runner(argv, **kwargs):
+        ran.append(argv)
+        return subprocess.CompletedProcess(argv, 0)
+
+    log = rerecord.run(["a", "b", "c"], known, tmp_path, budget_s=100,
+                       durations={"b": 500.0}, env={}, runner=runner)
+    assert [p["name"] for p in log["parts"]] == ["a", "c"] and log["not_run"] == ["b"]
+    assert all(p["returncode"] == 0 for p in log["parts"]) and len(ran) == 2
+
+
+def test_bad_names_and_machines_are_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        rerecord.main(["--run", "attention", "nope", "--out", str(tmp_path)])
+    assert "--run nope: no such part" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        rerecord.main(["--machine", "tpu", "--list"])
+    assert "--machine 'tpu': no results/tpu/" in capsys.readouterr().err
+
+
+def test_list_prints_every_part(tmp_path, capsys):
+    assert rerecord.main(["--machine", "h100", "--list", "--out", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == sorted(rerecord.parts("h100"))
+    assert all(str(tmp_path) in line for line in lines)
+
+
+def test_a_run_writes_its_log_and_hands_the_gpu_checks_on(tmp_path, monkeypatch):
+    seen = {}
+
+    def fake_run(names, known, out, budget_s, durations, env, runner=None):
+        seen["env"] = env
+        return {"parts": [{"name": names[0], "command": "c", "returncode": 0, "seconds": 1.0}],
+                "not_run": []}
+
+    monkeypatch.setattr(rerecord, "run", fake_run)
+    checks = tmp_path / "gpu_checks.json"
+    checks.write_text('{"tests": "3 passed"}\n')
+    assert rerecord.main(["--machine", "h100", "--run", "e2e_hf", "--out", str(tmp_path),
+                          "--gpu-checks", str(checks)]) == 0
+    assert seen["env"]["KVLAB_GPU_CHECKS"] == '{"tests": "3 passed"}'
+    assert json.loads((tmp_path / "rerecord.json").read_text())["parts"][0]["name"] == "e2e_hf"

@@ -3,12 +3,15 @@ with: `python benchmarks/rerecord.py`.
 
 Every committed result of `results/<machine>/` made by `python -m kvlab bench ...` is a part,
 named by its file. A part's command is the one its file records, with its output paths (--json,
---checkpoint) pointed into --out and no --resume (a new recording starts afresh). `--list`
-prints the parts and their commands; `--run NAME ...` (or `--run all`) runs them in turn, each
-under its own timeout, and writes `rerecord.json` into --out: per part its command, exit status
-and seconds. A device call has a time limit: with `--budget SECONDS`, no part starts once the
-elapsed time plus the part's seconds from an earlier `rerecord.json` (`--durations`) would pass
-it. The parts not run are named, so that the next call takes them up.
+--checkpoint) pointed into --out and no --resume (a new recording starts afresh). A finished
+part's file records the command as it would run from the repository (`canonical`), not the paths
+of the machine that ran it. `--list` prints the parts and their commands; `--run NAME ...` (or
+`--run all`) runs them in turn, each under its own timeout, and writes `rerecord.json` into
+--out: per part its command, exit status and seconds. A device call has a time limit: with
+`--budget SECONDS`, no part starts once the elapsed time plus the part's seconds from an earlier
+`rerecord.json` (`--durations`) would pass it, and a part still running at the budget's end is
+stopped (its checkpoint kept). The parts not run are named, so that the next call takes them
+up.
 `--gpu-checks FILE` hands the GPU tests' and sanitizers' summary (`gpu_checks.json`, which
 benchmarks/device_run.sh leaves in $OUT) to every part, which records it as `gpu_checks`.
 A part whose command names a file needs that file first: attention_vllm's --vllm-cubin is built
@@ -50,9 +53,8 @@ def parts(machine: str) -> dict[str, list[str]]:
     return found
 
 
-def command(name: str, argv: list[str], out: Path) -> list[str]:
-    """`argv` (a recorded command) with DROPPED's options and their values left out, writing
-    its result to out/<name>.json (and, where the benchmark takes it, its checkpoint beside)."""
+def _without_outputs(argv: list[str]) -> list[str]:
+    """`argv` with DROPPED's options and their values left out."""
     kept, skip = [], False
     for token in argv:
         if skip:
@@ -61,7 +63,19 @@ def command(name: str, argv: list[str], out: Path) -> list[str]:
             skip = True
         elif not token.startswith(tuple(f"{o}=" for o in DROPPED)):
             kept.append(token)
-    kept += ["--json", str(out / f"{name}.json")]
+    return kept
+
+
+def canonical(machine: str, name: str, argv: list[str]) -> str:
+    """The command a part's result records: as run from the repository, into its file there."""
+    return shlex.join([*_without_outputs(argv), "--json",
+                       f"benchmarks/results/{machine}/{name}.json"])
+
+
+def command(name: str, argv: list[str], out: Path) -> list[str]:
+    """`argv` (a recorded command) with DROPPED's options and their values left out, writing
+    its result to out/<name>.json (and, where the benchmark takes it, its checkpoint beside)."""
+    kept = _without_outputs(argv) + ["--json", str(out / f"{name}.json")]
     if argv[4] in CHECKPOINTED:
         kept += ["--checkpoint", str(out / f"{name}_partial.json")]
     return [sys.executable, *kept[1:]]
@@ -80,9 +94,11 @@ def chosen(names: list[str], known: dict) -> list[str]:
 
 
 def run(names: list[str], known: dict, out: Path, budget_s: float | None,
-        durations: dict[str, float], env: dict, runner=subprocess.run) -> dict:
-    """Run the parts in turn; returns {"parts": [{"name", "command", "returncode",
-    "seconds"}], "not_run": [names left for want of budget]}."""
+        durations: dict[str, float], env: dict, machine: str = "h200",
+        runner=subprocess.run) -> dict:
+    """Run the parts in turn, each finished one's file given its `canonical` command; returns
+    {"parts": [{"name", "command", "returncode", "seconds"}], "not_run": [names left for want
+    of budget]}."""
     log = {"parts": [], "not_run": []}
     start = time.monotonic()
     for name in names:
@@ -94,11 +110,18 @@ def run(names: list[str], known: dict, out: Path, budget_s: float | None,
         print(f"== {name}: {shlex.join(argv)}", file=sys.stderr, flush=True)
         began = time.monotonic()
         try:
-            code = runner(argv, cwd=ROOT, env=env, timeout=PART_TIMEOUT_S).returncode
+            limit = PART_TIMEOUT_S if budget_s is None else min(PART_TIMEOUT_S,
+                                                                  budget_s - elapsed)
+            code = runner(argv, cwd=ROOT, env=env, timeout=limit).returncode
         except subprocess.TimeoutExpired:
             code = None
         log["parts"].append({"name": name, "command": shlex.join(argv), "returncode": code,
                              "seconds": round(time.monotonic() - began, 1)})
+        written = out / f"{name}.json"
+        if code == 0 and written.is_file():
+            result = json.loads(written.read_text())
+            result["command"] = canonical(machine, name, known[name])
+            written.write_text(json.dumps(result, indent=2) + "\n")
     return log
 
 
@@ -131,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.gpu_checks is not None:
         env["KVLAB_GPU_CHECKS"] = args.gpu_checks.read_text().strip()
     args.out.mkdir(parents=True, exist_ok=True)
-    log = run(names, known, args.out, args.budget, durations, env)
+    log = run(names, known, args.out, args.budget, durations, env, args.machine)
     (args.out / "rerecord.json").write_text(json.dumps(log, indent=2) + "\n")
     for p in log["parts"]:
         print(f"{p['name']}: {p['seconds']:.0f} s, exit {p['returncode']}")

@@ -55,14 +55,17 @@ def test_parts_run_in_turn_and_those_past_the_budget_wait(tmp_path):
              "c": shlex.split("python -m kvlab bench cache")}
     ran = []
 
-    def runner(argv, **kwargs):
+    def runner(argv, **kwargs):  # writes the result as the bench would, its command its argv
         ran.append(argv)
+        Path(argv[argv.index("--json") + 1]).write_text(json.dumps({"command": shlex.join(argv)}))
         return subprocess.CompletedProcess(argv, 0)
 
     log = rerecord.run(["a", "b", "c"], known, tmp_path, budget_s=100,
-                       durations={"b": 500.0}, env={}, runner=runner)
+                       durations={"b": 500.0}, env={}, machine="h200", runner=runner)
     assert [p["name"] for p in log["parts"]] == ["a", "c"] and log["not_run"] == ["b"]
     assert all(p["returncode"] == 0 for p in log["parts"]) and len(ran) == 2
+    written = json.loads((tmp_path / "c.json").read_text())
+    assert written["command"] == "python -m kvlab bench cache --json benchmarks/results/h200/c.json"
 
 
 def test_bad_names_and_machines_are_refused(tmp_path, capsys):
@@ -84,7 +87,7 @@ def test_list_prints_every_part(tmp_path, capsys):
 def test_a_run_writes_its_log_and_hands_the_gpu_checks_on(tmp_path, monkeypatch):
     seen = {}
 
-    def fake_run(names, known, out, budget_s, durations, env, runner=None):
+    def fake_run(names, known, out, budget_s, durations, env, machine, runner=None):
         seen["env"] = env
         return {"parts": [{"name": names[0], "command": "c", "returncode": 0, "seconds": 1.0}],
                 "not_run": []}

@@ -181,16 +181,20 @@ def anatomy_figure(anatomy: dict, title: str, provenance: str, recorded_ms: floa
     names = [f"{k['name']} x{k['count']}" for k in kernels]
     step = "whole step"
     fig = go.Figure()
+    base = [0.0] * (len(kernels) + 1)  # each segment starts where the one before it ends
     for key, legend, color in ANATOMY_PARTS:
-        fig.add_bar(y=[*names, step], x=[k[key] / 1e3 for k in kernels] + [anatomy[key] / 1e3],
-                    name=legend, orientation="h", marker_color=color)
-    fig.add_bar(y=[step], x=[anatomy["per_sequence_us"] / 1e3], orientation="h",
-                name="per-sequence work beyond the bytes", marker_color="#ff7f0e")
+        x = [k[key] / 1e3 for k in kernels] + [anatomy[key] / 1e3]
+        fig.add_bar(y=[*names, step], x=x, base=list(base), name=legend, orientation="h",
+                    marker_color=color)
+        base = [b + w for b, w in zip(base, x, strict=True)]
+    fig.add_bar(y=[step], x=[anatomy["per_sequence_us"] / 1e3], base=[base[-1]],
+                orientation="h", name="per-sequence work beyond the bytes",
+                marker_color="#ff7f0e")
     if recorded_ms is not None:
         fig.add_vline(x=recorded_ms, line=dict(color="black", dash="dash", width=1))
         fig.add_scatter(x=[None], y=[None], mode="lines", name=f"recorded step "
                         f"{recorded_ms:.2f} ms", line=dict(color="black", dash="dash", width=1))
-    fig.update_layout(barmode="stack", xaxis=dict(title="ms a step"),
+    fig.update_layout(barmode="overlay", xaxis=dict(title="ms a step"),
                       yaxis=dict(autorange="reversed"))
     idle = anatomy["idle_us"] / anatomy["step_us"]
     return style(fig, title, provenance, f"idle budget {anatomy['idle_us'] / 1e3:.2f} ms, "

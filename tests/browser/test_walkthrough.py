@@ -159,7 +159,7 @@ def test_a_reload_brings_every_figure_back_with_its_data(walkthrough):
         charts = shown_charts(page)
         assert all(chart_drawn(c) for c in charts), (tab, charts)
     plots = [p for p in wait_for_plots(page, timeout_s=90) if p["in_dashboard"]]
-    assert len(plots) == live == 15
+    assert len(plots) == live == 16
     empty = [i for i, p in enumerate(plots) if not p["note"] and not (p["traces"] and p["points"])]
     assert not empty, f"dashboard charts without data after a reload: {empty} of {live}"
     assert page.evaluate(STATIC_FIGURES) == static >= 10

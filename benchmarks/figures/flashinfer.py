@@ -31,6 +31,11 @@ def _cell(mine: dict, peer: dict | None) -> str:
     return f"{peer['ms'] / mine['ms']:.2f}x" + ("" if outcome == "win" else f" ({outcome})")
 
 
+def _versus_both(p: dict) -> str:
+    """The last two cells of a row: gqa's speed-up over each FlashInfer kernel at point `p`."""
+    return f"{_cell(p['gqa'], p.get('flashinfer'))} | {_cell(p['gqa'], p.get('flashinfer_tc'))}"
+
+
 def tally_table(result: dict) -> list[str]:
     """Per FlashInfer kernel: the grid's points where it ran, gqa's wins, ties and losses
     against it (kvlab.bench.stats, same loop) and the range of gqa's speed over it."""
@@ -84,8 +89,7 @@ def grid_table(result: dict, points=TABLE_POINTS) -> list[str]:
                for k in ("gqa", "flashinfer", "flashinfer_tc")}
         lines.append(f"| {model} ({heads(model)}) | {batch} x {context_label(context)} | "
                      f"{pct['gqa']} | {pct['flashinfer']} | {pct['flashinfer_tc']} | "
-                     f"{_cell(p['gqa'], p.get('flashinfer'))} | "
-                     f"{_cell(p['gqa'], p.get('flashinfer_tc'))} |")
+                     f"{_versus_both(p)} |")
     return lines
 
 
@@ -99,8 +103,7 @@ def mixed_table(result: dict) -> list[str]:
               for k in ("vllm_v1", "gqa", "flashinfer", "flashinfer_tc")}
         lines.append(f"| {model} ({heads(model)}) | `{lengths}` | {batch} | {ms['vllm_v1']} | "
                      f"{ms['gqa']} | {ms['flashinfer']} | {ms['flashinfer_tc']} | "
-                     f"{_cell(p['gqa'], p.get('flashinfer'))} | "
-                     f"{_cell(p['gqa'], p.get('flashinfer_tc'))} |")
+                     f"{_versus_both(p)} |")
     return lines
 
 

@@ -312,6 +312,13 @@ def sdpa_variant(q, source: dict, dtype) -> tuple[dict, object]:
              "sdpa_kernels": kernels, "kv_from": source["family"], **check}, sdpa)
 
 
+def flashinfer_peers(args, model) -> dict[str, str | None]:
+    """FlashInfer's kernels asked for in args.kernels -> why the model's head layout rules it
+    out (flashinfer_peer.unsupported), or None where it runs."""
+    return {k: flashinfer_peer.unsupported(model.num_qo_heads, model.num_kv_heads, tensor_cores)
+            for k, tensor_cores in FLASHINFER_TENSOR_CORES.items() if k in args.kernels}
+
+
 def flashinfer_variants(q, out, kernels, sources, dtype) -> dict:
     """FlashInfer's `kernels` (names of FLASHINFER_TENSOR_CORES) on each source's cache
     ({"family", "cache", "seq_ids", "plan"}: gqa's, and gqa's fp8 one), each output checked
@@ -406,9 +413,7 @@ def loop_variants(model, batch: int, context, block_size: int, args, dtype,
         for key, (fields, plan) in plans.items():
             found[key] = ({"block_order": "scattered", **fields, **launch_fields(plan)},
                           lambda plan=plan: plan.run(q, out=out))
-    peers = [k for k in FLASHINFER_TENSOR_CORES if k in args.kernels and not
-             flashinfer_peer.unsupported(model.num_qo_heads, model.num_kv_heads,
-                                         FLASHINFER_TENSOR_CORES[k])]
+    peers = [k for k, why in flashinfer_peers(args, model).items() if why is None]
     if peers:
         if "gqa" not in sources:  # no gqa in this loop: a gqa cache for FlashInfer (and SDPA)
             cache, seq_ids, _ = filled_cache(batch, context, block_size, model.num_kv_heads,
@@ -515,10 +520,8 @@ def run(args) -> dict:
             continue
         print(f"[{i + 1}/{len(points)}] {name} batch={batch} context={context}", file=sys.stderr)
         skipped.extend({"model": name, "batch": batch, "context": context, **mixed,
-                        "kernel": kernel, "reason": why} for kernel in FLASHINFER_TENSOR_CORES
-                       if kernel in args.kernels and (why := flashinfer_peer.unsupported(
-                           model.num_qo_heads, model.num_kv_heads,
-                           FLASHINFER_TENSOR_CORES[kernel])))
+                        "kernel": kernel, "reason": why}
+                       for kernel, why in flashinfer_peers(args, model).items() if why)
         for block_size, sms in itertools.product(args.block_sizes, counts):
             with green.sm_limit(sms) as held:
                 if sms is not None and str(held) not in result["roofline_copy_gbps_by_sms"]:

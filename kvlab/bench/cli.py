@@ -308,16 +308,22 @@ def _add_timeline(parser: argparse.ArgumentParser) -> None:
 
 
 # name -> (module, how to add its options, what it measures)
-def _add_e2e(parser: argparse.ArgumentParser) -> None:
-    from kvlab.bench.e2e import VARIANTS
-
+def _add_whole_models(parser: argparse.ArgumentParser, new_tokens: int, what: str) -> None:
+    """The options of a benchmark of whole models decoding: models, batches, prompt tokens and
+    new tokens (default `new_tokens`, "tokens decoded per request" `what`)."""
     parser.add_argument("--models", nargs="+", default=["llama2-7b", "llama3-8b", "qwen2.5-7b",
                                                         "qwen2.5-14b"], choices=list(MODELS),
                         metavar="MODEL", help=f"one or more of {', '.join(MODELS)}")
     parser.add_argument("--batches", nargs="+", type=positive_int, default=[1, 16, 64, 128])
     parser.add_argument("--prompt", type=positive_int, default=512, help="prompt tokens")
-    parser.add_argument("--new-tokens", type=positive_int, default=256,
-                        help="tokens decoded per request")
+    parser.add_argument("--new-tokens", type=positive_int, default=new_tokens,
+                        help=f"tokens decoded per request{what}")
+
+
+def _add_e2e(parser: argparse.ArgumentParser) -> None:
+    from kvlab.bench.e2e import VARIANTS
+
+    _add_whole_models(parser, 256, "")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS),
                         help="attention kernels (+prefetch: the paper's bulk L2 prefetch, d=1)")
     parser.add_argument("--rounds", type=positive_int, default=2,
@@ -345,13 +351,7 @@ def _add_e2e(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_steptrace(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--models", nargs="+", default=["llama3-8b", "llama2-7b", "qwen2.5-7b",
-                                                        "qwen2.5-14b"], choices=list(MODELS),
-                        metavar="MODEL", help=f"one or more of {', '.join(MODELS)}")
-    parser.add_argument("--batches", nargs="+", type=positive_int, default=[1, 16, 64, 128])
-    parser.add_argument("--prompt", type=positive_int, default=512, help="prompt tokens")
-    parser.add_argument("--new-tokens", type=positive_int, default=32,
-                        help="tokens decoded per request in the traced generate call")
+    _add_whole_models(parser, 32, " in the traced generate call")
     parser.add_argument("--steps", type=positive_int, default=8,
                         help="the last decode steps of the trace that are kept")
 

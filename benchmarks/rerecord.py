@@ -14,6 +14,9 @@ stopped (its checkpoint kept). The parts not run are named, so that the next cal
 up.
 `--gpu-checks FILE` hands the GPU tests' and sanitizers' summary (`gpu_checks.json`, which
 benchmarks/device_run.sh leaves in $OUT) to every part, which records it as `gpu_checks`.
+The H200's parts also gain what its recordings lacked (`AMEND`): FlashInfer's two decode paths in
+the same loop as the other kernels (and its production length mix), and HF's compiled and eager
+static cache over two rounds.
 A part whose command names a file needs that file first: attention_vllm's --vllm-cubin is built
 by benchmarks/vllm_cubin.sh.
 """
@@ -36,6 +39,20 @@ PREFIX = ["python", "-m", "kvlab", "bench"]
 CHECKPOINTED = ("attention", "e2e", "kvpr", "timeline")
 DROPPED = ("--json", "--checkpoint", "--resume")  # options a part sets itself, with their value
 PART_TIMEOUT_S = 3600
+FLASHINFER = ["flashinfer", "flashinfer_tc"]
+FAIR_HF = {"--hf-compile": ["both"], "--rounds": ["2"]}
+# {machine: {part: {option: values}}}: what a re-recording adds to the part's recorded command.
+# An option of LIST_OPTIONS gets the values it lacks appended (the option added where absent);
+# any other option is set to its value.
+AMEND = {"h200": {
+    "attention": {"--kernels": FLASHINFER},
+    "attention_bf16": {"--kernels": FLASHINFER},
+    "attention_fp8": {"--kernels": FLASHINFER},
+    "attention_small": {"--kernels": FLASHINFER},
+    "attention_vllm": {"--kernels": FLASHINFER},
+    "attention_mixed": {"--kernels": FLASHINFER, "--lengths": ["production:32768"]},
+    "e2e": FAIR_HF, "e2e_qwen7b": FAIR_HF, "e2e_qwen14b": FAIR_HF}}
+LIST_OPTIONS = ("--kernels", "--lengths", "--models", "--batches", "--contexts", "--points")
 
 
 def parts(machine: str) -> dict[str, list[str]]:
@@ -49,8 +66,28 @@ def parts(machine: str) -> dict[str, list[str]]:
     for path in sorted(folder.glob("*.json")):
         argv = shlex.split(json.loads(path.read_text()).get("command") or "")
         if argv[:4] == PREFIX:
-            found[path.stem] = argv
+            found[path.stem] = amended(argv, AMEND.get(machine, {}).get(path.stem, {}))
     return found
+
+
+def amended(argv: list[str], changes: dict[str, list[str]]) -> list[str]:
+    """`argv` with `changes` ({option: values}, as AMEND's) made: a list option's missing
+    values appended to its own, any other option's value set; an absent option added at the
+    end. Making the same changes again changes nothing."""
+    argv = list(argv)
+    for option, values in changes.items():
+        if option not in argv:
+            argv += [option, *values]
+            continue
+        at = argv.index(option) + 1
+        end = at
+        while end < len(argv) and not argv[end].startswith("--"):
+            end += 1
+        kept = argv[at:end]
+        new = (kept + [v for v in values if v not in kept] if option in LIST_OPTIONS
+               else list(values))
+        argv[at:end] = new
+    return argv
 
 
 def _without_outputs(argv: list[str]) -> list[str]:

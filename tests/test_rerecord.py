@@ -22,6 +22,31 @@ def test_every_h200_result_of_the_cli_is_a_part_with_its_command():
     assert parts["attention_fp8"][:5] == ["python", "-m", "kvlab", "bench", "attention"]
 
 
+def _values(argv: list[str], option: str) -> list[str]:
+    rest = argv[argv.index(option) + 1:]
+    return rest[:next((i for i, t in enumerate(rest) if t.startswith("--")), len(rest))]
+
+
+def test_the_h200_parts_gain_flashinfer_and_the_fair_hf_peer_once():
+    parts = rerecord.parts("h200")
+    for name in ("attention", "attention_fp8", "attention_bf16", "attention_small",
+                 "attention_mixed", "attention_vllm"):
+        assert _values(parts[name], "--kernels")[-2:] == ["flashinfer", "flashinfer_tc"], name
+    assert "production:32768" in _values(parts["attention_mixed"], "--lengths")
+    for name in ("e2e", "e2e_qwen7b", "e2e_qwen14b"):
+        assert _values(parts[name], "--hf-compile") == ["both"]
+        assert _values(parts[name], "--rounds") == ["2"] and parts[name].count("--rounds") == 1
+    for name, argv in parts.items():  # amending what is amended changes nothing
+        assert rerecord.amended(argv, rerecord.AMEND["h200"].get(name, {})) == argv
+
+
+def test_amending_extends_lists_sets_values_and_adds_what_is_absent():
+    argv = shlex.split("python -m kvlab bench attention --kernels gqa flashinfer --runs 5")
+    assert rerecord.amended(argv, {"--kernels": ["flashinfer", "flashinfer_tc"],
+                                   "--runs": ["21"], "--fp8": []}) == shlex.split(
+        "python -m kvlab bench attention --kernels gqa flashinfer flashinfer_tc --runs 21 --fp8")
+
+
 def test_a_parts_command_writes_into_out_and_never_resumes(tmp_path):
     recorded = shlex.split("python -m kvlab bench kvpr --json a.json --checkpoint b.json "
                            "--resume b.json --models llama2-7b --timeline-points --steps 5")

@@ -15,6 +15,7 @@
 // which checks shapes, strides and alignment before launching.
 
 #include "dtypes.cuh"
+#include "prefetch.cuh"
 
 namespace kvlab {
 
@@ -47,10 +48,15 @@ __device__ float cta_sum(float value) {
 //   out[row] = weight * T(h * rsqrt(mean(h^2) + eps))      (HF's LlamaRMSNorm: two roundings)
 // Rows are contiguous, `hidden` a multiple of VEC; each thread keeps VECS vectors of its row in
 // registers, so hidden <= VECS * VEC * blockDim.x. Pointers 16-byte aligned.
+// ahead, ahead_bytes: the cross-kernel prefetch (prefetch.cuh; off with ahead_bytes 0): the
+// CTAs' first warps bring the first ahead_bytes at `ahead` (the next GEMM's weight) into L2,
+// an equal share each, as the kernel starts.
 template <typename T, int VECS>
 __global__ void rms_norm(T* __restrict__ out, T* __restrict__ sum, const T* __restrict__ a,
                          const T* __restrict__ b, const T* __restrict__ weight, float eps,
-                         int hidden) {
+                         int hidden, const void* __restrict__ ahead, long long ahead_bytes) {
+    if (threadIdx.x < 32)
+        prefetch_share_l2(ahead, ahead_bytes, blockIdx.x, gridDim.x, threadIdx.x);
     const size_t row = static_cast<size_t>(blockIdx.x) * hidden;
     float h[VECS][VEC];
     float squares = 0.0f;
@@ -224,9 +230,14 @@ __global__ void rope_write(T* __restrict__ q_out, T* __restrict__ k_cache, T* __
 
 // SwiGLU's product: out[row, i] = T(silu(gate[row, i])) * up[row, i], where gate_up [rows,
 // 2 * n] holds gate then up in each row (one GEMM's output) and out is [rows, n]; n a multiple
-// of VEC. Grid (rows, ceil(n / VEC / blockDim.x)).
+// of VEC. Grid (rows, ceil(n / VEC / blockDim.x)). ahead, ahead_bytes: the cross-kernel
+// prefetch, as rms_norm's (of W_down's first bytes).
 template <typename T>
-__global__ void silu_mul(T* __restrict__ out, const T* __restrict__ gate_up, int n) {
+__global__ void silu_mul(T* __restrict__ out, const T* __restrict__ gate_up, int n,
+                         const void* __restrict__ ahead, long long ahead_bytes) {
+    if (threadIdx.x < 32)
+        prefetch_share_l2(ahead, ahead_bytes, blockIdx.x * gridDim.y + blockIdx.y,
+                          static_cast<long long>(gridDim.x) * gridDim.y, threadIdx.x);
     const int i = (blockIdx.y * blockDim.x + threadIdx.x) * VEC;
     if (i >= n) return;
     const size_t row = blockIdx.x;
@@ -254,6 +265,11 @@ __global__ void silu_mul(T* __restrict__ out, const T* __restrict__ gate_up, int
 //                    `silu_mul` rounds it; the CTA owns gate rows j.. and up rows n / 2 + j..
 // w: [n, k] row-major (a torch Linear's weight), read once; x: [ROWS, k] with a row stride of
 // its own; bias: [n] or null. k a multiple of VEC, rows of w and x 16-byte aligned.
+// ahead, ahead_bytes, ahead_ctas: the cross-kernel L2 prefetch (off with ahead_bytes 0). The
+// last ahead_ctas CTAs of the grid (the last wave: they start last) each bring an equal share of
+// the first ahead_bytes at `ahead` (the next kernel's operand; 16-byte aligned, ahead_bytes a
+// multiple of 16) into L2 once their own loads are used, so that the next kernel starts on L2
+// hits while this grid drains. Nothing it computes changes.
 //
 // Such a layer only streams w from HBM, and the kernel's one job is to keep enough of w in
 // flight on every SM, from the first CTA to the last. A CTA owns COLS rows of w and its warps
@@ -286,7 +302,8 @@ __device__ __forceinline__ float dot_vec(const uint4& a, const uint4& b, float a
 template <typename T, int ROWS, int COLS, int UNROLL, int EPILOGUE>
 __global__ void linear(T* __restrict__ out, const T* __restrict__ x, const T* __restrict__ w,
                        const T* __restrict__ bias, const T* __restrict__ residual, int n, int k,
-                       long long x_row_stride) {
+                       long long x_row_stride, const void* __restrict__ ahead,
+                       long long ahead_bytes, int ahead_ctas) {
     static_assert(EPILOGUE != LINEAR_SWIGLU || COLS % 2 == 0, "SwiGLU pairs gate and up rows");
     __shared__ float sums[LINEAR_MAX_WARPS][ROWS][COLS];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
@@ -320,6 +337,10 @@ __global__ void linear(T* __restrict__ out, const T* __restrict__ x, const T* __
             }
         }
     }
+    if (warp == 0)  // the last ahead_ctas CTAs: its own loads used, this CTA's share ahead
+        prefetch_share_l2(ahead, ahead_bytes,
+                          static_cast<long long>(blockIdx.x) - (gridDim.x - ahead_ctas),
+                          ahead_ctas, lane);
 #pragma unroll
     for (int r = 0; r < ROWS; ++r)
 #pragma unroll

@@ -12,6 +12,9 @@ FAMILIES = ("llama", "qwen2", "opt")
 NORMS = ("rmsnorm", "layernorm")
 ACTIVATIONS = ("silu", "relu")
 POSITIONS = ("rope", "learned")
+# the most of kvlab.LLM's ahead_bytes (the cross-kernel L2 prefetch), far past any L2: here, with
+# no torch, for the command line and the profiler too
+MAX_AHEAD_BYTES = 1 << 30
 
 
 def _check_choice(name: str, value, allowed: tuple) -> None:

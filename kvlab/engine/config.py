@@ -16,7 +16,7 @@ import torch
 
 from kvlab.arith import ceil_div
 from kvlab.checks import check_block_size, check_bool, check_int, check_positive_int
-from kvlab.config import MODELS, ModelConfig
+from kvlab.config import MAX_AHEAD_BYTES, MODELS, ModelConfig
 from kvlab.engine import checkpoint, offloaded, tp
 from kvlab.engine.weights import SEED_RANGE, ModelWeights
 from kvlab.kernels.prefetch import PrefetchConfig
@@ -42,6 +42,10 @@ class EngineConfig:
             fastest for the cache's layout). "auto" resolves to "reference" off a GPU, and to
             offloaded.ATTENTION with offload.
         prefetch: a PrefetchConfig for the CUDA kernels (None: none, or the fastest with "auto").
+        ahead_bytes: the cross-kernel L2 prefetch of a decode step (kvlab.model.layer.Ahead):
+            kvlab's kernels before each GEMM (the linears' last waves, the RMSNorms, SwiGLU's
+            product) bring this many of its weight's first bytes into L2; an integer in
+            [0, MAX_AHEAD_BYTES], default 0 (off). On a GPU, with the paged cache.
         dtype: of the weights and the cache; default fp16 on a GPU, fp32 on the CPU.
         device: default "cuda" when kvlab.backend() is "cuda", else "cpu".
         seed: of the random weights (and the default of generate's sampling seed), an
@@ -82,6 +86,7 @@ class EngineConfig:
     model: str | ModelConfig = "tiny-llama"
     attention: str = "auto"
     prefetch: PrefetchConfig | None = None
+    ahead_bytes: int = 0
     dtype: torch.dtype | None = None
     device: torch.device | str | None = None
     seed: int = 0
@@ -131,7 +136,9 @@ class EngineConfig:
                   offload=as_flag("offload", self.offload),
                   tensor_parallel=as_flag("tensor_parallel", self.tensor_parallel))
         check_positive_int("max_prefill_tokens", self.max_prefill_tokens)
-        self._set(max_prefill_tokens=int(self.max_prefill_tokens))
+        check_int("ahead_bytes", self.ahead_bytes, 0, MAX_AHEAD_BYTES)
+        self._set(max_prefill_tokens=int(self.max_prefill_tokens),
+                  ahead_bytes=int(self.ahead_bytes))
 
     def _resolve_model_and_device(self) -> None:
         model, device = self.model, self.device
@@ -148,7 +155,7 @@ class EngineConfig:
         if attention not in ATTENTIONS:
             raise ValueError(f"attention={attention!r}: must be one of {ATTENTIONS}")
         _check_offload(self.offload, self.offload_rates, attention, prefetch, self.num_blocks,
-                       self.tensor_parallel, self.async_decode, cuda)
+                       self.tensor_parallel, self.async_decode, self.ahead_bytes, cuda)
         if self.async_decode is None:
             self._set(async_decode=cuda and not self.offload)
         if self.offload:  # the runtime's attention; the paged cache's does not apply
@@ -158,6 +165,9 @@ class EngineConfig:
         if attention in ("vllm_v1", "gqa") and not cuda:
             raise ValueError(f"attention={attention!r}: the CUDA kernels need device='cuda' (here "
                              f"{self.device}); attention='reference' runs anywhere")
+        if self.ahead_bytes and not cuda:
+            raise ValueError(f"ahead_bytes={self.ahead_bytes}: the cross-kernel prefetch runs in "
+                             f"the GPU's linears; needs device='cuda' (here {self.device}), or 0")
         if prefetch is not None and (attention == "reference" or
                                      not isinstance(prefetch, PrefetchConfig)):
             raise ValueError(f"prefetch={prefetch!r}: must be None, or a PrefetchConfig with a "
@@ -217,7 +227,7 @@ def as_flag(name: str, value, *, optional: bool = False) -> bool | None:
 
 
 def _check_offload(offload, rates, attention, prefetch, num_blocks, tensor_parallel,
-                   async_decode, cuda: bool) -> None:
+                   async_decode, ahead_bytes, cuda: bool) -> None:
     """ValueError unless the offload arguments fit the others."""
     if not offload:
         if rates is not None:
@@ -232,7 +242,8 @@ def _check_offload(offload, rates, attention, prefetch, num_blocks, tensor_paral
     for name, value, default in (("attention", attention, "auto"), ("prefetch", prefetch, None),
                                  ("num_blocks", num_blocks, None),
                                  ("tensor_parallel", tensor_parallel, False),
-                                 ("async_decode", async_decode, None)):
+                                 ("async_decode", async_decode, None),
+                                 ("ahead_bytes", ahead_bytes, 0)):
         if value != default:
             raise ValueError(f"{name}={value!r}: offload=True decodes through the KVPR runtime "
                              f"(its own attention, no paged cache); leave {name}={default!r}")

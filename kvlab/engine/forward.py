@@ -22,7 +22,7 @@ from kvlab.config import ModelConfig
 from kvlab.engine.weights import OPT_POSITION_OFFSET, ModelWeights
 from kvlab.kernels import layer_ops
 from kvlab.model.attention import SDPA_BACKENDS
-from kvlab.model.layer import layer_head, layer_tail, linear, project_qkv, qkv_heads
+from kvlab.model.layer import Ahead, layer_head, layer_tail, linear, project_qkv, qkv_heads
 from kvlab.model.norm import norm
 from kvlab.model.rope import RopeTable
 from kvlab.model.weights import Fused, LayerWeights
@@ -45,11 +45,15 @@ def embed(model: ModelConfig, w: ModelWeights, token_ids: torch.Tensor,
     return hidden
 
 
-def logits(model: ModelConfig, w: ModelWeights, hidden: torch.Tensor) -> torch.Tensor:
+def logits(model: ModelConfig, w: ModelWeights, hidden: torch.Tensor,
+           ahead_bytes: int = 0) -> torch.Tensor:
     """Logits [n, vocab_size] of the last layer's hidden states [n, hidden_size], in the weights'
     dtype (as HF's models return them): greedy sampling takes their argmax as they are, and
-    only sampling at a temperature converts them to fp32."""
-    return linear(norm(model, hidden, w.norm_weight, w.norm_bias), w.lm_head)
+    only sampling at a temperature converts them to fp32. ahead_bytes: the final norm brings
+    the LM head's first bytes into L2 (kvlab.model.layer.Ahead)."""
+    normed = norm(model, hidden, w.norm_weight, w.norm_bias, ahead=w.lm_head,
+                  ahead_bytes=ahead_bytes)
+    return linear(normed, w.lm_head)
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -102,30 +106,34 @@ def prefill(model: ModelConfig, w: ModelWeights, caches: Sequence,
 def decode_step(model: ModelConfig, w: ModelWeights, caches: Sequence,
                 copies: Sequence[tuple[int, int]], slots: torch.Tensor, token_ids: torch.Tensor,
                 positions: torch.Tensor, attend: Attend, rope: RopeTable | None,
-                reduce: Reduce | None = None) -> torch.Tensor:
+                reduce: Reduce | None = None, ahead_bytes: int = 0) -> torch.Tensor:
     """One decode step of a batch: token_ids [batch] at `positions` [batch], one per sequence,
     already placed by the manager: `slots` [batch] (int64, on the caches' device) are their
     cache slots, `copies` the copy-on-write block copies their placement asked for. Each layer
     writes the new tokens' K, V (one scatter), then attends over the whole cached sequences
-    with `attend`. Returns the logits [batch, vocab_size]."""
+    with `attend`. ahead_bytes: the cross-kernel L2 prefetch (kvlab.model.layer.Ahead): the
+    kernels before each GEMM bring as many of its weight's first bytes into L2 (0: off).
+    Returns the logits [batch, vocab_size]."""
     hidden = embed(model, w, token_ids, positions)
     batch = token_ids.shape[0]
+    firsts = [fused.qkv for fused in w.fused[1:]] + [w.lm_head]  # what follows each layer
     for i, (layer, fused, cache) in enumerate(zip(w.layers, w.fused, caches, strict=True)):
+        ahead = Ahead(ahead_bytes, firsts[i]) if ahead_bytes else None
         cache.copy_blocks(copies)
-        q = query_and_write(model, layer, fused, cache, slots, hidden, positions, rope)
+        q = query_and_write(model, layer, fused, cache, slots, hidden, positions, rope, ahead)
         out = attend(i, q).reshape(batch, model.q_size).to(hidden.dtype)
-        hidden = layer_tail(model, layer, hidden, out, fused, reduce)
-    return logits(model, w, hidden)
+        hidden = layer_tail(model, layer, hidden, out, fused, reduce, ahead)
+    return logits(model, w, hidden, ahead_bytes)
 
 
 def query_and_write(model: ModelConfig, layer: LayerWeights, fused: Fused, cache,
                     slots: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
-                    rope: RopeTable | None) -> torch.Tensor:
+                    rope: RopeTable | None, ahead: Ahead | None = None) -> torch.Tensor:
     """A decode step's `layer_head` into attention: the new tokens' K, V written into `cache`
     at `slots`, their Q [batch, num_qo_heads, head_dim] returned. On a GPU, RoPE and the write
     are one kernel where the family rotates and the cache holds fp16 or bf16 (here, not in the
     cache: kvlab.cache sits below the kernels that read it)."""
-    _, qkv = project_qkv(model, layer, hidden, fused)
+    _, qkv = project_qkv(model, layer, hidden, fused, ahead)
     if (model.position == "rope" and rope is not None
             and layer_ops.same_kind(qkv, rope.cos, cache.k_cache)):
         return layer_ops.rope_write(qkv, model.num_qo_heads, rope.cos, rope.sin, positions,

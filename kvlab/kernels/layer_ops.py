@@ -4,7 +4,9 @@ SwiGLU's product, and RoPE of Q and K with the cache write together), where torc
 from several; the linear layers of a step of at most LINEAR_ROWS rows, whose weights it
 streams in less time than cuBLAS over the paper models' linears (not at every shape:
 docs/kernels/layer_ops.md has the figures), with the residual add or SwiGLU's product that follows
-them in the same launch; and greedy sampling's argmax over the logits in their own dtype.
+them in the same launch, and optionally the next kernel's first operand bytes brought into L2
+as the grid drains (the cross-kernel prefetch, `ahead`); and greedy sampling's argmax over the
+logits in their own dtype.
 
 The layer code (`kvlab.model`, `kvlab.engine.forward`) and the engine's sampling
 (`kvlab.engine.runner`) call these where `usable` says so: fp16 or bf16 tensors on a CUDA device,
@@ -22,7 +24,7 @@ import torch
 
 from kvlab.arith import ceil_div
 from kvlab.checks import check_real, is_int
-from kvlab.kernels.launch import launch, ptr
+from kvlab.kernels.launch import launch, ptr, resident_ctas
 from kvlab.kernels.vllm_v1 import CUDA_TYPES
 
 SOURCE = "layer_ops.cu"
@@ -114,12 +116,15 @@ def same_kind(*tensors: torch.Tensor) -> bool:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
-             residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+             residual: torch.Tensor | None = None, *, ahead: torch.Tensor | None = None,
+             ahead_bytes: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(normed, h): h = x + residual (rounded to x's dtype; x itself when residual is None) and
     normed = weight * RMSNorm(h), as HF's LlamaRMSNorm rounds it. x, residual: [rows, hidden]
-    contiguous; weight [hidden]; eps in (0, 1], as a ModelConfig's norm_eps. ValueError for
-    what the kernel does not take, before anything is allocated."""
+    contiguous; weight [hidden]; eps in (0, 1], as a ModelConfig's norm_eps. ahead,
+    ahead_bytes: the cross-kernel prefetch (`linear`'s), by every CTA as the kernel starts.
+    ValueError for what the kernel does not take, before anything is allocated."""
     check_real("eps", eps, 0, 1, open_min=True)
+    _check((problem := ahead_problem(ahead, ahead_bytes, x.device)) is None, problem)
     _check(x.dim() == 2, f"x: shape {tuple(x.shape)}, must be [rows, hidden]")
     rows, hidden = x.shape
     for name, t in (("x", x), ("residual", residual)):
@@ -138,7 +143,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     if rows:
         launch(_kernel(f"kvlab::rms_norm<{CUDA_TYPES[x.dtype]}, {vecs}>", x.device), (rows,),
                (threads,), (ptr(normed), ptr(total), ptr(x), ptr(residual), ptr(weight),
-                            np.float32(eps), np.int32(hidden)), x.device)
+                            np.float32(eps), np.int32(hidden), *_ahead_args(ahead, ahead_bytes)),
+               x.device)
     return normed, total
 
 
@@ -236,9 +242,12 @@ def rope_write(qkv: torch.Tensor, num_qo_heads: int, cos: torch.Tensor, sin: tor
     return q
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+def silu_mul(gate_up: torch.Tensor, *, ahead: torch.Tensor | None = None,
+             ahead_bytes: int = 0) -> torch.Tensor:
     """SwiGLU's product silu(gate) * up of gate_up [rows, 2 n] (gate then up in each row, one
-    GEMM's output; contiguous): [rows, n], as torch's F.silu(gate) * up rounds it."""
+    GEMM's output; contiguous): [rows, n], as torch's F.silu(gate) * up rounds it. ahead,
+    ahead_bytes: the cross-kernel prefetch (`linear`'s), by every CTA as the kernel starts."""
+    _check((problem := ahead_problem(ahead, ahead_bytes, gate_up.device)) is None, problem)
     _check(gate_up.dim() == 2, f"gate_up: shape {tuple(gate_up.shape)}, must be [rows, 2 n]")
     rows, width = gate_up.shape
     _check(gate_up.is_contiguous() and width % (2 * VEC) == 0,
@@ -251,7 +260,8 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
         threads = 256
         launch(_kernel(f"kvlab::silu_mul<{CUDA_TYPES[gate_up.dtype]}>", gate_up.device),
                (rows, ceil_div(ceil_div(n, VEC), threads)), (threads,),
-               (ptr(out), ptr(gate_up), np.int32(n)), gate_up.device)
+               (ptr(out), ptr(gate_up), np.int32(n), *_ahead_args(ahead, ahead_bytes)),
+               gate_up.device)
     return out
 
 
@@ -304,15 +314,57 @@ def linear_problem(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return None
 
 
+def ahead_problem(ahead: torch.Tensor | None, ahead_bytes, device: torch.device) -> str | None:
+    """Why `linear` would refuse this cross-kernel prefetch, or None where it takes it."""
+    if not is_int(ahead_bytes) or ahead_bytes < 0:
+        return f"ahead_bytes={ahead_bytes!r}: must be an integer >= 0"
+    if ahead is None or ahead_bytes == 0:
+        return None
+    if not (isinstance(ahead, torch.Tensor) and ahead.device == device
+            and ahead.is_contiguous() and ahead.data_ptr() % 16 == 0):
+        return (f"ahead: must be a contiguous, 16-byte aligned tensor on {device} (the next "
+                "kernel's operand), or None")
+    return None
+
+
+def ahead_span(ahead: torch.Tensor | None, ahead_bytes: int) -> int:
+    """The bytes of `ahead` that `linear` prefetches: its first ahead_bytes, at most all of it,
+    rounded down to the bulk prefetch's 16-byte granule (0 without `ahead`)."""
+    if ahead is None:
+        return 0
+    return min(int(ahead_bytes), ahead.numel() * ahead.element_size()) // 16 * 16
+
+
+def _ahead_args(ahead: torch.Tensor | None, ahead_bytes: int) -> tuple:
+    """A kernel's (ahead, ahead_bytes) arguments: `ahead_span` bytes at ahead, or none."""
+    span = ahead_span(ahead, ahead_bytes)
+    return ptr(ahead if span else None), np.int64(span)
+
+
+@functools.cache
+def _wave(name: str, device_index: int) -> int:
+    """CTAs of `linear` instantiation `name` that the whole GPU holds at once."""
+    device = torch.device("cuda", device_index)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return sms * resident_ctas(_kernel(name, device), 32 * LINEAR_WARPS, 0, device)
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-           residual: torch.Tensor | None = None, swiglu: bool = False) -> torch.Tensor:
+           residual: torch.Tensor | None = None, swiglu: bool = False,
+           ahead: torch.Tensor | None = None, ahead_bytes: int = 0) -> torch.Tensor:
     """y = F.linear(x, weight, bias) for x [rows, k], 1 <= rows <= LINEAR_ROWS, with
     contiguous, 16-byte aligned rows, k a multiple of 8; weight [n, k] contiguous; bias [n] or
     None. Returns y [rows, n]; with `residual` [rows, n], residual + y; with `swiglu`,
     silu(gate) * up [rows, n / 2] of y's halves (weight stacks W_gate over W_up). Sums in fp32
     and rounds once, as cuBLAS does (only the order of the sums differs), and rounds what
-    follows as the torch ops it replaces."""
-    problem = linear_problem(x, weight, bias, residual, swiglu)
+    follows as the torch ops it replaces.
+
+    ahead, ahead_bytes: the cross-kernel L2 prefetch. The grid's last wave (the CTAs that start
+    last) brings `ahead_span` bytes at the start of `ahead` (the next kernel's operand, a
+    contiguous tensor on x's device) into L2 as it drains, so that the next kernel's first
+    loads hit L2. A hint: y is the same with or without it."""
+    problem = linear_problem(x, weight, bias, residual, swiglu) or ahead_problem(
+        ahead, ahead_bytes, x.device)
     _check(problem is None, problem)
     (rows, k), n = x.shape, weight.shape[0]
     epilogue = "swiglu" if swiglu else "plain" if residual is None else "residual"
@@ -320,8 +372,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     out = torch.empty(rows, width, dtype=x.dtype, device=x.device)
     if n:
         cols = LINEAR_COLS // 2 if swiglu else LINEAR_COLS  # output columns a CTA writes
-        launch(_kernel(linear_name(CUDA_TYPES[x.dtype], rows, epilogue), x.device),
-               (ceil_div(width, cols),), (32 * LINEAR_WARPS,),
+        name, grid = linear_name(CUDA_TYPES[x.dtype], rows, epilogue), ceil_div(width, cols)
+        tail = min(grid, _wave(name, x.device.index)) if ahead_span(ahead, ahead_bytes) else 0
+        launch(_kernel(name, x.device), (grid,), (32 * LINEAR_WARPS,),
                (ptr(out), ptr(x), ptr(weight), ptr(bias), ptr(residual), np.int32(n),
-                np.int32(k), np.int64(x.stride(0))), x.device)
+                np.int32(k), np.int64(x.stride(0)), *_ahead_args(ahead, ahead_bytes),
+                np.int32(tail)), x.device)
     return out

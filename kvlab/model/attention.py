@@ -23,9 +23,11 @@ from kvlab.model.rope import RopeTable, rotate
 from kvlab.model.weights import AttentionWeights
 
 
-def attention_input(model: ModelConfig, w: AttentionWeights, hidden: torch.Tensor) -> torch.Tensor:
-    """The attention norm of the layer input: what KVPR stores per token."""
-    return norm(model, hidden, w.norm_weight, w.norm_bias)
+def attention_input(model: ModelConfig, w: AttentionWeights, hidden: torch.Tensor, *,
+                    ahead: torch.Tensor | None = None, ahead_bytes: int = 0) -> torch.Tensor:
+    """The attention norm of the layer input: what KVPR stores per token. ahead, ahead_bytes:
+    `norm`'s cross-kernel prefetch (of the QKV weight)."""
+    return norm(model, hidden, w.norm_weight, w.norm_bias, ahead=ahead, ahead_bytes=ahead_bytes)
 
 
 def project_q(model: ModelConfig, w: AttentionWeights, x: torch.Tensor,

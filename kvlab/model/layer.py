@@ -10,12 +10,14 @@ OPT: LayerNorm, MLP = fc2(relu(fc1 .)) with biases, out_proj bias. Llama / Qwen2
 MLP = down(silu(gate .) * up .), no MLP biases. Tensors of a batch are [batch, ...]; a layer's
 K, V are [tokens, batch, num_kv_heads, head_dim] (the KVPR host store's token-major layout).
 With `fused` (`kvlab.model.weights.fuse`), Q, K and V come from one GEMM, and gate and up from
-another.
+another. With `ahead` (an `Ahead`), each linear brings the first bytes of the next one's weight
+into L2 as it drains (the cross-kernel prefetch of `layer_ops.linear`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +28,22 @@ from kvlab.model.attention import attend, attention_input, project_kv, project_q
 from kvlab.model.norm import add_norm
 from kvlab.model.rope import RopeTable, rotate
 from kvlab.model.weights import Fused, LayerWeights
+
+
+@dataclass(frozen=True)
+class Ahead:
+    """The cross-kernel L2 prefetch of a decode step: the first `nbytes` of each GEMM's weight
+    brought into L2 by kvlab kernels that run before it (`layer_ops`' `ahead`):
+    - each linear of layer_ops (steps of at most LINEAR_ROWS rows), as its grid drains, the
+      next linear's: QKV -> W_O -> gate and up -> W_down -> `after` (the next layer's QKV, or
+      the LM head);
+    - the RMSNorm kernels as they start, the GEMM after them: the attention norm QKV's, the
+      MLP norm gate and up's; and SwiGLU's product kernel (larger steps) W_down's.
+    W_O's, at steps that cuBLAS runs, has none: the attention kernel runs before it. A hint:
+    torch's ops run without it and nothing computed changes."""
+
+    nbytes: int
+    after: torch.Tensor
 
 
 def layer_head(model: ModelConfig, w: LayerWeights, hidden: torch.Tensor,
@@ -43,12 +61,13 @@ def layer_head(model: ModelConfig, w: LayerWeights, hidden: torch.Tensor,
     return x, *qkv_heads(model, qkv, positions, rope)
 
 
-def project_qkv(model: ModelConfig, w: LayerWeights, hidden: torch.Tensor, fused: Fused
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+def project_qkv(model: ModelConfig, w: LayerWeights, hidden: torch.Tensor, fused: Fused,
+                ahead: Ahead | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The attention input X [batch, hidden_size] of hidden, and its Q, K, V projections in one
-    GEMM: [batch, q_size + 2 kv_size] (before RoPE)."""
-    x = attention_input(model, w.attn, hidden)
-    return x, linear(x, fused.qkv, fused.b_qkv)
+    GEMM: [batch, q_size + 2 kv_size] (before RoPE); with `ahead`, W_O's first bytes prefetched
+    into L2 as it drains."""
+    x = attention_input(model, w.attn, hidden, **_ahead(ahead, fused.qkv))
+    return x, linear(x, fused.qkv, fused.b_qkv, **_ahead(ahead, w.attn.w_o))
 
 
 def qkv_heads(model: ModelConfig, qkv: torch.Tensor, positions: torch.Tensor,
@@ -64,43 +83,58 @@ def qkv_heads(model: ModelConfig, qkv: torch.Tensor, positions: torch.Tensor,
 
 def layer_tail(model: ModelConfig, w: LayerWeights, hidden: torch.Tensor,
                attn: torch.Tensor, fused: Fused | None = None,
-               reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+               reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+               ahead: Ahead | None = None) -> torch.Tensor:
     """A layer's decode work after the attention: W_O, the residual, the MLP norm and the MLP
     (gate and up by one GEMM with `fused`, w's stacks). attn [batch, num_qo_heads * head_dim]
     -> the layer's output [batch, hidden_size]. reduce: with tensor parallelism
-    (`kvlab.engine.tp`), the sum over the ranks of W_O's and W_down's partial outputs."""
-    o = linear(attn, w.attn.w_o, w.b_o)
+    (`kvlab.engine.tp`), the sum over the ranks of W_O's and W_down's partial outputs. ahead:
+    each linear prefetches the next one's first bytes, W_down ahead.after's."""
+    gate_up = w.w_up if w.w_gate is None else w.w_gate if fused is None else fused.gate_up
+    o = linear(attn, w.attn.w_o, w.b_o, **_ahead(ahead, gate_up))
     hidden, y = add_norm(model, hidden, o if reduce is None else reduce(o), w.mlp_norm_weight,
-                         w.mlp_norm_bias)
+                         w.mlp_norm_bias, **_ahead(ahead, gate_up))
     if w.w_gate is None:
-        y = F.relu(linear(y, w.w_up, w.b_up))
+        y = F.relu(linear(y, w.w_up, w.b_up, **_ahead(ahead, w.w_down)))
     elif fused is None:
-        y = F.silu(linear(y, w.w_gate)) * linear(y, w.w_up)
+        y = F.silu(linear(y, w.w_gate, **_ahead(ahead, w.w_up))) * linear(
+            y, w.w_up, **_ahead(ahead, w.w_down))
     else:
-        y = linear(y, fused.gate_up, swiglu=True)
+        y = linear(y, fused.gate_up, swiglu=True, **_ahead(ahead, w.w_down))
+    after = _ahead(ahead, None if ahead is None else ahead.after)
     if reduce is None:
-        return linear(y, w.w_down, w.b_down, residual=hidden)
-    return hidden + reduce(linear(y, w.w_down, w.b_down))
+        return linear(y, w.w_down, w.b_down, residual=hidden, **after)
+    return hidden + reduce(linear(y, w.w_down, w.b_down, **after))
+
+
+def _ahead(ahead: Ahead | None, then: torch.Tensor | None) -> dict:
+    """`linear`'s prefetch arguments for a linear followed by the one of weight `then`."""
+    return {} if ahead is None else {"ahead": then, "ahead_bytes": ahead.nbytes}
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-           residual: torch.Tensor | None = None, swiglu: bool = False) -> torch.Tensor:
+           residual: torch.Tensor | None = None, swiglu: bool = False,
+           ahead: torch.Tensor | None = None, ahead_bytes: int = 0) -> torch.Tensor:
     """F.linear, then residual + its output, or with `swiglu` SwiGLU's product of its halves
     (weight stacks W_gate over W_up): one `layer_ops.linear` kernel where it takes the tensors,
-    a decode step of at most layer_ops.LINEAR_ROWS rows on a GPU."""
+    a decode step of at most layer_ops.LINEAR_ROWS rows on a GPU, which also prefetches the
+    first ahead_bytes of `ahead` into L2 as it drains. Elsewhere F.linear, and SwiGLU's
+    product as `silu_mul`, which takes the prefetch."""
     if x.is_cuda and layer_ops.linear_problem(x, weight, bias, residual, swiglu) is None:
-        return layer_ops.linear(x, weight, bias, residual=residual, swiglu=swiglu)
+        return layer_ops.linear(x, weight, bias, residual=residual, swiglu=swiglu, ahead=ahead,
+                                ahead_bytes=ahead_bytes)
     y = F.linear(x, weight, bias)
     if swiglu:
-        return silu_mul(y)
+        return silu_mul(y, ahead=ahead, ahead_bytes=ahead_bytes)
     return y if residual is None else residual + y
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+def silu_mul(gate_up: torch.Tensor, *, ahead: torch.Tensor | None = None,
+             ahead_bytes: int = 0) -> torch.Tensor:
     """silu(gate) * up of gate_up [batch, 2 intermediate] (gate, then up in each row): one
-    kernel on a GPU."""
+    kernel on a GPU, which also brings the first ahead_bytes of `ahead` into L2."""
     if layer_ops.usable(gate_up) and gate_up.is_contiguous():
-        return layer_ops.silu_mul(gate_up)
+        return layer_ops.silu_mul(gate_up, ahead=ahead, ahead_bytes=ahead_bytes)
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
 

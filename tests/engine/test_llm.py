@@ -50,6 +50,87 @@ def test_prefill_and_decode_logits_equal_hf(name):
 
 
 @pytest.mark.parametrize("name", FAMILIES)
+def test_the_kernels_before_each_gemm_prefetch_its_weight(name, monkeypatch):
+    """With ahead_bytes, at a step of one sequence (layer_ops' linears and RMSNorm, stood in
+    for on the CPU): each linear prefetches the next one's weight, QKV -> W_O -> gate_up (OPT:
+    fc1) -> W_down -> the next layer's QKV, the last W_down the LM head's, which prefetches
+    nothing; the attention norm QKV's, the MLP norm gate_up's, the final norm the LM head's
+    (RMSNorm families). The logits are those of the step without."""
+    from kvlab.model import layer, norm
+
+    llm = kvlab.LLM(name, device="cpu", num_blocks=64)
+    w, calls = llm.weights, []
+    ops = layer.layer_ops  # every other op keeps to torch
+
+    def linear(x, weight, bias=None, *, residual=None, swiglu=False, ahead=None,
+               ahead_bytes=0):
+        calls.append(("linear", weight, ahead, ahead_bytes))
+        y = torch.nn.functional.linear(x, weight, bias)
+        return layer.silu_mul(y) if swiglu else y if residual is None else residual + y
+
+    def rms_norm(x, weight, eps, residual=None, *, ahead=None, ahead_bytes=0):
+        calls.append(("norm", weight, ahead, ahead_bytes))
+        total = x if residual is None else x + residual
+        return torch.nn.functional.rms_norm(total, weight.shape, weight, eps), total
+
+    monkeypatch.setattr(ops, "_cupy_present", lambda: False)
+    monkeypatch.setattr(ops, "linear_problem", lambda *args: None)
+    monkeypatch.setattr(ops, "linear", linear)
+    monkeypatch.setattr(ops, "rms_norm", rms_norm)
+    monkeypatch.setattr(norm, "_norm_kernel", lambda *tensors: True)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
+    alloc = llm.manager.add_sequence(4, [1, 2, 3, 4])
+    llm.manager.append(alloc.seq_id, 1, [5])
+    slot = torch.tensor(llm.manager.slot_mapping(alloc.seq_id, 4, 5))
+
+    def step(ahead_bytes):
+        calls.clear()
+        return forward.decode_step(llm.model, w, llm.caches, [], slot, torch.tensor([5]),
+                                   torch.tensor([4]), llm.runner.attend([alloc.seq_id]),
+                                   llm.rope, ahead_bytes=ahead_bytes)
+
+    without = step(0)
+    assert {nbytes for _, _, _, nbytes in calls} == {0}
+    torch.testing.assert_close(step(4096), without, rtol=0, atol=0)
+    linears = [(kind, weight, ahead) for kind, weight, ahead, _ in calls if kind == "linear"]
+    chain = [t for layer_w, fused in zip(w.layers, w.fused, strict=True) for t in (
+        fused.qkv, layer_w.attn.w_o, layer_w.w_up if fused.gate_up is None else fused.gate_up,
+        layer_w.w_down)] + [w.lm_head]
+    assert [id(weight) for _, weight, _ in linears] == [id(t) for t in chain]
+    assert [id(ahead) for _, _, ahead in linears[:-1]] == [id(t) for t in chain[1:]]
+    assert linears[-1][2] is None  # the LM head: the step's last linear
+    norms = [(weight, ahead) for kind, weight, ahead, _ in calls if kind == "norm"]
+    if llm.model.norm == "rmsnorm":
+        expected = [(t.attn.norm_weight, f.qkv) for t, f in zip(w.layers, w.fused, strict=True)]
+        expected = [pair for (a, qkv), t, f in zip(expected, w.layers, w.fused, strict=True)
+                    for pair in ((a, qkv), (t.mlp_norm_weight, f.gate_up))]
+        assert [(id(a), id(b)) for a, b in norms] == [
+            (id(a), id(b)) for a, b in expected + [(w.norm_weight, w.lm_head)]]
+    assert {nbytes for _, _, ahead, nbytes in calls if ahead is not None} == {4096}
+
+
+def test_swiglu_on_torch_hands_the_prefetch_to_its_product_kernel(monkeypatch):
+    """A step of more rows than layer_ops' linear takes: F.linear, then SwiGLU's product as one
+    kernel, which prefetches W_down's first bytes (stood in for on the CPU)."""
+    from kvlab.model import layer
+
+    got = []
+
+    def silu_mul(gate_up, *, ahead=None, ahead_bytes=0):
+        got.append((ahead, ahead_bytes))
+        gate, up = gate_up.chunk(2, dim=-1)
+        return torch.nn.functional.silu(gate) * up
+
+    monkeypatch.setattr(layer.layer_ops, "usable", lambda *tensors: True)
+    monkeypatch.setattr(layer.layer_ops, "silu_mul", silu_mul)
+    w_down = torch.randn(16, 8)
+    y = layer.linear(torch.randn(3, 16), torch.randn(16, 16), swiglu=True, ahead=w_down,
+                     ahead_bytes=256)
+    assert y.shape == (3, 8) and len(got) == 1
+    assert got[0][0] is w_down and got[0][1] == 256
+
+
+@pytest.mark.parametrize("name", FAMILIES)
 def test_greedy_tokens_equal_hf_generate(name):
     llm = kvlab.LLM(name, device="cpu", num_blocks=64)
     hf = causal_lm(llm.model, llm.weights)
@@ -269,6 +350,17 @@ def test_async_decode_waits_for_the_step_queued_after_an_eos(monkeypatch):
     (lambda: kvlab.LLM(device="cpu", max_prefill_tokens=0),
      "max_prefill_tokens=0: must be an integer >= 1"),
     (lambda: kvlab.LLM(device="cpu", async_decode=1), "async_decode=1: must be None or a bool"),
+    (lambda: kvlab.LLM(device="cpu", ahead_bytes=-1),
+     "ahead_bytes=-1: must be an integer in .0, 1073741824."),
+    (lambda: kvlab.LLM(device="cpu", ahead_bytes=2.5e6),
+     "ahead_bytes=2500000.0: must be an integer in .0, 1073741824."),
+    (lambda: kvlab.LLM(device="cpu", ahead_bytes=True),
+     "ahead_bytes=True: must be an integer in .0, 1073741824."),
+    (lambda: kvlab.LLM(device="cpu", ahead_bytes=1 << 20),
+     "ahead_bytes=1048576: the cross-kernel prefetch runs in the GPU's linears; needs "
+     "device='cuda' (here cpu), or 0"),
+    (lambda: kvlab.LLM(device="cpu", num_blocks=8).with_attention("reference", ahead_bytes=64),
+     "ahead_bytes=64: the cross-kernel prefetch runs in the GPU's linears"),
     (lambda: kvlab.LLM(device="cpu", weights="llama.safetensors"),
      "weights=str: must be None, or a ModelWeights with a preset name or a ModelConfig"),
     (lambda: kvlab.LLM("tiny-opt", device="cpu", weights=seeded_weights("tiny-llama")),

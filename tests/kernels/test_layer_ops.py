@@ -223,6 +223,42 @@ def test_linear_with_swiglu_equals_silu_mul_after_it(dtype, rows, n, k, bias):
 
 
 @gpu
+@pytest.mark.parametrize("epilogue", ["plain", "residual", "swiglu"])
+@pytest.mark.parametrize("ahead_bytes", [16, 4096 + 16, 3 << 20, 1 << 40])
+def test_linear_prefetching_ahead_writes_what_it_writes_without(epilogue, ahead_bytes):
+    """The cross-kernel prefetch is a hint: bit for bit the same output, whether the share of
+    each last-wave CTA is a granule, a chunk and a bit, or the whole next weight (clipped to
+    it); a grid smaller than a wave (n = 24) prefetches from every CTA."""
+    for n in (2 * 14336, 24):
+        x = randn(1, 4096, dtype=torch.float16, seed=1)
+        w = randn(n, 4096, dtype=torch.float16, seed=2) / 64
+        residual = randn(1, n, dtype=torch.float16, seed=3) if epilogue == "residual" else None
+        then = randn(4096, 14336, dtype=torch.float16, seed=4)
+        kwargs = {"residual": residual, "swiglu": epilogue == "swiglu"}
+        without = layer_ops.linear(x, w, **kwargs)
+        got = layer_ops.linear(x, w, **kwargs, ahead=then, ahead_bytes=ahead_bytes)
+        assert torch.equal(got, without)
+
+
+@gpu
+@pytest.mark.parametrize("rows", [1, 64])
+@pytest.mark.parametrize("ahead_bytes", [16, 1 << 20, 1 << 40])
+def test_norm_and_swiglu_prefetching_ahead_write_what_they_write_without(rows, ahead_bytes):
+    """The RMSNorm (with and without its residual) and SwiGLU's product kernels, every CTA
+    prefetching a share of the next GEMM's weight: bit for bit their output without."""
+    x, residual = (randn(rows, 4096, dtype=torch.float16, seed=s) for s in (1, 2))
+    weight = randn(4096, dtype=torch.float16, seed=3)
+    then = randn(14336, 4096, dtype=torch.float16, seed=4)
+    for extra in (None, residual):
+        plain = layer_ops.rms_norm(x, weight, 1e-5, extra)
+        ahead = layer_ops.rms_norm(x, weight, 1e-5, extra, ahead=then, ahead_bytes=ahead_bytes)
+        assert all(torch.equal(a, b) for a, b in zip(ahead, plain, strict=True))
+    gate_up = randn(rows, 2 * 14336, dtype=torch.float16, seed=5)
+    assert torch.equal(layer_ops.silu_mul(gate_up, ahead=then, ahead_bytes=ahead_bytes),
+                       layer_ops.silu_mul(gate_up))
+
+
+@gpu
 def test_the_layers_take_linear_for_a_few_rows_only(monkeypatch):
     """kvlab.model.layer.linear runs layer_ops.linear where it takes the tensors (and gets its
     answer), F.linear elsewhere: more rows, or a weight it cannot stream."""
@@ -323,6 +359,27 @@ def test_linear_says_what_it_cannot_take(x, weight, bias, message):
     """On the CPU too: every refusal but the last (the device) comes from shapes, strides and
     alignment, so it is checked here without a GPU."""
     assert re.search(message, layer_ops.linear_problem(x, weight, bias))
+
+
+@pytest.mark.parametrize("ahead, ahead_bytes, message", [
+    (half(4, 16), -1, r"ahead_bytes=-1: must be an integer >= 0"),
+    (half(4, 16), 2.0, r"ahead_bytes=2.0: must be an integer >= 0"),
+    (half(4, 16), True, r"ahead_bytes=True: must be an integer >= 0"),
+    (half(4, 16), 64, r"ahead: must be a contiguous, 16-byte aligned tensor on cuda"),
+    ("w_o", 64, r"ahead: must be a contiguous, 16-byte aligned tensor"),
+])
+def test_linear_says_which_prefetch_ahead_it_cannot_take(ahead, ahead_bytes, message):
+    """The prefetch's checks come before any launch, on the CPU too (the device is x's)."""
+    assert re.search(message, layer_ops.ahead_problem(ahead, ahead_bytes, torch.device("cuda")))
+    assert layer_ops.ahead_problem(None, 64, torch.device("cuda")) is None  # nothing to prefetch
+    assert layer_ops.ahead_problem(half(4, 16)[:, ::2], 0, torch.device("cuda")) is None  # off
+
+
+def test_linear_prefetches_the_first_bytes_asked_at_most_all_in_granules():
+    weight = half(4, 16)  # 128 bytes
+    assert [layer_ops.ahead_span(weight, b) for b in (0, 15, 16, 100, 128, 1 << 40)] == [
+        0, 0, 16, 96, 128, 128]
+    assert layer_ops.ahead_span(None, 1 << 20) == 0
 
 
 @pytest.mark.parametrize("residual, swiglu, message", [

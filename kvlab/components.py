@@ -43,7 +43,8 @@ COMPONENTS: dict[str, tuple[str, ...]] = {
     "flashinfer": ("kvlab/kernels/flashinfer_peer.py",),  # the adapter; its wheel pinned there
     "numba": ("kernels/prefetch_numba.cu", "kvlab/kernels/numba_decode.py"),
     "read": ("kernels/read_bytes.cu", "kernels/timeline.cuh", "kvlab/kernels/read.py"),
-    "layer_ops": ("kernels/layer_ops.cu", "kernels/dtypes.cuh", "kvlab/kernels/layer_ops.py"),
+    "layer_ops": _in("kernels", "layer_ops.cu", "dtypes.cuh", "prefetch.cuh")
+    + ("kvlab/kernels/layer_ops.py",),
     "green": ("kernels/sm_ids.cu", "kvlab/kernels/green.py"),
     "tracer": ("kernels/timeline.cuh", "kvlab/kernels/timeline.py"),
     # The decode plan: geometry, the split, the family chosen, the prefetch, the loader
@@ -62,6 +63,7 @@ COMPONENTS: dict[str, tuple[str, ...]] = {
                 "paper.py", "profiler.py", "recompute.py", "runtime.py", "scheduler.py",
                 "weights.py"),
     "profile": _in("kvlab/profile", "__init__.py", "launch.py", "ncu.py", "paper.py", "spec.py"),
+    "step_counters": ("kvlab/bench/stepcounters.py",),  # ncu on a decode step of kvlab.LLM
     "l2_model": _in("kvlab/sim", "__init__.py", "l2.py", "plan.py", "sample.py", "spec.py",
                     "time_model.py", "trace.py"),
     "predict": _in("kvlab/predict", "__init__.py", "closed_form.py", "decode.py", "fit.py",
@@ -96,9 +98,12 @@ BENCHMARKS: dict[str, tuple[str, ...]] = {
                   "bench_attention"),
     "counters": (*_DECODE, "profile", "timing", "cli", "bench_counters"),
     "timeline": (*_DECODE, "read", "tracer", "timing", "cli", "bench_timeline"),
-    "e2e": (*_DECODE, "layer_ops", "model", "engine", "kvpr", "timing", "cli", "bench_e2e"),
+    # (the +ahead variants' default size is the step model's: kvlab.bench.e2e.ahead_bytes)
+    "e2e": (*_DECODE, "layer_ops", "model", "engine", "kvpr", "l2_model", "predict",
+            "step_model", "timing", "cli", "bench_e2e"),
     "steptrace": (*_DECODE, "layer_ops", "model", "engine", "kvpr", "l2_model", "predict",
-                  "step_model", "timing", "cli", "bench_e2e", "bench_steptrace"),
+                  "step_model", "profile", "step_counters", "timing", "cli", "bench_e2e",
+                  "bench_steptrace"),
     "kvpr": ("base", "cache", "decode_plan", "vllm_v1", "layer_ops", "model", "kvpr", "timing",
              "cli", "bench_kvpr"),
     "cache": ("base", "cache", "cli", "bench_cache"),

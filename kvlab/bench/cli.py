@@ -23,7 +23,7 @@ import sys
 
 from kvlab.bench.env import write_json
 from kvlab.checks import MAX_BLOCK_SIZE, check_block_size
-from kvlab.config import MODELS
+from kvlab.config import MAX_AHEAD_BYTES, MODELS
 from kvlab.kernels import FAMILIES
 from kvlab.kernels.prefetch import MAX_DISTANCE, MODES, PrefetchConfig
 from kvlab.offload.scheduler import MODELS_OF_TIME, SCHEDULES, WEIGHTS
@@ -61,6 +61,18 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r}: must be an integer >= 1")
     if value > MAX_COUNT:
         raise argparse.ArgumentTypeError(f"{text!r}: must be an integer in [1, {MAX_COUNT}]")
+    return value
+
+
+def ahead_bytes(text: str) -> int:
+    """--ahead-bytes: kvlab.LLM's ahead_bytes, an integer in [0, MAX_AHEAD_BYTES]."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not 0 <= value <= MAX_AHEAD_BYTES:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be an integer in "
+                                         f"[0, {MAX_AHEAD_BYTES}]")
     return value
 
 
@@ -321,11 +333,15 @@ def _add_whole_models(parser: argparse.ArgumentParser, new_tokens: int, what: st
 
 
 def _add_e2e(parser: argparse.ArgumentParser) -> None:
-    from kvlab.bench.e2e import VARIANTS
+    from kvlab.bench.e2e import AHEAD_VARIANTS, VARIANTS
 
     _add_whole_models(parser, 256, "")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS),
-                        help="attention kernels (+prefetch: the paper's bulk L2 prefetch, d=1)")
+                        help="attention kernels (+prefetch: the paper's bulk L2 prefetch, d=1; "
+                             "+ahead: the cross-kernel prefetch, kvlab.LLM's ahead_bytes)")
+    parser.add_argument("--ahead-bytes", type=ahead_bytes, metavar="BYTES",
+                        help="the +ahead variants' ahead_bytes (default: one kernel's overhead "
+                             "at the run's copy roofline, kvlab.predict.step.ahead_size)")
     parser.add_argument("--rounds", type=positive_int, default=2,
                         help="generate runs of each variant per batch, the variants in turn")
     parser.add_argument("--tp", type=positive_int, default=1,
@@ -344,7 +360,8 @@ def _add_e2e(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--serve-rates", nargs="*", type=positive_float, default=[],
                         metavar="RATE", help="a serving run per rate (requests/s, Poisson)")
     parser.add_argument("--serve-requests", type=positive_int, default=512)
-    parser.add_argument("--serve-variant", default="gqa", choices=list(VARIANTS))
+    parser.add_argument("--serve-variant", default="gqa",
+                        choices=[v for v in VARIANTS if v not in AHEAD_VARIANTS])
     parser.add_argument("--checkpoint", metavar="PATH",
                         help="rewrite the result so far as JSON after every (model, batch) point "
                              "and serving rate")
@@ -354,6 +371,14 @@ def _add_steptrace(parser: argparse.ArgumentParser) -> None:
     _add_whole_models(parser, 32, " in the traced generate call")
     parser.add_argument("--steps", type=positive_int, default=8,
                         help="the last decode steps of the trace that are kept")
+    parser.add_argument("--ahead-bytes", nargs="+", type=ahead_bytes, default=[0],
+                        metavar="BYTES", help="trace each point once per size (kvlab.LLM's "
+                                              "ahead_bytes; 0: without), in turn")
+    parser.add_argument("--counters", action="store_true",
+                        help="also profile one step at each point and size with Nsight Compute "
+                             "(every kernel's L2 load hits; kvlab.bench.stepcounters)")
+    parser.add_argument("--timeout", type=timeout_s, default=DEFAULT_TIMEOUT_S,
+                        help="seconds for each ncu run with --counters")
 
 
 BENCHMARKS = {

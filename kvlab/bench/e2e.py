@@ -34,6 +34,11 @@ and output lengths (`kvlab.workload.lognormal`: medians 256 and 128 tokens, sigm
 2,048 in all) arriving as a Poisson process (seeded), on one attention variant; it reports
 output tokens/s over the run, time to first token and time per output token (p50, p99) and
 preemptions, in `serving`.
+A batch whose caches do not fit the GPU's free memory is left out, with the reason, in
+`skipped` (a grid of batches and long prompts runs whole). A "+ahead" variant runs with the
+cross-kernel prefetch (`kvlab.LLM(ahead_bytes=...)`: --ahead-bytes, else the step model's size
+for the batch); a row of a variant that adds a lever to another that ran records
+`same_tokens`, whether its greedy tokens were that variant's in every round.
 A row's prefill_ms is, for kvlab, the median over the prompts of the prefill pass that ran each
 (the prompts admitted together share a pass of up to `LLM.max_prefill_tokens` tokens, and each
 gets the whole pass's time); for HF, the whole batch's prefill with its first token and the
@@ -55,8 +60,13 @@ from kvlab.kernels.prefetch import PrefetchConfig
 # NOTE: torch loads inside the functions: the CLI builds its options from VARIANTS without it.
 
 PAPER_PREFETCH = PrefetchConfig("bulk")  # the paper's Algorithm 1: the next tile, d=1
-VARIANTS = {"vllm_v1": ("vllm_v1", None), "vllm_v1+prefetch": ("vllm_v1", PAPER_PREFETCH),
-            "gqa": ("gqa", None), "gqa+prefetch": ("gqa", PAPER_PREFETCH)}
+# {variant: (attention kernel, its PrefetchConfig, with the cross-kernel prefetch)}
+VARIANTS = {"vllm_v1": ("vllm_v1", None, False),
+            "vllm_v1+prefetch": ("vllm_v1", PAPER_PREFETCH, False),
+            "gqa": ("gqa", None, False), "gqa+prefetch": ("gqa", PAPER_PREFETCH, False),
+            "gqa+ahead": ("gqa", None, True)}
+LEVERS = ("+prefetch", "+ahead")  # a variant's suffix: the lever it adds to its base variant
+AHEAD_VARIANTS = tuple(v for v, (_, _, ahead) in VARIANTS.items() if ahead)
 HF_VARIANT = "hf-static"  # HF's generate as it runs by default: its decode step torch.compiled
 HF_EAGER_VARIANT = "hf-static-eager"  # the same with compilation off (`disable_compile`)
 HF_COMPILE = {"on": (True,), "off": (False,), "both": (True, False)}  # --hf-compile
@@ -64,12 +74,19 @@ WARMUP_ROUNDS = 1  # untimed generate runs of every variant, in turn, before the
 SERVING_MAX_LEN = 2048  # a serving request's prompt and output together
 
 
-def prefetch_pairs(variants) -> list[tuple[str, str]]:
-    """(variant with the paper's prefetch, the same kernel without it) for each such pair among
-    `variants`: what the paper's end-to-end claim compares."""
+def prefetch_pairs(variants, lever: str = "+prefetch") -> list[tuple[str, str]]:
+    """(variant with `lever`, the same kernel without it) for each such pair among `variants`:
+    with "+prefetch" the paper's prefetch (what the paper's end-to-end claim compares), with
+    "+ahead" the cross-kernel prefetch."""
     variants = list(variants)
-    return [(v, v.removesuffix("+prefetch")) for v in variants
-            if v.endswith("+prefetch") and v.removesuffix("+prefetch") in variants]
+    return [(v, v.removesuffix(lever)) for v in variants
+            if v.endswith(lever) and v.removesuffix(lever) in variants]
+
+
+def base_variant(variant: str) -> str | None:
+    """The variant that `variant` adds a lever (LEVERS) to; None for one that adds none."""
+    return next((variant.removesuffix(lever) for lever in LEVERS if variant.endswith(lever)),
+                None)
 
 
 def steady_steps(step_ms: list[float]) -> list[float]:
@@ -178,6 +195,16 @@ def random_prompts(model: ModelConfig, batch: int, length: int) -> list[list[int
     return torch.randint(0, model.vocab_size, (batch, length), generator=gen).tolist()
 
 
+def ahead_bytes(args, roofline_gbps: float, batch: int) -> int:
+    """The "+ahead" variants' kvlab.LLM ahead_bytes: --ahead-bytes, else the step model's size
+    for this batch at the run's copy roofline (kvlab.predict.step.ahead_size)."""
+    if args.ahead_bytes is not None:
+        return args.ahead_bytes
+    from kvlab.predict.step import ahead_size, fit_step_model
+
+    return ahead_size(fit_step_model(), roofline_gbps, batch)
+
+
 def _row(name, variant, batch, args, rounds, prefill_ms, roofline_ms) -> dict:
     """A result row from `rounds`, each round's every step (ms)."""
     steady = [steady_steps(steps) for steps in rounds]
@@ -193,16 +220,17 @@ def _row(name, variant, batch, args, rounds, prefill_ms, roofline_ms) -> dict:
 
 def _in_turn(label: str, prompts, rounds: int, runners: dict,
              warmup_rounds: int = WARMUP_ROUNDS, clock=time.perf_counter, sync=None) -> dict:
-    """{variant: (each round's steps, every prefill, each round's wall ms)}: each runner of
-    prompts, in turn, first `warmup_rounds` times untimed (CUDA graphs captured, torch.compile
-    run, caches allocated: none of it in a timed step), then `rounds` times over. A round's
-    wall time is the runner's whole call, from `sync()` (default torch.cuda.synchronize) and
-    `clock()` (s) before it to the same after: what its steps and prefill must fit in."""
+    """{variant: (each round's steps, every prefill, each round's wall ms, each round's tokens
+    where the runner gives them)}: each runner of prompts, in turn, first `warmup_rounds` times
+    untimed (CUDA graphs captured, torch.compile run, caches allocated: none of it in a timed
+    step), then `rounds` times over. A round's wall time is the runner's whole call, from
+    `sync()` (default torch.cuda.synchronize) and `clock()` (s) before it to the same after:
+    what its steps and prefill must fit in."""
     if sync is None:
         import torch
 
         sync = torch.cuda.synchronize
-    runs = {variant: ([], [], []) for variant in runners}
+    runs = {variant: ([], [], [], []) for variant in runners}
     for turn in range(warmup_rounds + rounds):
         timed = turn >= warmup_rounds
         for variant, runner in runners.items():
@@ -210,27 +238,30 @@ def _in_turn(label: str, prompts, rounds: int, runners: dict,
             print(f"{label} {what}: {variant}", file=sys.stderr)
             sync()
             start = clock()
-            steps, prefills = runner(prompts)
+            steps, prefills, *tokens = runner(prompts)
             sync()
             if timed:
                 runs[variant][0].append(steps)
                 runs[variant][1].extend(prefills)
                 runs[variant][2].append(1e3 * (clock() - start))
+                runs[variant][3].extend(tokens)
     return runs
 
 
-def _kvlab_runners(name: str, weights, num_blocks: int, args) -> dict:
+def _kvlab_runners(name: str, weights, num_blocks: int, args, ahead: int) -> dict:
     """A runner per variant of args.variants: LLMs on `weights`, with caches of `num_blocks`,
-    one per layout (variants that differ in prefetch alone share it)."""
+    one per layout (variants that differ in prefetch alone share it); the "+ahead" ones with
+    ahead_bytes=ahead."""
     import kvlab
     from kvlab.engine.runner import cache_layout
 
     first_of_layout, runners = {}, {}
     for variant in args.variants:
-        kernel, prefetch = VARIANTS[variant]
+        kernel, prefetch, with_ahead = VARIANTS[variant]
+        levers = {"prefetch": prefetch, "ahead_bytes": ahead if with_ahead else 0}
         first = first_of_layout.get(cache_layout(kernel))
-        llm = (first.with_attention(kernel, prefetch=prefetch, share_cache=True) if first
-               else kvlab.LLM(name, attention=kernel, prefetch=prefetch, num_blocks=num_blocks,
+        llm = (first.with_attention(kernel, **levers, share_cache=True) if first
+               else kvlab.LLM(name, attention=kernel, **levers, num_blocks=num_blocks,
                               weights=weights, tensor_parallel=args.tp > 1,
                               async_decode=args.async_decode))
         first_of_layout.setdefault(cache_layout(kernel), llm)
@@ -239,12 +270,20 @@ def _kvlab_runners(name: str, weights, num_blocks: int, args) -> dict:
 
 
 def _kvlab_runner(llm, new_tokens: int):
-    """prompts -> (each decode step's ms, each prompt's prefill pass's ms) of llm.generate."""
+    """prompts -> (each decode step's ms, each prompt's prefill pass's ms, the tokens) of
+    llm.generate."""
     def run(prompts):
         out = llm.generate(prompts, new_tokens, ignore_eos=True)
-        return out.step_ms, out.prefill_ms
+        return out.step_ms, out.prefill_ms, out.tokens
 
     return run
+
+
+def same_tokens(runs: dict) -> dict[str, bool]:
+    """{variant: whether every timed round gave its base variant's tokens} for each variant of
+    `runs` (`_in_turn`'s) that adds a lever to one also run (`base_variant`)."""
+    return {variant: runs[variant][3] == runs[base][3] for variant in runs
+            if (base := base_variant(variant)) in runs and runs[variant][3]}
 
 
 class HFRunner:
@@ -346,7 +385,7 @@ def run(args) -> dict | None:
               "warmup_rounds": WARMUP_ROUNDS,
               "hf_compile": args.hf_compile if args.hf and world == 1 else None,
               "roofline_copy_gbps": round(copy_roofline_gbps(timer), 1), "rows": [],
-              "serving": [], "tp": world}
+              "skipped": [], "serving": [], "tp": world}
     if world > 1:
         result["tp_note"] = ("one process per GPU; rank 0's steps and roofline (its shard of "
                              "the weights and of the K, V); no HF peer")
@@ -367,25 +406,35 @@ def run(args) -> dict | None:
             prompts = random_prompts(model, batch, args.prompt)
             roofline_ms = step_bytes(local, weights, batch, context) / gbps / 1e6
             blocks = ceil_div(batch * (args.prompt + args.new_tokens), 16) + 16
-            runs = _in_turn(f"{name} batch={batch}", prompts, args.rounds,
-                            _kvlab_runners(name, weights, blocks, args))
+            ahead = ahead_bytes(args, gbps, batch)
+            try:
+                runners = _kvlab_runners(name, weights, blocks, args, ahead)
+            except ValueError as error:  # only num_blocks differs by batch: the memory
+                result["skipped"].append({"model": name, "batch": batch, "reason": str(error)})
+                print(f"{name} batch={batch} skipped: {error}", file=sys.stderr)
+                continue
+            runs = _in_turn(f"{name} batch={batch}", prompts, args.rounds, runners)
+            equal = same_tokens(runs)
             torch.cuda.empty_cache()  # the variants' caches, before HF's static cache
             compiled = {variant: False for variant in runs}  # kvlab: CUDA graphs, no compile
             if hf is not None:
                 hf_runners = hf_variants(hf, args.new_tokens, args.hf_compile)
                 runs |= _in_turn(f"{name} batch={batch}", prompts, args.rounds, hf_runners)
                 compiled |= {variant: runner.compiled for variant, runner in hf_runners.items()}
-            for variant, (rounds, prefills, walls) in runs.items():
+            for variant, (rounds, prefills, walls, _) in runs.items():
+                levers = {"ahead_bytes": ahead} if variant in AHEAD_VARIANTS else {}
+                if variant in equal:
+                    levers["same_tokens"] = equal[variant]
                 result["rows"].append({**_row(name, variant, batch, args, rounds,
                                               statistics.median(prefills), roofline_ms),
                                        "round_wall_ms": [round(t, 3) for t in walls],
-                                       "compiled": compiled[variant], "tp": world})
+                                       "compiled": compiled[variant], "tp": world, **levers})
             if rank == 0:
                 write_checkpoint(args.checkpoint, result)
         del weights, hf
         torch.cuda.empty_cache()
         if args.serve_rates:
-            kernel, prefetch = VARIANTS[args.serve_variant]
+            kernel, prefetch, _ = VARIANTS[args.serve_variant]
             llm = kvlab.LLM(name, attention=kernel, prefetch=prefetch,
                             tensor_parallel=world > 1, async_decode=args.async_decode)
             for rate in args.serve_rates:
@@ -431,6 +480,8 @@ def report(result: dict) -> str:
         lines.append(f"{r['model']:12} {r['variant']:17} {r['batch']:>4} {r['step_ms']:>9.2f} "
                      f"{r['tokens_per_s']:>8.0f} {r['roofline_ms']:>11.2f} "
                      f"{r['ratio_to_roofline']:>10.2f} {versus:>7}")
+    for skip in result.get("skipped", []):
+        lines.append(f"{skip['model']} batch {skip['batch']} skipped: {skip['reason']}")
     for s in result.get("serving", []):
         lines.append(f"{s['model']} serving {s['requests']} requests at {s['rate']:g}/s "
                      f"({s['variant']}): {s['output_tokens_per_s']:,.0f} output tokens/s, "

@@ -11,12 +11,23 @@ launch's correlation id (`split_steps`). The last --steps steps are kept. Each s
 
 The last step is kept whole, kernel by kernel. Beside each trace go the step's bytes at the copy
 roofline, measured in the same run, and the idle budget that kvlab.predict.step models for it.
+With --ahead-bytes, each point is traced once per size given, on the same weights and prompts
+(0: without the cross-kernel prefetch; kvlab.LLM's ahead_bytes), each with the step modelled at
+that size.
+
+With --counters, Nsight Compute also profiles one decode step at each point and size
+(kvlab.bench.stepcounters: every kernel's L2 load hits, one kernel after another, nothing flushed
+between them). The row's `counters` keep every kernel's, and per GEMM of a layer (and the LM
+head) the median share of its loaded bytes that hit L2 beside the share the prefetch brings by
+kvlab.predict.step.ahead_hits: the L2 side of the cross-kernel prefetch, checked.
 The trace checks that model: HBM also idles inside a kernel (its ramp and tail), so the gaps are
 a lower bound of the idle time.
 """
 
 from __future__ import annotations
 
+import itertools
+import shutil
 import statistics
 import sys
 
@@ -74,6 +85,33 @@ def kineto_events(prof) -> list[dict]:
     return found
 
 
+def step_counters(model: str, batch: int, ahead_bytes: int, kernels: list[dict]) -> dict:
+    """A step's ncu rows (kvlab.bench.stepcounters.step_rows) with its GEMMs set beside the step
+    model's: {"kernels", "gemms": per GEMM name in step order {"name", "load_hit_share" (the
+    median over the layers of the share of its loads' bytes that hit L2), "prefetched_share"
+    (kvlab.predict.step.ahead_hits' bytes over the weight's)} or None where ncu's GEMMs are not
+    the model's in number, "note"}."""
+    from kvlab.predict.step import ahead_hits
+
+    modelled = ahead_hits(model, batch, ahead_bytes)
+    gemms = [k for k in kernels if k["is_gemm"]]
+    found = {"kernels": kernels, "gemms": None, "note": None}
+    if len(gemms) != len(modelled):
+        found["note"] = (f"ncu gave {len(gemms)} GEMM kernels, the step model "
+                         f"{len(modelled)}: not paired")
+        return found
+    by_name: dict[str, list] = {}
+    for (name, weight, prefetched), kernel in zip(modelled, gemms, strict=True):
+        entry = by_name.setdefault(name, {"name": name, "shares": [],
+                                          "prefetched_share": prefetched / weight})
+        if kernel["load_hit_share"] is not None:
+            entry["shares"].append(kernel["load_hit_share"])
+    found["gemms"] = [{"name": e["name"], "prefetched_share": e["prefetched_share"],
+                       "load_hit_share": statistics.median(e["shares"]) if e["shares"] else None}
+                      for e in by_name.values()]
+    return found
+
+
 def check(args) -> None:
     """Raise ValueError unless this machine can run the benchmark."""
     from kvlab.device import backend
@@ -88,6 +126,8 @@ def check(args) -> None:
     if args.steps >= args.new_tokens:
         raise ValueError(f"--steps {args.steps}: must be fewer than --new-tokens "
                          f"{args.new_tokens} (the first steps warm up)")
+    if args.counters and shutil.which("ncu") is None:
+        raise ValueError("--counters needs Nsight Compute: ncu not found on PATH")
     if backend() != "cuda":
         raise ValueError("python -m kvlab bench steptrace needs a CUDA GPU usable through "
                          "torch and CuPy (kvlab.backend() is 'sim' here)")
@@ -110,6 +150,7 @@ def run(args) -> dict:
     import kvlab
     from kvlab.arith import ceil_div
     from kvlab.bench.e2e import random_prompts
+    from kvlab.bench.stepcounters import StepSpec, measure_step
     from kvlab.engine.weights import ModelWeights
     from kvlab.predict.step import fit_step_model, step_anatomy
     from kvlab.timing import Timer, copy_roofline_gbps
@@ -125,10 +166,10 @@ def run(args) -> dict:
                              "per_sequence_us": fit.per_sequence_us}, "rows": []}
     for name in args.models:
         weights = ModelWeights.random(MODELS[name], 0, torch.float16, "cuda")
-        for batch in args.batches:
-            print(f"{name} batch={batch}", file=sys.stderr)
-            llm = kvlab.LLM(name, attention="gqa", weights=weights, num_blocks=batch * ceil_div(
-                args.prompt + args.new_tokens, 16) + 16)
+        for batch, ahead in itertools.product(args.batches, args.ahead_bytes):
+            print(f"{name} batch={batch} ahead_bytes={ahead}", file=sys.stderr)
+            llm = kvlab.LLM(name, attention="gqa", weights=weights, ahead_bytes=ahead,
+                            num_blocks=batch * ceil_div(args.prompt + args.new_tokens, 16) + 16)
             steps = _trace(llm, random_prompts(MODELS[name], batch, args.prompt),
                            args.new_tokens)
             kept = steps[-args.steps:]
@@ -136,9 +177,10 @@ def run(args) -> dict:
                 raise RuntimeError(f"{name} batch={batch}: no decode step ran as a CUDA graph")
             summaries = [step_summary(s) for s in kept]
             last, context = kept[-1], args.prompt + args.new_tokens - args.steps / 2
-            modelled = step_anatomy(name, batch, context, result["roofline_copy_gbps"], fit)
+            modelled = step_anatomy(name, batch, context, result["roofline_copy_gbps"], fit,
+                                    ahead)
             result["rows"].append({
-                "model": name, "batch": batch, "prompt": args.prompt,
+                "model": name, "batch": batch, "ahead_bytes": ahead, "prompt": args.prompt,
                 "new_tokens": args.new_tokens, "steps": summaries,
                 **{key: statistics.median(s[key] for s in summaries)
                    for key in ("num_kernels", "span_us", "busy_us", "gap_us")},
@@ -146,19 +188,40 @@ def run(args) -> dict:
                 "modelled_step_us": modelled["step_us"],
                 "kernels": [{"name": k["name"], "start_us": k["start_us"] - last[0]["start_us"],
                              "dur_us": k["dur_us"]} for k in last]})
+            if args.counters:
+                result["rows"][-1]["counters"] = step_counters(
+                    name, batch, ahead, measure_step(StepSpec(name, batch, args.prompt, ahead),
+                                                     timeout_s=args.timeout))
             del llm
             torch.cuda.empty_cache()
     return result
 
 
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
 def report(result: dict) -> str:
     lines = [f"{result.get('gpu', 'GPU')}: one decode step of kvlab.LLM (gqa, CUDA graphs), "
              f"traced; copy roofline {result['roofline_copy_gbps']:,.0f} GB/s",
-             f"{'model':12} {'B':>4} {'kernels':>8} {'span ms':>8} {'busy ms':>8} {'gaps ms':>8} "
-             f"{'roofline':>9} {'modelled idle':>14}"]
+             f"{'model':12} {'B':>4} {'ahead MB':>8} {'kernels':>8} {'span ms':>8} "
+             f"{'busy ms':>8} {'gaps ms':>8} {'roofline':>9} {'modelled idle':>14}"]
     for r in result["rows"]:
-        lines.append(f"{r['model']:12} {r['batch']:>4} {r['num_kernels']:>8.0f} "
+        lines.append(f"{r['model']:12} {r['batch']:>4} {r.get('ahead_bytes', 0) / 1e6:>8.1f} "
+                     f"{r['num_kernels']:>8.0f} "
                      f"{r['span_us'] / 1e3:>8.3f} {r['busy_us'] / 1e3:>8.3f} "
                      f"{r['gap_us'] / 1e3:>8.3f} {r['roofline_us'] / 1e3:>9.3f} "
                      f"{r['modelled_idle_us'] / 1e3:>14.3f}")
+    for r in result["rows"]:
+        counters = r.get("counters")
+        if counters is None:
+            continue
+        head = f"{r['model']} batch={r['batch']} ahead_bytes={r.get('ahead_bytes', 0):,}"
+        if counters["gemms"] is None:
+            lines.append(f"{head}: {counters['note']}")
+            continue
+        shares = ", ".join(f"{g['name']} {_share(g['load_hit_share'])} "
+                           f"({_share(g['prefetched_share'])})" for g in counters["gemms"])
+        lines.append(f"{head}: GEMM loads hitting L2, ncu (the prefetch's share, modelled): "
+                     f"{shares}")
     return "\n".join(lines)

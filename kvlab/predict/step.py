@@ -19,7 +19,16 @@ constants explain the rest of a recorded step:
 `fit_step_model` fits them by least squares to the H200's end-to-end recordings (the steps of
 the engine with `gqa`, kvlab.results.E2E) and checks them on each model left out of the fit.
 The overheads of a step's kernels are its idle budget, an estimate of what prefetching the next
-kernel's operands into L2 across kernel boundaries (issue 52) could win back.
+kernel's operands into L2 across kernel boundaries could win back.
+
+That prefetch is `kvlab.LLM(ahead_bytes=...)` (kvlab.model.layer.Ahead): kvlab's kernels
+before each GEMM bring its weight's first bytes into L2. `ahead_size` sizes it to one kernel's
+overhead at the copy roofline: the bytes HBM could move while it idles. `step_anatomy` with
+`ahead_bytes` gives the step it bounds: each GEMM that some kernel before it prefetches for
+(`AHEAD_COVERED`) starts on min(ahead_bytes, its weight) of L2 hits, and its overhead shrinks
+by the time HBM would take to move them, at most the whole overhead. A bound, not a
+measurement: it assumes the prefetch moves its bytes while HBM idles and that the GEMM then
+reads them at no cost.
 """
 
 from __future__ import annotations
@@ -32,13 +41,19 @@ import numpy as np
 from kvlab.config import MODELS, ModelConfig
 from kvlab.results import E2E, load_result
 
-__all__ = ["StepModel", "fit_step_model", "step_anatomy", "step_kernels"]
+__all__ = ["StepModel", "ahead_hits", "ahead_size", "fit_step_model", "step_anatomy",
+           "step_kernels"]
 
 VARIANT = "gqa"  # the decode kernel whose steps the model is fitted on
 ITEM = 2  # bytes of an fp16 weight, activation or K/V element
 # kvlab.kernels.layer_ops.LINEAR_ROWS (not imported here: it loads torch): up to this batch the
 # engine's linears run on layer_ops' weight-streaming kernel
 STREAMING_ROWS = 2
+# the GEMMs whose weight kvlab's kernels before them prefetch with ahead_bytes (Ahead): at a
+# streaming batch each linear the next one's, the attention norm QKV's and the final norm the LM
+# head's; above it the norms and SwiGLU's product, W_O's none (the attention kernel before it)
+AHEAD_COVERED = {True: ("qkv", "w_o", "gate + up", "down", "lm head"),
+                 False: ("qkv", "gate + up", "down", "lm head")}
 
 
 @dataclass(frozen=True)
@@ -98,28 +113,87 @@ def step_kernels(model: str, batch: int, context: float) -> list[tuple[str, floa
         ("lm head", ITEM * m.vocab_size * h + act * (h + m.vocab_size))]
 
 
-def step_anatomy(model: str, batch: int, context: float, roofline_gbps: float,
-                 fit: StepModel) -> dict:
-    """One step modelled: {"kernels": per kernel name, in step order, {"name", "count" (a
-    step's launches of it), "roofline_us" (its bytes at the copy roofline), "idle_us" (count x
-    the overhead at this batch)}, "per_sequence_us", "roofline_us", "idle_us", "step_us"} (all
-    over the whole step). Raises ValueError as `step_kernels`, for a roofline that is not a
-    number > 0, and for a fit that is not a StepModel."""
-    roofline_gbps = _check_number("roofline_gbps", roofline_gbps)
+def _check_ahead(ahead_bytes) -> None:
+    if isinstance(ahead_bytes, bool) or not isinstance(ahead_bytes, int) or ahead_bytes < 0:
+        raise ValueError(f"ahead_bytes={ahead_bytes!r}: must be an int >= 0")
+
+
+def _check_fit(fit) -> StepModel:
     if not isinstance(fit, StepModel):
         raise ValueError(f"fit={fit!r}: must be a StepModel (fit_step_model)")
+    return fit
+
+
+def ahead_size(fit: StepModel, roofline_gbps: float, batch: int = 1) -> int:
+    """The cross-kernel prefetch's size (kvlab.LLM's ahead_bytes) for steps of `batch`
+    sequences: what HBM moves at `roofline_gbps` (GB/s) in one kernel's fitted overhead,
+    rounded down to 16-byte granules. Raises ValueError as `step_anatomy`."""
+    roofline_gbps = _check_number("roofline_gbps", roofline_gbps)
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch={batch!r}: must be an int >= 1")
+    fit = _check_fit(fit)
+    overhead = fit.streaming_overhead_us if batch <= STREAMING_ROWS else fit.overhead_us
+    return int(overhead * roofline_gbps * 1e3) // 16 * 16
+
+
+def step_anatomy(model: str, batch: int, context: float, roofline_gbps: float,
+                 fit: StepModel, ahead_bytes: int = 0) -> dict:
+    """One step modelled: {"kernels": per kernel name, in step order, {"name", "count" (a
+    step's launches of it), "roofline_us" (its bytes at the copy roofline), "idle_us" (count x
+    the overhead at this batch, less what ahead_bytes hides), "hidden_us" (what it hides)},
+    "per_sequence_us", "roofline_us", "idle_us", "hidden_us", "step_us"} (all over the whole
+    step; the step without hidden_us). ahead_bytes: the cross-kernel prefetch's bound (the
+    module's docstring), 0 without. Raises ValueError as
+    `step_kernels`, for a roofline that is not a number > 0, a fit that is not a StepModel and
+    ahead_bytes that is not an int >= 0."""
+    roofline_gbps = _check_number("roofline_gbps", roofline_gbps)
+    fit = _check_fit(fit)
+    _check_ahead(ahead_bytes)
+    overhead = fit.streaming_overhead_us if batch <= STREAMING_ROWS else fit.overhead_us
+    covered = AHEAD_COVERED[batch <= STREAMING_ROWS] if ahead_bytes else ()
+    weights = _weight_bytes(model)
     kernels: dict[str, dict] = {}
     for name, nbytes in step_kernels(model, batch, context):
         k = kernels.setdefault(name, {"name": name, "count": 0, "roofline_us": 0.0,
-                                      "idle_us": 0.0})
+                                      "idle_us": 0.0, "hidden_us": 0.0})
         k["count"] += 1
         k["roofline_us"] += nbytes / roofline_gbps / 1e3
-        k["idle_us"] += fit.streaming_overhead_us if batch <= STREAMING_ROWS else fit.overhead_us
+        hidden = (min(overhead, min(ahead_bytes, weights[name]) / roofline_gbps / 1e3)
+                  if name in covered else 0.0)
+        k["idle_us"] += overhead - hidden
+        k["hidden_us"] += hidden
     per_sequence = fit.per_sequence_us * batch * MODELS[model].num_layers
-    roofline = sum(k["roofline_us"] for k in kernels.values())
-    idle = sum(k["idle_us"] for k in kernels.values())
+    roofline, idle, hidden = (sum(k[key] for k in kernels.values())
+                              for key in ("roofline_us", "idle_us", "hidden_us"))
     return {"kernels": list(kernels.values()), "per_sequence_us": per_sequence,
-            "roofline_us": roofline, "idle_us": idle, "step_us": roofline + idle + per_sequence}
+            "roofline_us": roofline, "idle_us": idle, "hidden_us": hidden,
+            "step_us": roofline + idle + per_sequence}
+
+
+GEMMS = ("qkv", "w_o", "gate + up", "down")  # a layer's GEMMs, in step order
+
+
+def ahead_hits(model: str, batch: int, ahead_bytes: int) -> list[tuple[str, int, int]]:
+    """(name, weight bytes, bytes the cross-kernel prefetch brings into L2 before it) of each
+    GEMM of one decode step of `model` at `batch` sequences, in step order (GEMMS a layer, then
+    the LM head): min(ahead_bytes, the weight) where a kernel before it prefetches for it at
+    this batch (AHEAD_COVERED), else 0. Raises ValueError as `step_kernels`, and for
+    ahead_bytes that is not an int >= 0."""
+    step_kernels(model, batch, 1)  # (its checks)
+    _check_ahead(ahead_bytes)
+    weights = _weight_bytes(model)
+    covered = AHEAD_COVERED[batch <= STREAMING_ROWS]
+    names = list(GEMMS) * MODELS[model].num_layers + ["lm head"]
+    return [(n, weights[n], min(ahead_bytes, weights[n]) if n in covered else 0) for n in names]
+
+
+def _weight_bytes(model: str) -> dict[str, int]:
+    """The bytes of the weight each GEMM of a step of `model` streams, by kernel name."""
+    m = MODELS[model]
+    h = m.hidden_size
+    return {"qkv": ITEM * (m.q_size + 2 * m.kv_size) * h, "w_o": ITEM * h * m.q_size,
+            "gate + up": ITEM * 2 * m.intermediate_size * h,
+            "down": ITEM * h * m.intermediate_size, "lm head": ITEM * m.vocab_size * h}
 
 
 def _points(results) -> list[dict]:

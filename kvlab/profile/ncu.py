@@ -131,13 +131,14 @@ def check_refusal(text: str) -> None:
                             f"may not read them): {PERMISSION_HELP}", "refused")
 
 
-def parse(text: str, kernel: str = "the kernel filter", expected: int = 1) -> list[dict]:
+def parse(text: str, kernel: str = "the kernel filter", expected: int | None = 1,
+          metrics: dict = METRICS) -> list[dict]:
     """The counters of each profiled launch from ncu's `--csv --page raw` output (its header row
     of metric names, its units row, then one row per profiled launch; ncu's own "==PROF==" lines
-    among them): [{"kernel_name": ..., column: value in our units for each column of METRICS}],
-    in launch order. `kernel` names the filter in errors. Raises CountersError for a refusal,
-    other than `expected` launches, and a metric missing, not a number or in a unit not in
-    UNITS."""
+    among them): [{"kernel_name": ..., column: value in our units for each column of
+    `metrics`}] (METRICS' form), in launch order. `kernel` names the filter in errors. Raises
+    CountersError for a refusal, other than `expected` launches (None: any number but none),
+    and a metric missing, not a number or in a unit not in UNITS."""
     check_refusal(text)
     rows = list(csv.reader(line for line in text.splitlines() if line.startswith('"')))
     start = next((i for i, row in enumerate(rows) if row[:1] == ["ID"] and "Kernel Name" in row),
@@ -150,7 +151,7 @@ def parse(text: str, kernel: str = "the kernel filter", expected: int = 1) -> li
     if len(units) != len(header):
         raise CountersError(f"ncu's CSV units row has {len(units)} fields, its header "
                             f"{len(header)}", "output")
-    if len(launches) != expected:
+    if expected is not None and len(launches) != expected:
         raise CountersError(f"ncu profiled {len(launches)} launches matching {kernel}; "
                             f"expected {expected}", "output")
     unit_of = dict(zip(header, units, strict=True))
@@ -161,7 +162,7 @@ def parse(text: str, kernel: str = "the kernel filter", expected: int = 1) -> li
                                 f"its header {len(header)}", "output")
         values = dict(zip(header, launch, strict=True))
         row = {"kernel_name": values["Kernel Name"]}
-        for column, (metric, kind) in METRICS.items():
+        for column, (metric, kind) in metrics.items():
             row[column] = _value(metric, values, unit_of, UNITS[kind])
         found.append(row)
     return found
@@ -197,16 +198,7 @@ def measure_many(specs: list[KernelSpec], *, timeout_s: float = DEFAULT_TIMEOUT_
     if not isinstance(specs, list) or not specs or not all(
             isinstance(s, KernelSpec) for s in specs):
         raise ValueError(f"specs={specs!r}: must be a non-empty list of KernelSpec")
-    check_real("timeout_s", timeout_s, 0, MAX_TIMEOUT_S, open_min=True)
-    path = shutil.which(ncu)
-    if path is None:
-        raise CountersError(f"ncu not found on PATH (ncu={ncu!r}): install Nsight Compute, or "
-                            "pass ncu= the path of its ncu", "not_found")
-    returncode, out, err = _run(command(specs, path), timeout_s)
-    check_refusal(out + err)
-    if returncode != 0:
-        raise CountersError(f"ncu exited with status {returncode}: {_last_words(out, err)}",
-                            "failed")
+    out, err = run_ncu(lambda path: command(specs, path), timeout_s, ncu)
     rows = parse(out, kernel_filter(specs), expected=len(specs))
     used = [line.removeprefix(SMS_MARKER).split() for line in err.splitlines()
             if line.startswith(SMS_MARKER)]
@@ -216,6 +208,23 @@ def measure_many(specs: list[KernelSpec], *, timeout_s: float = DEFAULT_TIMEOUT_
                             f"<SMs>' per spec on stderr: {_last_words(out, err)}", "failed")
     return [{**asdict(spec), "num_sms_used": int(u[1]), **row}
             for spec, u, row in zip(specs, used, rows, strict=True)]
+
+
+def run_ncu(command_of, timeout_s: float, ncu: str) -> tuple[str, str]:
+    """(stdout, stderr) of the ncu command `command_of(ncu's path)`, run by `_run`. Raises
+    ValueError for a timeout_s out of range, before anything runs, and CountersError where ncu
+    is missing, refuses the counters, runs past timeout_s or exits with an error."""
+    check_real("timeout_s", timeout_s, 0, MAX_TIMEOUT_S, open_min=True)
+    path = shutil.which(ncu)
+    if path is None:
+        raise CountersError(f"ncu not found on PATH (ncu={ncu!r}): install Nsight Compute, or "
+                            "pass ncu= the path of its ncu", "not_found")
+    returncode, out, err = _run(command_of(path), timeout_s)
+    check_refusal(out + err)
+    if returncode != 0:
+        raise CountersError(f"ncu exited with status {returncode}: {_last_words(out, err)}",
+                            "failed")
+    return out, err
 
 
 def measure(spec: KernelSpec, *, timeout_s: float = DEFAULT_TIMEOUT_S, ncu: str = "ncu") -> dict:

@@ -24,6 +24,18 @@ def test_steady_steps_start_where_two_successive_steps_agree_within_5_percent():
     assert steady_steps([5.0]) == [5.0]
 
 
+def test_each_lever_is_compared_with_its_base_variants_tokens():
+    from kvlab.bench.e2e import base_variant, same_tokens
+
+    assert [base_variant(v) for v in VARIANTS] == [None, "vllm_v1", None, "gqa", "gqa"]
+    assert base_variant(HF_VARIANT) is None
+    runs = {"gqa": ([], [], [], [[1, 2]]), "gqa+ahead": ([], [], [], [[1, 2]]),
+            "gqa+prefetch": ([], [], [], [[1, 3]]), "vllm_v1+prefetch": ([], [], [], [[1]]),
+            HF_VARIANT: ([], [], [], [])}
+    assert same_tokens(runs) == {"gqa+ahead": True, "gqa+prefetch": False}
+    assert prefetch_pairs(VARIANTS, "+ahead") == [("gqa+ahead", "gqa")]
+
+
 def test_prefetch_pairs_each_variant_with_its_kernel_alone():
     assert prefetch_pairs([*VARIANTS, HF_VARIANT]) == [("vllm_v1+prefetch", "vllm_v1"),
                                                        ("gqa+prefetch", "gqa")]
@@ -90,6 +102,10 @@ def test_a_small_run_times_every_variant_and_hf(tmp_path):
             assert sum(steps) + r["prefill_ms"] >= 0.5 * wall, (r["variant"], wall)
         # the timed steps exclude the warm-up: none near a compile's (some 1000x a step)
         assert max(r["step_ms_runs"][r["steady_from"]:]) < 10 * r["step_ms"]
+    for r in rows:  # the cross-kernel prefetch changes no token
+        assert (r.get("ahead_bytes", 0) > 0) is (r["variant"] == "gqa+ahead")
+        assert r.get("same_tokens") is (True if r["variant"].endswith(("+ahead", "+prefetch"))
+                                        else None)
     # a bigger batch decodes more tokens a second on the same model
     by = {(r["variant"], r["batch"]): r["tokens_per_s"] for r in rows}
     assert all(by[v, 3] > by[v, 1] for v in (*VARIANTS, HF_VARIANT))
@@ -257,7 +273,8 @@ def test_warm_up_runs_are_untimed_and_a_compile_never_counts_as_steady():
     assert hf[HF_VARIANT].compiled is True
     args = SimpleNamespace(prompt=2, new_tokens=6)
     for variant, step in (("gqa", 8.0), (HF_VARIANT, FakeHF.STEP_MS)):
-        rounds, prefills, walls = runs[variant]
+        rounds, prefills, walls, tokens = runs[variant]
+        assert tokens == []  # neither runner gives its tokens
         assert len(rounds) == len(walls) == 2
         assert all(max(steps) == pytest.approx(step) for steps in rounds)  # no compile, no capture
         for steps, wall in zip(rounds, walls, strict=True):

@@ -42,11 +42,45 @@ def test_a_step_summary_counts_the_gaps_between_kernels_once():
     (["--models", "opt-6.7b"], "--models opt-6.7b: the step model"),
     (["--steps", "40", "--new-tokens", "32"], "--steps 40: must be fewer than --new-tokens 32"),
     (["--prompt", "8000", "--models", "llama2-7b"], "beyond llama2-7b's context limit"),
+    (["--ahead-bytes", "1e6"], "argument --ahead-bytes: '1e6': must be an integer in [0, "),
+    (["--counters", "--models", "tiny-llama", "--prompt", "16"],
+     "--counters needs Nsight Compute: ncu not found on PATH"),
 ])
 def test_bad_options_are_refused_before_anything_runs(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["bench", "steptrace", *argv])
     assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_counters_pair_each_gemm_with_the_prefetch_the_model_gives_it():
+    """tiny-llama (2 layers) at batch 1: its 9 GEMMs in ncu's order paired with the step
+    model's; the layers' medians per GEMM; a count that differs is said, not paired."""
+    from kvlab.config import MODELS
+    from kvlab.predict.step import ahead_hits
+
+    layers = MODELS["tiny-llama"].num_layers
+    modelled = ahead_hits("tiny-llama", 1, 4096)
+    gemms = [{"kernel_name": f"linear {i}", "is_gemm": True, "load_hit_share": 0.1 * (i % 4)}
+             for i in range(len(modelled))]
+    rows = [{"kernel_name": "norm", "is_gemm": False, "load_hit_share": 1.0}, *gemms]
+    found = steptrace.step_counters("tiny-llama", 1, 4096, rows)
+    assert found["kernels"] == rows and found["note"] is None
+    assert [g["name"] for g in found["gemms"]] == ["qkv", "w_o", "gate + up", "down", "lm head"]
+    assert [g["load_hit_share"] for g in found["gemms"]][:4] == pytest.approx(
+        [0.0, 0.1, 0.2, 0.3])
+    assert all(g["prefetched_share"] == pytest.approx(min(4096, w) / w)
+               for g, (_, w, _) in zip(found["gemms"], modelled[:4] + modelled[-1:],
+                                       strict=True))
+    assert len(modelled) == 4 * layers + 1
+    short = steptrace.step_counters("tiny-llama", 1, 4096, rows[:-1])
+    assert short["gemms"] is None
+    assert short["note"] == f"ncu gave {len(modelled) - 1} GEMM kernels, the step model " \
+                            f"{len(modelled)}: not paired"
+    report = steptrace.report({"gpu": "G", "roofline_copy_gbps": 1.0, "rows": [
+        {"model": "tiny-llama", "batch": 1, "ahead_bytes": 4096, "num_kernels": 12,
+         "span_us": 1.0, "busy_us": 1.0, "gap_us": 0.0, "roofline_us": 1.0,
+         "modelled_idle_us": 1.0, "counters": found}]})
+    assert "GEMM loads hitting L2, ncu (the prefetch's share, modelled): qkv 0% (" in report
 
 
 def test_without_a_gpu_it_says_so(monkeypatch, capsys):
@@ -59,11 +93,16 @@ def test_without_a_gpu_it_says_so(monkeypatch, capsys):
 @pytest.mark.gpu
 def test_a_tiny_models_steps_are_traced_kernel_by_kernel():
     args = parse(["bench", "steptrace", "--models", "tiny-llama", "--batches", "2",
-                  "--prompt", "16", "--new-tokens", "12", "--steps", "4"])
+                  "--prompt", "16", "--new-tokens", "12", "--steps", "4",
+                  "--ahead-bytes", "0", "65536"])
     steptrace.check(args)
     result = steptrace.run(args)
-    (row,) = result["rows"]
-    assert len(row["steps"]) == 4 and row["num_kernels"] >= 8
-    assert 0 < row["busy_us"] <= row["span_us"] and row["gap_us"] >= 0
-    assert row["kernels"][0]["start_us"] == 0
+    without, ahead = result["rows"]
+    assert (without["ahead_bytes"], ahead["ahead_bytes"]) == (0, 65536)
+    for row in (without, ahead):
+        assert len(row["steps"]) == 4 and row["num_kernels"] >= 8
+        assert 0 < row["busy_us"] <= row["span_us"] and row["gap_us"] >= 0
+        assert row["kernels"][0]["start_us"] == 0
+    assert ahead["num_kernels"] == without["num_kernels"]  # the prefetch launches nothing
+    assert ahead["modelled_idle_us"] < without["modelled_idle_us"]
     assert "tiny-llama" in steptrace.report(result)

@@ -6,6 +6,8 @@ import pytest
 from kvlab.config import MODELS
 from kvlab.predict.step import (
     StepModel,
+    ahead_hits,
+    ahead_size,
     fit_step_model,
     step_anatomy,
     step_kernels,
@@ -78,6 +80,39 @@ def test_the_anatomy_adds_up_and_grows_as_it_should():
     assert many["per_sequence_us"] == pytest.approx(64 * one["per_sequence_us"])
 
 
+def test_the_cross_kernel_prefetch_hides_each_covered_gemms_overhead_at_most():
+    """ahead_size is one kernel's overhead at the roofline; with it, each GEMM a kernel before
+    it prefetches for (all five at a streaming batch, W_O not above it) loses its whole
+    overhead; with less, the part its bytes take at the roofline; with more, no more."""
+    fit = StepModel(2.0, 3.0, 0.25, 0, 0.0, 0.0)
+    assert ahead_size(fit, 4000.0) == 8_000_000 and ahead_size(fit, 4000.0, 64) == 12_000_000
+    assert ahead_size(fit, 4000.0 + 1e-9) % 16 == 0
+    # the covered GEMMs of a step: QKV, W_O, gate + up and down a layer and the LM head at
+    # batch 1; W_O not at batch 64
+    for batch, gemms, overhead in ((1, 4 * 32 + 1, 2.0), (64, 3 * 32 + 1, 3.0)):
+        plain = step_anatomy("llama3-8b", batch, 640, 4000.0, fit)
+        size = ahead_size(fit, 4000.0, batch)
+        full = step_anatomy("llama3-8b", batch, 640, 4000.0, fit, size)
+        assert plain["idle_us"] - full["idle_us"] == pytest.approx(overhead * gemms)
+        assert step_anatomy("llama3-8b", batch, 640, 4000.0, fit, 10 * size)[
+            "idle_us"] == pytest.approx(full["idle_us"])
+        half = step_anatomy("llama3-8b", batch, 640, 4000.0, fit, size // 2)
+        assert plain["idle_us"] - half["idle_us"] == pytest.approx(overhead * gemms / 2, rel=1e-6)
+        w_o = {k["name"]: k for k in full["kernels"]}["w_o"]
+        assert (w_o["idle_us"] == 0) is (batch == 1)
+
+
+def test_each_gemm_gets_the_prefetch_of_the_kernel_before_it():
+    one, many = ahead_hits("llama3-8b", 1, 8 << 20), ahead_hits("llama3-8b", 64, 8 << 20)
+    assert [n for n, _, _ in one[:5]] == ["qkv", "w_o", "gate + up", "down", "qkv"]
+    assert len(one) == len(many) == 4 * 32 + 1 and one[-1][0] == "lm head"
+    assert one[0] == ("qkv", 2 * 6144 * 4096, 8 << 20)
+    assert [p for _, _, p in many[:4]] == [8 << 20, 0, 8 << 20, 8 << 20]  # W_O: none above 2
+    assert all(p == w for _, w, p in ahead_hits("llama3-8b", 1, 1 << 30))  # whole weights
+    with pytest.raises(ValueError, match="ahead_bytes=-5: must be an int >= 0"):
+        ahead_hits("llama3-8b", 1, -5)
+
+
 @pytest.mark.parametrize("args, message", [
     (("opt-6.7b", 1, 10), "model='opt-6.7b': must be a Llama or Qwen2 preset"),
     (("gpt-5", 1, 10), "model='gpt-5'"),
@@ -93,6 +128,14 @@ def test_bad_input_is_refused_by_name(args, message):
 
 
 def test_the_anatomy_refuses_a_bad_roofline_or_fit_and_the_fit_needs_two_models():
+    fit = StepModel(2.0, 3.0, 0.25, 0, 0.0, 0.0)
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ValueError, match=rf"ahead_bytes={bad!r}: must be an int >= 0"):
+            step_anatomy("llama3-8b", 1, 640, 4000.0, fit, bad)
+    with pytest.raises(ValueError, match=r"batch=0: must be an int >= 1"):
+        ahead_size(fit, 4000.0, 0)
+    with pytest.raises(ValueError, match=r"fit='x': must be a StepModel"):
+        ahead_size("x", 4000.0)
     with pytest.raises(ValueError, match=r"roofline_gbps=-1: must be a finite number > 0"):
         step_anatomy("llama3-8b", 1, 640, -1, StepModel(2.0, 3.0, 0.25, 0, 0.0, 0.0))
     with pytest.raises(ValueError, match=r"fit=None: must be a StepModel"):

@@ -40,7 +40,7 @@ from kvlab.panels.widgets import (
     show_figure,
 )
 from kvlab.predict.point import launch_point
-from kvlab.predict.step import STREAMING_ROWS, fit_step_model, step_anatomy
+from kvlab.predict.step import STREAMING_ROWS, ahead_size, fit_step_model, step_anatomy
 from kvlab.results import E2E, label, load_result, load_shown, recorded_models
 from kvlab.viz.e2e import (
     TITLES,
@@ -117,6 +117,8 @@ class EndToEndTab:
             "gpu": gpu_control(gpu),
             "batch": labeled(widgets.Dropdown, "batch", options=batches,
                              value=batch if batch in batches else batches[-1]),
+            "ahead": labeled(widgets.Checkbox, "cross-kernel prefetch (modelled bound)",
+                             value=False, indent=False),
         }
         if self.backend == "cuda":  # for Generate
             self.controls["new_tokens"] = labeled(widgets.BoundedIntText, "new tokens",
@@ -130,7 +132,7 @@ class EndToEndTab:
         if self.backend == "cuda":
             self.generate_button = widgets.Button(description="Generate", button_style="primary")
             self.generate_button.on_click(self.generate)
-        for name in ("model", "gpu", "batch"):
+        for name in ("model", "gpu", "batch", "ahead"):
             self.controls[name].observe(self.refresh, names="value")
         buttons = [self.generate_button] if self.generate_button is not None else []
         self.widget = widgets.VBox([control_grid(list(self.controls.values())),
@@ -292,20 +294,28 @@ class EndToEndTab:
                       f"{fit.per_sequence_us:.2f} us a sequence and layer, fitted on the "
                       f"{GPUS[REFERENCE].name}'s steps (within {fit.held_out_error:.0%} on "
                       "models left out)")
+        ahead = ahead_size(fit, gbps, batch) if self.controls["ahead"].value else 0
         try:
-            anatomy = step_anatomy(model, batch, prompt + new_tokens / 2, gbps, fit)
+            anatomy = step_anatomy(model, batch, prompt + new_tokens / 2, gbps, fit, ahead)
         except ValueError as error:
             show_figure(self.figures["anatomy"], note_figure(title, "not modelled",
                                                              note_text(str(error)), height))
             return [html.escape(f"Step anatomy: {error}")]
         show_figure(self.figures["anatomy"], anatomy_figure(anatomy, title, provenance,
                                                             recorded, height))
-        return [html.escape(
+        lines = [
             f"Idle budget (modelled): {anatomy['idle_us'] / 1e3:.2f} ms of a "
             f"{anatomy['step_us'] / 1e3:.2f} ms step, "
             f"{anatomy['idle_us'] / anatomy['step_us']:.0%}: HBM idles between and around "
             "the kernels, an estimate of what prefetching the next kernel's operands into L2 "
-            "could win back (modelled, not traced kernel by kernel)")]
+            "could win back (modelled, not traced kernel by kernel)"]
+        if ahead:
+            lines.append(
+                f"Cross-kernel prefetch (kvlab.LLM(ahead_bytes={ahead:,})): at most "
+                f"{anatomy['hidden_us'] / 1e3:.2f} ms of idle hidden, the kernels before each "
+                f"covered GEMM bringing its first {ahead / 2**20:.1f} MiB into L2 "
+                "(a modelled bound, not measured: docs/end-to-end.md)")
+        return list(map(html.escape, lines))
 
     def _modelled(self, model: str, batch: int, gpu: str, rows: list[dict]
                   ) -> tuple[list[dict], dict[int, str], list[str]]:
@@ -315,7 +325,7 @@ class EndToEndTab:
         cannot = {}
         for variant in dict.fromkeys(r["variant"] for r in rows):
             if variant in VARIANTS:  # HF's static cache: any GPU
-                kernel, prefetch = VARIANTS[variant]
+                kernel, prefetch, _ = VARIANTS[variant]
                 try:
                     launch_point(model, 1, 1, family=kernel, prefetch=prefetch, gpu_key=gpu)
                 except ValueError as error:

@@ -35,7 +35,8 @@ TITLES = {"throughput": "Decode throughput: {model}",
           "anatomy": "Where a step's HBM idles: {model}, batch {batch}"}
 # the anatomy's segments: (key of kvlab.predict.step.step_anatomy's kernels, legend, colour)
 ANATOMY_PARTS = (("roofline_us", "HBM busy: the kernel's bytes at the copy roofline", "#2ca02c"),
-                 ("idle_us", "HBM idle (fitted): gaps, ramps and tails", "#d62728"))
+                 ("idle_us", "HBM idle (fitted): gaps, ramps and tails", "#d62728"),
+                 ("hidden_us", "idle the cross-kernel prefetch would hide (bound)", "#c7c7c7"))
 
 
 def modelled_rows(rows: list[dict], run_gbps: dict[str, float], gpu: str
@@ -167,7 +168,8 @@ def steps_figure(step_ms: dict[str, list[float]], title: str, provenance: str,
 def anatomy_figure(anatomy: dict, title: str, provenance: str, recorded_ms: float | None = None,
                    height: int = 360) -> go.Figure:
     """A decode step kernel by kernel (`kvlab.predict.step.step_anatomy`): per kernel, over the
-    whole step, the time HBM is busy with its bytes and the time it idles around it; a last bar
+    whole step, the time HBM is busy with its bytes and the time it idles around it (and, with
+    the cross-kernel prefetch, the idle time it would hide, past the step's end); a last bar
     for the step, with the per-sequence work; and a line at `recorded_ms`, the step recorded at
     that point. Raises ValueError for an anatomy without kernels or a step of time, or a
     `recorded_ms` that is not a finite number > 0."""
@@ -182,14 +184,20 @@ def anatomy_figure(anatomy: dict, title: str, provenance: str, recorded_ms: floa
     step = "whole step"
     fig = go.Figure()
     base = [0.0] * (len(kernels) + 1)  # each segment starts where the one before it ends
+    per_sequence = [0.0] * len(kernels) + [anatomy["per_sequence_us"]]
     for key, legend, color in ANATOMY_PARTS:
+        if key == "hidden_us":  # the step's own time first: the per-sequence work
+            fig.add_bar(y=[step], x=[per_sequence[-1] / 1e3], base=[base[-1]],
+                        orientation="h", name="per-sequence work beyond the bytes",
+                        marker_color="#ff7f0e")
+            base = [b + w / 1e3 for b, w in zip(base, per_sequence, strict=True)]
+            if not anatomy.get(key):  # no prefetch: nothing hidden
+                continue
         x = [k[key] / 1e3 for k in kernels] + [anatomy[key] / 1e3]
         fig.add_bar(y=[*names, step], x=x, base=list(base), name=legend, orientation="h",
-                    marker_color=color)
+                    marker_color=color,
+                    marker_pattern_shape="/" if key == "hidden_us" else "")
         base = [b + w for b, w in zip(base, x, strict=True)]
-    fig.add_bar(y=[step], x=[anatomy["per_sequence_us"] / 1e3], base=[base[-1]],
-                orientation="h", name="per-sequence work beyond the bytes",
-                marker_color="#ff7f0e")
     if recorded_ms is not None:
         fig.add_vline(x=recorded_ms, line=dict(color="black", dash="dash", width=1))
         fig.add_scatter(x=[None], y=[None], mode="lines", name=f"recorded step "

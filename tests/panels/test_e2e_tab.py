@@ -318,6 +318,28 @@ def test_the_step_anatomy_shows_where_hbm_idles_beside_the_recorded_step(tab):
     assert "Idle budget (modelled)" in tab.status.value
 
 
+def test_the_cross_kernel_prefetch_hides_idle_time_in_the_anatomy(tab):
+    """The check box draws the prefetch's modelled bound: the idle each covered GEMM would
+    lose, hatched past the step, the step itself that much shorter, and says it is a bound."""
+    from kvlab.predict.step import ahead_size, fit_step_model
+
+    gbps, fit = load_result("h200", "e2e")["roofline_copy_gbps"], fit_step_model()
+    before = tab.figures["anatomy"].figure.data
+    tab.controls["ahead"].value = True
+    busy, idle, per_sequence, hidden, recorded = tab.figures["anatomy"].figure.data
+    assert hidden.name.startswith("idle the cross-kernel prefetch would hide")
+    assert hidden.marker.pattern.shape == "/"
+    names = list(hidden.y)
+    assert hidden.x[names.index("w_o x32")] == 0  # batch 64: the attention kernel before W_O
+    assert hidden.x[names.index("qkv x32")] > 0 and hidden.x[-1] == pytest.approx(
+        sum(hidden.x[:-1]))
+    assert idle.x[-1] + hidden.x[-1] == pytest.approx(before[1].x[-1])  # what it takes off
+    assert f"ahead_bytes={ahead_size(fit, gbps, 64):,}" in html.unescape(tab.status.value)
+    assert "a modelled bound, not measured" in tab.status.value
+    tab.controls["ahead"].value = False
+    assert len(tab.figures["anatomy"].figure.data) == len(before)
+
+
 def test_the_step_anatomy_says_why_where_it_cannot_model(monkeypatch):
     monkeypatch.setenv("KVLAB_BACKEND", "sim")
     monkeypatch.setattr(module, "fit_step_model",

@@ -15,7 +15,7 @@
 // which checks shapes, strides and alignment before launching.
 
 #include "dtypes.cuh"
-#include "prefetch.cuh"
+#include "prefetch_ahead.cuh"
 
 namespace kvlab {
 
@@ -48,8 +48,8 @@ __device__ float cta_sum(float value) {
 //   out[row] = weight * T(h * rsqrt(mean(h^2) + eps))      (HF's LlamaRMSNorm: two roundings)
 // Rows are contiguous, `hidden` a multiple of VEC; each thread keeps VECS vectors of its row in
 // registers, so hidden <= VECS * VEC * blockDim.x. Pointers 16-byte aligned.
-// ahead, ahead_bytes: the cross-kernel prefetch (prefetch.cuh; off with ahead_bytes 0): the
-// CTAs' first warps bring the first ahead_bytes at `ahead` (the next GEMM's weight) into L2,
+// ahead, ahead_bytes: the cross-kernel prefetch (prefetch_ahead.cuh; off with ahead_bytes 0):
+// the CTAs' first warps bring the first ahead_bytes at `ahead` (the next GEMM's weight) into L2,
 // an equal share each, as the kernel starts.
 template <typename T, int VECS>
 __global__ void rms_norm(T* __restrict__ out, T* __restrict__ sum, const T* __restrict__ a,

@@ -8,10 +8,6 @@
 //            The address must be 16-byte aligned and the size a multiple of 16 bytes.
 //   PF_LINE  prefetch.global.L2: one instruction per 128-byte line, spread over the lanes.
 //
-// prefetch_share_l2 is the cross-kernel prefetch of layer_ops.cu: the CTAs of a kernel each bring
-// a share of the next kernel's first operand bytes into L2 over a warp's lanes, so that the next
-// kernel starts on L2 hits.
-//
 // EVICT_LAST marks the prefetched lines evict-last: for the bulk form through an L2 cache policy
 // (createpolicy.fractional.L2::evict_last + .L2::cache_hint), for the line form through the
 // prefetch.global.L2::evict_last variant.
@@ -65,37 +61,6 @@ __device__ __forceinline__ void prefetch_tile_l2(const void* ptr, uint32_t bytes
       }
     }
   }
-}
-
-constexpr uint32_t PREFETCH_CHUNK_BYTES = 4096;  // one lane's bulk prefetch in prefetch_range_l2
-
-// Prefetch bytes [begin, end) at `base` into L2, chunks of PREFETCH_CHUNK_BYTES spread over the
-// `num_lanes` lanes of a warp (every lane calls it with its own `lane`). base 16-byte aligned,
-// begin and end multiples of 16. sm_90: one bulk prefetch a chunk; before, a line at a time.
-__device__ __forceinline__ void prefetch_range_l2(const void* base, uint64_t begin, uint64_t end,
-                                                  int lane, int num_lanes) {
-  const char* bytes = static_cast<const char*>(base);
-  for (uint64_t off = begin + static_cast<uint64_t>(lane) * PREFETCH_CHUNK_BYTES; off < end;
-       off += static_cast<uint64_t>(num_lanes) * PREFETCH_CHUNK_BYTES) {
-    const uint32_t size = static_cast<uint32_t>(
-        end - off < PREFETCH_CHUNK_BYTES ? end - off : PREFETCH_CHUNK_BYTES);
-#if __CUDA_ARCH__ >= 900
-    prefetch_tile_l2<PF_BULK, false>(bytes + off, size, 0, 1, 0);
-#else
-    prefetch_tile_l2<PF_LINE, false>(bytes + off, size, 0, 1, 0);
-#endif
-  }
-}
-
-// The share of CTA `cta` of `ctas` in the first `bytes` at `base` (bytes a multiple of 16): equal
-// shares in 16-byte granules, the last ones shorter or empty; prefetched into L2 over the lanes
-// of the calling warp (every lane calls it).
-__device__ __forceinline__ void prefetch_share_l2(const void* base, long long bytes,
-                                                  long long cta, long long ctas, int lane) {
-  if (bytes <= 0 || cta < 0 || cta >= ctas) return;
-  const long long share = (bytes / 16 + ctas - 1) / ctas * 16;
-  const long long begin = cta * share, end = begin + share < bytes ? begin + share : bytes;
-  if (begin < end) prefetch_range_l2(base, begin, end, lane, 32);
 }
 
 }  // namespace kvlab

@@ -43,8 +43,8 @@ COMPONENTS: dict[str, tuple[str, ...]] = {
     "flashinfer": ("kvlab/kernels/flashinfer_peer.py",),  # the adapter; its wheel pinned there
     "numba": ("kernels/prefetch_numba.cu", "kvlab/kernels/numba_decode.py"),
     "read": ("kernels/read_bytes.cu", "kernels/timeline.cuh", "kvlab/kernels/read.py"),
-    "layer_ops": _in("kernels", "layer_ops.cu", "dtypes.cuh", "prefetch.cuh")
-    + ("kvlab/kernels/layer_ops.py",),
+    "layer_ops": _in("kernels", "layer_ops.cu", "dtypes.cuh", "prefetch.cuh",
+                     "prefetch_ahead.cuh") + ("kvlab/kernels/layer_ops.py",),
     "green": ("kernels/sm_ids.cu", "kvlab/kernels/green.py"),
     "tracer": ("kernels/timeline.cuh", "kvlab/kernels/timeline.py"),
     # The decode plan: geometry, the split, the family chosen, the prefetch, the loader

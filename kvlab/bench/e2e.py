@@ -162,6 +162,9 @@ def check(args) -> None:
         if args.prompt + args.new_tokens > MODELS[name].max_position:
             raise ValueError(f"--prompt {args.prompt} + --new-tokens {args.new_tokens}: beyond "
                              f"{name}'s context limit of {MODELS[name].max_position}")
+    if args.ahead_bytes is not None and not set(args.variants) & set(AHEAD_VARIANTS):
+        raise ValueError(f"--ahead-bytes {args.ahead_bytes}: sizes the +ahead variants "
+                         f"({', '.join(AHEAD_VARIANTS)}), and --variants has none")
     if args.tp > 1:
         from kvlab.engine.tp import shard_config
 
@@ -370,6 +373,7 @@ def run(args) -> dict | None:
     import torch
 
     import kvlab
+    from kvlab.cache.paged_cache import DoesNotFit
     from kvlab.engine import tp
     from kvlab.engine.weights import ModelWeights
     from kvlab.timing import Timer, copy_roofline_gbps
@@ -406,10 +410,11 @@ def run(args) -> dict | None:
             prompts = random_prompts(model, batch, args.prompt)
             roofline_ms = step_bytes(local, weights, batch, context) / gbps / 1e6
             blocks = ceil_div(batch * (args.prompt + args.new_tokens), 16) + 16
-            ahead = ahead_bytes(args, gbps, batch)
+            ahead = (ahead_bytes(args, gbps, batch)
+                     if set(args.variants) & set(AHEAD_VARIANTS) else 0)
             try:
                 runners = _kvlab_runners(name, weights, blocks, args, ahead)
-            except ValueError as error:  # only num_blocks differs by batch: the memory
+            except DoesNotFit as error:  # the caches of this batch and prompt
                 result["skipped"].append({"model": name, "batch": batch, "reason": str(error)})
                 print(f"{name} batch={batch} skipped: {error}", file=sys.stderr)
                 continue
@@ -479,7 +484,9 @@ def report(result: dict) -> str:
         versus = f"{base / r['step_ms']:.2f}x" if base and r["variant"] not in peers else "-"
         lines.append(f"{r['model']:12} {r['variant']:17} {r['batch']:>4} {r['step_ms']:>9.2f} "
                      f"{r['tokens_per_s']:>8.0f} {r['roofline_ms']:>11.2f} "
-                     f"{r['ratio_to_roofline']:>10.2f} {versus:>7}")
+                     f"{r['ratio_to_roofline']:>10.2f} {versus:>7}"
+                     + ("  TOKENS DIFFER from " + base_variant(r["variant"])
+                        if r.get("same_tokens") is False else ""))
     for skip in result.get("skipped", []):
         lines.append(f"{skip['model']} batch {skip['batch']} skipped: {skip['reason']}")
     for s in result.get("serving", []):

@@ -18,7 +18,9 @@ DRAM's bytes read, and the duration. Each row also says whether the kernel is a 
 step (`is_gemm`: layer_ops' linear or cuBLAS's; cuBLAS's split-K reduction is not) and the
 share of its loads' bytes that hit L2. ncu runs the kernels one after another, so every
 prefetch has finished before the next kernel starts: the hits are what the prefetch brings
-when it is in time, an upper bound of what it brings in the timed step.
+when it is in time, an upper bound of what it brings in the timed step. Whether ncu counts a
+kernel's own bulk prefetches among its loads' sectors is not known here: a kernel's
+l2_read_bytes with and without the prefetch tell (they would differ by its prefetched bytes).
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ from kvlab.profile.ncu import DEFAULT_TIMEOUT_S, METRICS, parse, run_ncu
 
 STEP_METRICS = {column: METRICS[column] for column in (
     "l2_read_bytes", "l2_read_hit_bytes", "dram_read_bytes", "duration_us")}
-GEMM = re.compile(r"kvlab::linear<|gemm|gemv", re.IGNORECASE)  # a step's GEMM kernels
+# a step's GEMM kernels as ncu names them (the function's name, no namespace): layer_ops'
+# `void linear<...>(...)`; cuBLAS's gemm and gemv kernels, and Hopper's nvjet ones
+GEMM = re.compile(r"\blinear<|gemm|gemv|nvjet", re.IGNORECASE)
 NOT_GEMM = re.compile(r"splitKreduce|reduce_kernel", re.IGNORECASE)  # cuBLAS's epilogues
 
 
@@ -80,7 +84,7 @@ def command(spec: StepSpec, ncu: str = "ncu") -> list[str]:
 
 def is_gemm(kernel_name: str) -> bool:
     """Whether ncu's kernel name is one of a step's GEMMs (layer_ops' linear, cuBLAS's GEMM or
-    GEMV), not cuBLAS's split-K reduction."""
+    GEMV), not cuBLAS's split-K reduction (GEMM)."""
     return bool(GEMM.search(kernel_name)) and not NOT_GEMM.search(kernel_name)
 
 

@@ -85,15 +85,16 @@ def kineto_events(prof) -> list[dict]:
     return found
 
 
-def step_counters(model: str, batch: int, ahead_bytes: int, kernels: list[dict]) -> dict:
+def step_counters(model: str, batch: int, context: float, ahead_bytes: int,
+                  kernels: list[dict]) -> dict:
     """A step's ncu rows (kvlab.bench.stepcounters.step_rows) with its GEMMs set beside the step
     model's: {"kernels", "gemms": per GEMM name in step order {"name", "load_hit_share" (the
     median over the layers of the share of its loads' bytes that hit L2), "prefetched_share"
-    (kvlab.predict.step.ahead_hits' bytes over the weight's)} or None where ncu's GEMMs are not
-    the model's in number, "note"}."""
+    (kvlab.predict.step.ahead_hits' bytes over the weight's, at `context` tokens)} or None where
+    ncu's GEMMs are not the model's in number, "note"}."""
     from kvlab.predict.step import ahead_hits
 
-    modelled = ahead_hits(model, batch, ahead_bytes)
+    modelled = ahead_hits(model, batch, context, ahead_bytes)
     gemms = [k for k in kernels if k["is_gemm"]]
     found = {"kernels": kernels, "gemms": None, "note": None}
     if len(gemms) != len(modelled):
@@ -110,6 +111,20 @@ def step_counters(model: str, batch: int, ahead_bytes: int, kernels: list[dict])
                        "load_hit_share": statistics.median(e["shares"]) if e["shares"] else None}
                       for e in by_name.values()]
     return found
+
+
+def _profiled(name: str, batch: int, ahead: int, args) -> dict:
+    """`step_counters` of one step profiled by ncu after a prompt of args.prompt tokens, or
+    {"error": why ncu gave none} (the other points still run)."""
+    from kvlab.bench.stepcounters import StepSpec, measure_step
+    from kvlab.profile import CountersError
+
+    try:
+        rows = measure_step(StepSpec(name, batch, args.prompt, ahead), timeout_s=args.timeout)
+    except CountersError as error:
+        print(f"{name} batch={batch} ahead_bytes={ahead}: no counters: {error}", file=sys.stderr)
+        return {"error": str(error)}
+    return step_counters(name, batch, args.prompt + 2, ahead, rows)  # (its second step)
 
 
 def check(args) -> None:
@@ -150,7 +165,6 @@ def run(args) -> dict:
     import kvlab
     from kvlab.arith import ceil_div
     from kvlab.bench.e2e import random_prompts
-    from kvlab.bench.stepcounters import StepSpec, measure_step
     from kvlab.engine.weights import ModelWeights
     from kvlab.predict.step import fit_step_model, step_anatomy
     from kvlab.timing import Timer, copy_roofline_gbps
@@ -188,12 +202,10 @@ def run(args) -> dict:
                 "modelled_step_us": modelled["step_us"],
                 "kernels": [{"name": k["name"], "start_us": k["start_us"] - last[0]["start_us"],
                              "dur_us": k["dur_us"]} for k in last]})
-            if args.counters:
-                result["rows"][-1]["counters"] = step_counters(
-                    name, batch, ahead, measure_step(StepSpec(name, batch, args.prompt, ahead),
-                                                     timeout_s=args.timeout))
             del llm
-            torch.cuda.empty_cache()
+            torch.cuda.empty_cache()  # the profiled process makes caches of its own
+            if args.counters:
+                result["rows"][-1]["counters"] = _profiled(name, batch, ahead, args)
     return result
 
 
@@ -217,8 +229,8 @@ def report(result: dict) -> str:
         if counters is None:
             continue
         head = f"{r['model']} batch={r['batch']} ahead_bytes={r.get('ahead_bytes', 0):,}"
-        if counters["gemms"] is None:
-            lines.append(f"{head}: {counters['note']}")
+        if counters.get("gemms") is None:
+            lines.append(f"{head}: {counters.get('note') or counters.get('error')}")
             continue
         shares = ", ".join(f"{g['name']} {_share(g['load_hit_share'])} "
                            f"({_share(g['prefetched_share'])})" for g in counters["gemms"])

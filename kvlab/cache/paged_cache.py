@@ -343,10 +343,15 @@ def _free_bytes(device: torch.device) -> int | None:
     return None
 
 
+class DoesNotFit(ValueError):
+    """`check_fits`'s refusal: what an argument sizes needs more than the device has free."""
+
+
 def check_fits(what: str, num_bytes: int, device: torch.device) -> None:
-    """ValueError unless `num_bytes` fit in the free memory of `device` (where that is known).
-    what: the argument and the tensors it sizes, e.g. "num_blocks=8: the K/V tensors"."""
+    """DoesNotFit (a ValueError) unless `num_bytes` fit in the free memory of `device` (where
+    that is known). what: the argument and the tensors it sizes, e.g. "num_blocks=8: the K/V
+    tensors"."""
     num_free = _free_bytes(device)
     if num_free is not None and num_bytes > num_free:
-        raise ValueError(f"{what} need {num_bytes:,} bytes, but {device} has {num_free:,} bytes "
+        raise DoesNotFit(f"{what} need {num_bytes:,} bytes, but {device} has {num_free:,} bytes "
                          "free")

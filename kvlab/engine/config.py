@@ -45,7 +45,8 @@ class EngineConfig:
         ahead_bytes: the cross-kernel L2 prefetch of a decode step (kvlab.model.layer.Ahead):
             kvlab's kernels before each GEMM (the linears' last waves, the RMSNorms, SwiGLU's
             product) bring this many of its weight's first bytes into L2; an integer in
-            [0, MAX_AHEAD_BYTES], default 0 (off). On a GPU, with the paged cache.
+            [0, MAX_AHEAD_BYTES], default 0 (off). With a CUDA attention (the paged cache on
+            a GPU).
         dtype: of the weights and the cache; default fp16 on a GPU, fp32 on the CPU.
         device: default "cuda" when kvlab.backend() is "cuda", else "cpu".
         seed: of the random weights (and the default of generate's sampling seed), an
@@ -165,9 +166,10 @@ class EngineConfig:
         if attention in ("vllm_v1", "gqa") and not cuda:
             raise ValueError(f"attention={attention!r}: the CUDA kernels need device='cuda' (here "
                              f"{self.device}); attention='reference' runs anywhere")
-        if self.ahead_bytes and not cuda:
+        if self.ahead_bytes and attention not in ("auto", "vllm_v1", "gqa"):  # ("auto": a GPU)
             raise ValueError(f"ahead_bytes={self.ahead_bytes}: the cross-kernel prefetch runs in "
-                             f"the GPU's linears; needs device='cuda' (here {self.device}), or 0")
+                             "the kernels of a GPU step in fp16 or bf16; needs a CUDA attention "
+                             f"(here {attention!r} on {self.device}), or 0")
         if prefetch is not None and (attention == "reference" or
                                      not isinstance(prefetch, PrefetchConfig)):
             raise ValueError(f"prefetch={prefetch!r}: must be None, or a PrefetchConfig with a "

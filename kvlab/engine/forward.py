@@ -22,7 +22,15 @@ from kvlab.config import ModelConfig
 from kvlab.engine.weights import OPT_POSITION_OFFSET, ModelWeights
 from kvlab.kernels import layer_ops
 from kvlab.model.attention import SDPA_BACKENDS
-from kvlab.model.layer import Ahead, layer_head, layer_tail, linear, project_qkv, qkv_heads
+from kvlab.model.layer import (
+    Ahead,
+    layer_head,
+    layer_tail,
+    linear,
+    prefetch_args,
+    project_qkv,
+    qkv_heads,
+)
 from kvlab.model.norm import norm
 from kvlab.model.rope import RopeTable
 from kvlab.model.weights import Fused, LayerWeights
@@ -49,11 +57,11 @@ def logits(model: ModelConfig, w: ModelWeights, hidden: torch.Tensor,
            ahead_bytes: int = 0) -> torch.Tensor:
     """Logits [n, vocab_size] of the last layer's hidden states [n, hidden_size], in the weights'
     dtype (as HF's models return them): greedy sampling takes their argmax as they are, and
-    only sampling at a temperature converts them to fp32. ahead_bytes: the final norm brings
-    the LM head's first bytes into L2 (kvlab.model.layer.Ahead)."""
-    normed = norm(model, hidden, w.norm_weight, w.norm_bias, ahead=w.lm_head,
-                  ahead_bytes=ahead_bytes)
-    return linear(normed, w.lm_head)
+    only sampling at a temperature converts them to fp32. ahead_bytes: above
+    layer_ops.LINEAR_ROWS rows the final norm brings the LM head's first bytes into L2
+    (kvlab.model.layer.Ahead; up to it the last layer's W_down does)."""
+    ahead = prefetch_args(ahead_bytes, w.lm_head) if hidden.shape[0] > layer_ops.LINEAR_ROWS else {}
+    return linear(norm(model, hidden, w.norm_weight, w.norm_bias, **ahead), w.lm_head)
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

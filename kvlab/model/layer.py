@@ -34,13 +34,14 @@ from kvlab.model.weights import Fused, LayerWeights
 class Ahead:
     """The cross-kernel L2 prefetch of a decode step: the first `nbytes` of each GEMM's weight
     brought into L2 by kvlab kernels that run before it (`layer_ops`' `ahead`):
-    - each linear of layer_ops (steps of at most LINEAR_ROWS rows), as its grid drains, the
-      next linear's: QKV -> W_O -> gate and up -> W_down -> `after` (the next layer's QKV, or
-      the LM head);
-    - the RMSNorm kernels as they start, the GEMM after them: the attention norm QKV's, the
-      MLP norm gate and up's; and SwiGLU's product kernel (larger steps) W_down's.
-    W_O's, at steps that cuBLAS runs, has none: the attention kernel runs before it. A hint:
-    torch's ops run without it and nothing computed changes."""
+    - at steps of at most layer_ops.LINEAR_ROWS rows, each linear of layer_ops, as its grid
+      drains, the next linear's: QKV -> W_O -> gate and up -> W_down -> `after` (the next
+      layer's QKV, or the LM head);
+    - at larger steps (cuBLAS's GEMMs), the RMSNorm kernels as they start, the GEMM after them
+      (the attention norm QKV's, the MLP norm gate and up's, the final norm the LM head's), and
+      SwiGLU's product kernel W_down's. W_O's has none: the attention kernel runs before it.
+    A hint: torch's ops run without it, a weight the kernels cannot prefetch (`prefetch_args`)
+    is left out, and nothing computed changes."""
 
     nbytes: int
     after: torch.Tensor
@@ -66,7 +67,7 @@ def project_qkv(model: ModelConfig, w: LayerWeights, hidden: torch.Tensor, fused
     """The attention input X [batch, hidden_size] of hidden, and its Q, K, V projections in one
     GEMM: [batch, q_size + 2 kv_size] (before RoPE); with `ahead`, W_O's first bytes prefetched
     into L2 as it drains."""
-    x = attention_input(model, w.attn, hidden, **_ahead(ahead, fused.qkv))
+    x = attention_input(model, w.attn, hidden, **_ahead(ahead, fused.qkv, gemm_rows=hidden))
     return x, linear(x, fused.qkv, fused.b_qkv, **_ahead(ahead, w.attn.w_o))
 
 
@@ -93,7 +94,7 @@ def layer_tail(model: ModelConfig, w: LayerWeights, hidden: torch.Tensor,
     gate_up = w.w_up if w.w_gate is None else w.w_gate if fused is None else fused.gate_up
     o = linear(attn, w.attn.w_o, w.b_o, **_ahead(ahead, gate_up))
     hidden, y = add_norm(model, hidden, o if reduce is None else reduce(o), w.mlp_norm_weight,
-                         w.mlp_norm_bias, **_ahead(ahead, gate_up))
+                         w.mlp_norm_bias, **_ahead(ahead, gate_up, gemm_rows=hidden))
     if w.w_gate is None:
         y = F.relu(linear(y, w.w_up, w.b_up, **_ahead(ahead, w.w_down)))
     elif fused is None:
@@ -107,9 +108,23 @@ def layer_tail(model: ModelConfig, w: LayerWeights, hidden: torch.Tensor,
     return hidden + reduce(linear(y, w.w_down, w.b_down, **after))
 
 
-def _ahead(ahead: Ahead | None, then: torch.Tensor | None) -> dict:
-    """`linear`'s prefetch arguments for a linear followed by the one of weight `then`."""
-    return {} if ahead is None else {"ahead": then, "ahead_bytes": ahead.nbytes}
+def _ahead(ahead: Ahead | None, then: torch.Tensor | None,
+           gemm_rows: torch.Tensor | None = None) -> dict:
+    """The prefetch arguments of a kernel before the GEMM of weight `then`: a linear's, or with
+    `gemm_rows` (the rows that GEMM will take) a norm's, which prefetches only where cuBLAS
+    runs the GEMMs (more than layer_ops.LINEAR_ROWS rows; up to it the linear before does)."""
+    if ahead is None or (gemm_rows is not None and gemm_rows.shape[0] <= layer_ops.LINEAR_ROWS):
+        return {}
+    return prefetch_args(ahead.nbytes, then)
+
+
+def prefetch_args(nbytes: int, then: torch.Tensor | None) -> dict:
+    """layer_ops' ahead arguments that bring the first `nbytes` of `then` into L2; none for
+    nbytes 0 or a tensor the kernels cannot prefetch (not contiguous, not 16-byte aligned:
+    layer_ops.ahead_problem), which a hint leaves out rather than refuses."""
+    if not nbytes or then is None or layer_ops.ahead_problem(then, nbytes, then.device):
+        return {}
+    return {"ahead": then, "ahead_bytes": nbytes}
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,

@@ -23,12 +23,15 @@ kernel's operands into L2 across kernel boundaries could win back.
 
 That prefetch is `kvlab.LLM(ahead_bytes=...)` (kvlab.model.layer.Ahead): kvlab's kernels
 before each GEMM bring its weight's first bytes into L2. `ahead_size` sizes it to one kernel's
-overhead at the copy roofline: the bytes HBM could move while it idles. `step_anatomy` with
-`ahead_bytes` gives the step it bounds: each GEMM that some kernel before it prefetches for
-(`AHEAD_COVERED`) starts on min(ahead_bytes, its weight) of L2 hits, and its overhead shrinks
-by the time HBM would take to move them, at most the whole overhead. A bound, not a
-measurement: it assumes the prefetch moves its bytes while HBM idles and that the GEMM then
-reads them at no cost.
+overhead at the copy roofline: the bytes HBM could move while it idles. `ahead_hits` says what
+each GEMM of a step finds in L2: min(ahead_bytes, its weight) where a kernel before it
+prefetches for it (`AHEAD_COVERED`), and the lines survive what is read in between. Only W_O's
+prefetch has much in between: at most STREAMING_ROWS sequences the QKV linear issues it, and
+the attention then reads the layer's K/V; it counts only where those bytes and the prefetch's
+fit in L2 together. `step_anatomy` with `ahead_bytes` gives the step it bounds: each GEMM's
+overhead shrinks by the time HBM would take to move its prefetched bytes, at most the whole
+overhead. A bound, not a measurement: it assumes the prefetch moves its bytes while HBM idles
+and that the GEMM then reads them at no cost.
 """
 
 from __future__ import annotations
@@ -38,7 +41,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvlab.checks import check_int
 from kvlab.config import MODELS, ModelConfig
+from kvlab.gpus import GPUS, REFERENCE
 from kvlab.results import E2E, load_result
 
 __all__ = ["StepModel", "ahead_hits", "ahead_size", "fit_step_model", "step_anatomy",
@@ -50,10 +55,11 @@ ITEM = 2  # bytes of an fp16 weight, activation or K/V element
 # engine's linears run on layer_ops' weight-streaming kernel
 STREAMING_ROWS = 2
 # the GEMMs whose weight kvlab's kernels before them prefetch with ahead_bytes (Ahead): at a
-# streaming batch each linear the next one's, the attention norm QKV's and the final norm the LM
-# head's; above it the norms and SwiGLU's product, W_O's none (the attention kernel before it)
+# streaming batch each linear the next one's (W_O's across the attention); above it the norms
+# for QKV, gate and up and the LM head, SwiGLU's product for down, W_O's none
 AHEAD_COVERED = {True: ("qkv", "w_o", "gate + up", "down", "lm head"),
                  False: ("qkv", "gate + up", "down", "lm head")}
+GEMMS = ("qkv", "w_o", "gate + up", "down")  # a layer's GEMMs, in step order
 
 
 @dataclass(frozen=True)
@@ -113,11 +119,6 @@ def step_kernels(model: str, batch: int, context: float) -> list[tuple[str, floa
         ("lm head", ITEM * m.vocab_size * h + act * (h + m.vocab_size))]
 
 
-def _check_ahead(ahead_bytes) -> None:
-    if isinstance(ahead_bytes, bool) or not isinstance(ahead_bytes, int) or ahead_bytes < 0:
-        raise ValueError(f"ahead_bytes={ahead_bytes!r}: must be an int >= 0")
-
-
 def _check_fit(fit) -> StepModel:
     if not isinstance(fit, StepModel):
         raise ValueError(f"fit={fit!r}: must be a StepModel (fit_step_model)")
@@ -126,40 +127,39 @@ def _check_fit(fit) -> StepModel:
 
 def ahead_size(fit: StepModel, roofline_gbps: float, batch: int = 1) -> int:
     """The cross-kernel prefetch's size (kvlab.LLM's ahead_bytes) for steps of `batch`
-    sequences: what HBM moves at `roofline_gbps` (GB/s) in one kernel's fitted overhead,
-    rounded down to 16-byte granules. Raises ValueError as `step_anatomy`."""
+    sequences: what HBM moves at `roofline_gbps` (GB/s) in one kernel's fitted overhead (none
+    where a fit's overhead is not positive), rounded down to 16-byte granules. Raises
+    ValueError as `step_anatomy`."""
     roofline_gbps = _check_number("roofline_gbps", roofline_gbps)
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise ValueError(f"batch={batch!r}: must be an int >= 1")
+    check_int("batch", batch, 1)
     fit = _check_fit(fit)
     overhead = fit.streaming_overhead_us if batch <= STREAMING_ROWS else fit.overhead_us
-    return int(overhead * roofline_gbps * 1e3) // 16 * 16
+    return max(0, int(overhead * roofline_gbps * 1e3)) // 16 * 16
 
 
 def step_anatomy(model: str, batch: int, context: float, roofline_gbps: float,
-                 fit: StepModel, ahead_bytes: int = 0) -> dict:
+                 fit: StepModel, ahead_bytes: int = 0, l2_bytes: int | None = None) -> dict:
     """One step modelled: {"kernels": per kernel name, in step order, {"name", "count" (a
     step's launches of it), "roofline_us" (its bytes at the copy roofline), "idle_us" (count x
     the overhead at this batch, less what ahead_bytes hides), "hidden_us" (what it hides)},
     "per_sequence_us", "roofline_us", "idle_us", "hidden_us", "step_us"} (all over the whole
     step; the step without hidden_us). ahead_bytes: the cross-kernel prefetch's bound (the
-    module's docstring), 0 without. Raises ValueError as
-    `step_kernels`, for a roofline that is not a number > 0, a fit that is not a StepModel and
-    ahead_bytes that is not an int >= 0."""
+    module's docstring; `ahead_hits`, on an L2 of l2_bytes), 0 without. Raises ValueError as
+    `step_kernels` and `ahead_hits`, for a roofline that is not a number > 0 and a fit that is
+    not a StepModel."""
+    kernels_of_step = step_kernels(model, batch, context)
     roofline_gbps = _check_number("roofline_gbps", roofline_gbps)
     fit = _check_fit(fit)
-    _check_ahead(ahead_bytes)
     overhead = fit.streaming_overhead_us if batch <= STREAMING_ROWS else fit.overhead_us
-    covered = AHEAD_COVERED[batch <= STREAMING_ROWS] if ahead_bytes else ()
-    weights = _weight_bytes(model)
+    prefetched = iter(p for _, _, p in ahead_hits(model, batch, context, ahead_bytes, l2_bytes))
     kernels: dict[str, dict] = {}
-    for name, nbytes in step_kernels(model, batch, context):
+    for name, nbytes in kernels_of_step:
         k = kernels.setdefault(name, {"name": name, "count": 0, "roofline_us": 0.0,
                                       "idle_us": 0.0, "hidden_us": 0.0})
         k["count"] += 1
         k["roofline_us"] += nbytes / roofline_gbps / 1e3
-        hidden = (min(overhead, min(ahead_bytes, weights[name]) / roofline_gbps / 1e3)
-                  if name in covered else 0.0)
+        hidden = (min(overhead, next(prefetched) / roofline_gbps / 1e3)
+                  if name in GEMMS or name == "lm head" else 0.0)
         k["idle_us"] += overhead - hidden
         k["hidden_us"] += hidden
     per_sequence = fit.per_sequence_us * batch * MODELS[model].num_layers
@@ -170,21 +170,27 @@ def step_anatomy(model: str, batch: int, context: float, roofline_gbps: float,
             "step_us": roofline + idle + per_sequence}
 
 
-GEMMS = ("qkv", "w_o", "gate + up", "down")  # a layer's GEMMs, in step order
-
-
-def ahead_hits(model: str, batch: int, ahead_bytes: int) -> list[tuple[str, int, int]]:
-    """(name, weight bytes, bytes the cross-kernel prefetch brings into L2 before it) of each
-    GEMM of one decode step of `model` at `batch` sequences, in step order (GEMMS a layer, then
-    the LM head): min(ahead_bytes, the weight) where a kernel before it prefetches for it at
-    this batch (AHEAD_COVERED), else 0. Raises ValueError as `step_kernels`, and for
-    ahead_bytes that is not an int >= 0."""
-    step_kernels(model, batch, 1)  # (its checks)
-    _check_ahead(ahead_bytes)
-    weights = _weight_bytes(model)
-    covered = AHEAD_COVERED[batch <= STREAMING_ROWS]
-    names = list(GEMMS) * MODELS[model].num_layers + ["lm head"]
-    return [(n, weights[n], min(ahead_bytes, weights[n]) if n in covered else 0) for n in names]
+def ahead_hits(model: str, batch: int, context: float, ahead_bytes: int,
+               l2_bytes: int | None = None) -> list[tuple[str, int, int]]:
+    """(name, weight bytes, bytes of it the cross-kernel prefetch has in L2 when it starts) of
+    each GEMM of one decode step of `model` at `batch` sequences of `context` tokens, in step
+    order (GEMMS a layer, then the LM head): min(ahead_bytes, the weight) where a kernel before
+    it prefetches for it at this batch (AHEAD_COVERED) and, for W_O, where the layer's K/V that
+    the attention reads in between fit in L2 (l2_bytes, default the H200's) beside them; else
+    0. Raises ValueError as `step_kernels`, and for ahead_bytes that is not an integer >= 0 or
+    an l2_bytes that is not one > 0."""
+    step_kernels(model, batch, context)  # (its checks)
+    check_int("ahead_bytes", ahead_bytes, 0)
+    if l2_bytes is None:
+        l2_bytes = GPUS[REFERENCE].l2_bytes
+    check_int("l2_bytes", l2_bytes, 1)
+    m, weights = MODELS[model], _weight_bytes(model)
+    covered = set(AHEAD_COVERED[batch <= STREAMING_ROWS])
+    kv_bytes = 2 * ITEM * batch * context * m.kv_size  # what the attention reads after QKV
+    if "w_o" in covered and kv_bytes + min(ahead_bytes, weights["w_o"]) > l2_bytes:
+        covered.discard("w_o")
+    return [(n, weights[n], min(int(ahead_bytes), weights[n]) if n in covered else 0)
+            for n in list(GEMMS) * m.num_layers + ["lm head"]]
 
 
 def _weight_bytes(model: str) -> dict[str, int]:

@@ -304,6 +304,26 @@ def test_hf_compile_gives_one_variant_per_setting():
         hf_variants(None, 4, "yes")
 
 
+def test_the_report_flags_a_lever_that_changed_the_tokens_and_says_what_was_skipped():
+    row = {"model": "m", "batch": 1, "roofline_ms": 1.0, "ratio_to_roofline": 1.0,
+           "step_ms": 5.0, "tokens_per_s": 200.0}
+    rows = [{**row, "variant": "gqa"}, {**row, "variant": "gqa+ahead", "same_tokens": False},
+            {**row, "variant": "gqa+prefetch", "same_tokens": True}]
+    lines = report({"gpu": "H200", "roofline_copy_gbps": 1.0, "rows": rows, "skipped": [
+        {"model": "m", "batch": 128, "reason": "num_blocks=9: the K/V tensors need 9 bytes"}]}
+    ).splitlines()
+    assert lines[3].endswith("TOKENS DIFFER from gqa")
+    assert "TOKENS" not in lines[2] + lines[4]
+    assert lines[5] == "m batch 128 skipped: num_blocks=9: the K/V tensors need 9 bytes"
+
+
+def test_ahead_bytes_needs_a_variant_to_size(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "e2e", "--variants", "gqa", "--ahead-bytes", "4096"])
+    assert "--ahead-bytes 4096: sizes the +ahead variants (gqa+ahead), and --variants has " \
+        "none" in capsys.readouterr().err
+
+
 def test_the_report_compares_with_the_compiled_peer_where_it_ran():
     row = {"model": "m", "batch": 1, "roofline_ms": 1.0, "ratio_to_roofline": 1.0}
     rows = [{**row, "variant": "gqa", "step_ms": 5.0, "tokens_per_s": 200.0},

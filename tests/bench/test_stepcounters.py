@@ -36,11 +36,17 @@ def step_csv(kernels: list[tuple[str, int, int]]) -> str:
     return "==PROF== Connected to process 7\n" + out.getvalue() + "==PROF== Disconnected\n"
 
 
-KERNELS = [("void kvlab::rms_norm<__half, 1>(...)", 100, 90),
-           ("void kvlab::linear<__half, 1, 4, 2, 0>(...)", 1000, 250),
+# kernel names as ncu prints them by default: the function's, its namespace dropped (as the
+# recorded tests/profile/data/ncu_raw_h200.csv has `void vllm_decode<...>` for kvlab::vllm's)
+KERNELS = [("void rms_norm<__half, 1>(T1 *, T1 *, const T1 *, const T1 *, const T1 *, float, int, "
+            "const void *, long long)", 100, 90),
+           ("void linear<__half, 1, 4, 2, 0>(T1 *, const T1 *, const T1 *, const T1 *, const T1 *, "
+            "int, int, long long, const void *, long long, int)", 1000, 250),
            ("sm90_xmma_gemm_f16f16_f16f32_f32_tn_n_tilesize64x64x64_warpgroupsize1x1x1", 800, 0),
            ("void cublasLt::splitKreduce_kernel<32, 16, int, float>(...)", 50, 50),
-           ("void gemv2T_kernel_val<int, int, __half, __half, float, 128>(...)", 400, 100)]
+           ("void gemv2T_kernel_val<int, int, __half, __half, float, 128>(...)", 400, 100),
+           ("nvjet_hsh_64x8_64x16_2x1_v_bz_TNN", 300, 30),
+           ("void silu_mul<__half>(T1 *, const T1 *, int, const void *, long long)", 10, 0)]
 
 
 def test_the_spec_checks_its_fields_and_goes_through_json():
@@ -69,13 +75,17 @@ def test_the_command_keeps_l2_between_kernels_and_replays_the_whole_process():
 
 
 def test_a_steps_gemms_are_the_linears_and_cublas_gemms_not_its_reductions():
-    assert [is_gemm(name) for name, _, _ in KERNELS] == [False, True, True, False, True]
+    assert [is_gemm(name) for name, _, _ in KERNELS] == [False, True, True, False, True, True,
+                                                         False]
+    assert is_gemm("void kvlab::linear<__half, 2, 4, 2, 1>(...)")  # demangled in full too
+    assert not is_gemm("void nonlinear<float>(float *)")
 
 
 def test_rows_give_each_kernels_load_hits_in_launch_order():
     rows = step_rows(step_csv(KERNELS))
     assert [r["kernel_name"] for r in rows] == [name for name, _, _ in KERNELS]
-    assert [r["load_hit_share"] for r in rows] == pytest.approx([0.9, 0.25, 0.0, 1.0, 0.25])
+    assert [r["load_hit_share"] for r in rows] == pytest.approx([0.9, 0.25, 0.0, 1.0, 0.25, 0.1,
+                                                                 0.0])
     assert rows[1]["l2_read_bytes"] == 32_000 and rows[1]["duration_us"] == pytest.approx(2.5)
     assert step_rows(step_csv([("k", 0, 0)]))[0]["load_hit_share"] is None  # nothing read
     with pytest.raises(CountersError, match="ncu profiled no kernel matching a decode step"):
@@ -127,3 +137,21 @@ def test_ncu_on_a_tiny_step_gives_every_kernel_with_and_without_the_prefetch():
     assert [r["kernel_name"] for r in without] == [r["kernel_name"] for r in ahead]
     assert sum(r["is_gemm"] for r in ahead) == len(ahead_hits("tiny-llama", 1, 1 << 20))
     assert all(r["l2_read_bytes"] > 0 for r in ahead if r["is_gemm"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(shutil.which("ncu") is None, reason="needs Nsight Compute (ncu on PATH)")
+def test_the_prefetch_brings_w_o_into_l2_before_it_runs():
+    """Llama-3-8B at batch 1 on a short prompt: the QKV linear's last wave prefetches W_O's
+    first 16 MiB (half of it), and little K/V is read in between, so W_O's loads hit L2 for
+    at least a quarter of its bytes more than without (the step model says half)."""
+    from kvlab.predict.step import ahead_hits
+
+    def w_o_shares(ahead_bytes):
+        rows = measure_step(StepSpec("llama3-8b", 1, 16, ahead_bytes), timeout_s=900)
+        gemms = [r for r in rows if r["is_gemm"]]
+        assert len(gemms) == len(ahead_hits("llama3-8b", 1, 18, ahead_bytes))
+        return sorted(g["load_hit_share"] for g in gemms[1::4])  # a layer's second: W_O
+
+    without, ahead = w_o_shares(0), w_o_shares(16 << 20)
+    assert ahead[len(ahead) // 2] >= without[len(without) // 2] + 0.25

@@ -43,8 +43,6 @@ def test_a_step_summary_counts_the_gaps_between_kernels_once():
     (["--steps", "40", "--new-tokens", "32"], "--steps 40: must be fewer than --new-tokens 32"),
     (["--prompt", "8000", "--models", "llama2-7b"], "beyond llama2-7b's context limit"),
     (["--ahead-bytes", "1e6"], "argument --ahead-bytes: '1e6': must be an integer in [0, "),
-    (["--counters", "--models", "tiny-llama", "--prompt", "16"],
-     "--counters needs Nsight Compute: ncu not found on PATH"),
 ])
 def test_bad_options_are_refused_before_anything_runs(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -59,11 +57,11 @@ def test_counters_pair_each_gemm_with_the_prefetch_the_model_gives_it():
     from kvlab.predict.step import ahead_hits
 
     layers = MODELS["tiny-llama"].num_layers
-    modelled = ahead_hits("tiny-llama", 1, 4096)
+    modelled = ahead_hits("tiny-llama", 1, 18, 4096)
     gemms = [{"kernel_name": f"linear {i}", "is_gemm": True, "load_hit_share": 0.1 * (i % 4)}
              for i in range(len(modelled))]
     rows = [{"kernel_name": "norm", "is_gemm": False, "load_hit_share": 1.0}, *gemms]
-    found = steptrace.step_counters("tiny-llama", 1, 4096, rows)
+    found = steptrace.step_counters("tiny-llama", 1, 18, 4096, rows)
     assert found["kernels"] == rows and found["note"] is None
     assert [g["name"] for g in found["gemms"]] == ["qkv", "w_o", "gate + up", "down", "lm head"]
     assert [g["load_hit_share"] for g in found["gemms"]][:4] == pytest.approx(
@@ -72,7 +70,7 @@ def test_counters_pair_each_gemm_with_the_prefetch_the_model_gives_it():
                for g, (_, w, _) in zip(found["gemms"], modelled[:4] + modelled[-1:],
                                        strict=True))
     assert len(modelled) == 4 * layers + 1
-    short = steptrace.step_counters("tiny-llama", 1, 4096, rows[:-1])
+    short = steptrace.step_counters("tiny-llama", 1, 18, 4096, rows[:-1])
     assert short["gemms"] is None
     assert short["note"] == f"ncu gave {len(modelled) - 1} GEMM kernels, the step model " \
                             f"{len(modelled)}: not paired"
@@ -81,6 +79,13 @@ def test_counters_pair_each_gemm_with_the_prefetch_the_model_gives_it():
          "span_us": 1.0, "busy_us": 1.0, "gap_us": 0.0, "roofline_us": 1.0,
          "modelled_idle_us": 1.0, "counters": found}]})
     assert "GEMM loads hitting L2, ncu (the prefetch's share, modelled): qkv 0% (" in report
+
+
+def test_counters_without_ncu_are_refused_before_anything_runs(monkeypatch, capsys):
+    monkeypatch.setattr(steptrace.shutil, "which", lambda name: None)
+    with pytest.raises(SystemExit):
+        main(["bench", "steptrace", "--counters", "--models", "tiny-llama", "--prompt", "16"])
+    assert "--counters needs Nsight Compute: ncu not found on PATH" in capsys.readouterr().err
 
 
 def test_without_a_gpu_it_says_so(monkeypatch, capsys):

@@ -50,12 +50,15 @@ def test_prefill_and_decode_logits_equal_hf(name):
 
 
 @pytest.mark.parametrize("name", FAMILIES)
-def test_the_kernels_before_each_gemm_prefetch_its_weight(name, monkeypatch):
-    """With ahead_bytes, at a step of one sequence (layer_ops' linears and RMSNorm, stood in
-    for on the CPU): each linear prefetches the next one's weight, QKV -> W_O -> gate_up (OPT:
-    fc1) -> W_down -> the next layer's QKV, the last W_down the LM head's, which prefetches
-    nothing; the attention norm QKV's, the MLP norm gate_up's, the final norm the LM head's
-    (RMSNorm families). The logits are those of the step without."""
+@pytest.mark.parametrize("batch", [1, 3])
+def test_the_kernels_before_each_gemm_prefetch_its_weight(name, batch, monkeypatch):
+    """With ahead_bytes, the layer_ops kernels stood in for on the CPU (each takes any tensor
+    here). At most LINEAR_ROWS rows each linear prefetches the next one's weight: QKV -> W_O
+    -> gate_up (OPT: fc1) -> W_down -> the next layer's QKV, the last W_down the LM head's,
+    which prefetches nothing; the norms none. Above it the RMSNorms (not OPT's LayerNorm)
+    prefetch the GEMM after them: the attention norm QKV's, the MLP norm gate_up's, the final
+    norm the LM head's. Without it nothing prefetches."""
+    from kvlab.kernels.layer_ops import LINEAR_ROWS
     from kvlab.model import layer, norm
 
     llm = kvlab.LLM(name, device="cpu", num_blocks=64)
@@ -79,34 +82,52 @@ def test_the_kernels_before_each_gemm_prefetch_its_weight(name, monkeypatch):
     monkeypatch.setattr(ops, "rms_norm", rms_norm)
     monkeypatch.setattr(norm, "_norm_kernel", lambda *tensors: True)
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
-    alloc = llm.manager.add_sequence(4, [1, 2, 3, 4])
-    llm.manager.append(alloc.seq_id, 1, [5])
-    slot = torch.tensor(llm.manager.slot_mapping(alloc.seq_id, 4, 5))
+    seqs = [llm.manager.add_sequence(4, [1, 2, 3, i]).seq_id for i in range(batch)]
+    for seq in seqs:
+        llm.manager.append(seq, 1, [5])
+    slots = torch.tensor([llm.manager.slot_mapping(seq, 4, 5)[0] for seq in seqs])
 
     def step(ahead_bytes):
         calls.clear()
-        return forward.decode_step(llm.model, w, llm.caches, [], slot, torch.tensor([5]),
-                                   torch.tensor([4]), llm.runner.attend([alloc.seq_id]),
-                                   llm.rope, ahead_bytes=ahead_bytes)
+        forward.decode_step(llm.model, w, llm.caches, [], slots, torch.tensor([5] * batch),
+                            torch.tensor([4] * batch), llm.runner.attend(seqs), llm.rope,
+                            ahead_bytes=ahead_bytes)
+        return [(kind, weight, ahead) for kind, weight, ahead, nbytes in calls
+                if nbytes == (0 if ahead is None else ahead_bytes)]
 
-    without = step(0)
-    assert {nbytes for _, _, _, nbytes in calls} == {0}
-    torch.testing.assert_close(step(4096), without, rtol=0, atol=0)
-    linears = [(kind, weight, ahead) for kind, weight, ahead, _ in calls if kind == "linear"]
+    assert all(ahead is None for _, _, ahead in step(0))
+    got = step(4096)
+    assert len(got) == len(calls)  # a tensor ahead always with its 4096 bytes, none with 0
+    linears = [(weight, ahead) for kind, weight, ahead in got if kind == "linear"]
     chain = [t for layer_w, fused in zip(w.layers, w.fused, strict=True) for t in (
         fused.qkv, layer_w.attn.w_o, layer_w.w_up if fused.gate_up is None else fused.gate_up,
         layer_w.w_down)] + [w.lm_head]
-    assert [id(weight) for _, weight, _ in linears] == [id(t) for t in chain]
-    assert [id(ahead) for _, _, ahead in linears[:-1]] == [id(t) for t in chain[1:]]
-    assert linears[-1][2] is None  # the LM head: the step's last linear
-    norms = [(weight, ahead) for kind, weight, ahead, _ in calls if kind == "norm"]
-    if llm.model.norm == "rmsnorm":
-        expected = [(t.attn.norm_weight, f.qkv) for t, f in zip(w.layers, w.fused, strict=True)]
-        expected = [pair for (a, qkv), t, f in zip(expected, w.layers, w.fused, strict=True)
-                    for pair in ((a, qkv), (t.mlp_norm_weight, f.gate_up))]
-        assert [(id(a), id(b)) for a, b in norms] == [
-            (id(a), id(b)) for a, b in expected + [(w.norm_weight, w.lm_head)]]
-    assert {nbytes for _, _, ahead, nbytes in calls if ahead is not None} == {4096}
+    assert [id(weight) for weight, _ in linears] == [id(t) for t in chain]
+    assert [id(ahead) for _, ahead in linears[:-1]] == [id(t) for t in chain[1:]]
+    assert linears[-1][1] is None  # the LM head: the step's last linear
+    norms = [(id(weight), id(ahead)) for kind, weight, ahead in got if kind == "norm"]
+    if llm.model.norm == "layernorm":
+        assert norms == []  # torch's LayerNorm: no kernel of kvlab's
+    elif batch <= LINEAR_ROWS:
+        assert norms == [(id(weight), id(None)) for weight in [
+            t for layer_w in w.layers for t in (layer_w.attn.norm_weight,
+                                                layer_w.mlp_norm_weight)] + [w.norm_weight]]
+    else:
+        assert norms == [(id(a), id(b)) for layer_w, fused in zip(w.layers, w.fused,
+                                                                  strict=True)
+                         for a, b in ((layer_w.attn.norm_weight, fused.qkv),
+                                      (layer_w.mlp_norm_weight, fused.gate_up))] + [
+            (id(w.norm_weight), id(w.lm_head))]
+
+
+def test_a_weight_the_kernels_cannot_prefetch_is_left_out_of_the_hint():
+    from kvlab.model.layer import prefetch_args
+
+    weight = torch.zeros(8, 16)
+    assert prefetch_args(64, weight) == {"ahead": weight, "ahead_bytes": 64}
+    assert prefetch_args(0, weight) == prefetch_args(64, None) == {}
+    assert prefetch_args(64, weight[:, ::2]) == {}  # not contiguous
+    assert prefetch_args(64, weight.view(-1)[1:]) == {}  # not 16-byte aligned
 
 
 def test_swiglu_on_torch_hands_the_prefetch_to_its_product_kernel(monkeypatch):
@@ -357,10 +378,10 @@ def test_async_decode_waits_for_the_step_queued_after_an_eos(monkeypatch):
     (lambda: kvlab.LLM(device="cpu", ahead_bytes=True),
      "ahead_bytes=True: must be an integer in .0, 1073741824."),
     (lambda: kvlab.LLM(device="cpu", ahead_bytes=1 << 20),
-     "ahead_bytes=1048576: the cross-kernel prefetch runs in the GPU's linears; needs "
-     "device='cuda' (here cpu), or 0"),
+     "ahead_bytes=1048576: the cross-kernel prefetch runs in the kernels of a GPU step in fp16 "
+     "or bf16; needs a CUDA attention (here 'reference' on cpu), or 0"),
     (lambda: kvlab.LLM(device="cpu", num_blocks=8).with_attention("reference", ahead_bytes=64),
-     "ahead_bytes=64: the cross-kernel prefetch runs in the GPU's linears"),
+     "ahead_bytes=64: the cross-kernel prefetch runs in the kernels of a GPU step"),
     (lambda: kvlab.LLM(device="cpu", weights="llama.safetensors"),
      "weights=str: must be None, or a ModelWeights with a preset name or a ModelConfig"),
     (lambda: kvlab.LLM("tiny-opt", device="cpu", weights=seeded_weights("tiny-llama")),

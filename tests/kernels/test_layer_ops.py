@@ -223,17 +223,20 @@ def test_linear_with_swiglu_equals_silu_mul_after_it(dtype, rows, n, k, bias):
 
 
 @gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", range(1, layer_ops.LINEAR_ROWS + 1))
 @pytest.mark.parametrize("epilogue", ["plain", "residual", "swiglu"])
 @pytest.mark.parametrize("ahead_bytes", [16, 4096 + 16, 3 << 20, 1 << 40])
-def test_linear_prefetching_ahead_writes_what_it_writes_without(epilogue, ahead_bytes):
+def test_linear_prefetching_ahead_writes_what_it_writes_without(dtype, rows, epilogue,
+                                                                 ahead_bytes):
     """The cross-kernel prefetch is a hint: bit for bit the same output, whether the share of
     each last-wave CTA is a granule, a chunk and a bit, or the whole next weight (clipped to
     it); a grid smaller than a wave (n = 24) prefetches from every CTA."""
     for n in (2 * 14336, 24):
-        x = randn(1, 4096, dtype=torch.float16, seed=1)
-        w = randn(n, 4096, dtype=torch.float16, seed=2) / 64
-        residual = randn(1, n, dtype=torch.float16, seed=3) if epilogue == "residual" else None
-        then = randn(4096, 14336, dtype=torch.float16, seed=4)
+        x = randn(rows, 4096, dtype=dtype, seed=1)
+        w = randn(n, 4096, dtype=dtype, seed=2) / 64
+        residual = randn(rows, n, dtype=dtype, seed=3) if epilogue == "residual" else None
+        then = randn(4096, 14336, dtype=dtype, seed=4)
         kwargs = {"residual": residual, "swiglu": epilogue == "swiglu"}
         without = layer_ops.linear(x, w, **kwargs)
         got = layer_ops.linear(x, w, **kwargs, ahead=then, ahead_bytes=ahead_bytes)

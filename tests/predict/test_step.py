@@ -1,6 +1,7 @@
 """The modelled decode step: its kernels' bytes, the three fitted constants (recovered from steps
 made with known ones, and checked on the H200's recordings), the anatomy's sums, bad input."""
 
+import numpy as np
 import pytest
 
 from kvlab.config import MODELS
@@ -103,14 +104,22 @@ def test_the_cross_kernel_prefetch_hides_each_covered_gemms_overhead_at_most():
 
 
 def test_each_gemm_gets_the_prefetch_of_the_kernel_before_it():
-    one, many = ahead_hits("llama3-8b", 1, 8 << 20), ahead_hits("llama3-8b", 64, 8 << 20)
+    """At batch 1 every GEMM, W_O only while the layer's K/V that the attention reads between
+    fit in L2 beside it; above batch 2 all but W_O."""
+    one, many = (ahead_hits("llama3-8b", b, 640, 8 << 20) for b in (1, 64))
     assert [n for n, _, _ in one[:5]] == ["qkv", "w_o", "gate + up", "down", "qkv"]
     assert len(one) == len(many) == 4 * 32 + 1 and one[-1][0] == "lm head"
-    assert one[0] == ("qkv", 2 * 6144 * 4096, 8 << 20)
-    assert [p for _, _, p in many[:4]] == [8 << 20, 0, 8 << 20, 8 << 20]  # W_O: none above 2
-    assert all(p == w for _, w, p in ahead_hits("llama3-8b", 1, 1 << 30))  # whole weights
-    with pytest.raises(ValueError, match="ahead_bytes=-5: must be an int >= 0"):
-        ahead_hits("llama3-8b", 1, -5)
+    assert one[0] == ("qkv", 2 * 6144 * 4096, 8 << 20) and one[1][2] == 8 << 20
+    assert [p for _, _, p in many[:4]] == [8 << 20, 0, 8 << 20, 8 << 20]
+    assert all(p == w for _, w, p in ahead_hits("llama3-8b", 1, 640, 1 << 30, 1 << 40))
+    kv = 2 * 2 * 32768 * 1024  # llama3-8b at 32k: 128 MiB of K/V a layer, past a 60 MiB L2
+    long = ahead_hits("llama3-8b", 1, 32768, 8 << 20)
+    assert long[1] == ("w_o", 2 * 4096 * 4096, 0) and long[0][2] == 8 << 20
+    assert ahead_hits("llama3-8b", 1, 32768, 8 << 20, kv + (8 << 20))[1][2] == 8 << 20
+    with pytest.raises(ValueError, match="ahead_bytes=-5: must be an integer >= 0"):
+        ahead_hits("llama3-8b", 1, 640, -5)
+    with pytest.raises(ValueError, match="l2_bytes=0: must be an integer >= 1"):
+        ahead_hits("llama3-8b", 1, 640, 5, 0)
 
 
 @pytest.mark.parametrize("args, message", [
@@ -130,10 +139,17 @@ def test_bad_input_is_refused_by_name(args, message):
 def test_the_anatomy_refuses_a_bad_roofline_or_fit_and_the_fit_needs_two_models():
     fit = StepModel(2.0, 3.0, 0.25, 0, 0.0, 0.0)
     for bad in (-1, 2.5, True):
-        with pytest.raises(ValueError, match=rf"ahead_bytes={bad!r}: must be an int >= 0"):
+        with pytest.raises(ValueError, match=rf"ahead_bytes={bad!r}: must be an integer >= 0"):
             step_anatomy("llama3-8b", 1, 640, 4000.0, fit, bad)
-    with pytest.raises(ValueError, match=r"batch=0: must be an int >= 1"):
+    assert step_anatomy("llama3-8b", 1, 640, 4000.0, fit, np.int64(64))["hidden_us"] > 0
+    for args, message in ((("gpt-5", 1), "model='gpt-5': must be a Llama or Qwen2 preset"),
+                          (("llama3-8b", "x"), "batch='x': must be an int >= 1"),
+                          (("llama3-8b", None), "batch=None: must be an int >= 1")):
+        with pytest.raises(ValueError, match=message):  # before anything reads them
+            step_anatomy(*args, 640, 4000.0, fit, 64)
+    with pytest.raises(ValueError, match=r"batch=0: must be an integer >= 1"):
         ahead_size(fit, 4000.0, 0)
+    assert ahead_size(StepModel(-1.0, -1.0, 0.0, 0, 0.0, 0.0), 4000.0) == 0
     with pytest.raises(ValueError, match=r"fit='x': must be a StepModel"):
         ahead_size("x", 4000.0)
     with pytest.raises(ValueError, match=r"roofline_gbps=-1: must be a finite number > 0"):

@@ -378,14 +378,18 @@ class EndToEndTab:
                 f"{copy_roofline_gbps(gpu)[0]:,.0f} GB/s = {best['roofline_ms']:.2f} ms, "
                 f"x {best['ratio_to_roofline']:.2f} = {best['step_ms']:.2f} ms "
                 f"({best['variant']})."))
-        elif gains := _prefetch_gains(rows):
-            lines.append("The paper's prefetch at this batch: " + ", ".join(gains))
+        else:
+            for lever, what in (("+prefetch", "The paper's prefetch"),
+                                ("+ahead", "The cross-kernel prefetch")):
+                if gains := _prefetch_gains(rows, lever):
+                    lines.append(f"{what} at this batch: " + ", ".join(gains))
         return [first, *lines]
 
 
-def _prefetch_gains(rows: list[dict]) -> list[str]:
-    """Each variant with the paper's prefetch against its kernel without it among `rows` (one
-    batch of one run), as "<with> 0.98x <without>'s speed"."""
+def _prefetch_gains(rows: list[dict], lever: str = "+prefetch") -> list[str]:
+    """Each variant with `lever` (bench.e2e.LEVERS) against the same kernel without it among
+    `rows` (one batch of one run), as "<with> 0.98x <without>'s speed"."""
     step_ms = {r["variant"]: r["step_ms"] for r in rows}
     return [f"{html.escape(with_)} {step_ms[without] / step_ms[with_]:.2f}x "
-            f"{html.escape(without)}'s speed" for with_, without in prefetch_pairs(step_ms)]
+            f"{html.escape(without)}'s speed"
+            for with_, without in prefetch_pairs(step_ms, lever)]

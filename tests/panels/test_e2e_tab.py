@@ -349,3 +349,10 @@ def test_the_step_anatomy_says_why_where_it_cannot_model(monkeypatch):
     assert "not modelled" in title
     assert "the step model cannot be fitted: no steps to fit on" in html.unescape(
         tab.status.value)
+
+
+def test_each_lever_is_set_against_its_kernel_without_it():
+    rows = [{"variant": v, "step_ms": ms} for v, ms in (
+        ("gqa", 5.0), ("gqa+prefetch", 5.5), ("gqa+ahead", 4.0), ("vllm_v1+prefetch", 6.0))]
+    assert module._prefetch_gains(rows) == ["gqa+prefetch 0.91x gqa's speed"]
+    assert module._prefetch_gains(rows, "+ahead") == ["gqa+ahead 1.25x gqa's speed"]

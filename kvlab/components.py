@@ -64,6 +64,7 @@ COMPONENTS: dict[str, tuple[str, ...]] = {
                 "weights.py"),
     "profile": _in("kvlab/profile", "__init__.py", "launch.py", "ncu.py", "paper.py", "spec.py"),
     "step_counters": ("kvlab/bench/stepcounters.py",),  # ncu on a decode step of kvlab.LLM
+    "l2_ahead": ("kvlab/sim/ahead.py",),  # the cross-kernel prefetch in the L2 model
     "l2_model": _in("kvlab/sim", "__init__.py", "l2.py", "plan.py", "sample.py", "spec.py",
                     "time_model.py", "trace.py"),
     "predict": _in("kvlab/predict", "__init__.py", "closed_form.py", "decode.py", "fit.py",

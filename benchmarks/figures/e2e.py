@@ -197,6 +197,36 @@ def ahead_bound_summary() -> str:
             f"the batch-64 target on {sum(met[64])} of {len(met[64])}")
 
 
+def _ahead_pairs() -> list[tuple[dict, dict]]:
+    """(gqa's row, gqa+ahead's row) at each point of the H100's cross-kernel prefetch run."""
+    rows = load_result("h100", "e2e_ahead")["rows"]
+    by = {(r["model"], r["variant"], r["batch"]): r for r in rows}
+    return [(by[r["model"], "gqa", r["batch"]], r) for r in rows if r["variant"] == "gqa+ahead"]
+
+
+def ahead_measured_table() -> list[str]:
+    """Per model and batch: gqa's step, gqa+ahead's, the speed-up and the tokens' check."""
+    lines = ["| model | batch | ahead_bytes | gqa ms a step | gqa+ahead | speed-up | step / "
+             "roofline step (with) | same tokens |", "|---|---|---|---|---|---|---|---|"]
+    for gqa, ahead in _ahead_pairs():
+        lines.append(f"| {gqa['model']} | {gqa['batch']} | {ahead['ahead_bytes'] / 2**20:.1f} MiB "
+                     f"| {gqa['step_ms']:.2f} | {ahead['step_ms']:.2f} | "
+                     f"{gqa['step_ms'] / ahead['step_ms']:.3f}x | "
+                     f"{gqa['ratio_to_roofline']:.2f}x ({ahead['ratio_to_roofline']:.2f}x) | "
+                     f"{'yes' if ahead['same_tokens'] else 'no'} |")
+    return lines
+
+
+def ahead_measured_summary() -> str:
+    """The speed-up's range at batch 1 and above it."""
+    def span(keep):
+        speeds = [g["step_ms"] / a["step_ms"] for g, a in _ahead_pairs() if keep(g["batch"])]
+        return f"{min(speeds):.3f}-{max(speeds):.3f}x"
+
+    return (f"at batch 1, {span(lambda b: b == 1)} gqa's speed; at batches 16 to 128, "
+            f"{span(lambda b: b > 1)}")
+
+
 BLOCKS = {
     "e2e.source": lambda: [f"- {source('h200', name)}" for name in E2E_RESULTS],
     "e2e.rounds": lambda: ", ".join(sorted({str(load_result("h200", name)["rounds"])
@@ -213,4 +243,7 @@ BLOCKS = {
     "e2e.step-model": step_model_table,
     "e2e.ahead-bound": ahead_bound_table,
     "e2e.ahead-bound-summary": ahead_bound_summary,
+    "e2e.source-ahead": lambda: source("h100", "e2e_ahead"),
+    "e2e.ahead-measured": ahead_measured_table,
+    "e2e.ahead-measured-summary": ahead_measured_summary,
 }

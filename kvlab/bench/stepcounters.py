@@ -4,10 +4,10 @@ without the cross-kernel prefetch (`kvlab.LLM(ahead_bytes=...)`).
 `measure_step(spec)` runs one `ncu` on `python -m kvlab.bench.stepcounters '<StepSpec as
 JSON>'` (`main`, the profiled process). That process makes kvlab.LLM (seeded random weights,
 `gqa`, launched eagerly: under ncu a graph's kernels run one at a time anyway) and prefills
-`batch` prompts of `prompt` seeded tokens. It runs one decode step untimed (the kernels compile
-there), then a second between cudaProfilerStart and cudaProfilerStop, and ncu
-(`--profile-from-start off`) profiles every kernel of that second step. Two settings keep
-what one kernel leaves in L2 for the next, which the prefetch is about:
+`batch` prompts of `prompt` seeded tokens (bench e2e's and steptrace's prompts). It runs one
+decode step untimed (the kernels compile there), then a second between cudaProfilerStart and
+cudaProfilerStop, and ncu (`--profile-from-start off`) profiles every kernel of that second
+step. Two settings keep what one kernel leaves in L2 for the next, which the prefetch is about:
 
 - `--cache-control none`: no flush before a kernel;
 - `--replay-mode application`: each pass of the counters reruns the whole process, so no
@@ -126,15 +126,13 @@ def main(argv: list[str] | None = None) -> int:
 
     import kvlab
     from kvlab.arith import ceil_div
+    from kvlab.bench.e2e import random_prompts
     from kvlab.engine import forward
 
-    model = MODELS[spec.model]
     llm = kvlab.LLM(spec.model, attention="gqa", cuda_graphs=False, ahead_bytes=spec.ahead_bytes,
                     num_blocks=spec.batch * ceil_div(spec.prompt + 2, 16) + 16)
-    gen = torch.Generator().manual_seed(spec.batch)
-    prompts = torch.randint(0, model.vocab_size, (spec.batch, spec.prompt), generator=gen)
     seqs = []
-    for prompt in prompts.tolist():
+    for prompt in random_prompts(MODELS[spec.model], spec.batch, spec.prompt):
         alloc = llm.manager.add_sequence(len(prompt), prompt)
         seqs.append(alloc.seq_id)
         forward.prefill(llm.model, llm.weights, llm.caches, [alloc],

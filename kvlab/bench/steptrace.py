@@ -11,6 +11,9 @@ launch's correlation id (`split_steps`). The last --steps steps are kept. Each s
 
 The last step is kept whole, kernel by kernel. Beside each trace go the step's bytes at the copy
 roofline, measured in the same run, and the idle budget that kvlab.predict.step models for it.
+The trace checks that model: HBM also idles inside a kernel (its ramp and tail), so the gaps are
+a lower bound of the idle time.
+
 With --ahead-bytes, each point is traced once per size given, on the same weights and prompts
 (0: without the cross-kernel prefetch; kvlab.LLM's ahead_bytes), each with the step modelled at
 that size.
@@ -20,8 +23,6 @@ With --counters, Nsight Compute also profiles one decode step at each point and 
 between them). The row's `counters` keep every kernel's, and per GEMM of a layer (and the LM
 head) the median share of its loaded bytes that hit L2 beside the share the prefetch brings by
 kvlab.predict.step.ahead_hits: the L2 side of the cross-kernel prefetch, checked.
-The trace checks that model: HBM also idles inside a kernel (its ramp and tail), so the gaps are
-a lower bound of the idle time.
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ def logits(model: ModelConfig, w: ModelWeights, hidden: torch.Tensor,
     only sampling at a temperature converts them to fp32. ahead_bytes: above
     layer_ops.LINEAR_ROWS rows the final norm brings the LM head's first bytes into L2
     (kvlab.model.layer.Ahead; up to it the last layer's W_down does)."""
-    ahead = prefetch_args(ahead_bytes, w.lm_head) if hidden.shape[0] > layer_ops.LINEAR_ROWS else {}
+    ahead = prefetch_args(ahead_bytes, w.lm_head, gemm_rows=hidden)
     return linear(norm(model, hidden, w.norm_weight, w.norm_bias, **ahead), w.lm_head)
 
 

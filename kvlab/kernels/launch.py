@@ -38,18 +38,26 @@ def reserve_shared_memory(kernel, num_bytes: int) -> None:
         kernel.max_dynamic_shared_size_bytes = num_bytes
 
 
+@functools.cache
+def _libcuda() -> ctypes.CDLL:
+    return ctypes.CDLL("libcuda.so.1")
+
+
 def resident_ctas(kernel, num_threads: int, shared_mem: int, device: torch.device) -> int:
     """How many CTAs of `kernel` (num_threads each, shared_mem bytes of dynamic shared memory)
     one SM of `device` holds at once, as the driver computes it (registers, shared memory,
-    threads)."""
-    from cuda.bindings import driver  # a dependency of numba-cuda
+    threads).
 
+    NOTE: asked of libcuda directly: cuda.bindings' first call resolves its entry points through
+    cuGetProcAddress, whose failed probes compute-sanitizer reports as API errors."""
+    count = ctypes.c_int()
     with import_cupy().cuda.Device(device.index):
-        err, count = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
-            driver.CUfunction(kernel.kernel.ptr), num_threads, shared_mem)
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuOccupancyMaxActiveBlocksPerMultiprocessor: {err.name}")
-    return count
+        err = _libcuda().cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            ctypes.byref(count), ctypes.c_void_p(kernel.kernel.ptr), ctypes.c_int(num_threads),
+            ctypes.c_size_t(shared_mem))
+    if err:
+        raise RuntimeError(f"cuOccupancyMaxActiveBlocksPerMultiprocessor: CUresult {err}")
+    return count.value
 
 
 def launch(kernel, grid, block, args, device: torch.device, shared_mem: int = 0) -> None:

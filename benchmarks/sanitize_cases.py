@@ -37,12 +37,10 @@ def main() -> None:
             if dtype == torch.float8_e4m3fn:  # a bf16 q, converted to fp16 by the kernel
                 kvlab.decode_attention(q.bfloat16(), cache, seq_ids, kernel=kernel,
                                        prefetch=PREFETCHES[0])
-    # the cross-kernel prefetch, and the norms inside the GEMMs
-    for model, attention, ahead_bytes, fuse_norms in (
-            ("tiny-qwen", "gqa", 0, False), ("tiny-llama", "vllm_v1", 0, False),
-            ("tiny-llama", "gqa", 1 << 20, False), ("tiny-qwen", "gqa", 1 << 20, True)):
+    for model, attention, ahead_bytes in (("tiny-qwen", "gqa", 0), ("tiny-llama", "vllm_v1", 0),
+                                          ("tiny-llama", "gqa", 1 << 20)):
         llm = kvlab.LLM(model, attention=attention, device="cuda", num_blocks=16,
-                        cuda_graphs=False, ahead_bytes=ahead_bytes, fuse_norms=fuse_norms)
+                        cuda_graphs=False, ahead_bytes=ahead_bytes)  # (the cross-kernel prefetch)
         for prompts in ([[3] * 20, [5] * 41], [[3] * 20, [5] * 41, [7] * 9]):  # linears, cuBLAS
             llm.generate(prompts, max_new_tokens=4)
     # gqa planned for capture (the natural grid, split as if both had 700 tokens), run on

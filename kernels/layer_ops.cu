@@ -31,21 +31,16 @@ __device__ __forceinline__ float silu_times(float gate, float up) {
     return rounded<T>(gate / (1.0f + __expf(-gate))) * up;
 }
 
-// Sum of `value` over the warp, a butterfly: every lane ends with the same bits.
-__device__ __forceinline__ float warp_sum(float value) {
-    for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
-    return value;
-}
-
-// Sum of `value` over the CTA (blockDim.x a multiple of 32, at most 1024), returned to all:
-// each warp's warp_sum, then the warp_sum of those (`linear`'s NORM replays it).
+// Sum of `value` over the CTA (blockDim.x a multiple of 32, at most 1024), returned to all.
 __device__ float cta_sum(float value) {
     __shared__ float warp_sums[32];
-    value = warp_sum(value);
+    for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     if (lane == 0) warp_sums[warp] = value;
     __syncthreads();
-    return warp_sum(lane < blockDim.x / 32 ? warp_sums[lane] : 0.0f);
+    value = lane < blockDim.x / 32 ? warp_sums[lane] : 0.0f;
+    for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
+    return value;
 }
 
 // RMSNorm of a row per CTA, after an optional residual add:
@@ -270,12 +265,6 @@ __global__ void silu_mul(T* __restrict__ out, const T* __restrict__ gate_up, int
 //                    `silu_mul` rounds it; the CTA owns gate rows j.. and up rows n / 2 + j..
 // w: [n, k] row-major (a torch Linear's weight), read once; x: [ROWS, k] with a row stride of
 // its own; bias: [n] or null. k a multiple of VEC, rows of w and x 16-byte aligned.
-// NORM: x is the raw hidden state, and the GEMM's operand is its RMSNorm, as `rms_norm` (no
-// residual) of norm_threads threads writes it: norm_weight [k], eps. Each CTA computes the rows'
-// mean squares itself, replaying rms_norm's order of summation bit for bit (norm_rms), and
-// normalizes x as it reads it, so the norm costs no launch and the result is the same. While
-// the CTA sums, the weight lines each lane loads first are on their way into L2
-// (prefetch.global.L2). k at most NORM_MAX_THREADS * VEC * 4 (rms_norm's largest row).
 // ahead, ahead_bytes, ahead_ctas: the cross-kernel L2 prefetch (off with ahead_bytes 0). The
 // last ahead_ctas CTAs of the grid (the last wave: they start last) each bring an equal share of
 // the first ahead_bytes at `ahead` (the next kernel's operand; 16-byte aligned, ahead_bytes a
@@ -310,54 +299,11 @@ __device__ __forceinline__ float dot_vec(const uint4& a, const uint4& b, float a
     return acc;
 }
 
-constexpr int NORM_MAX_THREADS = 1024;  // rms_norm's largest CTA
-
-// 1 / rms of each of the ROWS rows of x (k elements each), into inv_rms, bit for bit as
-// rms_norm's CTA of norm_threads threads computes it: virtual thread t sums the squares of its
-// vectors t, t + norm_threads, ... in rms_norm's order, then warp w of the first ROWS warps
-// replays cta_sum for row w (each virtual warp's butterfly, then the butterfly of their sums).
-// Ends with a __syncthreads.
-template <typename T, int ROWS>
-__device__ void norm_rms(float (&inv_rms)[ROWS], const T* __restrict__ x, long long x_row_stride,
-                         int k, int norm_threads, float eps) {
-    __shared__ float partial[ROWS][NORM_MAX_THREADS];
-    __shared__ float found[ROWS];
-    for (int r = 0; r < ROWS; ++r)
-        for (int t = threadIdx.x; t < norm_threads; t += blockDim.x) {
-            float squares = 0.0f;
-            for (int i = t * VEC; i < k; i += norm_threads * VEC) {
-                const uint4 raw = *reinterpret_cast<const uint4*>(x + r * x_row_stride + i);
-                const T* v = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) {
-                    const float h = to_float(v[e]);
-                    squares += h * h;
-                }
-            }
-            partial[r][t] = squares;
-        }
-    __syncthreads();
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (warp < ROWS) {
-        float mine = 0.0f;  // lane w: virtual warp w's sum
-        for (int w = 0; w < norm_threads / 32; ++w) {
-            const float sum = warp_sum(partial[warp][w * 32 + lane]);
-            if (lane == w) mine = sum;
-        }
-        const float total = warp_sum(mine);
-        if (lane == 0) found[warp] = rsqrtf(total / k + eps);
-    }
-    __syncthreads();
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) inv_rms[r] = found[r];
-}
-
-template <typename T, int ROWS, int COLS, int UNROLL, int EPILOGUE, bool NORM>
+template <typename T, int ROWS, int COLS, int UNROLL, int EPILOGUE>
 __global__ void linear(T* __restrict__ out, const T* __restrict__ x, const T* __restrict__ w,
                        const T* __restrict__ bias, const T* __restrict__ residual, int n, int k,
                        long long x_row_stride, const void* __restrict__ ahead,
-                       long long ahead_bytes, int ahead_ctas, const T* __restrict__ norm_weight,
-                       float eps, int norm_threads) {
+                       long long ahead_bytes, int ahead_ctas) {
     static_assert(EPILOGUE != LINEAR_SWIGLU || COLS % 2 == 0, "SwiGLU pairs gate and up rows");
     __shared__ float sums[LINEAR_MAX_WARPS][ROWS][COLS];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
@@ -370,14 +316,6 @@ __global__ void linear(T* __restrict__ out, const T* __restrict__ x, const T* __
         return c < COLS / 2 ? j : half + j;
     };
     const int step = 32 * VEC * warps;  // elements of a row one CTA-wide load covers
-    float inv_rms[ROWS];
-    if constexpr (NORM) {
-        for (int c = 0; c < COLS; ++c)  // the lines this lane loads first, asked of L2 now
-            for (int u = 0; u < UNROLL && threadIdx.x * VEC + u * step < k; ++u)
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(
-                    w + static_cast<size_t>(weight_row(c)) * k + threadIdx.x * VEC + u * step));
-        norm_rms<T, ROWS>(inv_rms, x, x_row_stride, k, norm_threads, eps);
-    }
     float acc[ROWS][COLS] = {};
     for (int base = threadIdx.x * VEC; base < k; base += step * UNROLL) {
         uint4 wv[COLS][UNROLL];
@@ -393,15 +331,7 @@ __global__ void linear(T* __restrict__ out, const T* __restrict__ x, const T* __
             if (base + u * step >= k) break;
 #pragma unroll
             for (int r = 0; r < ROWS; ++r) {
-                uint4 xv = *reinterpret_cast<const uint4*>(x + r * x_row_stride + base + u * step);
-                if constexpr (NORM) {  // rms_norm's output: weight * T(h / rms), rounded to T
-                    const uint4 gv = *reinterpret_cast<const uint4*>(norm_weight + base + u * step);
-                    T* h = reinterpret_cast<T*>(&xv);
-                    const T* g = reinterpret_cast<const T*>(&gv);
-#pragma unroll
-                    for (int e = 0; e < VEC; ++e)
-                        h[e] = float_to<T>(to_float(g[e]) * rounded<T>(to_float(h[e]) * inv_rms[r]));
-                }
+                const uint4 xv = *reinterpret_cast<const uint4*>(x + r * x_row_stride + base + u * step);
 #pragma unroll
                 for (int c = 0; c < COLS; ++c) acc[r][c] = dot_vec<T>(wv[c][u], xv, acc[r][c]);
             }

@@ -338,8 +338,7 @@ def _add_e2e(parser: argparse.ArgumentParser) -> None:
     _add_whole_models(parser, 256, "")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS),
                         help="attention kernels (+prefetch: the paper's bulk L2 prefetch, d=1; "
-                             "+ahead: the cross-kernel prefetch, kvlab.LLM's ahead_bytes; "
-                             "+fuse: the norms inside the GEMMs, kvlab.LLM's fuse_norms)")
+                             "+ahead: the cross-kernel prefetch, kvlab.LLM's ahead_bytes)")
     parser.add_argument("--ahead-bytes", type=ahead_bytes, metavar="BYTES",
                         help="the +ahead variants' ahead_bytes (default: one kernel's overhead "
                              "at the run's copy roofline, kvlab.predict.step.ahead_size)")

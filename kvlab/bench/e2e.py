@@ -37,9 +37,7 @@ preemptions, in `serving`.
 A batch whose caches do not fit the GPU's free memory is left out, with the reason, in
 `skipped` (a grid of batches and long prompts runs whole). A "+ahead" variant runs with the
 cross-kernel prefetch (`kvlab.LLM(ahead_bytes=...)`: --ahead-bytes, else the step model's size
-for the batch); a "+fuse" variant with each RMSNorm inside the GEMM kernel after it
-(`kvlab.LLM(fuse_norms=True)`, at the batches where kvlab's own kernels run the GEMMs: 1 and
-2); a row of a variant that adds a lever to another that ran records
+for the batch); a row of a variant that adds a lever to another that ran records
 `same_tokens`, whether its greedy tokens were that variant's in every round.
 A row's prefill_ms is, for kvlab, the median over the prompts of the prefill pass that ran each
 (the prompts admitted together share a pass of up to `LLM.max_prefill_tokens` tokens, and each
@@ -53,7 +51,6 @@ import itertools
 import statistics
 import sys
 import time
-from typing import NamedTuple
 
 from kvlab.arith import ceil_div
 from kvlab.bench.env import gpu_info, gpu_state, run_info, write_checkpoint
@@ -63,23 +60,13 @@ from kvlab.kernels.prefetch import PrefetchConfig
 # NOTE: torch loads inside the functions: the CLI builds its options from VARIANTS without it.
 
 PAPER_PREFETCH = PrefetchConfig("bulk")  # the paper's Algorithm 1: the next tile, d=1
-
-
-class Variant(NamedTuple):
-    """What a kvlab variant runs: its attention kernel and the levers kvlab.LLM takes."""
-
-    kernel: str
-    prefetch: PrefetchConfig | None = None
-    ahead: bool = False  # the cross-kernel prefetch (ahead_bytes)
-    fuse_norms: bool = False
-
-
-VARIANTS = {"vllm_v1": Variant("vllm_v1"), "vllm_v1+prefetch": Variant("vllm_v1", PAPER_PREFETCH),
-            "gqa": Variant("gqa"), "gqa+prefetch": Variant("gqa", PAPER_PREFETCH),
-            "gqa+ahead": Variant("gqa", ahead=True), "gqa+fuse": Variant("gqa", fuse_norms=True)}
-# a variant's suffix: the lever it adds to its base variant
-LEVERS = ("+prefetch", "+ahead", "+fuse")
-AHEAD_VARIANTS = tuple(v for v, levers in VARIANTS.items() if levers.ahead)
+# {variant: (attention kernel, its PrefetchConfig, with the cross-kernel prefetch)}
+VARIANTS = {"vllm_v1": ("vllm_v1", None, False),
+            "vllm_v1+prefetch": ("vllm_v1", PAPER_PREFETCH, False),
+            "gqa": ("gqa", None, False), "gqa+prefetch": ("gqa", PAPER_PREFETCH, False),
+            "gqa+ahead": ("gqa", None, True)}
+LEVERS = ("+prefetch", "+ahead")  # a variant's suffix: the lever it adds to its base variant
+AHEAD_VARIANTS = tuple(v for v, (_, _, ahead) in VARIANTS.items() if ahead)
 HF_VARIANT = "hf-static"  # HF's generate as it runs by default: its decode step torch.compiled
 HF_EAGER_VARIANT = "hf-static-eager"  # the same with compilation off (`disable_compile`)
 HF_COMPILE = {"on": (True,), "off": (False,), "both": (True, False)}  # --hf-compile
@@ -273,9 +260,8 @@ def _kvlab_runners(name: str, weights, num_blocks: int, args, ahead: int) -> dic
 
     first_of_layout, runners = {}, {}
     for variant in args.variants:
-        kernel, prefetch, with_ahead, fuse_norms = VARIANTS[variant]
-        levers = {"prefetch": prefetch, "ahead_bytes": ahead if with_ahead else 0,
-                  "fuse_norms": fuse_norms}
+        kernel, prefetch, with_ahead = VARIANTS[variant]
+        levers = {"prefetch": prefetch, "ahead_bytes": ahead if with_ahead else 0}
         first = first_of_layout.get(cache_layout(kernel))
         llm = (first.with_attention(kernel, **levers, share_cache=True) if first
                else kvlab.LLM(name, attention=kernel, **levers, num_blocks=num_blocks,
@@ -442,8 +428,6 @@ def run(args) -> dict | None:
                 compiled |= {variant: runner.compiled for variant, runner in hf_runners.items()}
             for variant, (rounds, prefills, walls, _) in runs.items():
                 levers = {"ahead_bytes": ahead} if variant in AHEAD_VARIANTS else {}
-                if variant in VARIANTS and VARIANTS[variant].fuse_norms:
-                    levers["fuse_norms"] = True
                 if variant in equal:
                     levers["same_tokens"] = equal[variant]
                 result["rows"].append({**_row(name, variant, batch, args, rounds,
@@ -455,8 +439,8 @@ def run(args) -> dict | None:
         del weights, hf
         torch.cuda.empty_cache()
         if args.serve_rates:
-            kernel, prefetch, _, fuse_norms = VARIANTS[args.serve_variant]
-            llm = kvlab.LLM(name, attention=kernel, prefetch=prefetch, fuse_norms=fuse_norms,
+            kernel, prefetch, _ = VARIANTS[args.serve_variant]
+            llm = kvlab.LLM(name, attention=kernel, prefetch=prefetch,
                             tensor_parallel=world > 1, async_decode=args.async_decode)
             for rate in args.serve_rates:
                 prompts, limits, arrivals = serving_workload(args.serve_requests, rate, model)

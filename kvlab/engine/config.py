@@ -47,11 +47,6 @@ class EngineConfig:
             product) bring this many of its weight's first bytes into L2; an integer in
             [0, MAX_AHEAD_BYTES], default 0 (off). With a CUDA attention (the paged cache on
             a GPU).
-        fuse_norms: each RMSNorm of a decode step inside the kernel of the GEMM after it, and
-            the attention's residual add in W_O's (kvlab.model.layer.norm_linear), where
-            layer_ops.linear runs the GEMMs (steps of at most layer_ops.LINEAR_ROWS rows on a
-            GPU): the same logits, two launches a layer fewer. Default False. With a CUDA
-            attention.
         dtype: of the weights and the cache; default fp16 on a GPU, fp32 on the CPU.
         device: default "cuda" when kvlab.backend() is "cuda", else "cpu".
         seed: of the random weights (and the default of generate's sampling seed), an
@@ -93,7 +88,6 @@ class EngineConfig:
     attention: str = "auto"
     prefetch: PrefetchConfig | None = None
     ahead_bytes: int = 0
-    fuse_norms: bool = False
     dtype: torch.dtype | None = None
     device: torch.device | str | None = None
     seed: int = 0
@@ -141,8 +135,7 @@ class EngineConfig:
         self._set(cuda_graphs=as_flag("cuda_graphs", self.cuda_graphs, optional=True),
                   async_decode=as_flag("async_decode", self.async_decode, optional=True),
                   offload=as_flag("offload", self.offload),
-                  tensor_parallel=as_flag("tensor_parallel", self.tensor_parallel),
-                  fuse_norms=as_flag("fuse_norms", self.fuse_norms))
+                  tensor_parallel=as_flag("tensor_parallel", self.tensor_parallel))
         check_positive_int("max_prefill_tokens", self.max_prefill_tokens)
         check_int("ahead_bytes", self.ahead_bytes, 0, MAX_AHEAD_BYTES)
         self._set(max_prefill_tokens=int(self.max_prefill_tokens),
@@ -163,8 +156,7 @@ class EngineConfig:
         if attention not in ATTENTIONS:
             raise ValueError(f"attention={attention!r}: must be one of {ATTENTIONS}")
         _check_offload(self.offload, self.offload_rates, attention, prefetch, self.num_blocks,
-                       self.tensor_parallel, self.async_decode, self.ahead_bytes,
-                       self.fuse_norms, cuda)
+                       self.tensor_parallel, self.async_decode, self.ahead_bytes, cuda)
         if self.async_decode is None:
             self._set(async_decode=cuda and not self.offload)
         if self.offload:  # the runtime's attention; the paged cache's does not apply
@@ -178,10 +170,6 @@ class EngineConfig:
             raise ValueError(f"ahead_bytes={self.ahead_bytes}: the cross-kernel prefetch runs in "
                              "the kernels of a GPU step in fp16 or bf16; needs a CUDA attention "
                              f"(here {attention!r} on {self.device}), or 0")
-        if self.fuse_norms and attention not in ("auto", "vllm_v1", "gqa"):
-            raise ValueError("fuse_norms=True: the norms go into the kernels of a GPU step in "
-                             f"fp16 or bf16; needs a CUDA attention (here {attention!r} on "
-                             f"{self.device}), or False")
         if prefetch is not None and (attention == "reference" or
                                      not isinstance(prefetch, PrefetchConfig)):
             raise ValueError(f"prefetch={prefetch!r}: must be None, or a PrefetchConfig with a "
@@ -241,7 +229,7 @@ def as_flag(name: str, value, *, optional: bool = False) -> bool | None:
 
 
 def _check_offload(offload, rates, attention, prefetch, num_blocks, tensor_parallel,
-                   async_decode, ahead_bytes, fuse_norms, cuda: bool) -> None:
+                   async_decode, ahead_bytes, cuda: bool) -> None:
     """ValueError unless the offload arguments fit the others."""
     if not offload:
         if rates is not None:
@@ -257,8 +245,7 @@ def _check_offload(offload, rates, attention, prefetch, num_blocks, tensor_paral
                                  ("num_blocks", num_blocks, None),
                                  ("tensor_parallel", tensor_parallel, False),
                                  ("async_decode", async_decode, None),
-                                 ("ahead_bytes", ahead_bytes, 0),
-                                 ("fuse_norms", fuse_norms, False)):
+                                 ("ahead_bytes", ahead_bytes, 0)):
         if value != default:
             raise ValueError(f"{name}={value!r}: offload=True decodes through the KVPR runtime "
                              f"(its own attention, no paged cache); leave {name}={default!r}")

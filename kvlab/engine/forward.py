@@ -26,10 +26,12 @@ from kvlab.model.layer import (
     Ahead,
     layer_head,
     layer_tail,
-    norm_linear,
+    linear,
+    prefetch_args,
     project_qkv,
     qkv_heads,
 )
+from kvlab.model.norm import norm
 from kvlab.model.rope import RopeTable
 from kvlab.model.weights import Fused, LayerWeights
 
@@ -52,15 +54,14 @@ def embed(model: ModelConfig, w: ModelWeights, token_ids: torch.Tensor,
 
 
 def logits(model: ModelConfig, w: ModelWeights, hidden: torch.Tensor,
-           ahead_bytes: int = 0, fuse_norms: bool = False) -> torch.Tensor:
+           ahead_bytes: int = 0) -> torch.Tensor:
     """Logits [n, vocab_size] of the last layer's hidden states [n, hidden_size], in the weights'
     dtype (as HF's models return them): greedy sampling takes their argmax as they are, and
     only sampling at a temperature converts them to fp32. ahead_bytes: above
     layer_ops.LINEAR_ROWS rows the final norm brings the LM head's first bytes into L2
-    (kvlab.model.layer.Ahead; up to it the last layer's W_down does). fuse_norms: the final
-    norm inside the LM head's kernel where it takes it (kvlab.model.layer.norm_linear)."""
-    return norm_linear(model, hidden, w.norm_weight, w.norm_bias, w.lm_head,
-                       ahead=Ahead(ahead_bytes, None) if ahead_bytes else None, fuse=fuse_norms)
+    (kvlab.model.layer.Ahead; up to it the last layer's W_down does)."""
+    ahead = prefetch_args(ahead_bytes, w.lm_head, gemm_rows=hidden)
+    return linear(norm(model, hidden, w.norm_weight, w.norm_bias, **ahead), w.lm_head)
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -113,16 +114,13 @@ def prefill(model: ModelConfig, w: ModelWeights, caches: Sequence,
 def decode_step(model: ModelConfig, w: ModelWeights, caches: Sequence,
                 copies: Sequence[tuple[int, int]], slots: torch.Tensor, token_ids: torch.Tensor,
                 positions: torch.Tensor, attend: Attend, rope: RopeTable | None,
-                reduce: Reduce | None = None, ahead_bytes: int = 0,
-                fuse_norms: bool = False) -> torch.Tensor:
+                reduce: Reduce | None = None, ahead_bytes: int = 0) -> torch.Tensor:
     """One decode step of a batch: token_ids [batch] at `positions` [batch], one per sequence,
     already placed by the manager: `slots` [batch] (int64, on the caches' device) are their
     cache slots, `copies` the copy-on-write block copies their placement asked for. Each layer
     writes the new tokens' K, V (one scatter), then attends over the whole cached sequences
     with `attend`. ahead_bytes: the cross-kernel L2 prefetch (kvlab.model.layer.Ahead): the
     kernels before each GEMM bring as many of its weight's first bytes into L2 (0: off).
-    fuse_norms: each RMSNorm inside the kernel of the GEMM after it, where the kernels take it
-    (kvlab.model.layer.norm_linear: the same logits in launches fewer).
     Returns the logits [batch, vocab_size]."""
     hidden = embed(model, w, token_ids, positions)
     batch = token_ids.shape[0]
@@ -130,22 +128,20 @@ def decode_step(model: ModelConfig, w: ModelWeights, caches: Sequence,
     for i, (layer, fused, cache) in enumerate(zip(w.layers, w.fused, caches, strict=True)):
         ahead = Ahead(ahead_bytes, firsts[i]) if ahead_bytes else None
         cache.copy_blocks(copies)
-        q = query_and_write(model, layer, fused, cache, slots, hidden, positions, rope, ahead,
-                            fuse_norms)
+        q = query_and_write(model, layer, fused, cache, slots, hidden, positions, rope, ahead)
         out = attend(i, q).reshape(batch, model.q_size).to(hidden.dtype)
-        hidden = layer_tail(model, layer, hidden, out, fused, reduce, ahead, fuse_norms)
-    return logits(model, w, hidden, ahead_bytes, fuse_norms)
+        hidden = layer_tail(model, layer, hidden, out, fused, reduce, ahead)
+    return logits(model, w, hidden, ahead_bytes)
 
 
 def query_and_write(model: ModelConfig, layer: LayerWeights, fused: Fused, cache,
                     slots: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
-                    rope: RopeTable | None, ahead: Ahead | None = None,
-                    fuse_norms: bool = False) -> torch.Tensor:
+                    rope: RopeTable | None, ahead: Ahead | None = None) -> torch.Tensor:
     """A decode step's `layer_head` into attention: the new tokens' K, V written into `cache`
     at `slots`, their Q [batch, num_qo_heads, head_dim] returned. On a GPU, RoPE and the write
     are one kernel where the family rotates and the cache holds fp16 or bf16 (here, not in the
     cache: kvlab.cache sits below the kernels that read it)."""
-    qkv = project_qkv(model, layer, hidden, fused, ahead, fuse_norms)
+    _, qkv = project_qkv(model, layer, hidden, fused, ahead)
     if (model.position == "rope" and rope is not None
             and layer_ops.same_kind(qkv, rope.cos, cache.k_cache)):
         return layer_ops.rope_write(qkv, model.num_qo_heads, rope.cos, rope.sin, positions,

@@ -185,12 +185,10 @@ class DecodeGraphs:
     rank computes (LLM.local); reduce: forward.Reduce with tensor parallelism."""
 
     def __init__(self, model, weights, caches, rope, kernel: str, prefetch, max_seq_len: int,
-                 scratch: tuple[int, int], reduce=None, ahead_bytes: int = 0,
-                 fuse_norms: bool = False):
+                 scratch: tuple[int, int], reduce=None, ahead_bytes: int = 0):
         self.model, self.weights, self.caches, self.rope = model, weights, caches, rope
         self.reduce = reduce  # forward.Reduce with tensor parallelism
-        # forward.decode_step's levers: the cross-kernel prefetch, the norms in the GEMMs
-        self.ahead_bytes, self.fuse_norms = ahead_bytes, fuse_norms
+        self.ahead_bytes = ahead_bytes  # forward.decode_step's cross-kernel prefetch
         self.kernel, self.prefetch, self.max_seq_len = kernel, prefetch, max_seq_len
         self.scratch_block, self.scratch_slot = scratch
         self.device = caches[0].device
@@ -250,7 +248,7 @@ class DecodeGraphs:
             return forward.decode_step(
                 self.model, self.weights, self.caches, [], slots, token_ids, positions,
                 lambda i, q: plan.run(q, self.caches[i].k_cache, self.caches[i].v_cache),
-                self.rope, self.reduce, self.ahead_bytes, self.fuse_norms)
+                self.rope, self.reduce, self.ahead_bytes)
 
         side = torch.cuda.Stream(self.device)  # warm up off the default stream, as torch asks
         side.wait_stream(torch.cuda.current_stream(self.device))

@@ -84,7 +84,7 @@ class Runner:
             self.model, self.weights, self.caches, self.rope, config.attention, config.prefetch,
             min(config.graph_max_len, longest),
             (self.manager.block_table(scratch)[0], self.manager.slot_mapping(scratch, 0, 1)[0]),
-            self.reduce, config.ahead_bytes, config.fuse_norms)
+            self.reduce, config.ahead_bytes)
 
     def prefill(self, requests: list[Request]) -> torch.Tensor:
         """Run the placed requests' contexts in one pass; the logits [len(requests),
@@ -112,7 +112,7 @@ class Runner:
                             for xs in (placed.slots, placed.positions))
         return forward.decode_step(self.model, self.weights, self.caches, placed.copies, slots,
                                    ids, positions, self.attend(seq_ids), self.rope, self.reduce,
-                                   self.config.ahead_bytes, self.config.fuse_norms)
+                                   self.config.ahead_bytes)
 
     def attend(self, seq_ids: Sequence[int]) -> forward.Attend:
         """The attention of a decode step of the sequences `seq_ids` (config.attention)."""

@@ -33,7 +33,6 @@ ROPE_THREADS = 128
 MAX_THREADS = 1024
 ARGMAX_THREADS = 1024
 NORM_VECS = (1, 2, 4)  # vectors per thread the rms_norm instantiations keep in registers
-NORM_MAX_HIDDEN = NORM_VECS[-1] * VEC * MAX_THREADS  # the longest row rms_norm takes
 LINEAR_ROWS = 2  # the most rows `linear` takes (one instantiation per count)
 # weight rows a CTA owns, 16-byte loads of each a lane has in flight, and warps a CTA (at most
 # the kernel's LINEAR_MAX_WARPS, 8)
@@ -42,9 +41,6 @@ LINEAR_COLS, LINEAR_UNROLL, LINEAR_WARPS = 4, 2, 4
 # product of its two halves
 LINEAR_EPILOGUES = {"plain": "kvlab::LINEAR_PLAIN", "residual": "kvlab::LINEAR_RESIDUAL",
                     "swiglu": "kvlab::LINEAR_SWIGLU"}
-# the epilogues of the linears that can take the RMSNorm before them (a layer's QKV, gate and up,
-# and the LM head: none adds a residual)
-NORM_EPILOGUES = ("plain", "swiglu")
 
 
 @functools.cache
@@ -70,22 +66,15 @@ def default_instances() -> list[str]:
         names += [f"kvlab::rope<{t}>", f"kvlab::silu_mul<{t}>"]
         names += [f"kvlab::{op}<{t}, {layout}>" for op in ("write_kv", "rope_write")
                   for layout in ("false", "true")]
-        names += [linear_name(t, rows, epilogue, norm) for rows in range(1, LINEAR_ROWS + 1)
-                  for epilogue in LINEAR_EPILOGUES
-                  for norm in ((False, True) if epilogue in NORM_EPILOGUES else (False,))]
+        names += [linear_name(t, rows, epilogue) for rows in range(1, LINEAR_ROWS + 1)
+                  for epilogue in LINEAR_EPILOGUES]
         names.append(f"kvlab::argmax<{t}>")
     return names
 
 
-def linear_name(cuda_type: str, rows: int, epilogue: str, norm: bool = False) -> str:
+def linear_name(cuda_type: str, rows: int, epilogue: str) -> str:
     return (f"kvlab::linear<{cuda_type}, {rows}, {LINEAR_COLS}, {LINEAR_UNROLL}, "
-            f"{LINEAR_EPILOGUES[epilogue]}, {str(norm).lower()}>")
-
-
-def norm_threads(hidden: int) -> int:
-    """The threads of `rms_norm`'s CTA for rows of `hidden` elements (one vector a thread up to
-    MAX_THREADS), which `linear`'s norm replays."""
-    return min(MAX_THREADS, ceil_div(ceil_div(hidden, VEC), 32) * 32)
+            f"{LINEAR_EPILOGUES[epilogue]}>")
 
 
 @functools.cache
@@ -146,9 +135,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
            f"weight: shape {tuple(weight.shape)}, must be ({hidden},) and contiguous")
     _check(same_kind(x, weight, *([] if residual is None else [residual])),
            "x, weight and residual: one dtype (fp16 or bf16) on one CUDA device")
-    threads = norm_threads(hidden)
+    threads = min(MAX_THREADS, ceil_div(ceil_div(hidden, VEC), 32) * 32)
     vecs = next((v for v in NORM_VECS if v * VEC * threads >= hidden), None)
-    _check(vecs is not None, f"hidden={hidden}: at most {NORM_MAX_HIDDEN}")
+    _check(vecs is not None, f"hidden={hidden}: at most {NORM_VECS[-1] * VEC * MAX_THREADS}")
     normed = torch.empty_like(x)
     total = x if residual is None else torch.empty_like(x)
     if rows:
@@ -298,12 +287,11 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
 
 
 def linear_problem(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                   residual: torch.Tensor | None = None, swiglu: bool = False,
-                   norm_weight: torch.Tensor | None = None) -> str | None:
+                   residual: torch.Tensor | None = None, swiglu: bool = False) -> str | None:
     """Why `linear` would refuse these arguments, or None where it takes them."""
     if x.dim() != 2 or not 1 <= x.shape[0] <= LINEAR_ROWS:
         return f"x: shape {tuple(x.shape)}, must be [rows, k] with 1 <= rows <= {LINEAR_ROWS}"
-    (rows, k), extra = x.shape, [t for t in (bias, residual, norm_weight) if t is not None]
+    (rows, k), extra = x.shape, [t for t in (bias, residual) if t is not None]
     if (problem := _rows_problem(x, "x", k)) is not None:
         return problem
     if not (weight.dim() == 2 and weight.shape[1] == k and weight.is_contiguous()
@@ -319,27 +307,10 @@ def linear_problem(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     if residual is not None and not (residual.shape == (rows, n) and residual.is_contiguous()):
         return (f"residual: shape {tuple(residual.shape)}, must be ({rows}, {n}) and "
                 "contiguous, or None")
-    if norm_weight is not None and (problem := _norm_problem(k, norm_weight, residual)):
-        return problem
     if not same_kind(x, weight, *extra):
-        return ("x, weight, bias, residual and norm_weight: one dtype (fp16 or bf16) on one "
-                "CUDA device")
+        return "x, weight, bias and residual: one dtype (fp16 or bf16) on one CUDA device"
     if max(n, k) >= 2**31:
         return f"weight: shape {tuple(weight.shape)}, each side must be below 2**31"
-    return None
-
-
-def _norm_problem(k: int, norm_weight, residual: torch.Tensor | None) -> str | None:
-    """Why `linear` would refuse to take the RMSNorm of its x (rows of k) with norm_weight."""
-    if residual is not None:
-        return "norm_weight with residual: the linears after a norm add no residual"
-    if not (isinstance(norm_weight, torch.Tensor) and norm_weight.shape == (k,)
-            and norm_weight.is_contiguous() and norm_weight.data_ptr() % 16 == 0):
-        shape = tuple(norm_weight.shape) if isinstance(norm_weight, torch.Tensor) else None
-        return (f"norm_weight: shape {shape}, must be a contiguous, 16-byte aligned ({k},) "
-                "(x's rows), or None")
-    if k > NORM_MAX_HIDDEN:
-        return f"x: rows of {k} elements; with norm_weight at most {NORM_MAX_HIDDEN}"
     return None
 
 
@@ -380,8 +351,7 @@ def _wave(name: str, device_index: int) -> int:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
            residual: torch.Tensor | None = None, swiglu: bool = False,
-           ahead: torch.Tensor | None = None, ahead_bytes: int = 0,
-           norm_weight: torch.Tensor | None = None, norm_eps: float = 0.0) -> torch.Tensor:
+           ahead: torch.Tensor | None = None, ahead_bytes: int = 0) -> torch.Tensor:
     """y = F.linear(x, weight, bias) for x [rows, k], 1 <= rows <= LINEAR_ROWS, with
     contiguous, 16-byte aligned rows, k a multiple of 8; weight [n, k] contiguous; bias [n] or
     None. Returns y [rows, n]; with `residual` [rows, n], residual + y; with `swiglu`,
@@ -392,14 +362,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     ahead, ahead_bytes: the cross-kernel L2 prefetch. The grid's last wave (the CTAs that start
     last) brings `ahead_span` bytes at the start of `ahead` (the next kernel's operand, a
     contiguous tensor on x's device) into L2 as it drains, so that the next kernel's first
-    loads hit L2. A hint: y is the same with or without it.
-
-    norm_weight, norm_eps: the RMSNorm before the linear, in the same kernel: y is then the
-    linear of `rms_norm(x, norm_weight, norm_eps)`'s output, bit for bit (its epilogue plain
-    or swiglu; x the raw rows; norm_eps as rms_norm's eps)."""
-    if norm_weight is not None:
-        check_real("norm_eps", norm_eps, 0, 1, open_min=True)
-    problem = linear_problem(x, weight, bias, residual, swiglu, norm_weight) or ahead_problem(
+    loads hit L2. A hint: y is the same with or without it."""
+    problem = linear_problem(x, weight, bias, residual, swiglu) or ahead_problem(
         ahead, ahead_bytes, x.device)
     _check(problem is None, problem)
     (rows, k), n = x.shape, weight.shape[0]
@@ -408,12 +372,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     out = torch.empty(rows, width, dtype=x.dtype, device=x.device)
     if n:
         cols = LINEAR_COLS // 2 if swiglu else LINEAR_COLS  # output columns a CTA writes
-        name = linear_name(CUDA_TYPES[x.dtype], rows, epilogue, norm_weight is not None)
-        grid = ceil_div(width, cols)
+        name, grid = linear_name(CUDA_TYPES[x.dtype], rows, epilogue), ceil_div(width, cols)
         tail = min(grid, _wave(name, x.device.index)) if ahead_span(ahead, ahead_bytes) else 0
         launch(_kernel(name, x.device), (grid,), (32 * LINEAR_WARPS,),
                (ptr(out), ptr(x), ptr(weight), ptr(bias), ptr(residual), np.int32(n),
                 np.int32(k), np.int64(x.stride(0)), *_ahead_args(ahead, ahead_bytes),
-                np.int32(tail), ptr(norm_weight), np.float32(norm_eps), np.int32(norm_threads(k))),
-               x.device)
+                np.int32(tail)), x.device)
     return out

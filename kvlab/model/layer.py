@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from kvlab.config import ModelConfig
 from kvlab.kernels import layer_ops
 from kvlab.model.attention import attend, attention_input, project_kv, project_q
-from kvlab.model.norm import add_norm, norm, rms_norm_kernel_takes
+from kvlab.model.norm import add_norm
 from kvlab.model.rope import RopeTable, rotate
 from kvlab.model.weights import Fused, LayerWeights
 
@@ -54,20 +54,21 @@ def layer_head(model: ModelConfig, w: LayerWeights, hidden: torch.Tensor,
     `positions` [batch]. X [batch, hidden_size] is the attention input KVPR stores; Q [batch,
     num_qo_heads, head_dim]; K, V [batch, num_kv_heads, head_dim] (views into one GEMM's output
     with `fused`, w's stacks)."""
-    x = attention_input(model, w.attn, hidden)
     if fused is None:
+        x = attention_input(model, w.attn, hidden)
         k, v = project_kv(model, w.attn, x, positions, rope)
         return x, project_q(model, w.attn, x, positions, rope), k, v
-    return x, *qkv_heads(model, linear(x, fused.qkv, fused.b_qkv), positions, rope)
+    x, qkv = project_qkv(model, w, hidden, fused)
+    return x, *qkv_heads(model, qkv, positions, rope)
 
 
 def project_qkv(model: ModelConfig, w: LayerWeights, hidden: torch.Tensor, fused: Fused,
-                ahead: Ahead | None = None, fuse_norms: bool = False) -> torch.Tensor:
-    """The Q, K, V projections of hidden's attention norm in one GEMM: [batch, q_size + 2
-    kv_size] (before RoPE); with `ahead`, W_O's first bytes prefetched into L2 as it drains;
-    with `fuse_norms`, the norm inside the GEMM's kernel where it takes it (`norm_linear`)."""
-    return norm_linear(model, hidden, w.attn.norm_weight, w.attn.norm_bias, fused.qkv,
-                       fused.b_qkv, ahead=ahead, then=w.attn.w_o, fuse=fuse_norms)
+                ahead: Ahead | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The attention input X [batch, hidden_size] of hidden, and its Q, K, V projections in one
+    GEMM: [batch, q_size + 2 kv_size] (before RoPE); with `ahead`, W_O's first bytes prefetched
+    into L2 as it drains."""
+    x = attention_input(model, w.attn, hidden, **_ahead(ahead, fused.qkv, gemm_rows=hidden))
+    return x, linear(x, fused.qkv, fused.b_qkv, **_ahead(ahead, w.attn.w_o))
 
 
 def qkv_heads(model: ModelConfig, qkv: torch.Tensor, positions: torch.Tensor,
@@ -84,21 +85,13 @@ def qkv_heads(model: ModelConfig, qkv: torch.Tensor, positions: torch.Tensor,
 def layer_tail(model: ModelConfig, w: LayerWeights, hidden: torch.Tensor,
                attn: torch.Tensor, fused: Fused | None = None,
                reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
-               ahead: Ahead | None = None, fuse_norms: bool = False) -> torch.Tensor:
+               ahead: Ahead | None = None) -> torch.Tensor:
     """A layer's decode work after the attention: W_O, the residual, the MLP norm and the MLP
     (gate and up by one GEMM with `fused`, w's stacks). attn [batch, num_qo_heads * head_dim]
     -> the layer's output [batch, hidden_size]. reduce: with tensor parallelism
     (`kvlab.engine.tp`), the sum over the ranks of W_O's and W_down's partial outputs. ahead:
-    each linear prefetches the next one's first bytes, W_down ahead.after's. fuse_norms (with
-    `fused` and no `reduce`): the residual add in W_O's kernel and the MLP norm in gate and
-    up's (`norm_linear`), the same bits in two launches fewer where the kernels take them."""
+    each linear prefetches the next one's first bytes, W_down ahead.after's."""
     gate_up = w.w_up if w.w_gate is None else w.w_gate if fused is None else fused.gate_up
-    if (fuse_norms and fused is not None and w.w_gate is not None and reduce is None
-            and _fuses(model, hidden, w.mlp_norm_weight, gate_up, None, swiglu=True)):
-        hidden = linear(attn, w.attn.w_o, w.b_o, residual=hidden, **_ahead(ahead, gate_up))
-        y = norm_linear(model, hidden, w.mlp_norm_weight, w.mlp_norm_bias, gate_up,
-                        swiglu=True, ahead=ahead, then=w.w_down, fuse=True)
-        return _down(w, hidden, y, reduce, ahead)
     o = linear(attn, w.attn.w_o, w.b_o, **_ahead(ahead, gate_up))
     hidden, y = add_norm(model, hidden, o if reduce is None else reduce(o), w.mlp_norm_weight,
                          w.mlp_norm_bias, **_ahead(ahead, gate_up, gemm_rows=hidden))
@@ -109,43 +102,10 @@ def layer_tail(model: ModelConfig, w: LayerWeights, hidden: torch.Tensor,
             y, w.w_up, **_ahead(ahead, w.w_down))
     else:
         y = linear(y, fused.gate_up, swiglu=True, **_ahead(ahead, w.w_down))
-    return _down(w, hidden, y, reduce, ahead)
-
-
-def _down(w: LayerWeights, hidden: torch.Tensor, y: torch.Tensor,
-          reduce: Callable[[torch.Tensor], torch.Tensor] | None, ahead: Ahead | None
-          ) -> torch.Tensor:
-    """The layer's output: hidden + W_down y (+ b_down), summed over the ranks by `reduce`."""
     after = _ahead(ahead, None if ahead is None else ahead.after)
     if reduce is None:
         return linear(y, w.w_down, w.b_down, residual=hidden, **after)
     return hidden + reduce(linear(y, w.w_down, w.b_down, **after))
-
-
-def norm_linear(model: ModelConfig, hidden: torch.Tensor, norm_weight: torch.Tensor,
-                norm_bias: torch.Tensor | None, weight: torch.Tensor,
-                bias: torch.Tensor | None = None, *, swiglu: bool = False,
-                ahead: Ahead | None = None, then: torch.Tensor | None = None,
-                fuse: bool = False) -> torch.Tensor:
-    """linear(norm(hidden), weight, bias, swiglu=swiglu): the family's norm, then the linear.
-    With `fuse`, one `layer_ops.linear` kernel normalizes the rows as it reads them where it
-    takes them (RMSNorm in its own kernel's bits, a step of at most layer_ops.LINEAR_ROWS rows
-    on a GPU: the same output, a launch fewer). ahead: the cross-kernel prefetch, the norm's of
-    `weight` (above LINEAR_ROWS rows) and the linear's of `then`."""
-    if fuse and _fuses(model, hidden, norm_weight, weight, bias, swiglu):
-        return layer_ops.linear(hidden, weight, bias, swiglu=swiglu, norm_weight=norm_weight,
-                                norm_eps=model.norm_eps, **_ahead(ahead, then))
-    x = norm(model, hidden, norm_weight, norm_bias, **_ahead(ahead, weight, gemm_rows=hidden))
-    return linear(x, weight, bias, swiglu=swiglu, **_ahead(ahead, then))
-
-
-def _fuses(model: ModelConfig, hidden: torch.Tensor, norm_weight: torch.Tensor,
-           weight: torch.Tensor, bias: torch.Tensor | None, swiglu: bool = False) -> bool:
-    """Whether layer_ops.linear takes the norm of hidden with the linear after it, in the bits
-    of the norm's own kernel."""
-    return (rms_norm_kernel_takes(model, hidden, norm_weight)
-            and layer_ops.linear_problem(hidden, weight, bias, swiglu=swiglu,
-                                         norm_weight=norm_weight) is None)
 
 
 def _ahead(ahead: Ahead | None, then: torch.Tensor | None,

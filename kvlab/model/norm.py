@@ -41,13 +41,6 @@ def add_norm(model: ModelConfig, hidden: torch.Tensor, delta: torch.Tensor,
     return hidden, norm(model, hidden, weight, bias, ahead=ahead, ahead_bytes=ahead_bytes)
 
 
-def rms_norm_kernel_takes(model: ModelConfig, hidden: torch.Tensor,
-                          weight: torch.Tensor) -> bool:
-    """Whether `norm` runs the RMSNorm kernel (layer_ops.rms_norm) on these: what
-    `layer_ops.linear` replays bit for bit when it takes the norm."""
-    return model.norm == "rmsnorm" and _norm_kernel(hidden, weight)
-
-
 def _norm_kernel(*tensors: torch.Tensor) -> bool:
     """Whether layer_ops.rms_norm takes these: the kernels' dtypes on a GPU, [rows, hidden]
     contiguous (every caller's case on a GPU)."""

@@ -325,7 +325,7 @@ class EndToEndTab:
         cannot = {}
         for variant in dict.fromkeys(r["variant"] for r in rows):
             if variant in VARIANTS:  # HF's static cache: any GPU
-                kernel, prefetch = VARIANTS[variant].kernel, VARIANTS[variant].prefetch
+                kernel, prefetch, _ = VARIANTS[variant]
                 try:
                     launch_point(model, 1, 1, family=kernel, prefetch=prefetch, gpu_key=gpu)
                 except ValueError as error:
@@ -380,8 +380,7 @@ class EndToEndTab:
                 f"({best['variant']})."))
         else:
             for lever, what in (("+prefetch", "The paper's prefetch"),
-                                ("+ahead", "The cross-kernel prefetch"),
-                                ("+fuse", "The norms inside the GEMMs")):
+                                ("+ahead", "The cross-kernel prefetch")):
                 if gains := _prefetch_gains(rows, lever):
                     lines.append(f"{what} at this batch: " + ", ".join(gains))
         return [first, *lines]

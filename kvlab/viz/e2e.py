@@ -19,8 +19,7 @@ __all__ = ["TITLES", "anatomy_figure", "is_hf", "modelled_rows", "steps_figure",
            "tensor_parallel_figure", "throughput_figure"]
 
 VARIANT_COLORS = {"vllm_v1": "#1f77b4", "vllm_v1+prefetch": "#9ecae1", "gqa": "#2ca02c",
-                  "gqa+prefetch": "#98df8a", "gqa+ahead": "#17becf", "gqa+fuse": "#bcbd22",
-                  "hf-static": "#7f7f7f",
+                  "gqa+prefetch": "#98df8a", "gqa+ahead": "#17becf", "hf-static": "#7f7f7f",
                   "hf-static-eager": "#bdbdbd"}
 
 

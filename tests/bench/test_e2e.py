@@ -27,7 +27,7 @@ def test_steady_steps_start_where_two_successive_steps_agree_within_5_percent():
 def test_each_lever_is_compared_with_its_base_variants_tokens():
     from kvlab.bench.e2e import base_variant, same_tokens
 
-    assert [base_variant(v) for v in VARIANTS] == [None, "vllm_v1", None, "gqa", "gqa", "gqa"]
+    assert [base_variant(v) for v in VARIANTS] == [None, "vllm_v1", None, "gqa", "gqa"]
     assert base_variant(HF_VARIANT) is None
     runs = {"gqa": ([], [], [], [[1, 2]]), "gqa+ahead": ([], [], [], [[1, 2]]),
             "gqa+prefetch": ([], [], [], [[1, 3]]), "vllm_v1+prefetch": ([], [], [], [[1]]),

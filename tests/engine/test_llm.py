@@ -49,71 +49,50 @@ def test_prefill_and_decode_logits_equal_hf(name):
         torch.testing.assert_close(got[0], expected[pos], rtol=1e-4, atol=1e-4)
 
 
-class StandIns:
-    """A step of `llm` with the layer_ops kernels stood in for on the CPU (each takes any tensor
-    here, `linear` up to max_rows rows if given, and computes with torch): `step` runs a decode
-    step of `batch` sequences and returns its logits; `calls` then holds each kernel's (kind
-    "linear" or "norm", weight, ahead, ahead_bytes, what a linear takes besides: its norm's
-    weight, "residual" or None)."""
-
-    def __init__(self, llm, batch: int, monkeypatch, max_rows: int | None = None):
-        from kvlab.model import layer, norm
-
-        self.llm, self.calls = llm, []
-        ops = layer.layer_ops  # every other op keeps to torch
-
-        def linear(x, weight, bias=None, *, residual=None, swiglu=False, ahead=None,
-                   ahead_bytes=0, norm_weight=None, norm_eps=0.0):
-            self.calls.append(("linear", weight, ahead, ahead_bytes,
-                               norm_weight if residual is None else "residual"))
-            if norm_weight is not None:
-                x = torch.nn.functional.rms_norm(x, norm_weight.shape, norm_weight, norm_eps)
-            y = torch.nn.functional.linear(x, weight, bias)
-            return layer.silu_mul(y) if swiglu else y if residual is None else residual + y
-
-        def rms_norm(x, weight, eps, residual=None, *, ahead=None, ahead_bytes=0):
-            self.calls.append(("norm", weight, ahead, ahead_bytes, None))
-            total = x if residual is None else x + residual
-            return torch.nn.functional.rms_norm(total, weight.shape, weight, eps), total
-
-        monkeypatch.setattr(ops, "_cupy_present", lambda: False)
-        monkeypatch.setattr(ops, "linear_problem", lambda x, *args, **kwargs: (
-            None if max_rows is None or x.shape[0] <= max_rows else "rows"))
-        monkeypatch.setattr(ops, "linear", linear)
-        monkeypatch.setattr(ops, "rms_norm", rms_norm)
-        monkeypatch.setattr(norm, "_norm_kernel", lambda *tensors: True)
-        monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
-        self.seqs = [llm.manager.add_sequence(4, [1, 2, 3, i]).seq_id for i in range(batch)]
-        for seq in self.seqs:
-            llm.manager.append(seq, 1, [5])
-        self.slots = torch.tensor([llm.manager.slot_mapping(seq, 4, 5)[0] for seq in self.seqs])
-
-    def step(self, **levers) -> torch.Tensor:
-        llm, batch = self.llm, len(self.seqs)
-        self.calls.clear()
-        return forward.decode_step(llm.model, llm.weights, llm.caches, [], self.slots,
-                                   torch.tensor([5] * batch), torch.tensor([4] * batch),
-                                   llm.runner.attend(self.seqs), llm.rope, **levers)
-
-
 @pytest.mark.parametrize("name", FAMILIES)
 @pytest.mark.parametrize("batch", [1, 3])
 def test_the_kernels_before_each_gemm_prefetch_its_weight(name, batch, monkeypatch):
-    """With ahead_bytes, the layer_ops kernels stood in for on the CPU (`StandIns`). At most
-    LINEAR_ROWS rows each linear prefetches the next one's weight: QKV -> W_O
+    """With ahead_bytes, the layer_ops kernels stood in for on the CPU (each takes any tensor
+    here). At most LINEAR_ROWS rows each linear prefetches the next one's weight: QKV -> W_O
     -> gate_up (OPT: fc1) -> W_down -> the next layer's QKV, the last W_down the LM head's,
     which prefetches nothing; the norms none. Above it the RMSNorms (not OPT's LayerNorm)
     prefetch the GEMM after them: the attention norm QKV's, the MLP norm gate_up's, the final
     norm the LM head's. Without it nothing prefetches."""
     from kvlab.kernels.layer_ops import LINEAR_ROWS
+    from kvlab.model import layer, norm
 
     llm = kvlab.LLM(name, device="cpu", num_blocks=64)
-    w, stand_ins = llm.weights, StandIns(llm, batch, monkeypatch)
-    calls = stand_ins.calls
+    w, calls = llm.weights, []
+    ops = layer.layer_ops  # every other op keeps to torch
+
+    def linear(x, weight, bias=None, *, residual=None, swiglu=False, ahead=None,
+               ahead_bytes=0):
+        calls.append(("linear", weight, ahead, ahead_bytes))
+        y = torch.nn.functional.linear(x, weight, bias)
+        return layer.silu_mul(y) if swiglu else y if residual is None else residual + y
+
+    def rms_norm(x, weight, eps, residual=None, *, ahead=None, ahead_bytes=0):
+        calls.append(("norm", weight, ahead, ahead_bytes))
+        total = x if residual is None else x + residual
+        return torch.nn.functional.rms_norm(total, weight.shape, weight, eps), total
+
+    monkeypatch.setattr(ops, "_cupy_present", lambda: False)
+    monkeypatch.setattr(ops, "linear_problem", lambda *args: None)
+    monkeypatch.setattr(ops, "linear", linear)
+    monkeypatch.setattr(ops, "rms_norm", rms_norm)
+    monkeypatch.setattr(norm, "_norm_kernel", lambda *tensors: True)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
+    seqs = [llm.manager.add_sequence(4, [1, 2, 3, i]).seq_id for i in range(batch)]
+    for seq in seqs:
+        llm.manager.append(seq, 1, [5])
+    slots = torch.tensor([llm.manager.slot_mapping(seq, 4, 5)[0] for seq in seqs])
 
     def step(ahead_bytes):
-        stand_ins.step(ahead_bytes=ahead_bytes)
-        return [(kind, weight, ahead) for kind, weight, ahead, nbytes, _ in calls
+        calls.clear()
+        forward.decode_step(llm.model, w, llm.caches, [], slots, torch.tensor([5] * batch),
+                            torch.tensor([4] * batch), llm.runner.attend(seqs), llm.rope,
+                            ahead_bytes=ahead_bytes)
+        return [(kind, weight, ahead) for kind, weight, ahead, nbytes in calls
                 if nbytes == (0 if ahead is None else ahead_bytes)]
 
     assert all(ahead is None for _, _, ahead in step(0))
@@ -139,37 +118,6 @@ def test_the_kernels_before_each_gemm_prefetch_its_weight(name, batch, monkeypat
                          for a, b in ((layer_w.attn.norm_weight, fused.qkv),
                                       (layer_w.mlp_norm_weight, fused.gate_up))] + [
             (id(w.norm_weight), id(w.lm_head))]
-
-
-@pytest.mark.parametrize("name", FAMILIES)
-@pytest.mark.parametrize("batch", [1, 3])
-def test_fused_norms_run_each_rmsnorm_inside_the_gemm_after_it(name, batch, monkeypatch):
-    """With fuse_norms, at most LINEAR_ROWS rows (the kernels stood in for on the CPU,
-    `StandIns`): no RMSNorm kernel; QKV, gate_up and the LM head each take their norm's
-    weight, W_O adds the residual; the logits are the step's without. Above LINEAR_ROWS, and
-    for OPT (LayerNorm, unfused QKV), the kernels are those of the step without."""
-    from kvlab.kernels.layer_ops import LINEAR_ROWS
-
-    llm = kvlab.LLM(name, device="cpu", num_blocks=64)
-    w, stand_ins = llm.weights, StandIns(llm, batch, monkeypatch, LINEAR_ROWS)
-
-    def kernels() -> list[tuple]:
-        return [(kind, id(weight), extra if isinstance(extra, str | None) else id(extra))
-                for kind, weight, _, _, extra in stand_ins.calls]
-
-    expected = stand_ins.step()
-    plain = kernels()
-    torch.testing.assert_close(stand_ins.step(fuse_norms=True), expected, rtol=0, atol=0)
-    if batch > LINEAR_ROWS or llm.model.norm == "layernorm":
-        assert kernels() == plain
-        return
-    assert kernels() == [("linear", id(t), extra if isinstance(extra, str) else id(extra))
-                         for layer_w, f in zip(w.layers, w.fused, strict=True)
-                         for t, extra in ((f.qkv, layer_w.attn.norm_weight),
-                                          (layer_w.attn.w_o, "residual"),
-                                          (f.gate_up, layer_w.mlp_norm_weight),
-                                          (layer_w.w_down, "residual"))] + [
-        ("linear", id(w.lm_head), id(w.norm_weight))]
 
 
 def test_a_weight_the_kernels_cannot_prefetch_is_left_out_of_the_hint():
@@ -434,12 +382,6 @@ def test_async_decode_waits_for_the_step_queued_after_an_eos(monkeypatch):
      "or bf16; needs a CUDA attention (here 'reference' on cpu), or 0"),
     (lambda: kvlab.LLM(device="cpu", num_blocks=8).with_attention("reference", ahead_bytes=64),
      "ahead_bytes=64: the cross-kernel prefetch runs in the kernels of a GPU step"),
-    (lambda: kvlab.LLM(device="cpu", fuse_norms="yes"), "fuse_norms='yes': must be a bool"),
-    (lambda: kvlab.LLM(device="cpu", fuse_norms=True),
-     "fuse_norms=True: the norms go into the kernels of a GPU step in fp16 or bf16; needs a "
-     "CUDA attention .here 'reference' on cpu., or False"),
-    (lambda: kvlab.LLM(device="cpu", num_blocks=8).with_attention("reference", fuse_norms=True),
-     "fuse_norms=True: the norms go into the kernels of a GPU step"),
     (lambda: kvlab.LLM(device="cpu", weights="llama.safetensors"),
      "weights=str: must be None, or a ModelWeights with a preset name or a ModelConfig"),
     (lambda: kvlab.LLM("tiny-opt", device="cpu", weights=seeded_weights("tiny-llama")),

@@ -91,24 +91,6 @@ def test_the_cross_kernel_prefetch_leaves_the_tokens_as_they_are(cuda_graphs):
         assert ahead.generate(prompts, max_new_tokens=12).tokens == expected
 
 
-@pytest.mark.parametrize("cuda_graphs", [False, True])
-def test_fused_norms_leave_the_tokens_as_they_are(cuda_graphs):
-    """fuse_norms moves each RMSNorm into the GEMM kernel after it, in the norm kernel's bits:
-    a real-size model's greedy tokens at batch 1 and 2 (fused) and 3 (not), eager and in
-    graphs, with the cross-kernel prefetch too, are those of the same weights without it."""
-    base = kvlab.LLM("qwen2.5-7b", attention="gqa", device="cuda", num_blocks=256,
-                     cuda_graphs=cuda_graphs)
-    fused = base.with_attention("gqa", fuse_norms=True, share_cache=True)
-    both = base.with_attention("gqa", fuse_norms=True, ahead_bytes=8 << 20, share_cache=True)
-    assert fused.fuse_norms and not base.fuse_norms
-    if cuda_graphs:
-        assert fused.graphs.fuse_norms
-    for prompts in ([[1] * 100], [[1] * 100, [2] * 300], [[3] * 50, [4] * 60, [5] * 70]):
-        expected = base.generate(prompts, max_new_tokens=12).tokens
-        assert fused.generate(prompts, max_new_tokens=12).tokens == expected
-        assert both.generate(prompts, max_new_tokens=12).tokens == expected
-
-
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-opt"])
 @pytest.mark.parametrize("attention", ["vllm_v1", "gqa"])
 def test_cuda_graphs_decode_the_eager_tokens(name, attention, monkeypatch):

@@ -244,27 +244,6 @@ def test_linear_prefetching_ahead_writes_what_it_writes_without(dtype, rows, epi
 
 
 @gpu
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows", range(1, layer_ops.LINEAR_ROWS + 1))
-@pytest.mark.parametrize("k", [8, 264, 3584, 4096, 5120, 8192, 8200, 32768])
-def test_linear_with_its_norm_is_the_norm_kernel_then_linear(dtype, rows, k):
-    """Bit for bit, plain and SwiGLU, with a bias and the cross-kernel prefetch: the kernel
-    replays rms_norm's sums for its CTA of norm_threads(k) threads (one warp at k = 8, a
-    partly used second warp at 264, Qwen's 448 threads at 3584, one vector a thread up to
-    8,192, two a thread just above it, four at 32,768); n = 4,100 takes several waves."""
-    x = randn(rows, k, dtype=dtype, seed=1) * 3
-    norm_weight = 1 + randn(k, dtype=dtype, seed=2) / 10
-    normed = layer_ops.rms_norm(x, norm_weight, 1e-6)[0]
-    then = randn(4096, 64, dtype=dtype, seed=5)
-    for n, swiglu, bias, ahead in ((4100, False, True, None), (2 * 40, True, False, then)):
-        w = randn(n, k, dtype=dtype, seed=3) / k ** 0.5
-        b = randn(n, dtype=dtype, seed=4) if bias else None
-        got = layer_ops.linear(x, w, b, swiglu=swiglu, ahead=ahead, ahead_bytes=4096,
-                               norm_weight=norm_weight, norm_eps=1e-6)
-        assert torch.equal(got, layer_ops.linear(normed, w, b, swiglu=swiglu))
-
-
-@gpu
 @pytest.mark.parametrize("rows", [1, 64])
 @pytest.mark.parametrize("ahead_bytes", [16, 1 << 20, 1 << 40])
 def test_norm_and_swiglu_prefetching_ahead_write_what_they_write_without(rows, ahead_bytes):
@@ -399,29 +378,6 @@ def test_linear_says_which_prefetch_ahead_it_cannot_take(ahead, ahead_bytes, mes
     assert layer_ops.ahead_problem(half(4, 16)[:, ::2], 0, torch.device("cuda")) is None  # off
 
 
-@pytest.mark.parametrize("x, norm_weight, residual, message", [
-    (half(1, 16), half(8), None,
-     r"norm_weight: shape \(8,\), must be a contiguous, 16-byte aligned \(16,\)"),
-    (half(1, 16), half(32)[::2], None, r"norm_weight: shape \(16,\), must be a contiguous"),
-    (half(1, 16), "g", None, r"norm_weight: shape None"),
-    (half(1, 16), half(16), half(1, 4), "norm_weight with residual: the linears after a norm"),
-    (half(1, 32776), half(32776), None, "x: rows of 32776 elements; with norm_weight at most "
-     "32768"),
-    (half(1, 16), half(16), None, "one dtype .fp16 or bf16. on one CUDA device"),  # the CPU
-])
-def test_linear_says_which_norm_it_cannot_take(x, norm_weight, residual, message):
-    """On the CPU too: every refusal but the last (the device) comes before it."""
-    weight = half(4, x.shape[1])
-    assert re.search(message, layer_ops.linear_problem(x, weight, None, residual, False,
-                                                       norm_weight))
-
-
-@pytest.mark.parametrize("norm_eps", [0, 2.0, float("nan"), "1e-5"])
-def test_linear_refuses_a_norm_eps_rms_norm_would(norm_eps):
-    with pytest.raises(ValueError, match=f"norm_eps={norm_eps!r}: must be"):
-        layer_ops.linear(half(1, 16), half(4, 16), norm_weight=half(16), norm_eps=norm_eps)
-
-
 def test_linear_prefetches_the_first_bytes_asked_at_most_all_in_granules():
     weight = half(4, 16)  # 128 bytes
     assert [layer_ops.ahead_span(weight, b) for b in (0, 15, 16, 100, 128, 1 << 40)] == [
@@ -474,9 +430,9 @@ def test_the_torch_ops_run_where_the_kernels_cannot():
 
 def test_every_instantiation_is_named_once():
     names = layer_ops.default_instances()
-    # per dtype: the norms; rope and silu_mul; write_kv and rope_write in two layouts; linear,
-    # and with its norm; argmax
-    linears = len(layer_ops.LINEAR_EPILOGUES) + len(layer_ops.NORM_EPILOGUES)
+    # per dtype: the norms; rope and silu_mul; write_kv and rope_write in two layouts; linear;
+    # argmax
     assert len(names) == len(set(names)) == 2 * (
-        len(layer_ops.NORM_VECS) + 2 + 4 + layer_ops.LINEAR_ROWS * linears + 1)
+        len(layer_ops.NORM_VECS) + 2 + 4 + layer_ops.LINEAR_ROWS * len(layer_ops.LINEAR_EPILOGUES)
+        + 1)
     assert 1 <= layer_ops.LINEAR_WARPS <= 8  # the kernel's LINEAR_MAX_WARPS

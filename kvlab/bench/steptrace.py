@@ -2,8 +2,10 @@
 
 For each model and batch, kvlab.LLM (seeded random weights, `gqa`, CUDA graphs, steps queued
 ahead) generates --new-tokens tokens for prompts of --prompt tokens under torch.profiler with
-CUDA activity. Each decode step is one CUDA graph launch, and the kernels it ran carry that
-launch's correlation id (`split_steps`). The last --steps steps are kept. Each step records:
+CUDA activity. The prompts are prefilled in one pass, so that every step decodes the whole batch
+(`engine_options`; a kept step that does not is an error). Each decode step is one CUDA graph
+launch, and the kernels it ran carry that launch's correlation id (`split_steps`).
+The last --steps steps are kept. Each step records:
 
 - its span, from its first kernel's start to its last kernel's end;
 - the kernels' busy time;
@@ -32,6 +34,7 @@ import shutil
 import statistics
 import sys
 
+from kvlab.arith import ceil_div
 from kvlab.bench.env import gpu_info, run_info
 from kvlab.config import MODELS
 
@@ -149,22 +152,30 @@ def check(args) -> None:
                          "torch and CuPy (kvlab.backend() is 'sim' here)")
 
 
-def _trace(llm, prompts: list, new_tokens: int) -> list[list[dict]]:
-    """The kernels of each decode step of one generate call, traced."""
+def _trace(llm, prompts: list, new_tokens: int) -> tuple[list[list[dict]], list[int]]:
+    """The kernels of each decode step of one generate call, traced, and how many sequences
+    each step decoded (Generation.step_batch)."""
     import torch
 
     llm.generate(prompts, new_tokens, ignore_eos=True)  # capture the graphs untraced
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                             torch.profiler.ProfilerActivity.CUDA]) as prof:
-        llm.generate(prompts, new_tokens, ignore_eos=True)
-    return split_steps(kineto_events(prof))
+        out = llm.generate(prompts, new_tokens, ignore_eos=True)
+    return split_steps(kineto_events(prof)), out.step_batch
+
+
+def engine_options(batch: int, prompt: int, new_tokens: int) -> dict:
+    """kvlab.LLM's sizes for a trace of `batch` prompts of `prompt` tokens: blocks for them all,
+    every prompt in one prefill pass (so that every step decodes the whole batch, none admitted
+    later or finished sooner) and graphs that serve the longest sequence."""
+    return {"num_blocks": batch * ceil_div(prompt + new_tokens, 16) + 16,
+            "max_prefill_tokens": batch * prompt, "graph_max_len": prompt + new_tokens}
 
 
 def run(args) -> dict:
     import torch
 
     import kvlab
-    from kvlab.arith import ceil_div
     from kvlab.bench.e2e import random_prompts
     from kvlab.engine.weights import ModelWeights
     from kvlab.predict.step import fit_step_model, step_anatomy
@@ -184,12 +195,15 @@ def run(args) -> dict:
         for batch, ahead in itertools.product(args.batches, args.ahead_bytes):
             print(f"{name} batch={batch} ahead_bytes={ahead}", file=sys.stderr)
             llm = kvlab.LLM(name, attention="gqa", weights=weights, ahead_bytes=ahead,
-                            num_blocks=batch * ceil_div(args.prompt + args.new_tokens, 16) + 16)
-            steps = _trace(llm, random_prompts(MODELS[name], batch, args.prompt),
-                           args.new_tokens)
+                            **engine_options(batch, args.prompt, args.new_tokens))
+            steps, decoded = _trace(llm, random_prompts(MODELS[name], batch, args.prompt),
+                                    args.new_tokens)
             kept = steps[-args.steps:]
             if not kept:
                 raise RuntimeError(f"{name} batch={batch}: no decode step ran as a CUDA graph")
+            if decoded[-len(kept):] != [batch] * len(kept):
+                raise RuntimeError(f"{name} batch={batch}: the traced steps decoded "
+                                   f"{decoded[-len(kept):]} sequences, not the whole batch")
             summaries = [step_summary(s) for s in kept]
             last, context = kept[-1], args.prompt + args.new_tokens - args.steps / 2
             modelled = step_anatomy(name, batch, context, result["roofline_copy_gbps"], fit,

@@ -95,6 +95,12 @@ def test_without_a_gpu_it_says_so(monkeypatch, capsys):
     assert "needs a CUDA GPU" in capsys.readouterr().err
 
 
+def test_the_engine_prefills_every_prompt_at_once_and_graphs_serve_the_longest():
+    options = steptrace.engine_options(16, 4064, 32)
+    assert options == {"num_blocks": 16 * 256 + 16, "max_prefill_tokens": 16 * 4064,
+                       "graph_max_len": 4096}
+
+
 @pytest.mark.gpu
 def test_a_tiny_models_steps_are_traced_kernel_by_kernel():
     args = parse(["bench", "steptrace", "--models", "tiny-llama", "--batches", "2",

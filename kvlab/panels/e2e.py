@@ -1,6 +1,7 @@
 """The "End-to-end" tab: decode tokens/s of whole models against batch, per attention variant,
 beside HF transformers' static cache and the roofline; the time of each decode step; and
-tokens/s against the number of GPUs a tensor-parallel run splits the model over.
+tokens/s against the number of GPUs a tensor-parallel run splits the model over; where a step's
+HBM idles, modelled kernel by kernel; and one step as traced, kernel by kernel.
 
 Wiring only. The recorded H200 results (`results/h200/e2e.json`, `e2e_qwen7b.json`,
 `e2e_qwen14b.json`, and the serving runs of `e2e_serving.json` in the status line) are shown on
@@ -17,6 +18,13 @@ H200's measured ratio to its own roofline step at that point, an assumption the 
 states; the variants it cannot run and the batches past its memory left out, and said; no
 tensor-parallel or serving runs. Generate is enabled, and its run shown, while the gpu control
 names the GPU in use (the H200 where kvlab.gpus does not hold it).
+
+The traced step is an H100's recording (`h100/steptrace.json`, at 4k and 32k tokens
+`steptrace_4k.json` and `steptrace_32k.json`; `python -m kvlab bench steptrace`): the GPU
+control's h100-sxm draws it, each kernel where it ran in the lane of its group, the gaps between
+kernels marked, beside the step's bytes at the copy roofline, and the status line gives ncu's L2
+hits of the GEMMs' loads with and without the cross-kernel prefetch (`steptrace_counters.json`).
+Another GPU's view says where the traces are: a trace is not modelled.
 """
 
 from __future__ import annotations
@@ -50,6 +58,8 @@ from kvlab.viz.e2e import (
     steps_figure,
     tensor_parallel_figure,
     throughput_figure,
+    trace_figure,
+    trace_groups,
 )
 from kvlab.viz.layout import note_figure, note_text, unreadable_figure
 
@@ -62,7 +72,16 @@ E2E_ROWS = ("model", "variant", "batch", "prompt", "new_tokens", "step_ms", "tok
             "step_ms_runs", "roofline_ms", "ratio_to_roofline")
 SERVING_KEYS = {"serving": ("model", "variant", "rate", "requests", "output_tokens_per_s",
                             "tpot_ms_p50", "tpot_ms_p99", "ttft_ms_p50", "preemptions")}
-FIGURE_HEIGHTS = {"throughput": 420, "steps": 360, "tensor_parallel": 360, "anatomy": 420}
+# one decode step traced kernel by kernel, at 512, 4k and 32k tokens; ncu's L2 hits of its GEMMs
+TRACED = ("h100", ("steptrace", "steptrace_4k", "steptrace_32k"))
+TRACED_COUNTERS = ("h100", ("steptrace_counters",))
+TRACED_GPU = "h100-sxm"  # the kvlab.gpus key of the GPU that traced them
+TRACE_ROWS = ("model", "batch", "ahead_bytes", "prompt", "new_tokens", "steps", "num_kernels",
+              "span_us", "gap_us", "roofline_us", "kernels")
+TRACE_COMMAND = ("python -m kvlab bench steptrace --models {model} --batches {batch}",
+                 "--json benchmarks/results/<gpu>/steptrace.json")  # lines of a note
+FIGURE_HEIGHTS = {"throughput": 420, "steps": 360, "tensor_parallel": 360, "anatomy": 420,
+                  "trace": 420}
 PROMPT_TOKENS = 512
 RECORD_COMMAND = "python -m kvlab bench e2e --json benchmarks/results/h200/e2e.json"
 TP_COMMAND = ("torchrun --nproc-per-node N -m kvlab bench e2e --tp N",  # lines of a note
@@ -104,6 +123,12 @@ class EndToEndTab:
             self.step_model = fit_step_model()
         except (OSError, ValueError, KeyError, TypeError) as error:
             self.step_model = f"the step model cannot be fitted: {error}"
+        self.traced = load_shown(*TRACED, {"roofline_copy_gbps": float, "rows": TRACE_ROWS},
+                                 self.unreadable, "traced") or {"rows": []}
+        self.traced_gbps = {name: load_result(TRACED[0], name)["roofline_copy_gbps"]
+                            for name in self.traced.get("source_dates", {})}
+        self.step_counters = load_shown(*TRACED_COUNTERS, {"rows": TRACE_ROWS}, self.unreadable,
+                                        "step counters") or {"rows": []}
         self.tensor_parallel = [  # the recorded tensor-parallel results
             result for machine, names in TENSOR_PARALLEL
             if (result := load_shown(machine, names, {"tp": int, "rows": E2E_ROWS},
@@ -259,7 +284,8 @@ class EndToEndTab:
                 show_figure(self.figures[name], note_figure(
                     titles[name], provenance, note_text(why), FIGURE_HEIGHTS[name]))
             lines.insert(0, html.escape(why))
-        lines += self._show_tensor_parallel(model, batch, rows, gpu) + anatomy
+        lines += (self._show_tensor_parallel(model, batch, rows, gpu) + anatomy
+                  + self._show_trace(model, batch, gpu))
         if not modelled:
             lines += self._serving_lines(model)
         lines += map(html.escape, unreadable)
@@ -316,6 +342,79 @@ class EndToEndTab:
                 f"covered GEMM bringing its first {ahead / 2**20:.1f} MiB into L2 "
                 "(a modelled bound, not measured: docs/end-to-end.md)")
         return list(map(html.escape, lines))
+
+    def _show_trace(self, model: str, batch: int, gpu: str) -> list[str]:
+        """For the GPU that traced them (TRACED_GPU), draw the recorded trace of one step of
+        `model` at `batch` kernel by kernel (the shortest prompts traced, without the
+        cross-kernel prefetch), or say how to record one; the status lines: each traced prompt
+        length's step against its roofline and its gaps, and ncu's L2 hits of the GEMMs' loads
+        with and without the cross-kernel prefetch. For another GPU, a note that says where the
+        traces are (a trace is not modelled)."""
+        title = TITLES["trace"].format(model=model, batch=batch)
+        height = FIGURE_HEIGHTS["trace"]
+        if gpu != TRACED_GPU:
+            where = f"recorded on the {GPUS[TRACED_GPU].name} only"
+            show_figure(self.figures["trace"], note_figure(
+                title, modelled_for(gpu) if gpu != REFERENCE else "not recorded on the H200",
+                note_text(f"A step traced kernel by kernel is {where}: choose it in the GPU "
+                          "control. To trace one on a GPU:") + "<br>"
+                + "<br>".join(map(html.escape, TRACE_COMMAND)).format(model=model, batch=batch),
+                height))
+            return ([html.escape(f"A step traced kernel by kernel: {where} (choose it in the "
+                                 "GPU control)")] if gpu == REFERENCE else [])
+        traced = sorted((r for r in self.traced["rows"] if r["model"] == model
+                         and r["batch"] == batch and not r["ahead_bytes"]),
+                        key=lambda r: r["prompt"])
+        if not traced:
+            why = self.unreadable.get("traced")
+            show_figure(self.figures["trace"], unreadable_figure(title, why, height) if why
+                        else note_figure(title, "not traced, not modelled", note_text(
+                            f"no step of {model} at batch {batch} traced kernel by kernel; "
+                            "record one on a GPU with:") + "<br>" + "<br>".join(
+                            map(html.escape, TRACE_COMMAND)).format(model=model, batch=batch),
+                            height))
+            return []
+        row = traced[0]
+        anatomy = None
+        if not isinstance(self.step_model, str):
+            context = row["prompt"] + row["new_tokens"] - len(row["steps"]) / 2
+            anatomy = step_anatomy(model, batch, context, self.traced_gbps[row["source"]],
+                                   self.step_model)
+        provenance = f"{label(self.traced, [row])}; prompts of {row['prompt']:,} tokens"
+        show_figure(self.figures["trace"], trace_figure(
+            row, trace_groups(row["kernels"], anatomy), title, provenance, height))
+        where = self.traced.get("gpu", "a GPU")
+        lines = [f"Traced step ({where}, prompts of {r['prompt']:,} tokens): "
+                 f"{r['span_us'] / 1e3:.2f} ms, {r['span_us'] / r['roofline_us']:.2f}x its "
+                 f"bytes at the copy roofline ({r['roofline_us'] / 1e3:.2f} ms); "
+                 f"{r['gap_us'] / 1e3:.2f} ms between its {r['num_kernels']:.0f} kernels"
+                 + (f", {r['gap_us'] / excess:.0%} of the time beyond the roofline: the rest "
+                    "is inside the kernels (ramps, tails, reads below the copy rate)"
+                    if (excess := r["span_us"] - r["roofline_us"]) > 0 else "")
+                 for r in traced]
+        return list(map(html.escape, lines + self._counter_lines(model, batch)))
+
+    def _counter_lines(self, model: str, batch: int) -> list[str]:
+        """ncu's share of each GEMM's loaded bytes that hit L2 in a step of `model` at `batch`,
+        without and with the cross-kernel prefetch, beside the share the step model gives the
+        prefetch (kvlab.predict.step.ahead_hits): one line per prefetch size recorded."""
+        rows = [r for r in self.step_counters["rows"] if r["model"] == model
+                and r["batch"] == batch and (r.get("counters") or {}).get("gemms")]
+        without = next((r for r in rows if not r["ahead_bytes"]), None)
+        if without is None:
+            return []
+        before = {g["name"]: g["load_hit_share"] for g in without["counters"]["gemms"]}
+        lines = []
+        for r in rows:
+            if not r["ahead_bytes"]:
+                continue
+            shares = ", ".join(
+                f"{g['name']} {_share(before.get(g['name']))} -> {_share(g['load_hit_share'])}"
+                f" (modelled +{g['prefetched_share']:.0%})" for g in r["counters"]["gemms"])
+            lines.append(f"L2 hits of the GEMMs' loads (ncu, {label(self.step_counters, [r])}),"
+                         f" without -> with the cross-kernel prefetch of "
+                         f"{r['ahead_bytes'] / 2**20:.0f} MiB: {shares}")
+        return lines
 
     def _modelled(self, model: str, batch: int, gpu: str, rows: list[dict]
                   ) -> tuple[list[dict], dict[int, str], list[str]]:
@@ -384,6 +483,10 @@ class EndToEndTab:
                 if gains := _prefetch_gains(rows, lever):
                     lines.append(f"{what} at this batch: " + ", ".join(gains))
         return [first, *lines]
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
 
 
 def _prefetch_gains(rows: list[dict], lever: str = "+prefetch") -> list[str]:

@@ -15,8 +15,8 @@ from kvlab.checks import check_positive_int, is_real
 from kvlab.config import MODELS
 from kvlab.viz.layout import style
 
-__all__ = ["TITLES", "anatomy_figure", "is_hf", "modelled_rows", "steps_figure",
-           "tensor_parallel_figure", "throughput_figure"]
+__all__ = ["TITLES", "anatomy_figure", "is_hf", "kernel_name", "modelled_rows", "steps_figure",
+           "tensor_parallel_figure", "throughput_figure", "trace_figure", "trace_groups"]
 
 VARIANT_COLORS = {"vllm_v1": "#1f77b4", "vllm_v1+prefetch": "#9ecae1", "gqa": "#2ca02c",
                   "gqa+prefetch": "#98df8a", "gqa+ahead": "#17becf", "hf-static": "#7f7f7f",
@@ -32,11 +32,27 @@ def is_hf(variant: str) -> bool:
 TITLES = {"throughput": "Decode throughput: {model}",
           "steps": "Decode steps: {model}, batch {batch}",
           "tensor_parallel": "Tensor parallel: {model}, batch {batch}",
-          "anatomy": "Where a step's HBM idles: {model}, batch {batch}"}
+          "anatomy": "Where a step's HBM idles: {model}, batch {batch}",
+          "trace": "One step traced, kernel by kernel: {model}, batch {batch}"}
 # the anatomy's segments: (key of kvlab.predict.step.step_anatomy's kernels, legend, colour)
 ANATOMY_PARTS = (("roofline_us", "HBM busy: the kernel's bytes at the copy roofline", "#2ca02c"),
                  ("idle_us", "HBM idle (fitted): gaps, ramps and tails", "#d62728"),
                  ("hidden_us", "idle the cross-kernel prefetch would hide (bound)", "#c7c7c7"))
+
+# A traced kernel's group: (group, what its kernel_name holds, the step model's kernels whose
+# bytes it moves: kvlab.predict.step.step_anatomy's names). The first group that matches holds
+# it; a kernel no group matches is "other".
+TRACE_GROUPS = (
+    ("GEMMs", ("linear", "nvjet", "gemm", "splitkreduce", "cutlass"),
+     ("qkv", "w_o", "gate + up", "down", "lm head")),
+    ("attention", ("gqa_decode", "gqa_merge", "paged_attention"), ("attention",)),
+    ("norms", ("rms_norm",), ("attention norm", "mlp norm", "final norm")),
+    ("rope + cache write", ("rope",), ("rope + cache write",)),
+    ("element-wise", ("silu", "elementwise"), ()),
+)
+TRACE_GAP_COLOR = "#d62728"
+TRACE_COLORS = {"GEMMs": "#2ca02c", "attention": "#1f77b4", "norms": "#9467bd",
+                "rope + cache write": "#8c564b", "element-wise": "#ff7f0e", "other": "#7f7f7f"}
 
 
 def modelled_rows(rows: list[dict], run_gbps: dict[str, float], gpu: str
@@ -207,3 +223,94 @@ def anatomy_figure(anatomy: dict, title: str, provenance: str, recorded_ms: floa
     idle = anatomy["idle_us"] / anatomy["step_us"]
     return style(fig, title, provenance, f"idle budget {anatomy['idle_us'] / 1e3:.2f} ms, "
                  f"{idle:.0%} of the modelled step", height=height)
+
+
+def kernel_name(signature: str) -> str:
+    """A traced kernel's function name, without its return type, namespaces, template
+    arguments and parameters: "void kvlab::linear<__half, 1>(__half*, ...)" -> "linear"."""
+    head = signature.split("(", 1)[0].split("<", 1)[0].strip()
+    return head.rsplit(" ", 1)[-1].rsplit("::", 1)[-1]
+
+
+def trace_groups(kernels: list[dict], anatomy: dict | None = None) -> list[dict]:
+    """A traced step's kernels ({"name", "start_us", "dur_us"}, `python -m kvlab bench
+    steptrace`'s) grouped (TRACE_GROUPS, in its order, then "other"; groups without a kernel left
+    out): {"group", "count", "busy_us" (their time), "roofline_us" (the step model's bytes of
+    the group at the copy roofline, from `anatomy`, kvlab.predict.step.step_anatomy's; None
+    without one or for a group it has no kernels of), "kernels"}. Raises ValueError for a
+    kernel without those keys."""
+    found: dict[str, list[dict]] = {}
+    for i, k in enumerate(kernels):
+        if not (isinstance(k, dict) and isinstance(k.get("name"), str)
+                and is_real(k.get("start_us")) and is_real(k.get("dur_us"))):
+            raise ValueError(f"kernels[{i}]={k!r:.80}: must be a dict of name, start_us and "
+                             "dur_us")
+        name = kernel_name(k["name"]).lower()
+        group = next((g for g, keys, _ in TRACE_GROUPS if any(key in name for key in keys)),
+                     "other")
+        found.setdefault(group, []).append(k)
+    modelled = {k["name"]: k["roofline_us"] for k in (anatomy or {}).get("kernels", [])}
+    groups = []
+    for group in [*(g for g, _, _ in TRACE_GROUPS), "other"]:
+        if group not in found:
+            continue
+        names = next((m for g, _, m in TRACE_GROUPS if g == group), ())
+        roofline = ([modelled[m] for m in names if m in modelled] if modelled else [])
+        groups.append({"group": group, "count": len(found[group]),
+                       "busy_us": sum(k["dur_us"] for k in found[group]),
+                       "roofline_us": sum(roofline) if roofline else None,
+                       "kernels": found[group]})
+    return groups
+
+
+def trace_figure(row: dict, groups: list[dict], title: str, provenance: str,
+                 height: int = 420) -> go.Figure:
+    """One traced decode step on its time axis (`python -m kvlab bench steptrace`'s row): a lane
+    per kernel group (`trace_groups`) with a bar per kernel where it ran, a lane of the gaps
+    between kernels (HBM idle, marked), and lines at the step's bytes at the copy roofline
+    (the row's roofline_us) and at its end. Raises ValueError for a row without kernels, a
+    span_us > 0, gap_us and roofline_us, or no groups."""
+    if not isinstance(row, dict) or not row.get("kernels") or not all(
+            is_real(row.get(k)) for k in ("span_us", "gap_us", "roofline_us")) or not (
+            row["span_us"] > 0):
+        raise ValueError("row: must hold kernels, span_us > 0, gap_us and roofline_us "
+                         "(python -m kvlab bench steptrace)")
+    if not groups:
+        raise ValueError("groups=[]: must hold the row's kernels (trace_groups)")
+    fig = go.Figure()
+    for g in groups:
+        lane = f"{g['group']} x{g['count']}"
+        busy = f"{g['busy_us'] / 1e3:.2f} ms busy"
+        if g["roofline_us"] is not None:
+            busy += f", its bytes {g['roofline_us'] / 1e3:.2f} ms at the copy roofline"
+        fig.add_bar(y=[lane] * g["count"], x=[k["dur_us"] / 1e3 for k in g["kernels"]],
+                    base=[k["start_us"] / 1e3 for k in g["kernels"]], orientation="h",
+                    name=f"{g['group']}: {busy}", marker_color=TRACE_COLORS[g["group"]],
+                    customdata=[kernel_name(k["name"]) for k in g["kernels"]],
+                    hovertemplate="%{customdata}: %{x:.3f} ms at %{base:.3f} ms<extra></extra>")
+    kernels = sorted(row["kernels"], key=lambda k: k["start_us"])
+    gaps, end = [], kernels[0]["start_us"]
+    for k in kernels:
+        if k["start_us"] > end:
+            gaps.append((end, k["start_us"] - end))
+        end = max(end, k["start_us"] + k["dur_us"])
+    lane = f"between kernels x{len(gaps)}"
+    fig.add_bar(y=[lane] * len(gaps), x=[d / 1e3 for _, d in gaps],
+                base=[s / 1e3 for s, _ in gaps], orientation="h", marker_color=TRACE_GAP_COLOR,
+                name=f"HBM idle between kernels: {row['gap_us'] / 1e3:.2f} ms",
+                hovertemplate="gap %{x:.4f} ms at %{base:.3f} ms<extra></extra>")
+    for x, text, dash in ((row["roofline_us"] / 1e3, "the step's bytes at the copy roofline",
+                           "dash"), (row["span_us"] / 1e3, "the step's end", "dot")):
+        fig.add_vline(x=x, line=dict(color="black", dash=dash, width=1))
+        fig.add_scatter(x=[None], y=[None], mode="lines", name=f"{text}: {x:.2f} ms",
+                        line=dict(color="black", dash=dash, width=1))
+    fig.update_layout(barmode="overlay", xaxis=dict(title="ms from the step's first kernel"),
+                      yaxis=dict(autorange="reversed"))
+    excess = row["span_us"] - row["roofline_us"]
+    detail = f"step {row['span_us'] / 1e3:.2f} ms"
+    if row["roofline_us"] > 0:
+        detail += f", {row['span_us'] / row['roofline_us']:.2f}x its bytes at the copy roofline"
+    detail += (f": of the {excess / 1e3:.2f} ms beyond, {row['gap_us'] / 1e3:.2f} ms between "
+               "kernels, the rest inside them" if excess > 0 else
+               f", {row['gap_us'] / 1e3:.2f} ms between kernels")
+    return style(fig, title, provenance, detail, height=height)

@@ -78,7 +78,8 @@ def titles(tab) -> dict[str, str]:
 WHAT_EACH_SHOWS = {"throughput": "Decode throughput: {model}",
                    "steps": "Decode steps: {model}, batch {batch}",
                    "tensor_parallel": "Tensor parallel: {model}, batch {batch}",
-                   "anatomy": "Where a step's HBM idles: {model}, batch {batch}"}
+                   "anatomy": "Where a step's HBM idles: {model}, batch {batch}",
+                   "trace": "One step traced, kernel by kernel: {model}, batch {batch}"}
 
 
 @pytest.mark.parametrize("model", ["opt-13b", "tiny-llama", "llama2-13b"])
@@ -112,8 +113,8 @@ def test_every_legend_is_below_its_x_axis_at_the_tabs_heights(tab):
     for name, pane in tab.figures.items():
         fig = pane.figure
         assert fig.layout.height == FIGURE_HEIGHTS[name]
-        if name != "tensor_parallel":  # a note here: nothing recorded on several GPUs
-            assert len(fig.data) > 1
+        if name not in ("tensor_parallel", "trace"):  # notes here: nothing recorded on
+            assert len(fig.data) > 1  # several GPUs, no step traced on the H200
         legend = fig.layout.legend
         assert (legend.yref, legend.y, legend.yanchor) == ("container", 0.0, "bottom")
         assert fig.layout.margin.b is None
@@ -232,13 +233,19 @@ def test_another_gpu_is_modelled_for_it_never_measured_or_recorded(tab, gpu):
         tab.controls["gpu"].value = gpus.REFERENCE
         tab.controls["model"].value, tab.controls["batch"].value = model, batch
         tab.controls["gpu"].value = gpu
-        for pane in tab.figures.values():
+        for key, pane in tab.figures.items():
             title = pane.figure.layout.title.text
+            if key == "trace" and gpu == module.TRACED_GPU:  # the traces it recorded
+                if model != "opt-13b":  # (opt-13b: no run on the H200, every figure says so)
+                    assert f"recorded on {name}" in title
+                    continue
             assert f"modelled for {name}" in title
             assert not re.search(r"measured|recorded", title), title
         assert tab.figures["tensor_parallel"].figure.data == ()
         assert "Serving" not in tab.status.value
-        assert says_measured_or_recorded(tab.status.value) == []
+        modelled = "<br>".join(line for line in tab.status.value.split("<br>") if not (
+            gpu == module.TRACED_GPU and line.startswith(("Traced step", "L2 hits"))))
+        assert says_measured_or_recorded(modelled) == []
     tab.controls["model"].value = "llama3-8b"
     tab.controls["gpu"].value = gpus.REFERENCE  # the recordings, labelled so, again
     assert "recorded on NVIDIA H200" in tab.figures["throughput"].figure.layout.title.text
@@ -356,3 +363,55 @@ def test_each_lever_is_set_against_its_kernel_without_it():
         ("gqa", 5.0), ("gqa+prefetch", 5.5), ("gqa+ahead", 4.0), ("vllm_v1+prefetch", 6.0))]
     assert module._prefetch_gains(rows) == ["gqa+prefetch 0.91x gqa's speed"]
     assert module._prefetch_gains(rows, "+ahead") == ["gqa+ahead 1.25x gqa's speed"]
+
+
+def test_the_traced_step_is_drawn_kernel_by_kernel_with_its_gaps(monkeypatch):
+    """The H100's trace of one step at the tab's model and batch: every kernel in a lane of its
+    group, the gaps between them marked, and what lies beyond the roofline said."""
+    monkeypatch.setenv("KVLAB_BACKEND", "sim")
+    tab = EndToEndTab(gpu="h100-sxm")
+    row = next(r for r in load_result("h100", "steptrace")["rows"]
+               if (r["model"], r["batch"], r["ahead_bytes"]) == ("llama3-8b", 64, 0))
+    figure = tab.figures["trace"].figure
+    assert "recorded on NVIDIA H100 80GB HBM3" in figure.layout.title.text
+    assert "prompts of 512 tokens" in figure.layout.title.text
+    lanes = [d for d in figure.data if d.type == "bar"]
+    *groups, gaps = lanes
+    assert sum(len(d.x) for d in groups) == len(row["kernels"])
+    assert sum(gaps.x) == pytest.approx(row["gap_us"] / 1e3, rel=0.05)
+    assert groups[0].name.startswith("GEMMs: ")
+    legend = figure.layout.legend
+    assert (legend.yref, legend.y, legend.yanchor) == ("container", 0.0, "bottom")
+    status = html.unescape(tab.status.value)
+    assert (f"Traced step (NVIDIA H100 80GB HBM3, prompts of 512 tokens): "
+            f"{row['span_us'] / 1e3:.2f} ms") in status
+
+
+def test_the_gemms_l2_hits_are_set_beside_the_prefetch_the_model_gives(monkeypatch):
+    monkeypatch.setenv("KVLAB_BACKEND", "sim")
+    tab = EndToEndTab(model="qwen2.5-7b", batch=1, gpu="h100-sxm")
+    rows = [r for r in load_result("h100", "steptrace_counters")["rows"] if r["batch"] == 1]
+    without, ahead = (next(r["counters"]["gemms"][0] for r in rows if bool(r["ahead_bytes"]) is a)
+                      for a in (False, True))
+    status = html.unescape(tab.status.value)
+    assert (f"without -> with the cross-kernel prefetch of 10 MiB: qkv "
+            f"{without['load_hit_share']:.0%} -> {ahead['load_hit_share']:.0%} "
+            f"(modelled +{ahead['prefetched_share']:.0%})") in status
+
+
+def test_a_step_not_traced_says_how_to_record_it(monkeypatch):
+    monkeypatch.setenv("KVLAB_BACKEND", "sim")
+    monkeypatch.setattr(module, "TRACED", ("h100", ("not_recorded",)))
+    tab = EndToEndTab(gpu="h100-sxm")
+    assert "not traced" in tab.figures["trace"].figure.layout.title.text
+    note = tab.figures["trace"].figure.layout.annotations[0].text
+    assert "python -m kvlab bench steptrace --models llama3-8b --batches 64" in note
+    assert "Traced step" not in tab.status.value
+
+
+def test_the_h200_view_says_where_the_traces_are(tab):
+    assert "not recorded on the H200" in tab.figures["trace"].figure.layout.title.text
+    note = tab.figures["trace"].figure.layout.annotations[0].text
+    assert "recorded on the NVIDIA H100 80GB HBM3<br>only" in note
+    assert "benchmarks/results/&lt;gpu&gt;/steptrace.json" in note
+    assert "A step traced kernel by kernel: recorded on the NVIDIA H100" in tab.status.value

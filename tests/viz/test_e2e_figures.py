@@ -7,10 +7,13 @@ from kvlab import gpus
 from kvlab.config import MODELS
 from kvlab.viz.e2e import (
     TITLES,
+    kernel_name,
     modelled_rows,
     steps_figure,
     tensor_parallel_figure,
     throughput_figure,
+    trace_figure,
+    trace_groups,
 )
 
 
@@ -114,3 +117,69 @@ def test_modelled_rows_leave_out_a_batch_past_the_gpus_memory():
     assert modelled_rows(rows, {"run": 4000.0}, "h200")[1] == {}
     with pytest.raises(ValueError, match="gpu='x': must be one of"):
         modelled_rows(rows, {"run": 4000.0}, "x")
+
+
+def traced(*kernels):
+    """A steptrace row of `kernels`: (name, start_us, dur_us), its gaps and span from them."""
+    ks = [{"name": n, "start_us": s, "dur_us": d} for n, s, d in kernels]
+    end = max(k["start_us"] + k["dur_us"] for k in ks)
+    busy = sum(k["dur_us"] for k in ks)
+    return {"kernels": ks, "span_us": end, "gap_us": end - busy, "roofline_us": 10.0}
+
+
+@pytest.mark.parametrize("signature, name", [
+    ("void kvlab::linear<__half, 1, 4, 2, 2>(__half*, __half const*)", "linear"),
+    ("nvjet_sm90_hsh_128x16_64x11_4x1_v_bz_splitK_TNT", "nvjet_sm90_hsh_128x16_64x11_4x1_v_bz_"
+                                                        "splitK_TNT"),
+    ("void at::native::vectorized_elementwise_kernel<8, at::native::CUDAFunctor_add<c10::Half>"
+     ">(int, at::native::CUDAFunctor_add<c10::Half>)", "vectorized_elementwise_kernel"),
+    ("rms_norm", "rms_norm"),
+])
+def test_a_traced_kernel_is_named_by_its_function(signature, name):
+    assert kernel_name(signature) == name
+
+
+def test_traced_kernels_are_grouped_with_their_bytes_at_the_roofline():
+    from kvlab.predict.step import StepModel, step_anatomy
+
+    row = traced(("void kvlab::rms_norm<__half, 1>(__half*)", 0.0, 1.0),
+                 ("void kvlab::linear<__half, 1>(__half*)", 2.0, 5.0),
+                 ("void kvlab::gqa_decode<__half>(__half*)", 7.0, 2.0),
+                 ("nvjet_sm90_hsh_64x16_TNT", 9.5, 4.0), ("void mystery<1>(int)", 14.0, 1.0))
+    anatomy = step_anatomy("llama3-8b", 1, 640, 4000.0, StepModel(2.0, 3.0, 0.2, 0, 0.0, 0.0))
+    groups = trace_groups(row["kernels"], anatomy)
+    assert [(g["group"], g["count"], g["busy_us"]) for g in groups] == [
+        ("GEMMs", 2, 9.0), ("attention", 1, 2.0), ("norms", 1, 1.0), ("other", 1, 1.0)]
+    modelled = {k["name"]: k["roofline_us"] for k in anatomy["kernels"]}
+    assert groups[0]["roofline_us"] == pytest.approx(sum(
+        modelled[n] for n in ("qkv", "w_o", "gate + up", "down", "lm head")))
+    assert groups[1]["roofline_us"] == modelled["attention"]
+    assert groups[-1]["roofline_us"] is None  # nothing of the model's is "other"
+    assert all(g["roofline_us"] is None for g in trace_groups(row["kernels"]))
+
+
+def test_a_traced_step_draws_each_kernel_where_it_ran_and_marks_the_gaps():
+    row = traced(("linear", 0.0, 4.0), ("gqa_decode", 5.0, 2.0), ("linear", 7.5, 4.0))
+    fig = trace_figure(row, trace_groups(row["kernels"]), "T", "p")
+    gemms, attention, gaps, roofline, end = fig.data
+    assert list(gemms.base) == [0.0, 0.0075] and list(gemms.x) == [0.004, 0.004]
+    assert gemms.y[0] == "GEMMs x2" and attention.y[0] == "attention x1"
+    assert list(gaps.base) == [0.004, 0.007] and list(gaps.x) == pytest.approx([0.001, 0.0005])
+    assert gaps.marker.color == "#d62728" and gaps.y[0] == "between kernels x2"
+    assert roofline.name == "the step's bytes at the copy roofline: 0.01 ms"
+    assert end.name == "the step's end: 0.01 ms"
+    assert "0.00 ms between kernels, the rest inside them" in fig.layout.title.text
+
+
+@pytest.mark.parametrize("bad", [{}, None, {"kernels": [], "span_us": 1, "gap_us": 0,
+                                            "roofline_us": 1},
+                                 {"kernels": [{"name": "k", "start_us": 0, "dur_us": 1}],
+                                  "span_us": 0, "gap_us": 0, "roofline_us": 1}])
+def test_a_traced_step_needs_its_kernels_and_a_span(bad):
+    with pytest.raises(ValueError, match="row: must hold kernels, span_us > 0"):
+        trace_figure(bad, [{"group": "GEMMs"}], "T", "p")
+
+
+def test_a_traced_kernel_without_its_times_is_refused():
+    with pytest.raises(ValueError, match=r"kernels\[1\]=.*must be a dict of name, start_us"):
+        trace_groups([{"name": "linear", "start_us": 0, "dur_us": 1}, {"name": "linear"}])

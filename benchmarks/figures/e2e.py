@@ -1,4 +1,5 @@
-"""Whole-model decode steps and serving runs (results/h200/e2e*.json).
+"""Whole-model decode steps and serving runs (results/h200/e2e*.json), and one step traced
+kernel by kernel on an H100 (results/h100/steptrace*.json).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from .common import source, value_range
 
 # The recorded end-to-end runs of 256 new tokens (`load_results("h200", E2E_RESULTS)`).
 E2E_RESULTS = E2E[1]
+# One step traced at prompts of 512, 4,064 and 32,736 tokens; ncu's counters of a step's kernels
+TRACES = ("steptrace", "steptrace_4k", "steptrace_32k")
 
 
 def e2e_table(result: dict) -> list[str]:
@@ -227,6 +230,133 @@ def ahead_measured_summary() -> str:
             f"{span(lambda b: b > 1)}")
 
 
+def _traced() -> list[tuple[dict, dict]]:
+    """(row, its kernel groups: kvlab.viz.e2e.trace_groups with the step model's bytes) of
+    every traced step without the cross-kernel prefetch, in the order recorded."""
+    from kvlab.predict.step import step_anatomy
+    from kvlab.viz.e2e import trace_groups
+
+    found = []
+    for name in TRACES:
+        result = load_result("h100", name)
+        for row in result["rows"]:
+            if row["ahead_bytes"]:
+                continue
+            context = row["prompt"] + row["new_tokens"] - len(row["steps"]) / 2
+            anatomy = step_anatomy(row["model"], row["batch"], context,
+                                   result["roofline_copy_gbps"], _step_model())
+            groups = {g["group"]: g for g in trace_groups(row["kernels"], anatomy)}
+            found.append((row, groups))
+    return found
+
+
+def _beyond(groups: dict, gemms: bool) -> float:
+    """The time (us) the GEMMs (or every other kernel) of a traced step take beyond their bytes
+    at the copy roofline (a group the step model has no bytes of: all its time)."""
+    return sum(g["busy_us"] - (g["roofline_us"] or 0.0) for name, g in groups.items()
+               if (name == "GEMMs") == gemms)
+
+
+def steptrace_table() -> list[str]:
+    """Per traced step: its time over its bytes at the copy roofline, and the time beyond it
+    split: the gaps between kernels, the GEMMs' time beyond their bytes, the other kernels'."""
+    lines = ["| model | prompt | batch | kernels | step ms | / roofline step | beyond it: gaps "
+             "| GEMMs beyond their bytes | other kernels beyond theirs | GEMMs' time / their "
+             "bytes |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for row, groups in _traced():
+        gemms = groups["GEMMs"]
+        lines.append(f"| {row['model']} | {row['prompt']:,} | {row['batch']} | "
+                     f"{row['num_kernels']:.0f} | {row['span_us'] / 1e3:.2f} | "
+                     f"{row['span_us'] / row['roofline_us']:.2f}x | "
+                     f"{row['gap_us'] / 1e3:.2f} ms | {_beyond(groups, True) / 1e3:.2f} ms | "
+                     f"{_beyond(groups, False) / 1e3:.2f} ms | "
+                     f"{gemms['busy_us'] / gemms['roofline_us']:.2f}x |")
+    return lines
+
+
+def steptrace_summary() -> str:
+    """At batch 1 and at batches 16 and up: the share of a step's time beyond its roofline step
+    in the gaps, the GEMMs and the other kernels; and the step over its roofline step at batch 1
+    and 64."""
+    traced = _traced()
+
+    def shares(keep) -> str:
+        parts = [(r["gap_us"], _beyond(g, True), _beyond(g, False)) for r, g in traced
+                 if keep(r["batch"])]
+        return ", ".join(
+            f"{what} {value_range([100 * p[i] / sum(p) for p in parts], '{:.0f}', '%')}"
+            for i, what in enumerate(("gaps", "GEMMs", "other kernels")))
+
+    at = {b: [r["span_us"] / r["roofline_us"] for r, _ in traced if r["batch"] == b]
+          for b in (1, 64)}
+    return (f"of the time a step spends beyond its bytes at the copy roofline, at batch 1: "
+            f"{shares(lambda b: b == 1)}; at batches 16 to 128: {shares(lambda b: b >= 16)}. A "
+            f"step is {value_range(at[1])} its roofline step at batch 1 and "
+            f"{value_range(at[64])} at batch 64")
+
+
+def _counter_pairs() -> list[tuple[dict, dict]]:
+    """(the row without the cross-kernel prefetch, one with it) at each point of the step
+    counters."""
+    rows = [r for r in load_result("h100", "steptrace_counters")["rows"]
+            if (r.get("counters") or {}).get("gemms")]
+    without = {(r["model"], r["batch"]): r for r in rows if not r["ahead_bytes"]}
+    return [(without[r["model"], r["batch"]], r) for r in rows
+            if r["ahead_bytes"] and (r["model"], r["batch"]) in without]
+
+
+def step_counters_table() -> list[str]:
+    """Per point and GEMM: ncu's share of its loaded bytes that hit L2, without and with the
+    prefetch, the gain against the share the step model gives the prefetch."""
+    lines = ["| model | batch | ahead_bytes | GEMM | L2 hits without | with | gain | "
+             "modelled share | gain / modelled |", "|---|---|---|---|---|---|---|---|---|"]
+    for before, after in _counter_pairs():
+        shares = {g["name"]: g["load_hit_share"] for g in before["counters"]["gemms"]}
+        for g in after["counters"]["gemms"]:
+            gain = g["load_hit_share"] - shares[g["name"]]
+            ratio = (f"{gain / g['prefetched_share']:.2f}" if g["prefetched_share"] >= 0.02
+                     else "-")
+            lines.append(f"| {after['model']} | {after['batch']} | "
+                         f"{after['ahead_bytes'] / 2**20:.0f} MiB | {g['name']} | "
+                         f"{shares[g['name']]:.1%} | {g['load_hit_share']:.1%} | {gain:+.1%} | "
+                         f"{g['prefetched_share']:.1%} | {ratio} |")
+    return lines
+
+
+def _group_change(batch: int) -> dict[str, float]:
+    """Per kernel group, its time with the prefetch less without (us), at `batch` of the step
+    counters' traces."""
+    from kvlab.viz.e2e import trace_groups
+
+    before, after = next((b, a) for b, a in _counter_pairs() if b["batch"] == batch)
+    busy = [{g["group"]: g["busy_us"] for g in trace_groups(r["kernels"])}
+            for r in (before, after)]
+    return {g: busy[1][g] - busy[0][g] for g in busy[0]}
+
+
+def _hit_ratios() -> list[float]:
+    """At batches 1 and 2, per GEMM: the rise of its L2 hits with the prefetch over the share
+    the step model gives the prefetch (where that is 2% or more)."""
+    ratios = []
+    for before, after in _counter_pairs():
+        shares = {g["name"]: g["load_hit_share"] for g in before["counters"]["gemms"]}
+        ratios += [(g["load_hit_share"] - shares[g["name"]]) / g["prefetched_share"]
+                   for g in after["counters"]["gemms"]
+                   if after["batch"] <= 2 and g["prefetched_share"] >= 0.02]
+    return ratios
+
+
+def step_counters_summary() -> str:
+    """What the prefetch brought into L2 against the model (`_hit_ratios`), and where the time
+    went at batch 16."""
+    change = _group_change(16)
+    return (f"at batch 1 the GEMMs' L2 hits rose by {value_range(_hit_ratios(), unit='')} of the "
+            f"share the step model gives the prefetch; at batch 16 the GEMMs took "
+            f"{-change['GEMMs']:.0f} us less a step, while the norms took "
+            f"{change['norms']:+.0f} us and the element-wise kernels {change['element-wise']:+.0f}"
+            " us")
+
+
 BLOCKS = {
     "e2e.source": lambda: [f"- {source('h200', name)}" for name in E2E_RESULTS],
     "e2e.rounds": lambda: ", ".join(sorted({str(load_result("h200", name)["rounds"])
@@ -246,4 +376,11 @@ BLOCKS = {
     "e2e.source-ahead": lambda: source("h100", "e2e_ahead"),
     "e2e.ahead-measured": ahead_measured_table,
     "e2e.ahead-measured-summary": ahead_measured_summary,
+    "e2e.source-steptrace": lambda: "; ".join(source("h100", name) for name in TRACES),
+    "e2e.steptrace": steptrace_table,
+    "e2e.steptrace-summary": steptrace_summary,
+    "e2e.source-step-counters": lambda: source("h100", "steptrace_counters"),
+    "e2e.step-counters": step_counters_table,
+    "e2e.step-counters-summary": step_counters_summary,
+    "e2e.step-counters-ratio": lambda: value_range(_hit_ratios(), unit=""),
 }

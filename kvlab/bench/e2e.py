@@ -251,10 +251,20 @@ def _in_turn(label: str, prompts, rounds: int, runners: dict,
     return runs
 
 
+def graph_max_len(prompt: int, new_tokens: int) -> int | None:
+    """kvlab.LLM's graph_max_len for prompts of `prompt` tokens and `new_tokens` more: None (the
+    engine's default) where that serves every step from a CUDA graph, else the longest
+    sequence, so that no step of a long run falls back to an eager one."""
+    from kvlab.engine.config import DEFAULT_GRAPH_MAX_LEN
+
+    longest = prompt + new_tokens
+    return None if longest <= DEFAULT_GRAPH_MAX_LEN else longest
+
+
 def _kvlab_runners(name: str, weights, num_blocks: int, args, ahead: int) -> dict:
     """A runner per variant of args.variants: LLMs on `weights`, with caches of `num_blocks`,
-    one per layout (variants that differ in prefetch alone share it); the "+ahead" ones with
-    ahead_bytes=ahead."""
+    one per layout (variants that differ in prefetch alone share it), and CUDA graphs for every
+    step (`graph_max_len`); the "+ahead" ones with ahead_bytes=ahead."""
     import kvlab
     from kvlab.engine.runner import cache_layout
 
@@ -266,7 +276,8 @@ def _kvlab_runners(name: str, weights, num_blocks: int, args, ahead: int) -> dic
         llm = (first.with_attention(kernel, **levers, share_cache=True) if first
                else kvlab.LLM(name, attention=kernel, **levers, num_blocks=num_blocks,
                               weights=weights, tensor_parallel=args.tp > 1,
-                              async_decode=args.async_decode))
+                              async_decode=args.async_decode,
+                              graph_max_len=graph_max_len(args.prompt, args.new_tokens)))
         first_of_layout.setdefault(cache_layout(kernel), llm)
         runners[variant] = _kvlab_runner(llm, args.new_tokens)
     return runners

@@ -9,6 +9,7 @@ from kvlab.bench.cli import main
 from kvlab.bench.e2e import (
     HF_VARIANT,
     VARIANTS,
+    graph_max_len,
     prefetch_pairs,
     report,
     steady_steps,
@@ -331,3 +332,11 @@ def test_the_report_compares_with_the_compiled_peer_where_it_ran():
             {**row, "variant": "hf-static-eager", "step_ms": 20.0, "tokens_per_s": 50.0}]
     lines = report({"gpu": "H200", "roofline_copy_gbps": 1.0, "rows": rows}).splitlines()
     assert lines[2].split()[-1] == "2.00x" and lines[3].split()[-1] == lines[4].split()[-1] == "-"
+
+
+def test_a_run_past_the_engines_default_graphs_is_served_by_graphs_to_its_end():
+    from kvlab.engine.config import DEFAULT_GRAPH_MAX_LEN
+
+    assert graph_max_len(512, 256) is None  # the engine's default: its spans, its plans
+    assert graph_max_len(DEFAULT_GRAPH_MAX_LEN - 256, 256) is None
+    assert graph_max_len(32640, 128) == 32768

@@ -67,8 +67,9 @@ def test_every_figure_has_data_and_the_page_logs_no_error(walkthrough):
     assert len(plots) >= 10
     empty = [i for i, p in enumerate(plots) if not p["note"] and not (p["traces"] and p["points"])]
     assert not empty, f"figures without data or a note: {empty} of {len(plots)}"
-    # a note, not data: the End-to-end tab's tensor-parallel chart (no run of several GPUs)
-    assert sum(p["note"] for p in plots) <= 1
+    # notes, not data: the End-to-end tab's tensor-parallel chart (no run of several GPUs) and
+    # its traced step (traced on an H100, not on the H200 the tab shows)
+    assert sum(p["note"] for p in plots) <= 2
     assert errors == []
 
 
@@ -159,7 +160,7 @@ def test_a_reload_brings_every_figure_back_with_its_data(walkthrough):
         charts = shown_charts(page)
         assert all(chart_drawn(c) for c in charts), (tab, charts)
     plots = [p for p in wait_for_plots(page, timeout_s=90) if p["in_dashboard"]]
-    assert len(plots) == live == 16
+    assert len(plots) == live == 17
     empty = [i for i, p in enumerate(plots) if not p["note"] and not (p["traces"] and p["points"])]
     assert not empty, f"dashboard charts without data after a reload: {empty} of {live}"
     assert page.evaluate(STATIC_FIGURES) == static >= 10

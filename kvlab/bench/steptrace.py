@@ -167,9 +167,13 @@ def _trace(llm, prompts: list, new_tokens: int) -> tuple[list[list[dict]], list[
 def engine_options(batch: int, prompt: int, new_tokens: int) -> dict:
     """kvlab.LLM's sizes for a trace of `batch` prompts of `prompt` tokens: blocks for them all,
     every prompt in one prefill pass (so that every step decodes the whole batch, none admitted
-    later or finished sooner) and graphs that serve the longest sequence."""
+    later or finished sooner) and the graphs that `python -m kvlab bench e2e` times: the
+    engine's own, longer where a sequence outgrows them (kvlab.bench.e2e.graph_max_len)."""
+    from kvlab.bench.e2e import graph_max_len
+
     return {"num_blocks": batch * ceil_div(prompt + new_tokens, 16) + 16,
-            "max_prefill_tokens": batch * prompt, "graph_max_len": prompt + new_tokens}
+            "max_prefill_tokens": batch * prompt,
+            "graph_max_len": graph_max_len(prompt, new_tokens)}
 
 
 def run(args) -> dict:

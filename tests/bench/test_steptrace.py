@@ -95,10 +95,11 @@ def test_without_a_gpu_it_says_so(monkeypatch, capsys):
     assert "needs a CUDA GPU" in capsys.readouterr().err
 
 
-def test_the_engine_prefills_every_prompt_at_once_and_graphs_serve_the_longest():
+def test_the_engine_prefills_every_prompt_at_once_and_graphs_serve_every_step():
     options = steptrace.engine_options(16, 4064, 32)
     assert options == {"num_blocks": 16 * 256 + 16, "max_prefill_tokens": 16 * 4064,
-                       "graph_max_len": 4096}
+                       "graph_max_len": None}  # the engine's own graphs, as bench e2e runs
+    assert steptrace.engine_options(1, 32736, 32)["graph_max_len"] == 32768
 
 
 @pytest.mark.gpu

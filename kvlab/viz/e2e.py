@@ -228,8 +228,8 @@ def anatomy_figure(anatomy: dict, title: str, provenance: str, recorded_ms: floa
 def kernel_name(signature: str) -> str:
     """A traced kernel's function name, without its return type, namespaces, template
     arguments and parameters: "void kvlab::linear<__half, 1>(__half*, ...)" -> "linear"."""
-    head = signature.split("(", 1)[0].split("<", 1)[0].strip()
-    return head.rsplit(" ", 1)[-1].rsplit("::", 1)[-1]
+    head = signature.replace("(anonymous namespace)", "").split("(", 1)[0].split("<", 1)[0]
+    return head.strip().rsplit(" ", 1)[-1].rsplit("::", 1)[-1]
 
 
 def trace_groups(kernels: list[dict], anatomy: dict | None = None) -> list[dict]:

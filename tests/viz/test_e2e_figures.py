@@ -134,6 +134,8 @@ def traced(*kernels):
     ("void at::native::vectorized_elementwise_kernel<8, at::native::CUDAFunctor_add<c10::Half>"
      ">(int, at::native::CUDAFunctor_add<c10::Half>)", "vectorized_elementwise_kernel"),
     ("rms_norm", "rms_norm"),
+    ("void at::native::(anonymous namespace)::indexSelectSmallIndex<c10::Half, long>(int)",
+     "indexSelectSmallIndex"),
 ])
 def test_a_traced_kernel_is_named_by_its_function(signature, name):
     assert kernel_name(signature) == name

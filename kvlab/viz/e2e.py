@@ -255,7 +255,7 @@ def trace_groups(kernels: list[dict], anatomy: dict | None = None) -> list[dict]
         if group not in found:
             continue
         names = next((m for g, _, m in TRACE_GROUPS if g == group), ())
-        roofline = ([modelled[m] for m in names if m in modelled] if modelled else [])
+        roofline = [modelled[m] for m in names if m in modelled]
         groups.append({"group": group, "count": len(found[group]),
                        "busy_us": sum(k["dur_us"] for k in found[group]),
                        "roofline_us": sum(roofline) if roofline else None,

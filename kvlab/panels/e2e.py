@@ -99,8 +99,9 @@ class EndToEndTab:
     at the chosen model and batch on the GPU in use (`local_gpu`: the gpu control's entry its run
     shows under), enabled while the gpu control names it (on "sim" it is None). `generated`
     holds the last run: (model, batch, kvlab.engine.Generation). A recording that cannot be read
-    (`unreadable`: "recorded", "serving" or the machine of a tensor-parallel run -> why) is
-    named, with why, where it would be shown. A model or batch not recorded falls back to a
+    (`unreadable`: "recorded", "serving", the machine of a tensor-parallel run, and once
+    `traces` has loaded them "traced" or "step counters" -> why) is named, with why, where it
+    would be shown. A model or batch not recorded falls back to a
     recorded one; raises ValueError for `new_tokens` outside [2, 2048] on "cuda", or a `gpu`
     not in kvlab.gpus.GPUS."""
 
@@ -123,12 +124,7 @@ class EndToEndTab:
             self.step_model = fit_step_model()
         except (OSError, ValueError, KeyError, TypeError) as error:
             self.step_model = f"the step model cannot be fitted: {error}"
-        self.traced = load_shown(*TRACED, {"roofline_copy_gbps": float, "rows": TRACE_ROWS},
-                                 self.unreadable, "traced") or {"rows": []}
-        self.traced_gbps = {name: load_result(TRACED[0], name)["roofline_copy_gbps"]
-                            for name in self.traced.get("source_dates", {})}
-        self.step_counters = load_shown(*TRACED_COUNTERS, {"rows": TRACE_ROWS}, self.unreadable,
-                                        "step counters") or {"rows": []}
+        self._traces = None  # the traced steps and their counters: `traces`, when first shown
         self.tensor_parallel = [  # the recorded tensor-parallel results
             result for machine, names in TENSOR_PARALLEL
             if (result := load_shown(machine, names, {"tp": int, "rows": E2E_ROWS},
@@ -343,6 +339,20 @@ class EndToEndTab:
                 "(a modelled bound, not measured: docs/end-to-end.md)")
         return list(map(html.escape, lines))
 
+    def traces(self) -> tuple[dict, dict[str, float], dict]:
+        """The recorded traced steps (merged), each file's copy roofline (GB/s) and the step
+        counters, loaded the first time they are asked for (megabytes of kernels that only the
+        traced GPU's view draws)."""
+        if self._traces is None:
+            traced = load_shown(*TRACED, {"roofline_copy_gbps": float, "rows": TRACE_ROWS},
+                                self.unreadable, "traced") or {"rows": []}
+            gbps = {name: load_result(TRACED[0], name)["roofline_copy_gbps"]
+                    for name in traced.get("source_dates", {})}
+            counters = load_shown(*TRACED_COUNTERS, {"rows": TRACE_ROWS}, self.unreadable,
+                                  "step counters") or {"rows": []}
+            self._traces = (traced, gbps, counters)
+        return self._traces
+
     def _show_trace(self, model: str, batch: int, gpu: str) -> list[str]:
         """For the GPU that traced them (TRACED_GPU), draw the recorded trace of one step of
         `model` at `batch` kernel by kernel (the shortest prompts traced, without the
@@ -362,7 +372,8 @@ class EndToEndTab:
                 height))
             return ([html.escape(f"A step traced kernel by kernel: {where} (choose it in the "
                                  "GPU control)")] if gpu == REFERENCE else [])
-        traced = sorted((r for r in self.traced["rows"] if r["model"] == model
+        recorded, gbps, _ = self.traces()
+        traced = sorted((r for r in recorded["rows"] if r["model"] == model
                          and r["batch"] == batch and not r["ahead_bytes"]),
                         key=lambda r: r["prompt"])
         if not traced:
@@ -378,12 +389,11 @@ class EndToEndTab:
         anatomy = None
         if not isinstance(self.step_model, str):
             context = row["prompt"] + row["new_tokens"] - len(row["steps"]) / 2
-            anatomy = step_anatomy(model, batch, context, self.traced_gbps[row["source"]],
-                                   self.step_model)
-        provenance = f"{label(self.traced, [row])}; prompts of {row['prompt']:,} tokens"
+            anatomy = step_anatomy(model, batch, context, gbps[row["source"]], self.step_model)
+        provenance = f"{label(recorded, [row])}; prompts of {row['prompt']:,} tokens"
         show_figure(self.figures["trace"], trace_figure(
             row, trace_groups(row["kernels"], anatomy), title, provenance, height))
-        where = self.traced.get("gpu", "a GPU")
+        where = recorded.get("gpu", "a GPU")
         lines = [f"Traced step ({where}, prompts of {r['prompt']:,} tokens): "
                  f"{r['span_us'] / 1e3:.2f} ms, {r['span_us'] / r['roofline_us']:.2f}x its "
                  f"bytes at the copy roofline ({r['roofline_us'] / 1e3:.2f} ms); "
@@ -398,7 +408,8 @@ class EndToEndTab:
         """ncu's share of each GEMM's loaded bytes that hit L2 in a step of `model` at `batch`,
         without and with the cross-kernel prefetch, beside the share the step model gives the
         prefetch (kvlab.predict.step.ahead_hits): one line per prefetch size recorded."""
-        rows = [r for r in self.step_counters["rows"] if r["model"] == model
+        counters = self.traces()[2]
+        rows = [r for r in counters["rows"] if r["model"] == model
                 and r["batch"] == batch and (r.get("counters") or {}).get("gemms")]
         without = next((r for r in rows if not r["ahead_bytes"]), None)
         if without is None:
@@ -411,7 +422,7 @@ class EndToEndTab:
             shares = ", ".join(
                 f"{g['name']} {_share(before.get(g['name']))} -> {_share(g['load_hit_share'])}"
                 f" (modelled +{g['prefetched_share']:.0%})" for g in r["counters"]["gemms"])
-            lines.append(f"L2 hits of the GEMMs' loads (ncu, {label(self.step_counters, [r])}),"
+            lines.append(f"L2 hits of the GEMMs' loads (ncu, {label(counters, [r])}),"
                          f" without -> with the cross-kernel prefetch of "
                          f"{r['ahead_bytes'] / 2**20:.0f} MiB: {shares}")
         return lines

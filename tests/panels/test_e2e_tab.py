@@ -415,3 +415,15 @@ def test_the_h200_view_says_where_the_traces_are(tab):
     assert "recorded on the NVIDIA H100 80GB HBM3<br>only" in note
     assert "benchmarks/results/&lt;gpu&gt;/steptrace.json" in note
     assert "A step traced kernel by kernel: recorded on the NVIDIA H100" in tab.status.value
+
+
+def test_an_unreadable_trace_is_named_in_its_figure(monkeypatch, tmp_path):
+    monkeypatch.setenv("KVLAB_BACKEND", "sim")
+    for machine in ("h100", "h200"):
+        shutil.copytree(results_dir() / machine, tmp_path / machine)
+    (tmp_path / "h100" / "steptrace.json").write_text("{")
+    monkeypatch.setattr(kvlab.results, "results_dir", lambda: tmp_path)
+    tab = EndToEndTab(gpu="h100-sxm")
+    figure = tab.figures["trace"].figure
+    assert "unreadable recording" in figure.layout.annotations[0].text
+    assert "steptrace.json" in tab.unreadable["traced"]

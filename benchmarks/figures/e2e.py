@@ -15,6 +15,7 @@ from .common import source, value_range
 E2E_RESULTS = E2E[1]
 # One step traced at prompts of 512, 4,064 and 32,736 tokens; ncu's counters of a step's kernels
 TRACES = ("steptrace", "steptrace_4k", "steptrace_32k")
+MODELLED_MIN = 0.02  # a prefetched share below which the gain over it is not set beside it
 
 
 def e2e_table(result: dict) -> list[str]:
@@ -233,6 +234,7 @@ def ahead_measured_summary() -> str:
 def _traced() -> list[tuple[dict, dict]]:
     """(row, its kernel groups: kvlab.viz.e2e.trace_groups with the step model's bytes) of
     every traced step without the cross-kernel prefetch, in the order recorded."""
+    from kvlab.bench.steptrace import mean_context
     from kvlab.predict.step import step_anatomy
     from kvlab.viz.e2e import trace_groups
 
@@ -242,7 +244,7 @@ def _traced() -> list[tuple[dict, dict]]:
         for row in result["rows"]:
             if row["ahead_bytes"]:
                 continue
-            context = row["prompt"] + row["new_tokens"] - len(row["steps"]) / 2
+            context = mean_context(row["prompt"], row["new_tokens"], len(row["steps"]))
             anatomy = step_anatomy(row["model"], row["batch"], context,
                                    result["roofline_copy_gbps"], _step_model())
             groups = {g["group"]: g for g in trace_groups(row["kernels"], anatomy)}
@@ -305,21 +307,29 @@ def _counter_pairs() -> list[tuple[dict, dict]]:
             if r["ahead_bytes"] and (r["model"], r["batch"]) in without]
 
 
+def _gemm_gains() -> list[tuple[dict, dict, float]]:
+    """(the row with the prefetch, one GEMM of it, that GEMM's share of loads hitting L2 without
+    the prefetch) for every GEMM at each point of the step counters."""
+    found = []
+    for before, after in _counter_pairs():
+        shares = {g["name"]: g["load_hit_share"] for g in before["counters"]["gemms"]}
+        found += [(after, g, shares[g["name"]]) for g in after["counters"]["gemms"]]
+    return found
+
+
 def step_counters_table() -> list[str]:
     """Per point and GEMM: ncu's share of its loaded bytes that hit L2, without and with the
     prefetch, the gain against the share the step model gives the prefetch."""
     lines = ["| model | batch | ahead_bytes | GEMM | L2 hits without | with | gain | "
              "modelled share | gain / modelled |", "|---|---|---|---|---|---|---|---|---|"]
-    for before, after in _counter_pairs():
-        shares = {g["name"]: g["load_hit_share"] for g in before["counters"]["gemms"]}
-        for g in after["counters"]["gemms"]:
-            gain = g["load_hit_share"] - shares[g["name"]]
-            ratio = (f"{gain / g['prefetched_share']:.2f}" if g["prefetched_share"] >= 0.02
-                     else "-")
-            lines.append(f"| {after['model']} | {after['batch']} | "
-                         f"{after['ahead_bytes'] / 2**20:.0f} MiB | {g['name']} | "
-                         f"{shares[g['name']]:.1%} | {g['load_hit_share']:.1%} | {gain:+.1%} | "
-                         f"{g['prefetched_share']:.1%} | {ratio} |")
+    for after, g, before in _gemm_gains():
+        gain = g["load_hit_share"] - before
+        ratio = (f"{gain / g['prefetched_share']:.2f}" if g["prefetched_share"] >= MODELLED_MIN
+                 else "-")
+        lines.append(f"| {after['model']} | {after['batch']} | "
+                     f"{after['ahead_bytes'] / 2**20:.0f} MiB | {g['name']} | {before:.1%} | "
+                     f"{g['load_hit_share']:.1%} | {gain:+.1%} | {g['prefetched_share']:.1%} | "
+                     f"{ratio} |")
     return lines
 
 
@@ -336,14 +346,10 @@ def _group_change(batch: int) -> dict[str, float]:
 
 def _hit_ratios() -> list[float]:
     """At batches 1 and 2, per GEMM: the rise of its L2 hits with the prefetch over the share
-    the step model gives the prefetch (where that is 2% or more)."""
-    ratios = []
-    for before, after in _counter_pairs():
-        shares = {g["name"]: g["load_hit_share"] for g in before["counters"]["gemms"]}
-        ratios += [(g["load_hit_share"] - shares[g["name"]]) / g["prefetched_share"]
-                   for g in after["counters"]["gemms"]
-                   if after["batch"] <= 2 and g["prefetched_share"] >= 0.02]
-    return ratios
+    the step model gives the prefetch (where that is MODELLED_MIN or more)."""
+    return [(g["load_hit_share"] - before) / g["prefetched_share"]
+            for after, g, before in _gemm_gains()
+            if after["batch"] <= 2 and g["prefetched_share"] >= MODELLED_MIN]
 
 
 def step_counters_summary() -> str:

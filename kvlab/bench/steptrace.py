@@ -164,6 +164,12 @@ def _trace(llm, prompts: list, new_tokens: int) -> tuple[list[list[dict]], list[
     return split_steps(kineto_events(prof)), out.step_batch
 
 
+def mean_context(prompt: int, new_tokens: int, steps: int) -> float:
+    """The context the step model is asked at for a trace of the last `steps` decode steps of
+    `new_tokens` after prompts of `prompt` tokens: the kept steps' mean."""
+    return prompt + new_tokens - steps / 2
+
+
 def engine_options(batch: int, prompt: int, new_tokens: int) -> dict:
     """kvlab.LLM's sizes for a trace of `batch` prompts of `prompt` tokens: blocks for them all,
     every prompt in one prefill pass (so that every step decodes the whole batch, none admitted
@@ -209,7 +215,7 @@ def run(args) -> dict:
                 raise RuntimeError(f"{name} batch={batch}: the traced steps decoded "
                                    f"{decoded[-len(kept):]} sequences, not the whole batch")
             summaries = [step_summary(s) for s in kept]
-            last, context = kept[-1], args.prompt + args.new_tokens - args.steps / 2
+            last, context = kept[-1], mean_context(args.prompt, args.new_tokens, args.steps)
             modelled = step_anatomy(name, batch, context, result["roofline_copy_gbps"], fit,
                                     ahead)
             result["rows"].append({
@@ -228,7 +234,8 @@ def run(args) -> dict:
     return result
 
 
-def _share(value: float | None) -> str:
+def share_text(value: float | None) -> str:
+    """A share of loads that hit L2 as a report prints it: "17%", or "-" where ncu gave none."""
     return "-" if value is None else f"{value:.0%}"
 
 
@@ -251,8 +258,8 @@ def report(result: dict) -> str:
         if counters.get("gemms") is None:
             lines.append(f"{head}: {counters.get('note') or counters.get('error')}")
             continue
-        shares = ", ".join(f"{g['name']} {_share(g['load_hit_share'])} "
-                           f"({_share(g['prefetched_share'])})" for g in counters["gemms"])
+        shares = ", ".join(f"{g['name']} {share_text(g['load_hit_share'])} "
+                           f"({share_text(g['prefetched_share'])})" for g in counters["gemms"])
         lines.append(f"{head}: GEMM loads hitting L2, ncu (the prefetch's share, modelled): "
                      f"{shares}")
     return "\n".join(lines)

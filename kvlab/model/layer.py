@@ -119,13 +119,12 @@ def prefetch_args(nbytes: int, then: torch.Tensor | None,
     """layer_ops' ahead arguments that bring the first `nbytes` of `then` into L2, for the kernel
     before the GEMM of `then`: a linear's, or with `gemm_rows` (the rows that GEMM will take) a
     norm's or SwiGLU's, which prefetches only where cuBLAS runs the GEMMs (more than
-    layer_ops.LINEAR_ROWS rows; up to it the linear before does). None for nbytes 0 or a tensor
+    layer_ops.LINEAR_ROWS rows; up to it the linear before does). {} for nbytes 0 or a tensor
     the kernels cannot prefetch (not contiguous, not 16-byte aligned: layer_ops.ahead_problem),
     which a hint leaves out rather than refuses."""
-    if not nbytes or then is None or (
-            gemm_rows is not None and gemm_rows.shape[0] <= layer_ops.LINEAR_ROWS):
-        return {}
-    if layer_ops.ahead_problem(then, nbytes, then.device):
+    if (not nbytes or then is None
+            or (gemm_rows is not None and gemm_rows.shape[0] <= layer_ops.LINEAR_ROWS)
+            or layer_ops.ahead_problem(then, nbytes, then.device)):
         return {}
     return {"ahead": then, "ahead_bytes": nbytes}
 

@@ -35,6 +35,7 @@ import statistics
 import ipywidgets as widgets
 
 from kvlab.bench.e2e import VARIANTS, prefetch_pairs
+from kvlab.bench.steptrace import mean_context, share_text
 from kvlab.config import MODELS
 from kvlab.device import backend, device_label
 from kvlab.gpus import GPUS, REFERENCE, copy_roofline_gbps
@@ -388,7 +389,7 @@ class EndToEndTab:
         row = traced[0]
         anatomy = None
         if not isinstance(self.step_model, str):
-            context = row["prompt"] + row["new_tokens"] - len(row["steps"]) / 2
+            context = mean_context(row["prompt"], row["new_tokens"], len(row["steps"]))
             anatomy = step_anatomy(model, batch, context, gbps[row["source"]], self.step_model)
         provenance = f"{label(recorded, [row])}; prompts of {row['prompt']:,} tokens"
         show_figure(self.figures["trace"], trace_figure(
@@ -420,7 +421,8 @@ class EndToEndTab:
             if not r["ahead_bytes"]:
                 continue
             shares = ", ".join(
-                f"{g['name']} {_share(before.get(g['name']))} -> {_share(g['load_hit_share'])}"
+                f"{g['name']} {share_text(before.get(g['name']))} -> "
+                f"{share_text(g['load_hit_share'])}"
                 f" (modelled +{g['prefetched_share']:.0%})" for g in r["counters"]["gemms"])
             lines.append(f"L2 hits of the GEMMs' loads (ncu, {label(counters, [r])}),"
                          f" without -> with the cross-kernel prefetch of "
@@ -494,10 +496,6 @@ class EndToEndTab:
                 if gains := _prefetch_gains(rows, lever):
                     lines.append(f"{what} at this batch: " + ", ".join(gains))
         return [first, *lines]
-
-
-def _share(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0%}"
 
 
 def _prefetch_gains(rows: list[dict], lever: str = "+prefetch") -> list[str]:

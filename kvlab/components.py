@@ -70,6 +70,7 @@ COMPONENTS: dict[str, tuple[str, ...]] = {
     "predict": _in("kvlab/predict", "__init__.py", "closed_form.py", "decode.py", "fit.py",
                    "paper.py", "point.py", "recorded.py", "report.py", "validate.py"),
     "step_model": ("kvlab/predict/step.py",),  # a decode step kernel by kernel, modelled
+    "ahead_model": ("kvlab/predict/ahead.py",),  # the cross-kernel prefetch, learned
     "dashboard": _in("kvlab/panels", "__init__.py", "app.py", "decode_kernels.py", "e2e.py",
                      "kvpr.py", "l2.py", "paged_cache.py", "widgets.py")
     + _in("kvlab/viz", "__init__.py", "cache.py", "counters.py", "e2e.py", "export.py",

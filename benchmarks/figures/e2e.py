@@ -363,6 +363,64 @@ def step_counters_summary() -> str:
             " us")
 
 
+@functools.cache
+def _learned():
+    """The cross-kernel prefetch learned from the H100's recordings (kvlab.predict.ahead), on
+    the step model."""
+    from kvlab.predict.ahead import fit_ahead
+
+    return fit_ahead(step=_step_model())
+
+
+def ahead_learned_constants() -> str:
+    """The learned delivery and issue costs, with the points and the held-out check."""
+    fit = _learned()
+    delivery = ", ".join(f"{regime} {share:.2f}" for regime, share in fit.delivery.items())
+    cost = ", ".join(f"{key} {share:.2f}" for key, share in fit.issue_cost.items())
+    return (f"delivery {delivery} (from {fit.gemms} GEMMs' counters); issue cost {cost} (from "
+            f"{fit.steps} steps); on models left out, within {fit.held_out_us:.0f} us of the "
+            f"recorded change of a step (median {fit.median_us:.0f} us), "
+            f"{fit.held_out_share:.1%} of the step at most")
+
+
+def _learned_points() -> list[tuple[dict, dict, dict]]:
+    """(gqa's row, gqa+ahead's, kvlab.predict.ahead.ahead_effect there) at each point of the
+    lever's recording."""
+    from kvlab.predict.ahead import ahead_effect
+
+    fit, step = _learned(), _step_model()
+    return [(gqa, ahead, ahead_effect(gqa["model"], gqa["batch"],
+                                      gqa["prompt"] + gqa["new_tokens"] / 2,
+                                      ahead["ahead_bytes"], _ahead_gbps(), step, fit))
+            for gqa, ahead in _ahead_pairs()]
+
+
+def ahead_learned_table() -> list[str]:
+    """Per point of the lever's recording: the recorded change of a step, the learned one, its
+    parts and the step model's bound (us)."""
+    lines = ["| model | batch | ahead_bytes | recorded change | learned | issue cost | hidden "
+             "idle | bound |", "|---|---|---|---|---|---|---|---|"]
+    for gqa, ahead, effect in _learned_points():
+        lines.append(f"| {gqa['model']} | {gqa['batch']} | {ahead['ahead_bytes'] / 2**20:.1f} "
+                     f"MiB | {1e3 * (ahead['step_ms'] - gqa['step_ms']):+.0f} us | "
+                     f"{effect['delta_us']:+.0f} us | {effect['cost_us']:.0f} us | "
+                     f"{effect['hidden_us']:.0f} us | -{effect['bound_us']:.0f} us |")
+    return lines
+
+
+def ahead_learned_summary() -> str:
+    """At how many points the learned change has the recorded one's sign."""
+    points = _learned_points()
+    same = sum((ahead["step_ms"] > gqa["step_ms"]) == (effect["delta_us"] > 0)
+               for gqa, ahead, effect in points)
+    return f"the learned change has the recorded one's sign at {same} of {len(points)} points"
+
+
+def _ahead_gbps() -> float:
+    """The copy roofline of the H100's lever run (GB/s)."""
+    return load_result("h100", "e2e_ahead")["roofline_copy_gbps"]
+
+
 BLOCKS = {
     "e2e.source": lambda: [f"- {source('h200', name)}" for name in E2E_RESULTS],
     "e2e.rounds": lambda: ", ".join(sorted({str(load_result("h200", name)["rounds"])
@@ -389,4 +447,7 @@ BLOCKS = {
     "e2e.step-counters": step_counters_table,
     "e2e.step-counters-summary": step_counters_summary,
     "e2e.step-counters-ratio": lambda: value_range(_hit_ratios(), unit=""),
+    "e2e.ahead-learned-constants": ahead_learned_constants,
+    "e2e.ahead-learned": ahead_learned_table,
+    "e2e.ahead-learned-summary": ahead_learned_summary,
 }

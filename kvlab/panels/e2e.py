@@ -48,6 +48,7 @@ from kvlab.panels.widgets import (
     modelled_for,
     show_figure,
 )
+from kvlab.predict.ahead import AHEAD_GPU, AHEAD_RECORDED, ahead_effect, fit_ahead
 from kvlab.predict.point import launch_point
 from kvlab.predict.step import STREAMING_ROWS, ahead_size, fit_step_model, step_anatomy
 from kvlab.results import E2E, label, load_result, load_shown, recorded_models
@@ -126,6 +127,7 @@ class EndToEndTab:
         except (OSError, ValueError, KeyError, TypeError) as error:
             self.step_model = f"the step model cannot be fitted: {error}"
         self._traces = None  # the traced steps and their counters: `traces`, when first shown
+        self._ahead_model = None  # the learned prefetch: `ahead_model`, when first asked for
         self.tensor_parallel = [  # the recorded tensor-parallel results
             result for machine, names in TENSOR_PARALLEL
             if (result := load_shown(machine, names, {"tp": int, "rows": E2E_ROWS},
@@ -139,7 +141,7 @@ class EndToEndTab:
             "gpu": gpu_control(gpu),
             "batch": labeled(widgets.Dropdown, "batch", options=batches,
                              value=batch if batch in batches else batches[-1]),
-            "ahead": labeled(widgets.Checkbox, "cross-kernel prefetch (modelled bound)",
+            "ahead": labeled(widgets.Checkbox, "cross-kernel prefetch (modelled)",
                              value=False, indent=False),
         }
         if self.backend == "cuda":  # for Generate
@@ -324,8 +326,11 @@ class EndToEndTab:
             show_figure(self.figures["anatomy"], note_figure(title, "not modelled",
                                                              note_text(str(error)), height))
             return [html.escape(f"Step anatomy: {error}")]
-        show_figure(self.figures["anatomy"], anatomy_figure(anatomy, title, provenance,
-                                                            recorded, height))
+        learned = self._learned(model, batch, prompt + new_tokens / 2, gbps, ahead)
+        show_figure(self.figures["anatomy"], anatomy_figure(
+            anatomy, title, provenance, recorded, height,
+            None if isinstance(learned, str) else (anatomy["step_us"] + anatomy["hidden_us"]
+                                                   + learned["delta_us"]) / 1e3))
         lines = [
             f"Idle budget (modelled): {anatomy['idle_us'] / 1e3:.2f} ms of a "
             f"{anatomy['step_us'] / 1e3:.2f} ms step, "
@@ -338,7 +343,29 @@ class EndToEndTab:
                 f"{anatomy['hidden_us'] / 1e3:.2f} ms of idle hidden, the kernels before each "
                 f"covered GEMM bringing its first {ahead / 2**20:.1f} MiB into L2 "
                 "(a modelled bound, not measured: docs/end-to-end.md)")
+            lines.append(learned if isinstance(learned, str) else _learned_line(
+                learned, anatomy["step_us"] + anatomy["hidden_us"], self.ahead_model()))
         return list(map(html.escape, lines))
+
+    def ahead_model(self):
+        """The cross-kernel prefetch learned from its recordings (kvlab.predict.ahead.fit_ahead,
+        on this tab's step model), or why it cannot be fitted; fitted the first time asked."""
+        if self._ahead_model is None:
+            try:
+                self._ahead_model = fit_ahead(step=self.step_model)
+            except (OSError, ValueError, KeyError, TypeError) as error:
+                self._ahead_model = f"the learned prefetch cannot be fitted: {error}"
+        return self._ahead_model
+
+    def _learned(self, model: str, batch: int, context: float, gbps: float, ahead: int):
+        """kvlab.predict.ahead.ahead_effect of `ahead` bytes at this point, or why there is
+        none (no prefetch: "")."""
+        if not ahead:
+            return ""
+        learned = self.ahead_model()
+        if isinstance(learned, str):
+            return learned
+        return ahead_effect(model, batch, context, ahead, gbps, self.step_model, learned)
 
     def traces(self) -> tuple[dict, dict[str, float], dict]:
         """The recorded traced steps (merged), each file's copy roofline (GB/s) and the step
@@ -505,3 +532,19 @@ def _prefetch_gains(rows: list[dict], lever: str = "+prefetch") -> list[str]:
     return [f"{html.escape(with_)} {step_ms[without] / step_ms[with_]:.2f}x "
             f"{html.escape(without)}'s speed"
             for with_, without in prefetch_pairs(step_ms, lever)]
+
+
+def _learned_line(effect: dict, step_us: float, learned) -> str:
+    """The status line on the learned prefetch's effect (`ahead_effect`) on a step of
+    `step_us` without it."""
+    delivery = ", ".join(f"{regime} {share:.0%}" for regime, share in learned.delivery.items())
+    cost = ", ".join(f"{key} {share:.0%}" for key, share in learned.issue_cost.items())
+    files = ", ".join(AHEAD_RECORDED[1] + AHEAD_RECORDED[2])
+    return (f"Learned from the {GPUS[AHEAD_GPU].name}'s recordings ({files}): "
+            f"{effect['delta_us'] / 1e3:+.2f} ms a step "
+            f"({effect['delta_us'] / step_us:+.1%}): the issuing kernels grow by "
+            f"{effect['cost_us'] / 1e3:.2f} ms, the GEMMs after them hide "
+            f"{effect['hidden_us'] / 1e3:.2f} ms of idle. Share of the prefetched bytes found in "
+            f"L2 (ncu): {delivery}; issuing kernels' growth, of the bytes' time: {cost}; within "
+            f"{learned.held_out_us:.0f} us of the recorded change on models left out "
+            "(kvlab.predict.ahead)")

@@ -182,20 +182,22 @@ def steps_figure(step_ms: dict[str, list[float]], title: str, provenance: str,
 
 
 def anatomy_figure(anatomy: dict, title: str, provenance: str, recorded_ms: float | None = None,
-                   height: int = 360) -> go.Figure:
+                   height: int = 360, learned_ms: float | None = None) -> go.Figure:
     """A decode step kernel by kernel (`kvlab.predict.step.step_anatomy`): per kernel, over the
     whole step, the time HBM is busy with its bytes and the time it idles around it (and, with
     the cross-kernel prefetch, the idle time it would hide, past the step's end); a last bar
     for the step, with the per-sequence work; and a line at `recorded_ms`, the step recorded at
-    that point. Raises ValueError for an anatomy without kernels or a step of time, or a
-    `recorded_ms` that is not a finite number > 0."""
+    that point, and one at `learned_ms`, the step with the prefetch as learned from its
+    recordings (kvlab.predict.ahead). Raises ValueError for an anatomy without kernels or a step
+    of time, or a `recorded_ms` or `learned_ms` that is not a finite number > 0."""
     kernels = anatomy.get("kernels") if isinstance(anatomy, dict) else None
     if not kernels or not all(isinstance(k, dict) for k in kernels) or not (
             is_real(anatomy.get("step_us")) and anatomy["step_us"] > 0):
         raise ValueError("anatomy: must hold kernels and a step_us > 0 "
                          "(kvlab.predict.step.step_anatomy)")
-    if recorded_ms is not None and not (is_real(recorded_ms) and recorded_ms > 0):
-        raise ValueError(f"recorded_ms={recorded_ms!r}: must be a finite number > 0 or None")
+    for name, value in (("recorded_ms", recorded_ms), ("learned_ms", learned_ms)):
+        if value is not None and not (is_real(value) and value > 0):
+            raise ValueError(f"{name}={value!r}: must be a finite number > 0 or None")
     names = [f"{k['name']} x{k['count']}" for k in kernels]
     step = "whole step"
     fig = go.Figure()
@@ -214,10 +216,13 @@ def anatomy_figure(anatomy: dict, title: str, provenance: str, recorded_ms: floa
                     marker_color=color,
                     marker_pattern_shape="/" if key == "hidden_us" else "")
         base = [b + w for b, w in zip(base, x, strict=True)]
-    if recorded_ms is not None:
-        fig.add_vline(x=recorded_ms, line=dict(color="black", dash="dash", width=1))
-        fig.add_scatter(x=[None], y=[None], mode="lines", name=f"recorded step "
-                        f"{recorded_ms:.2f} ms", line=dict(color="black", dash="dash", width=1))
+    for value, name, dash in ((recorded_ms, "recorded step", "dash"),
+                              (learned_ms, "with the prefetch, learned", "dot")):
+        if value is not None:
+            line = dict(color="black", dash=dash, width=1)
+            fig.add_vline(x=value, line=line)
+            fig.add_scatter(x=[None], y=[None], mode="lines", name=f"{name} {value:.2f} ms",
+                            line=line)
     fig.update_layout(barmode="overlay", xaxis=dict(title="ms a step"),
                       yaxis=dict(autorange="reversed"))
     idle = anatomy["idle_us"] / anatomy["step_us"]

@@ -327,13 +327,26 @@ def test_the_step_anatomy_shows_where_hbm_idles_beside_the_recorded_step(tab):
 
 def test_the_cross_kernel_prefetch_hides_idle_time_in_the_anatomy(tab):
     """The check box draws the prefetch's modelled bound: the idle each covered GEMM would
-    lose, hatched past the step, the step itself that much shorter, and says it is a bound."""
+    lose, hatched past the step, the step itself that much shorter, and says it is a bound;
+    beside it the step as learned from the prefetch's recordings, a line and a status line."""
+    from kvlab.predict.ahead import ahead_effect, fit_ahead
     from kvlab.predict.step import ahead_size, fit_step_model
 
     gbps, fit = load_result("h200", "e2e")["roofline_copy_gbps"], fit_step_model()
     before = tab.figures["anatomy"].figure.data
     tab.controls["ahead"].value = True
-    busy, idle, per_sequence, hidden, recorded = tab.figures["anatomy"].figure.data
+    busy, idle, per_sequence, hidden, recorded, learned = tab.figures["anatomy"].figure.data
+    row = next(r for r in tab.recorded["rows"] if r["model"] == "llama3-8b"
+               and r["batch"] == 64 and r["variant"] == "gqa")
+    effect = ahead_effect("llama3-8b", 64, row["prompt"] + row["new_tokens"] / 2, ahead_size(
+        fit, gbps, 64), gbps, fit, fit_ahead(step=fit))
+    without = per_sequence.x[-1] + busy.x[-1] + idle.x[-1] + hidden.x[-1]  # ms
+    step_ms = without + effect["delta_us"] / 1e3
+    assert learned.name == f"with the prefetch, learned {step_ms:.2f} ms"
+    assert effect["delta_us"] > 0  # at batch 64 the recordings say it costs more than it hides
+    status = html.unescape(tab.status.value)
+    assert "Learned from the NVIDIA H100 80GB HBM3's recordings" in status
+    assert f"{effect['delta_us'] / 1e3:+.2f} ms a step" in status
     assert hidden.name.startswith("idle the cross-kernel prefetch would hide")
     assert hidden.marker.pattern.shape == "/"
     names = list(hidden.y)
@@ -345,6 +358,17 @@ def test_the_cross_kernel_prefetch_hides_idle_time_in_the_anatomy(tab):
     assert "a modelled bound, not measured" in tab.status.value
     tab.controls["ahead"].value = False
     assert len(tab.figures["anatomy"].figure.data) == len(before)
+
+
+def test_the_anatomy_says_why_where_the_learned_prefetch_cannot_be_fitted(monkeypatch):
+    monkeypatch.setenv("KVLAB_BACKEND", "sim")
+    monkeypatch.setattr(module, "fit_ahead",
+                        lambda step: (_ for _ in ()).throw(ValueError("no counters")))
+    tab = EndToEndTab(batch=1)
+    tab.controls["ahead"].value = True
+    assert "the learned prefetch cannot be fitted: no counters" in html.unescape(
+        tab.status.value)
+    assert len(tab.figures["anatomy"].figure.data) == 5  # the bound, no learned line
 
 
 def test_the_step_anatomy_says_why_where_it_cannot_model(monkeypatch):

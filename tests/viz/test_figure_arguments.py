@@ -165,11 +165,12 @@ def test_the_step_anatomy_needs_its_kernels_and_a_step(anatomy):
         anatomy_figure(anatomy, "t", "p")
 
 
-@pytest.mark.parametrize("recorded_ms", [-5.0, float("nan"), 0, "1"])
-def test_the_step_anatomy_refuses_a_bad_recorded_step(recorded_ms):
+@pytest.mark.parametrize("name", ["recorded_ms", "learned_ms"])
+@pytest.mark.parametrize("value", [-5.0, float("nan"), 0, "1"])
+def test_the_step_anatomy_refuses_a_bad_recorded_or_learned_step(name, value):
     from kvlab.predict.step import StepModel, step_anatomy
     from kvlab.viz.e2e import anatomy_figure
 
     anatomy = step_anatomy("llama3-8b", 1, 640, 4000.0, StepModel(2.0, 3.0, 0.2, 0, 0.0, 0.0))
-    with pytest.raises(ValueError, match=r"recorded_ms=.*: must be a finite number > 0"):
-        anatomy_figure(anatomy, "t", "p", recorded_ms)
+    with pytest.raises(ValueError, match=rf"{name}=.*: must be a finite number > 0"):
+        anatomy_figure(anatomy, "t", "p", **{name: value})

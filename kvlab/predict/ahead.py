@@ -1,0 +1,203 @@
+"""The cross-kernel prefetch learned from its recordings: how much of `kvlab.predict.step`'s bound
+a GPU keeps.
+
+`step.step_anatomy` bounds what `kvlab.LLM(ahead_bytes=...)` can win: every prefetched byte is
+found in L2 by the GEMM after, and moved while HBM would idle. Two measured quantities say how
+much of that holds:
+
+- delivery: the share of the prefetched bytes a GEMM finds in L2. ncu's share of the GEMM's
+  loaded bytes that hit L2 with the prefetch, less without it, over the share `step.ahead_hits`
+  says the prefetch brings (the counters of `python -m kvlab bench steptrace --counters`),
+  median per regime: the streaming linears (at most STREAMING_ROWS sequences: layer_ops'
+  kernels, which also issue the prefetch), cuBLAS's GEMMs whose weight fits in L2, and those
+  whose weight does not;
+- issue cost: the time the kernel that issues a prefetch grows by, as a share of the prefetched
+  bytes at the copy roofline, one per regime (streaming, cuBLAS), fitted by least squares on the
+  steps recorded with the lever off and on in one loop (`bench e2e`'s gqa and gqa+ahead).
+
+`ahead_effect` predicts a step's change with the prefetch: the issue cost of each prefetch,
+less the idle each covered GEMM hides (its delivered bytes at the copy roofline, at most one
+kernel's overhead). `fit_ahead` checks it on each model left out of the cost fit in turn.
+Fitted on one GPU's recordings (AHEAD_RECORDED), it is that GPU's; applied to another it is an
+assumption, which the callers state.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from kvlab.checks import check_int, check_real
+from kvlab.gpus import GPUS
+from kvlab.predict.step import STREAMING_ROWS, StepModel, ahead_hits, fit_step_model
+from kvlab.results import load_result
+
+__all__ = ["AHEAD_GPU", "AHEAD_RECORDED", "AheadModel", "ahead_effect", "fit_ahead", "regime"]
+
+# The recordings it learns from: the lever off and on (bench e2e, gqa and gqa+ahead) and the
+# counters of one step with and without it (bench steptrace --counters), on one GPU
+AHEAD_RECORDED = ("h100", ("e2e_ahead",), ("steptrace_counters",))
+AHEAD_GPU = "h100-sxm"  # the kvlab.gpus key of the GPU that recorded them
+VARIANT, LEVER = "gqa", "gqa+ahead"
+REGIMES = ("streaming", "fits", "exceeds")  # delivery: linear kind and weight against L2
+
+
+@dataclass(frozen=True)
+class AheadModel:
+    """The learned prefetch: `delivery` {regime: share of prefetched bytes found in L2} (REGIMES;
+    a regime no counter measured is absent), `issue_cost` {"streaming", "cublas": share of the
+    prefetched bytes' roofline time the issuing kernel grows by}, the L2 the regimes were split
+    on (`l2_bytes`), the points fitted (`gemms` counter pairs, `steps` lever pairs), and the
+    check: the largest and the median |predicted - recorded| change of a step (us) and the
+    largest as a share of the step, over the models left out of the cost fit in turn."""
+
+    delivery: dict
+    issue_cost: dict
+    l2_bytes: int
+    gemms: int
+    steps: int
+    held_out_us: float
+    median_us: float
+    held_out_share: float
+
+
+def regime(batch: int, weight_bytes: int, l2_bytes: int) -> str:
+    """The delivery regime of a GEMM of `weight_bytes` at `batch` sequences on an L2 of
+    `l2_bytes`: "streaming" (layer_ops' linear), else "fits" or "exceeds" (cuBLAS)."""
+    if batch <= STREAMING_ROWS:
+        return "streaming"
+    return "fits" if weight_bytes <= l2_bytes else "exceeds"
+
+
+def ahead_effect(model: str, batch: int, context: float, ahead_bytes: int, roofline_gbps: float,
+                 step: StepModel, learned: AheadModel) -> dict:
+    """The change of one decode step of `model` at `batch` sequences of `context` tokens with the
+    cross-kernel prefetch of `ahead_bytes`, on a copy roofline of `roofline_gbps` (GB/s):
+    {"cost_us" (the issuing kernels' growth), "hidden_us" (the idle the delivered bytes hide),
+    "delta_us" (cost less hidden: > 0 slower), "bound_us" (step.step_anatomy's hidden bound)}.
+    A GEMM's delivery regime uses learned.l2_bytes; one the counters did not measure takes the
+    median of those measured. Raises ValueError as `step.ahead_hits`, for a roofline that is not
+    a number > 0, and for a step or learned model of the wrong type."""
+    check_real("roofline_gbps", roofline_gbps, 0.0, open_min=True)
+    gbps = float(roofline_gbps)
+    if not isinstance(step, StepModel) or not isinstance(learned, AheadModel):
+        raise ValueError(f"step={step!r:.40}, learned={learned!r:.40}: must be a StepModel "
+                         "(step.fit_step_model) and an AheadModel (fit_ahead)")
+    overhead = step.streaming_overhead_us if batch <= STREAMING_ROWS else step.overhead_us
+    fallback = statistics.median(learned.delivery.values())
+    cost = learned.issue_cost["streaming" if batch <= STREAMING_ROWS else "cublas"]
+    totals = {"cost_us": 0.0, "hidden_us": 0.0, "bound_us": 0.0}
+    for _, weight, prefetched in ahead_hits(model, batch, context, ahead_bytes):
+        if not prefetched:
+            continue
+        moved_us = prefetched / gbps / 1e3
+        delivery = learned.delivery.get(regime(batch, weight, learned.l2_bytes), fallback)
+        totals["cost_us"] += cost * moved_us
+        totals["hidden_us"] += min(overhead, delivery * moved_us)
+        totals["bound_us"] += min(overhead, moved_us)
+    return {**totals, "delta_us": totals["cost_us"] - totals["hidden_us"]}
+
+
+def _delivery_points(counters: list[dict], l2_bytes: int) -> list[tuple[str, float]]:
+    """(regime, delivered share) of each GEMM that a prefetch covered in the counter recordings:
+    its L2 hit share with the prefetch less without, over the share the prefetch brings."""
+    points = []
+    for result in counters:
+        rows = [r for r in result["rows"] if (r.get("counters") or {}).get("gemms")]
+        without = {(r["model"], r["batch"]): {g["name"]: g for g in r["counters"]["gemms"]}
+                   for r in rows if not r["ahead_bytes"]}
+        for r in rows:
+            base = without.get((r["model"], r["batch"]))
+            if not r["ahead_bytes"] or base is None:
+                continue
+            weights = {name: weight for name, weight, _ in ahead_hits(r["model"], r["batch"],
+                                                                      r["prompt"], 0)}
+            for g in r["counters"]["gemms"]:
+                before = base.get(g["name"], {}).get("load_hit_share")
+                if g["prefetched_share"] > 0 and None not in (before, g["load_hit_share"]):
+                    points.append((regime(r["batch"], weights[g["name"]], l2_bytes),
+                                   (g["load_hit_share"] - before) / g["prefetched_share"]))
+    return points
+
+
+def _lever_points(e2e: list[dict]) -> list[dict]:
+    """Each recorded pair of steps without and with the lever: model, batch, mean context,
+    ahead_bytes, the step without (us), the recorded change (us) and its run's copy roofline."""
+    points = []
+    for result in e2e:
+        steps = {(r["model"], r["batch"], r["variant"]): r for r in result["rows"]}
+        for (model, batch, variant), r in steps.items():
+            base = steps.get((model, batch, VARIANT))
+            if variant != LEVER or base is None or not r.get("ahead_bytes"):
+                continue
+            points.append({"model": model, "batch": batch,
+                           "context": r["prompt"] + r["new_tokens"] / 2,
+                           "ahead_bytes": r["ahead_bytes"], "step_us": 1e3 * base["step_ms"],
+                           "delta_us": 1e3 * (r["step_ms"] - base["step_ms"]),
+                           "roofline_gbps": result["roofline_copy_gbps"]})
+    return points
+
+
+def _fit_costs(points: list[dict], step: StepModel, delivery: dict, l2_bytes: int) -> dict:
+    """The issue cost per regime ("streaming", "cublas") fitting the points' recorded changes
+    by least squares, one coefficient each (0 where no point is of that regime)."""
+    unit = AheadModel(delivery, {"streaming": 1.0, "cublas": 1.0}, l2_bytes, 0, 0, 0, 0, 0)
+    sums = {"streaming": [0.0, 0.0], "cublas": [0.0, 0.0]}
+    for p in points:
+        effect = ahead_effect(p["model"], p["batch"], p["context"], p["ahead_bytes"],
+                              p["roofline_gbps"], step, unit)
+        moved = effect["cost_us"]  # at a cost of 1: the prefetched bytes' time
+        key = "streaming" if p["batch"] <= STREAMING_ROWS else "cublas"
+        sums[key][0] += moved * (p["delta_us"] + effect["hidden_us"])
+        sums[key][1] += moved * moved
+    return {key: num / den if den else 0.0 for key, (num, den) in sums.items()}
+
+
+def fit_ahead(e2e=None, counters=None, step: StepModel | None = None,
+              l2_bytes: int | None = None) -> AheadModel:
+    """`AheadModel` learned from the lever's recordings (AHEAD_RECORDED, or `e2e`: a list of
+    bench e2e results with gqa and gqa+ahead rows, and `counters`: a list of bench steptrace
+    --counters results), its regimes split on `l2_bytes` (default the recording GPU's L2), the
+    step model `step` (default step.fit_step_model()), checked on each model left out of the
+    cost fit. Raises ValueError for lists that are not such results, or that hold no counter
+    pair or lever pairs of fewer than two models."""
+    machine, e2e_names, counter_names = AHEAD_RECORDED
+    if e2e is None:
+        e2e = [load_result(machine, name) for name in e2e_names]
+    if counters is None:
+        counters = [load_result(machine, name) for name in counter_names]
+    for name, results in (("e2e", e2e), ("counters", counters)):
+        if not isinstance(results, list | tuple) or not all(
+                isinstance(r, dict) and isinstance(r.get("rows"), list) for r in results):
+            raise ValueError(f"{name}={results!r:.80}: must be a list of bench results (each "
+                             "with rows)")
+    l2_bytes = GPUS[AHEAD_GPU].l2_bytes if l2_bytes is None else l2_bytes
+    check_int("l2_bytes", l2_bytes, 1)
+    step = fit_step_model() if step is None else step
+    shares: dict[str, list[float]] = {}
+    for key, share in _delivery_points(counters, l2_bytes):
+        shares.setdefault(key, []).append(share)
+    if not shares:
+        raise ValueError("counters: no GEMM recorded without and with a prefetch: the delivery "
+                         "needs one")
+    delivery = {key: statistics.median(shares[key]) for key in REGIMES if key in shares}
+    points = _lever_points(e2e)
+    models = sorted({p["model"] for p in points})
+    if len(models) < 2:
+        raise ValueError(f"e2e: the recordings hold {VARIANT} and {LEVER} steps of "
+                         f"{len(models)} model(s): the fit needs two or more, one to leave out")
+    errors = []
+    for left_out in models:
+        costs = _fit_costs([p for p in points if p["model"] != left_out], step, delivery,
+                           l2_bytes)
+        learned = AheadModel(delivery, costs, l2_bytes, 0, 0, 0, 0, 0)
+        for p in points:
+            if p["model"] == left_out:
+                predicted = ahead_effect(p["model"], p["batch"], p["context"], p["ahead_bytes"],
+                                         p["roofline_gbps"], step, learned)["delta_us"]
+                errors.append((abs(predicted - p["delta_us"]), p["step_us"]))
+    misses = [e for e, _ in errors]
+    return AheadModel(delivery, _fit_costs(points, step, delivery, l2_bytes), l2_bytes,
+                      sum(map(len, shares.values())), len(points), max(misses),
+                      statistics.median(misses), max(e / s for e, s in errors))
+

@@ -1,0 +1,105 @@
+"""The cross-kernel prefetch learned from its recordings: the delivery and the issue costs
+recovered from recordings made with known ones, the fit to the H100's recordings checked on
+models left out, the effect's parts, bad input."""
+
+import pytest
+
+from kvlab.predict.ahead import AheadModel, ahead_effect, fit_ahead, regime
+from kvlab.predict.step import StepModel, ahead_hits
+
+STEP = StepModel(2.5, 3.6, 0.17, 16, 0.05, 0.01)
+L2 = 50 * 2**20
+MIB = 2**20
+
+
+def counter_results(delivery: dict, model="qwen2.5-7b", ahead=10 * MIB):
+    """bench steptrace --counters results whose GEMMs' hit shares rise by `delivery[regime]` of
+    the share the prefetch brings, at batch 1 and 16."""
+    rows = []
+    for batch in (1, 16):
+        hits = {name: (weight, prefetched) for name, weight, prefetched
+                in ahead_hits(model, batch, 512, ahead)}
+        for size in (0, ahead):
+            gemms = [{"name": name, "prefetched_share": prefetched / weight if size else 0.0,
+                      "load_hit_share": 0.02 + (delivery[regime(batch, weight, L2)]
+                                                * prefetched / weight if size else 0.0)}
+                     for name, (weight, prefetched) in hits.items()]
+            rows.append({"model": model, "batch": batch, "ahead_bytes": size, "prompt": 512,
+                         "counters": {"gemms": gemms}})
+    return [{"rows": rows}]
+
+
+def lever_results(learned: AheadModel, gbps=3000.0, ahead=8 * MIB):
+    """bench e2e results whose gqa+ahead steps differ from gqa's by exactly ahead_effect's."""
+    rows = []
+    for model in ("llama3-8b", "qwen2.5-7b", "llama2-7b"):
+        for batch in (1, 16, 64):
+            delta = ahead_effect(model, batch, 640, ahead, gbps, STEP, learned)["delta_us"]
+            common = {"model": model, "batch": batch, "prompt": 512, "new_tokens": 256}
+            rows += [{**common, "variant": "gqa", "step_ms": 6.0},
+                     {**common, "variant": "gqa+ahead", "ahead_bytes": ahead,
+                      "step_ms": 6.0 + delta / 1e3}]
+    return [{"roofline_copy_gbps": gbps, "rows": rows}]
+
+
+def test_the_fit_recovers_the_delivery_and_costs_the_recordings_were_made_with():
+    delivery = {"streaming": 0.5, "fits": 0.4, "exceeds": 0.1}
+    made = AheadModel(delivery, {"streaming": 0.3, "cublas": 0.9}, L2, 0, 0, 0, 0, 0)
+    fit = fit_ahead(lever_results(made), counter_results(delivery), STEP, L2)
+    assert fit.delivery == pytest.approx(delivery)
+    assert fit.issue_cost == pytest.approx(made.issue_cost)
+    assert fit.steps == 9 and fit.gemms == 9  # 5 GEMMs at batch 1, 4 covered at 16 (not W_O)
+    assert fit.held_out_us == pytest.approx(0, abs=1e-6)
+
+
+def test_the_fit_to_the_h100s_recordings_holds_on_models_left_out():
+    fit = fit_ahead()
+    assert 0.3 < fit.delivery["streaming"] < 0.6 and 0.05 < fit.delivery["exceeds"] < 0.3
+    assert 0 < fit.issue_cost["streaming"] < fit.issue_cost["cublas"] < 1.5
+    assert fit.steps >= 15 and fit.median_us < fit.held_out_us < 150
+    assert fit.held_out_share < 0.02
+
+
+def test_the_effect_is_the_cost_less_the_hidden_idle_within_the_bound():
+    learned = AheadModel({"streaming": 0.5}, {"streaming": 0.25, "cublas": 1.0}, L2, 0, 0, 0,
+                         0, 0)
+    effect = ahead_effect("llama3-8b", 1, 512, 4 * MIB, 4000.0, STEP, learned)
+    covered = 4 * 32 + 1  # every GEMM a layer and the LM head
+    moved_us = 4 * MIB / 4000.0 / 1e3
+    assert effect["cost_us"] == pytest.approx(covered * 0.25 * moved_us)
+    assert effect["hidden_us"] == pytest.approx(covered * 0.5 * moved_us)
+    assert effect["bound_us"] == pytest.approx(covered * min(2.5, moved_us))
+    assert effect["delta_us"] == pytest.approx(effect["cost_us"] - effect["hidden_us"])
+    # a regime no counter measured takes the median of those measured; no prefetch, no effect
+    assert ahead_effect("llama3-8b", 16, 512, 4 * MIB, 4000.0, STEP, learned)[
+        "hidden_us"] == pytest.approx(3 * 32 * 0.5 * moved_us + 0.5 * moved_us)
+    assert set(ahead_effect("llama3-8b", 1, 512, 0, 4000.0, STEP, learned).values()) == {0.0}
+
+
+def test_the_regime_is_the_linear_kind_and_the_weight_against_l2():
+    assert regime(2, 10**12, L2) == "streaming"
+    assert regime(3, L2, L2) == "fits" and regime(3, L2 + 1, L2) == "exceeds"
+
+
+def test_bad_input_is_refused_by_name():
+    learned = fit_ahead()
+    with pytest.raises(ValueError, match="roofline_gbps=0"):
+        ahead_effect("llama3-8b", 1, 512, MIB, 0, STEP, learned)
+    with pytest.raises(ValueError, match="must be a StepModel"):
+        ahead_effect("llama3-8b", 1, 512, MIB, 3000.0, None, learned)
+    with pytest.raises(ValueError, match="ahead_bytes=-1"):
+        ahead_effect("llama3-8b", 1, 512, -1, 3000.0, STEP, learned)
+    with pytest.raises(ValueError, match="model='opt-6.7b'"):
+        ahead_effect("opt-6.7b", 1, 512, MIB, 3000.0, STEP, learned)
+    with pytest.raises(ValueError, match="e2e=5"):
+        fit_ahead(5, [], STEP)
+    with pytest.raises(ValueError, match="no GEMM recorded without and with"):
+        fit_ahead([], [{"rows": []}], STEP)
+    one_model = lever_results(learned)[0]
+    one_model = [{**one_model, "rows": [r for r in one_model["rows"]
+                                        if r["model"] == "llama3-8b"]}]
+    with pytest.raises(ValueError, match="of 1 model"):
+        fit_ahead(one_model, counter_results({"streaming": .5, "fits": .5, "exceeds": .1}),
+                  STEP)
+    with pytest.raises(ValueError, match="l2_bytes=0"):
+        fit_ahead(None, None, STEP, 0)

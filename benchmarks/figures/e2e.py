@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 
 from kvlab.bench.e2e import prefetch_pairs
+from kvlab.predict.ahead import AHEAD_GPU, AHEAD_RECORDED
 from kvlab.results import E2E, load_result, load_results
 
 from .common import source, value_range
@@ -15,6 +16,7 @@ from .common import source, value_range
 E2E_RESULTS = E2E[1]
 # One step traced at prompts of 512, 4,064 and 32,736 tokens; ncu's counters of a step's kernels
 TRACES = ("steptrace", "steptrace_4k", "steptrace_32k")
+AHEAD_FILES = AHEAD_RECORDED[1]
 MODELLED_MIN = 0.02  # a prefetched share below which the gain over it is not set beside it
 
 
@@ -201,34 +203,45 @@ def ahead_bound_summary() -> str:
             f"the batch-64 target on {sum(met[64])} of {len(met[64])}")
 
 
-def _ahead_pairs() -> list[tuple[dict, dict]]:
-    """(gqa's row, gqa+ahead's row) at each point of the H100's cross-kernel prefetch run."""
-    rows = load_result("h100", "e2e_ahead")["rows"]
-    by = {(r["model"], r["variant"], r["batch"]): r for r in rows}
-    return [(by[r["model"], "gqa", r["batch"]], r) for r in rows if r["variant"] == "gqa+ahead"]
+def _ahead_pairs() -> list[tuple[dict, dict, float]]:
+    """(gqa's row, gqa+ahead's row, its run's copy roofline in GB/s) at each point of the H100's
+    cross-kernel prefetch runs (kvlab.predict.ahead.AHEAD_RECORDED: 512, 4k and 32k tokens)."""
+    pairs = []
+    for name in AHEAD_FILES:
+        result = load_result(AHEAD_RECORDED[0], name)
+        by = {(r["model"], r["variant"], r["batch"]): r for r in result["rows"]}
+        pairs += [(by[r["model"], "gqa", r["batch"]], r, result["roofline_copy_gbps"])
+                  for r in result["rows"] if r["variant"] == "gqa+ahead"]
+    return pairs
 
 
 def ahead_measured_table() -> list[str]:
-    """Per model and batch: gqa's step, gqa+ahead's, the speed-up and the tokens' check."""
-    lines = ["| model | batch | ahead_bytes | gqa ms a step | gqa+ahead | speed-up | step / "
-             "roofline step (with) | same tokens |", "|---|---|---|---|---|---|---|---|"]
-    for gqa, ahead in _ahead_pairs():
-        lines.append(f"| {gqa['model']} | {gqa['batch']} | {ahead['ahead_bytes'] / 2**20:.1f} MiB "
-                     f"| {gqa['step_ms']:.2f} | {ahead['step_ms']:.2f} | "
-                     f"{gqa['step_ms'] / ahead['step_ms']:.3f}x | "
+    """Per prompt, model and batch: gqa's step, gqa+ahead's, the speed-up and the tokens'
+    check."""
+    lines = ["| prompt | model | batch | ahead_bytes | gqa ms a step | gqa+ahead | speed-up | "
+             "step / roofline step (with) | same tokens |", "|---|---|---|---|---|---|---|---|---|"]
+    for gqa, ahead, _ in _ahead_pairs():
+        lines.append(f"| {gqa['prompt']:,} | {gqa['model']} | {gqa['batch']} | "
+                     f"{ahead['ahead_bytes'] / 2**20:.1f} MiB | {gqa['step_ms']:.2f} | "
+                     f"{ahead['step_ms']:.2f} | {gqa['step_ms'] / ahead['step_ms']:.3f}x | "
                      f"{gqa['ratio_to_roofline']:.2f}x ({ahead['ratio_to_roofline']:.2f}x) | "
                      f"{'yes' if ahead['same_tokens'] else 'no'} |")
     return lines
 
 
 def ahead_measured_summary() -> str:
-    """The speed-up's range at batch 1 and above it."""
-    def span(keep):
-        speeds = [g["step_ms"] / a["step_ms"] for g, a in _ahead_pairs() if keep(g["batch"])]
-        return f"{min(speeds):.3f}-{max(speeds):.3f}x"
+    """The speed-up's range at batch 1 and above it, per prompt length."""
+    def span(prompt, keep):
+        speeds = [g["step_ms"] / a["step_ms"] for g, a, _ in _ahead_pairs()
+                  if g["prompt"] == prompt and keep(g["batch"])]
+        return f"{min(speeds):.3f}-{max(speeds):.3f}x" if speeds else None
 
-    return (f"at batch 1, {span(lambda b: b == 1)} gqa's speed; at batches 16 to 128, "
-            f"{span(lambda b: b > 1)}")
+    parts = []
+    for prompt in sorted({g["prompt"] for g, _, _ in _ahead_pairs()}):
+        one, more = span(prompt, lambda b: b == 1), span(prompt, lambda b: b > 1)
+        parts.append(f"with {prompt:,}-token prompts, {one} gqa's speed at batch 1"
+                     + (f" and {more} above it" if more else ""))
+    return "; ".join(parts)
 
 
 def _traced() -> list[tuple[dict, dict]]:
@@ -259,21 +272,52 @@ def _beyond(groups: dict, gemms: bool) -> float:
                if (name == "GEMMs") == gemms)
 
 
+def _covered_us(kernels: list[dict]) -> float:
+    """The time (us) in which at least one of `kernels` ({"start_us", "dur_us"}) runs: kernels
+    that overlap (the attention's merge, launched early) count once."""
+    covered, end = 0.0, float("-inf")
+    for k in sorted(kernels, key=lambda k: k["start_us"]):
+        start, stop = max(k["start_us"], end), k["start_us"] + k["dur_us"]
+        covered += max(0.0, stop - start)
+        end = max(end, stop)
+    return covered
+
+
 def steptrace_table() -> list[str]:
     """Per traced step: its time over its bytes at the copy roofline, and the time beyond it
-    split: the gaps between kernels, the GEMMs' time beyond their bytes, the other kernels'."""
+    split: the gaps between kernels, the GEMMs' time beyond their bytes, the other kernels';
+    the GEMMs' time and the attention's (its kernels' covered time) over their bytes'."""
     lines = ["| model | prompt | batch | kernels | step ms | / roofline step | beyond it: gaps "
              "| GEMMs beyond their bytes | other kernels beyond theirs | GEMMs' time / their "
-             "bytes |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "bytes | attention's |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row, groups in _traced():
-        gemms = groups["GEMMs"]
+        gemms, attention = groups["GEMMs"], groups["attention"]
         lines.append(f"| {row['model']} | {row['prompt']:,} | {row['batch']} | "
                      f"{row['num_kernels']:.0f} | {row['span_us'] / 1e3:.2f} | "
                      f"{row['span_us'] / row['roofline_us']:.2f}x | "
                      f"{row['gap_us'] / 1e3:.2f} ms | {_beyond(groups, True) / 1e3:.2f} ms | "
                      f"{_beyond(groups, False) / 1e3:.2f} ms | "
-                     f"{gemms['busy_us'] / gemms['roofline_us']:.2f}x |")
+                     f"{gemms['busy_us'] / gemms['roofline_us']:.2f}x | "
+                     f"{_covered_us(attention['kernels']) / attention['roofline_us']:.2f}x |")
     return lines
+
+
+def kv_prefetch_room() -> str:
+    """At batch 1 where a layer's K/V fit in the traced GPU's L2: the attention's covered time
+    beyond its bytes at the copy roofline, as a share of the step (the most a prefetch of the
+    K/V across kernel boundaries could win)."""
+    from kvlab.config import MODELS
+    from kvlab.gpus import GPUS
+
+    shares = []
+    for row, groups in _traced():
+        m = MODELS[row["model"]]
+        kv_bytes = 2 * 2 * row["prompt"] * m.kv_size  # a layer's K and V, fp16, batch 1
+        if row["batch"] == 1 and kv_bytes <= GPUS[AHEAD_GPU].l2_bytes:  # (the traces' GPU)
+            attention = groups["attention"]
+            shares.append(100 * (_covered_us(attention["kernels"]) - attention["roofline_us"])
+                          / row["span_us"])
+    return value_range(shares, "{:.1f}", "%")
 
 
 def steptrace_summary() -> str:
@@ -385,23 +429,24 @@ def ahead_learned_constants() -> str:
 
 def _learned_points() -> list[tuple[dict, dict, dict]]:
     """(gqa's row, gqa+ahead's, kvlab.predict.ahead.ahead_effect there) at each point of the
-    lever's recording."""
+    lever's recordings."""
     from kvlab.predict.ahead import ahead_effect
 
     fit, step = _learned(), _step_model()
     return [(gqa, ahead, ahead_effect(gqa["model"], gqa["batch"],
                                       gqa["prompt"] + gqa["new_tokens"] / 2,
-                                      ahead["ahead_bytes"], _ahead_gbps(), step, fit))
-            for gqa, ahead in _ahead_pairs()]
+                                      ahead["ahead_bytes"], gbps, step, fit))
+            for gqa, ahead, gbps in _ahead_pairs()]
 
 
 def ahead_learned_table() -> list[str]:
     """Per point of the lever's recording: the recorded change of a step, the learned one, its
     parts and the step model's bound (us)."""
-    lines = ["| model | batch | ahead_bytes | recorded change | learned | issue cost | hidden "
-             "idle | bound |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| prompt | model | batch | ahead_bytes | recorded change | learned | issue cost | "
+             "hidden idle | bound |", "|---|---|---|---|---|---|---|---|---|"]
     for gqa, ahead, effect in _learned_points():
-        lines.append(f"| {gqa['model']} | {gqa['batch']} | {ahead['ahead_bytes'] / 2**20:.1f} "
+        lines.append(f"| {gqa['prompt']:,} | {gqa['model']} | {gqa['batch']} | "
+                     f"{ahead['ahead_bytes'] / 2**20:.1f} "
                      f"MiB | {1e3 * (ahead['step_ms'] - gqa['step_ms']):+.0f} us | "
                      f"{effect['delta_us']:+.0f} us | {effect['cost_us']:.0f} us | "
                      f"{effect['hidden_us']:.0f} us | -{effect['bound_us']:.0f} us |")
@@ -414,11 +459,6 @@ def ahead_learned_summary() -> str:
     same = sum((ahead["step_ms"] > gqa["step_ms"]) == (effect["delta_us"] > 0)
                for gqa, ahead, effect in points)
     return f"the learned change has the recorded one's sign at {same} of {len(points)} points"
-
-
-def _ahead_gbps() -> float:
-    """The copy roofline of the H100's lever run (GB/s)."""
-    return load_result("h100", "e2e_ahead")["roofline_copy_gbps"]
 
 
 BLOCKS = {
@@ -437,12 +477,13 @@ BLOCKS = {
     "e2e.step-model": step_model_table,
     "e2e.ahead-bound": ahead_bound_table,
     "e2e.ahead-bound-summary": ahead_bound_summary,
-    "e2e.source-ahead": lambda: source("h100", "e2e_ahead"),
+    "e2e.source-ahead": lambda: "; ".join(source("h100", name) for name in AHEAD_FILES),
     "e2e.ahead-measured": ahead_measured_table,
     "e2e.ahead-measured-summary": ahead_measured_summary,
     "e2e.source-steptrace": lambda: "; ".join(source("h100", name) for name in TRACES),
     "e2e.steptrace": steptrace_table,
     "e2e.steptrace-summary": steptrace_summary,
+    "e2e.kv-prefetch-room": kv_prefetch_room,
     "e2e.source-step-counters": lambda: source("h100", "steptrace_counters"),
     "e2e.step-counters": step_counters_table,
     "e2e.step-counters-summary": step_counters_summary,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 
 from kvlab.bench.e2e import prefetch_pairs
-from kvlab.predict.ahead import AHEAD_GPU, AHEAD_RECORDED
+from kvlab.predict.ahead import AHEAD_RECORDED
 from kvlab.results import E2E, load_result, load_results
 
 from .common import source, value_range
@@ -16,7 +16,10 @@ from .common import source, value_range
 E2E_RESULTS = E2E[1]
 # One step traced at prompts of 512, 4,064 and 32,736 tokens; ncu's counters of a step's kernels
 TRACES = ("steptrace", "steptrace_4k", "steptrace_32k")
-AHEAD_FILES = AHEAD_RECORDED[1]
+TRACED_GPU = "h100-sxm"  # the kvlab.gpus key of the GPU that traced them
+# The lever's runs, off and on in one loop: (kvlab.gpus key, machine, result name)
+AHEAD_RUNS = tuple((gpu, machine, name) for gpu, runs in AHEAD_RECORDED.items()
+                   for machine, names in [runs["e2e"]] for name in names)
 MODELLED_MIN = 0.02  # a prefetched share below which the gain over it is not set beside it
 
 
@@ -203,25 +206,27 @@ def ahead_bound_summary() -> str:
             f"the batch-64 target on {sum(met[64])} of {len(met[64])}")
 
 
-def _ahead_pairs() -> list[tuple[dict, dict, float]]:
-    """(gqa's row, gqa+ahead's row, its run's copy roofline in GB/s) at each point of the H100's
-    cross-kernel prefetch runs (kvlab.predict.ahead.AHEAD_RECORDED: 512, 4k and 32k tokens)."""
+@functools.cache
+def _ahead_pairs() -> tuple[tuple[dict, dict, float, str], ...]:
+    """(gqa's row, gqa+ahead's row, its run's copy roofline in GB/s, the GPU's kvlab.gpus key)
+    at each point of the cross-kernel prefetch runs (AHEAD_RUNS)."""
     pairs = []
-    for name in AHEAD_FILES:
-        result = load_result(AHEAD_RECORDED[0], name)
+    for gpu, machine, name in AHEAD_RUNS:
+        result = load_result(machine, name)
         by = {(r["model"], r["variant"], r["batch"]): r for r in result["rows"]}
-        pairs += [(by[r["model"], "gqa", r["batch"]], r, result["roofline_copy_gbps"])
+        pairs += [(by[r["model"], "gqa", r["batch"]], r, result["roofline_copy_gbps"], gpu)
                   for r in result["rows"] if r["variant"] == "gqa+ahead"]
-    return pairs
+    return tuple(pairs)
 
 
 def ahead_measured_table() -> list[str]:
-    """Per prompt, model and batch: gqa's step, gqa+ahead's, the speed-up and the tokens'
+    """Per GPU, prompt, model and batch: gqa's step, gqa+ahead's, the speed-up and the tokens'
     check."""
-    lines = ["| prompt | model | batch | ahead_bytes | gqa ms a step | gqa+ahead | speed-up | "
-             "step / roofline step (with) | same tokens |", "|---|---|---|---|---|---|---|---|---|"]
-    for gqa, ahead, _ in _ahead_pairs():
-        lines.append(f"| {gqa['prompt']:,} | {gqa['model']} | {gqa['batch']} | "
+    lines = ["| GPU | prompt | model | batch | ahead_bytes | gqa ms a step | gqa+ahead | "
+             "speed-up | step / roofline step (with) | same tokens |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for gqa, ahead, _, gpu in _ahead_pairs():
+        lines.append(f"| {gpu} | {gqa['prompt']:,} | {gqa['model']} | {gqa['batch']} | "
                      f"{ahead['ahead_bytes'] / 2**20:.1f} MiB | {gqa['step_ms']:.2f} | "
                      f"{ahead['step_ms']:.2f} | {gqa['step_ms'] / ahead['step_ms']:.3f}x | "
                      f"{gqa['ratio_to_roofline']:.2f}x ({ahead['ratio_to_roofline']:.2f}x) | "
@@ -230,16 +235,16 @@ def ahead_measured_table() -> list[str]:
 
 
 def ahead_measured_summary() -> str:
-    """The speed-up's range at batch 1 and above it, per prompt length."""
-    def span(prompt, keep):
-        speeds = [g["step_ms"] / a["step_ms"] for g, a, _ in _ahead_pairs()
-                  if g["prompt"] == prompt and keep(g["batch"])]
+    """The speed-up's range at batch 1 and above it, per GPU and prompt length."""
+    def span(gpu, prompt, keep):
+        speeds = [g["step_ms"] / a["step_ms"] for g, a, _, on in _ahead_pairs()
+                  if on == gpu and g["prompt"] == prompt and keep(g["batch"])]
         return f"{min(speeds):.3f}-{max(speeds):.3f}x" if speeds else None
 
     parts = []
-    for prompt in sorted({g["prompt"] for g, _, _ in _ahead_pairs()}):
-        one, more = span(prompt, lambda b: b == 1), span(prompt, lambda b: b > 1)
-        parts.append(f"with {prompt:,}-token prompts, {one} gqa's speed at batch 1"
+    for gpu, prompt in dict.fromkeys((on, g["prompt"]) for g, _, _, on in _ahead_pairs()):
+        one, more = span(gpu, prompt, lambda b: b == 1), span(gpu, prompt, lambda b: b > 1)
+        parts.append(f"on the {gpu} with {prompt:,}-token prompts, {one} gqa's speed at batch 1"
                      + (f" and {more} above it" if more else ""))
     return "; ".join(parts)
 
@@ -313,7 +318,7 @@ def kv_prefetch_room() -> str:
     for row, groups in _traced():
         m = MODELS[row["model"]]
         kv_bytes = 2 * 2 * row["prompt"] * m.kv_size  # a layer's K and V, fp16, batch 1
-        if row["batch"] == 1 and kv_bytes <= GPUS[AHEAD_GPU].l2_bytes:  # (the traces' GPU)
+        if row["batch"] == 1 and kv_bytes <= GPUS[TRACED_GPU].l2_bytes:
             attention = groups["attention"]
             shares.append(100 * (_covered_us(attention["kernels"]) - attention["roofline_us"])
                           / row["span_us"])
@@ -408,46 +413,50 @@ def step_counters_summary() -> str:
 
 
 @functools.cache
-def _learned():
-    """The cross-kernel prefetch learned from the H100's recordings (kvlab.predict.ahead), on
-    the step model."""
+def _learned(gpu: str):
+    """The cross-kernel prefetch learned from `gpu`'s recordings (kvlab.predict.ahead), on the
+    step model."""
     from kvlab.predict.ahead import fit_ahead
 
-    return fit_ahead(step=_step_model())
+    return fit_ahead(gpu, step=_step_model())
 
 
-def ahead_learned_constants() -> str:
-    """The learned delivery and issue costs, with the points and the held-out check."""
-    fit = _learned()
-    delivery = ", ".join(f"{regime} {share:.2f}" for regime, share in fit.delivery.items())
-    cost = ", ".join(f"{key} {share:.2f}" for key, share in fit.issue_cost.items())
-    return (f"delivery {delivery} (from {fit.gemms} GEMMs' counters); issue cost {cost} (from "
-            f"{fit.steps} steps); on models left out, within {fit.held_out_us:.0f} us of the "
-            f"recorded change of a step (median {fit.median_us:.0f} us), "
-            f"{fit.held_out_share:.1%} of the step at most")
+def ahead_learned_constants() -> list[str]:
+    """Per GPU: the learned delivery and issue costs, the recordings, the points and the
+    held-out check."""
+    lines = []
+    for gpu in AHEAD_RECORDED:
+        fit = _learned(gpu)
+        delivery = ", ".join(f"{regime} {share:.2f}" for regime, share in fit.delivery.items())
+        cost = ", ".join(f"{key} {share:.2f}" for key, share in fit.issue_cost.items())
+        lines.append(f"- {gpu} ({fit.sources}): delivery {delivery} (from {fit.gemms} GEMMs' "
+                     f"counters); issue cost {cost} (from {fit.steps} steps); on models left "
+                     f"out, within {fit.held_out_us:.0f} us of the recorded change of a step "
+                     f"(median {fit.median_us:.0f} us), {fit.held_out_share:.1%} of the step at "
+                     "most")
+    return lines
 
 
-def _learned_points() -> list[tuple[dict, dict, dict]]:
-    """(gqa's row, gqa+ahead's, kvlab.predict.ahead.ahead_effect there) at each point of the
-    lever's recordings."""
+def _learned_points() -> list[tuple[dict, dict, dict, str]]:
+    """(gqa's row, gqa+ahead's, kvlab.predict.ahead.ahead_effect there by its GPU's learned
+    model, the GPU) at each point of the lever's recordings."""
     from kvlab.predict.ahead import ahead_effect
 
-    fit, step = _learned(), _step_model()
     return [(gqa, ahead, ahead_effect(gqa["model"], gqa["batch"],
                                       gqa["prompt"] + gqa["new_tokens"] / 2,
-                                      ahead["ahead_bytes"], gbps, step, fit))
-            for gqa, ahead, gbps in _ahead_pairs()]
+                                      ahead["ahead_bytes"], gbps, _step_model(), _learned(gpu)),
+             gpu) for gqa, ahead, gbps, gpu in _ahead_pairs()]
 
 
 def ahead_learned_table() -> list[str]:
-    """Per point of the lever's recording: the recorded change of a step, the learned one, its
-    parts and the step model's bound (us)."""
-    lines = ["| prompt | model | batch | ahead_bytes | recorded change | learned | issue cost | "
-             "hidden idle | bound |", "|---|---|---|---|---|---|---|---|---|"]
-    for gqa, ahead, effect in _learned_points():
-        lines.append(f"| {gqa['prompt']:,} | {gqa['model']} | {gqa['batch']} | "
-                     f"{ahead['ahead_bytes'] / 2**20:.1f} "
-                     f"MiB | {1e3 * (ahead['step_ms'] - gqa['step_ms']):+.0f} us | "
+    """Per point of the lever's recordings: the recorded change of a step, the learned one (its
+    GPU's model), its parts and the step model's bound (us)."""
+    lines = ["| GPU | prompt | model | batch | ahead_bytes | recorded change | learned | issue "
+             "cost | hidden idle | bound |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for gqa, ahead, effect, gpu in _learned_points():
+        lines.append(f"| {gpu} | {gqa['prompt']:,} | {gqa['model']} | {gqa['batch']} | "
+                     f"{ahead['ahead_bytes'] / 2**20:.1f} MiB | "
+                     f"{1e3 * (ahead['step_ms'] - gqa['step_ms']):+.0f} us | "
                      f"{effect['delta_us']:+.0f} us | {effect['cost_us']:.0f} us | "
                      f"{effect['hidden_us']:.0f} us | -{effect['bound_us']:.0f} us |")
     return lines
@@ -457,7 +466,7 @@ def ahead_learned_summary() -> str:
     """At how many points the learned change has the recorded one's sign."""
     points = _learned_points()
     same = sum((ahead["step_ms"] > gqa["step_ms"]) == (effect["delta_us"] > 0)
-               for gqa, ahead, effect in points)
+               for gqa, ahead, effect, _ in points)
     return f"the learned change has the recorded one's sign at {same} of {len(points)} points"
 
 
@@ -477,7 +486,7 @@ BLOCKS = {
     "e2e.step-model": step_model_table,
     "e2e.ahead-bound": ahead_bound_table,
     "e2e.ahead-bound-summary": ahead_bound_summary,
-    "e2e.source-ahead": lambda: "; ".join(source("h100", name) for name in AHEAD_FILES),
+    "e2e.source-ahead": lambda: [f"- {source(machine, name)}" for _, machine, name in AHEAD_RUNS],
     "e2e.ahead-measured": ahead_measured_table,
     "e2e.ahead-measured-summary": ahead_measured_summary,
     "e2e.source-steptrace": lambda: "; ".join(source("h100", name) for name in TRACES),

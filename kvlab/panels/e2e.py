@@ -24,7 +24,10 @@ The traced step is an H100's recording (`h100/steptrace.json`, at 4k and 32k tok
 control's h100-sxm draws it, each kernel where it ran in the lane of its group, the gaps between
 kernels marked, beside the step's bytes at the copy roofline, and the status line gives ncu's L2
 hits of the GEMMs' loads with and without the cross-kernel prefetch (`steptrace_counters.json`).
-Another GPU's view says where the traces are: a trace is not modelled.
+Another GPU's view says where the traces are: a trace is not modelled. With the cross-kernel
+prefetch checked, the step's anatomy shows the modelled bound and the step as learned from the
+prefetch's recordings (kvlab.predict.ahead: the H100's and the H200's own, another GPU's by the
+H200's, which the status line says).
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from kvlab.panels.widgets import (
     modelled_for,
     show_figure,
 )
-from kvlab.predict.ahead import AHEAD_GPU, AHEAD_RECORDED, ahead_effect, fit_ahead
+from kvlab.predict.ahead import AHEAD_RECORDED, ahead_effect, fit_ahead
 from kvlab.predict.point import launch_point
 from kvlab.predict.step import STREAMING_ROWS, ahead_size, fit_step_model, step_anatomy
 from kvlab.results import E2E, label, load_result, load_shown, recorded_models
@@ -127,7 +130,7 @@ class EndToEndTab:
         except (OSError, ValueError, KeyError, TypeError) as error:
             self.step_model = f"the step model cannot be fitted: {error}"
         self._traces = None  # the traced steps and their counters: `traces`, when first shown
-        self._ahead_model = None  # the learned prefetch: `ahead_model`, when first asked for
+        self._ahead_models: dict = {}  # the learned prefetch per GPU: `ahead_model`
         self.tensor_parallel = [  # the recorded tensor-parallel results
             result for machine, names in TENSOR_PARALLEL
             if (result := load_shown(machine, names, {"tp": int, "rows": E2E_ROWS},
@@ -326,7 +329,7 @@ class EndToEndTab:
             show_figure(self.figures["anatomy"], note_figure(title, "not modelled",
                                                              note_text(str(error)), height))
             return [html.escape(f"Step anatomy: {error}")]
-        learned = self._learned(model, batch, prompt + new_tokens / 2, gbps, ahead)
+        learned = self._learned(model, batch, prompt + new_tokens / 2, gbps, ahead, gpu)
         show_figure(self.figures["anatomy"], anatomy_figure(
             anatomy, title, provenance, recorded, height,
             None if isinstance(learned, str) else (anatomy["step_us"] + anatomy["hidden_us"]
@@ -344,25 +347,29 @@ class EndToEndTab:
                 f"covered GEMM bringing its first {ahead / 2**20:.1f} MiB into L2 "
                 "(a modelled bound, not measured: docs/end-to-end.md)")
             lines.append(learned if isinstance(learned, str) else _learned_line(
-                learned, anatomy["step_us"] + anatomy["hidden_us"], self.ahead_model()))
+                learned, anatomy["step_us"] + anatomy["hidden_us"], self.ahead_model(gpu), gpu))
         return list(map(html.escape, lines))
 
-    def ahead_model(self):
-        """The cross-kernel prefetch learned from its recordings (kvlab.predict.ahead.fit_ahead,
-        on this tab's step model), or why it cannot be fitted; fitted the first time asked."""
-        if self._ahead_model is None:
+    def ahead_model(self, gpu: str):
+        """The cross-kernel prefetch learned from the recordings of `gpu`, or of the H200 for a
+        GPU without (kvlab.predict.ahead.fit_ahead, on this tab's step model), or why it cannot
+        be fitted; fitted the first time asked."""
+        learned_on = gpu if gpu in AHEAD_RECORDED else REFERENCE
+        if learned_on not in self._ahead_models:
             try:
-                self._ahead_model = fit_ahead(step=self.step_model)
+                found = fit_ahead(learned_on, step=self.step_model)
             except (OSError, ValueError, KeyError, TypeError) as error:
-                self._ahead_model = f"the learned prefetch cannot be fitted: {error}"
-        return self._ahead_model
+                found = f"the learned prefetch cannot be fitted: {error}"
+            self._ahead_models[learned_on] = found
+        return self._ahead_models[learned_on]
 
-    def _learned(self, model: str, batch: int, context: float, gbps: float, ahead: int):
-        """kvlab.predict.ahead.ahead_effect of `ahead` bytes at this point, or why there is
-        none (no prefetch: "")."""
+    def _learned(self, model: str, batch: int, context: float, gbps: float, ahead: int,
+                 gpu: str):
+        """kvlab.predict.ahead.ahead_effect of `ahead` bytes at this point on `gpu`, or why
+        there is none (no prefetch: "")."""
         if not ahead:
             return ""
-        learned = self.ahead_model()
+        learned = self.ahead_model(gpu)
         if isinstance(learned, str):
             return learned
         return ahead_effect(model, batch, context, ahead, gbps, self.step_model, learned)
@@ -534,13 +541,14 @@ def _prefetch_gains(rows: list[dict], lever: str = "+prefetch") -> list[str]:
             for with_, without in prefetch_pairs(step_ms, lever)]
 
 
-def _learned_line(effect: dict, step_us: float, learned) -> str:
+def _learned_line(effect: dict, step_us: float, learned, gpu: str) -> str:
     """The status line on the learned prefetch's effect (`ahead_effect`) on a step of
-    `step_us` without it."""
+    `step_us` without it, on `gpu`."""
     delivery = ", ".join(f"{regime} {share:.0%}" for regime, share in learned.delivery.items())
     cost = ", ".join(f"{key} {share:.0%}" for key, share in learned.issue_cost.items())
-    files = ", ".join(AHEAD_RECORDED[1] + AHEAD_RECORDED[2])
-    return (f"Learned from the {GPUS[AHEAD_GPU].name}'s recordings ({files}): "
+    where = ("" if gpu in AHEAD_RECORDED else
+             f", the {GPUS[REFERENCE].name}'s model assumed for the {GPUS[gpu].name}")
+    return (f"Learned from the recordings ({learned.sources}{where}): "
             f"{effect['delta_us'] / 1e3:+.2f} ms a step "
             f"({effect['delta_us'] / step_us:+.1%}): the issuing kernels grow by "
             f"{effect['cost_us'] / 1e3:.2f} ms, the GEMMs after them hide "

@@ -18,8 +18,9 @@ much of that holds:
 `ahead_effect` predicts a step's change with the prefetch: the issue cost of each prefetch,
 less the idle each covered GEMM hides (its delivered bytes at the copy roofline, at most one
 kernel's overhead). `fit_ahead` checks it on each model left out of the cost fit in turn.
-Fitted on one GPU's recordings (AHEAD_RECORDED), it is that GPU's; applied to another it is an
-assumption, which the callers state.
+It is fitted per GPU, on that GPU's recordings (AHEAD_RECORDED); a GPU with no counters of its
+own takes another's delivery, and a GPU with no recordings another's model, as the callers
+state (`AheadModel.sources`).
 """
 
 from __future__ import annotations
@@ -32,12 +33,16 @@ from kvlab.gpus import GPUS
 from kvlab.predict.step import STREAMING_ROWS, StepModel, ahead_hits, fit_step_model
 from kvlab.results import load_result
 
-__all__ = ["AHEAD_GPU", "AHEAD_RECORDED", "AheadModel", "ahead_effect", "fit_ahead", "regime"]
+__all__ = ["AHEAD_RECORDED", "AheadModel", "ahead_effect", "fit_ahead", "regime"]
 
-# The recordings it learns from: the lever off and on (bench e2e, gqa and gqa+ahead) and the
-# counters of one step with and without it (bench steptrace --counters), on one GPU
-AHEAD_RECORDED = ("h100", ("e2e_ahead",), ("steptrace_counters",))
-AHEAD_GPU = "h100-sxm"  # the kvlab.gpus key of the GPU that recorded them
+# The recordings each GPU's model learns from (kvlab.gpus key -> {"e2e": the lever off and on,
+# bench e2e's gqa and gqa+ahead; "counters": one step with and without it, bench steptrace
+# --counters}, each (machine, result names)). The H200 has no counters: the H100's delivery.
+AHEAD_RECORDED = {
+    "h100-sxm": {"e2e": ("h100", ("e2e_ahead",)), "counters": ("h100", ("steptrace_counters",))},
+    "h200": {"e2e": ("h200", ("e2e_ahead_4k", "e2e_ahead_32k")),
+             "counters": ("h100", ("steptrace_counters",))},
+}
 VARIANT, LEVER = "gqa", "gqa+ahead"
 REGIMES = ("streaming", "fits", "exceeds")  # delivery: linear kind and weight against L2
 
@@ -46,19 +51,21 @@ REGIMES = ("streaming", "fits", "exceeds")  # delivery: linear kind and weight a
 class AheadModel:
     """The learned prefetch: `delivery` {regime: share of prefetched bytes found in L2} (REGIMES;
     a regime no counter measured is absent), `issue_cost` {"streaming", "cublas": share of the
-    prefetched bytes' roofline time the issuing kernel grows by}, the L2 the regimes were split
-    on (`l2_bytes`), the points fitted (`gemms` counter pairs, `steps` lever pairs), and the
+    prefetched bytes' roofline time the issuing kernel grows by}, the L2 the regimes are split
+    on (`l2_bytes`), the points fitted (`gemms` counter pairs, `steps` lever pairs), the
     check: the largest and the median |predicted - recorded| change of a step (us) and the
-    largest as a share of the step, over the models left out of the cost fit in turn."""
+    largest as a share of the step, over the models left out of the cost fit in turn; and
+    `sources`, the recordings it learned from ("machine/name, ...", "" where given)."""
 
     delivery: dict
     issue_cost: dict
     l2_bytes: int
-    gemms: int
-    steps: int
-    held_out_us: float
-    median_us: float
-    held_out_share: float
+    gemms: int = 0
+    steps: int = 0
+    held_out_us: float = 0.0
+    median_us: float = 0.0
+    held_out_share: float = 0.0
+    sources: str = ""
 
 
 def regime(batch: int, weight_bytes: int, l2_bytes: int) -> str:
@@ -141,7 +148,7 @@ def _lever_points(e2e: list[dict]) -> list[dict]:
 def _fit_costs(points: list[dict], step: StepModel, delivery: dict, l2_bytes: int) -> dict:
     """The issue cost per regime ("streaming", "cublas") fitting the points' recorded changes
     by least squares, one coefficient each (0 where no point is of that regime)."""
-    unit = AheadModel(delivery, {"streaming": 1.0, "cublas": 1.0}, l2_bytes, 0, 0, 0, 0, 0)
+    unit = AheadModel(delivery, {"streaming": 1.0, "cublas": 1.0}, l2_bytes)
     sums = {"streaming": [0.0, 0.0], "cublas": [0.0, 0.0]}
     for p in points:
         effect = ahead_effect(p["model"], p["batch"], p["context"], p["ahead_bytes"],
@@ -153,25 +160,34 @@ def _fit_costs(points: list[dict], step: StepModel, delivery: dict, l2_bytes: in
     return {key: num / den if den else 0.0 for key, (num, den) in sums.items()}
 
 
-def fit_ahead(e2e=None, counters=None, step: StepModel | None = None,
+def _recorded(gpu: str, key: str) -> list[dict]:
+    """The recorded results AHEAD_RECORDED names for `gpu` under `key`."""
+    machine, names = AHEAD_RECORDED[gpu][key]
+    return [load_result(machine, name) for name in names]
+
+
+def fit_ahead(gpu: str = "h100-sxm", e2e=None, counters=None, step: StepModel | None = None,
               l2_bytes: int | None = None) -> AheadModel:
-    """`AheadModel` learned from the lever's recordings (AHEAD_RECORDED, or `e2e`: a list of
-    bench e2e results with gqa and gqa+ahead rows, and `counters`: a list of bench steptrace
-    --counters results), its regimes split on `l2_bytes` (default the recording GPU's L2), the
-    step model `step` (default step.fit_step_model()), checked on each model left out of the
-    cost fit. Raises ValueError for lists that are not such results, or that hold no counter
-    pair or lever pairs of fewer than two models."""
-    machine, e2e_names, counter_names = AHEAD_RECORDED
-    if e2e is None:
-        e2e = [load_result(machine, name) for name in e2e_names]
-    if counters is None:
-        counters = [load_result(machine, name) for name in counter_names]
+    """`AheadModel` of GPU `gpu` (a key of AHEAD_RECORDED) learned from its recordings, or from
+    `e2e` (a list of bench e2e results with gqa and gqa+ahead rows) and `counters` (a list of
+    bench steptrace --counters results) where given; its regimes split on `l2_bytes` (default
+    the GPU's L2), on the step model `step` (default step.fit_step_model()), checked on each
+    model left out of the cost fit. Raises ValueError for a gpu without recordings, lists that
+    are not such results, or that hold no counter pair or lever pairs of fewer than two
+    models."""
+    if gpu not in AHEAD_RECORDED:
+        raise ValueError(f"gpu={gpu!r}: no recordings of the cross-kernel prefetch; recorded: "
+                         f"{list(AHEAD_RECORDED)}")
+    named = [f"{machine}/{name}" for key, given in (("e2e", e2e), ("counters", counters))
+             if given is None for machine, names in [AHEAD_RECORDED[gpu][key]] for name in names]
+    e2e = _recorded(gpu, "e2e") if e2e is None else e2e
+    counters = _recorded(gpu, "counters") if counters is None else counters
     for name, results in (("e2e", e2e), ("counters", counters)):
         if not isinstance(results, list | tuple) or not all(
                 isinstance(r, dict) and isinstance(r.get("rows"), list) for r in results):
             raise ValueError(f"{name}={results!r:.80}: must be a list of bench results (each "
                              "with rows)")
-    l2_bytes = GPUS[AHEAD_GPU].l2_bytes if l2_bytes is None else l2_bytes
+    l2_bytes = GPUS[gpu].l2_bytes if l2_bytes is None else l2_bytes
     check_int("l2_bytes", l2_bytes, 1)
     step = fit_step_model() if step is None else step
     shares: dict[str, list[float]] = {}
@@ -190,7 +206,7 @@ def fit_ahead(e2e=None, counters=None, step: StepModel | None = None,
     for left_out in models:
         costs = _fit_costs([p for p in points if p["model"] != left_out], step, delivery,
                            l2_bytes)
-        learned = AheadModel(delivery, costs, l2_bytes, 0, 0, 0, 0, 0)
+        learned = AheadModel(delivery, costs, l2_bytes)
         for p in points:
             if p["model"] == left_out:
                 predicted = ahead_effect(p["model"], p["batch"], p["context"], p["ahead_bytes"],
@@ -199,5 +215,5 @@ def fit_ahead(e2e=None, counters=None, step: StepModel | None = None,
     misses = [e for e, _ in errors]
     return AheadModel(delivery, _fit_costs(points, step, delivery, l2_bytes), l2_bytes,
                       sum(map(len, shares.values())), len(points), max(misses),
-                      statistics.median(misses), max(e / s for e, s in errors))
+                      statistics.median(misses), max(e / s for e, s in errors), ", ".join(named))
 

@@ -339,13 +339,14 @@ def test_the_cross_kernel_prefetch_hides_idle_time_in_the_anatomy(tab):
     row = next(r for r in tab.recorded["rows"] if r["model"] == "llama3-8b"
                and r["batch"] == 64 and r["variant"] == "gqa")
     effect = ahead_effect("llama3-8b", 64, row["prompt"] + row["new_tokens"] / 2, ahead_size(
-        fit, gbps, 64), gbps, fit, fit_ahead(step=fit))
+        fit, gbps, 64), gbps, fit, fit_ahead("h200", step=fit))
     without = per_sequence.x[-1] + busy.x[-1] + idle.x[-1] + hidden.x[-1]  # ms
     step_ms = without + effect["delta_us"] / 1e3
     assert learned.name == f"with the prefetch, learned {step_ms:.2f} ms"
     assert effect["delta_us"] > 0  # at batch 64 the recordings say it costs more than it hides
     status = html.unescape(tab.status.value)
-    assert "Learned from the NVIDIA H100 80GB HBM3's recordings" in status
+    assert ("Learned from the recordings (h200/e2e_ahead_4k, h200/e2e_ahead_32k, "
+            "h100/steptrace_counters)") in status
     assert f"{effect['delta_us'] / 1e3:+.2f} ms a step" in status
     assert hidden.name.startswith("idle the cross-kernel prefetch would hide")
     assert hidden.marker.pattern.shape == "/"
@@ -363,12 +364,23 @@ def test_the_cross_kernel_prefetch_hides_idle_time_in_the_anatomy(tab):
 def test_the_anatomy_says_why_where_the_learned_prefetch_cannot_be_fitted(monkeypatch):
     monkeypatch.setenv("KVLAB_BACKEND", "sim")
     monkeypatch.setattr(module, "fit_ahead",
-                        lambda step: (_ for _ in ()).throw(ValueError("no counters")))
+                        lambda gpu, step: (_ for _ in ()).throw(ValueError("no counters")))
     tab = EndToEndTab(batch=1)
     tab.controls["ahead"].value = True
     assert "the learned prefetch cannot be fitted: no counters" in html.unescape(
         tab.status.value)
     assert len(tab.figures["anatomy"].figure.data) == 5  # the bound, no learned line
+
+
+def test_a_gpu_without_recordings_of_the_prefetch_takes_the_h200s_learned_model(tab):
+    tab.controls["ahead"].value = True
+    tab.controls["gpu"].value = "h20"
+    status = html.unescape(tab.status.value)
+    assert "the NVIDIA H200's model assumed for the NVIDIA H20" in status
+    tab.controls["gpu"].value = "h100-sxm"
+    assert "Learned from the recordings (h100/e2e_ahead, h100/steptrace_counters)" in (
+        html.unescape(tab.status.value))
+    assert set(tab._ahead_models) == {"h200", "h100-sxm"}
 
 
 def test_the_step_anatomy_says_why_where_it_cannot_model(monkeypatch):

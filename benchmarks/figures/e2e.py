@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 
 from kvlab.bench.e2e import prefetch_pairs
-from kvlab.predict.ahead import AHEAD_RECORDED
+from kvlab.predict.ahead import AHEAD_RECORDED, MIN_PREFETCHED_SHARE, lever_pairs
 from kvlab.results import E2E, load_result, load_results
 
 from .common import source, value_range
@@ -20,7 +20,6 @@ TRACED_GPU = "h100-sxm"  # the kvlab.gpus key of the GPU that traced them
 # The lever's runs, off and on in one loop: (kvlab.gpus key, machine, result name)
 AHEAD_RUNS = tuple((gpu, machine, name) for gpu, runs in AHEAD_RECORDED.items()
                    for machine, names in [runs["e2e"]] for name in names)
-MODELLED_MIN = 0.02  # a prefetched share below which the gain over it is not set beside it
 
 
 def e2e_table(result: dict) -> list[str]:
@@ -213,9 +212,8 @@ def _ahead_pairs() -> tuple[tuple[dict, dict, float, str], ...]:
     pairs = []
     for gpu, machine, name in AHEAD_RUNS:
         result = load_result(machine, name)
-        by = {(r["model"], r["variant"], r["batch"]): r for r in result["rows"]}
-        pairs += [(by[r["model"], "gqa", r["batch"]], r, result["roofline_copy_gbps"], gpu)
-                  for r in result["rows"] if r["variant"] == "gqa+ahead"]
+        pairs += [(gqa, ahead, result["roofline_copy_gbps"], gpu)
+                  for gqa, ahead in lever_pairs(result)]
     return tuple(pairs)
 
 
@@ -246,6 +244,19 @@ def ahead_measured_summary() -> str:
         one, more = span(gpu, prompt, lambda b: b == 1), span(gpu, prompt, lambda b: b > 1)
         parts.append(f"on the {gpu} with {prompt:,}-token prompts, {one} gqa's speed at batch 1"
                      + (f" and {more} above it" if more else ""))
+    return "; ".join(parts)
+
+
+def ahead_targets() -> str:
+    """Per GPU and prompt length of the lever's runs: gqa's step over its roofline step at
+    batch 1 and at batch 64 (issue 52's targets: at most 1.08x and 1.20x)."""
+    parts = []
+    for gpu, prompt in dict.fromkeys((on, g["prompt"]) for g, _, _, on in _ahead_pairs()):
+        ratios = {b: [g["ratio_to_roofline"] for g, _, _, on in _ahead_pairs()
+                      if (on, g["prompt"], g["batch"]) == (gpu, prompt, b)] for b in (1, 64)}
+        parts.append(f"on the {gpu} with {prompt:,}-token prompts, {value_range(ratios[1])} at "
+                     "batch 1" + (f" and {value_range(ratios[64])} at batch 64"
+                                  if ratios[64] else ""))
     return "; ".join(parts)
 
 
@@ -373,8 +384,8 @@ def step_counters_table() -> list[str]:
              "modelled share | gain / modelled |", "|---|---|---|---|---|---|---|---|---|"]
     for after, g, before in _gemm_gains():
         gain = g["load_hit_share"] - before
-        ratio = (f"{gain / g['prefetched_share']:.2f}" if g["prefetched_share"] >= MODELLED_MIN
-                 else "-")
+        ratio = (f"{gain / g['prefetched_share']:.2f}"
+                 if g["prefetched_share"] >= MIN_PREFETCHED_SHARE else "-")
         lines.append(f"| {after['model']} | {after['batch']} | "
                      f"{after['ahead_bytes'] / 2**20:.0f} MiB | {g['name']} | {before:.1%} | "
                      f"{g['load_hit_share']:.1%} | {gain:+.1%} | {g['prefetched_share']:.1%} | "
@@ -395,10 +406,10 @@ def _group_change(batch: int) -> dict[str, float]:
 
 def _hit_ratios() -> list[float]:
     """At batches 1 and 2, per GEMM: the rise of its L2 hits with the prefetch over the share
-    the step model gives the prefetch (where that is MODELLED_MIN or more)."""
+    the step model gives the prefetch (where that is MIN_PREFETCHED_SHARE or more)."""
     return [(g["load_hit_share"] - before) / g["prefetched_share"]
             for after, g, before in _gemm_gains()
-            if after["batch"] <= 2 and g["prefetched_share"] >= MODELLED_MIN]
+            if after["batch"] <= 2 and g["prefetched_share"] >= MIN_PREFETCHED_SHARE]
 
 
 def step_counters_summary() -> str:
@@ -437,37 +448,47 @@ def ahead_learned_constants() -> list[str]:
     return lines
 
 
-def _learned_points() -> list[tuple[dict, dict, dict, str]]:
+def _learned_points() -> list[tuple[dict, dict, dict, str, dict]]:
     """(gqa's row, gqa+ahead's, kvlab.predict.ahead.ahead_effect there by its GPU's learned
-    model, the GPU) at each point of the lever's recordings."""
+    model, the GPU, the model's held-out check of the point) at each point of the lever's
+    recordings."""
     from kvlab.predict.ahead import ahead_effect
 
-    return [(gqa, ahead, ahead_effect(gqa["model"], gqa["batch"],
-                                      gqa["prompt"] + gqa["new_tokens"] / 2,
-                                      ahead["ahead_bytes"], gbps, _step_model(), _learned(gpu)),
-             gpu) for gqa, ahead, gbps, gpu in _ahead_pairs()]
+    found = []
+    for gqa, ahead, gbps, gpu in _ahead_pairs():
+        fit = _learned(gpu)
+        check = next(c for c in fit.checks if (c["model"], c["batch"], c["prompt"]) == (
+            gqa["model"], gqa["batch"], gqa["prompt"]))
+        found.append((gqa, ahead, ahead_effect(gqa["model"], gqa["batch"],
+                                               gqa["prompt"] + gqa["new_tokens"] / 2,
+                                               ahead["ahead_bytes"], gbps, _step_model(), fit),
+                      gpu, check))
+    return found
 
 
 def ahead_learned_table() -> list[str]:
     """Per point of the lever's recordings: the recorded change of a step, the learned one (its
-    GPU's model), its parts and the step model's bound (us)."""
-    lines = ["| GPU | prompt | model | batch | ahead_bytes | recorded change | learned | issue "
-             "cost | hidden idle | bound |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for gqa, ahead, effect, gpu in _learned_points():
+    GPU's model, fitted on every point and with the point's model left out), the parts of the
+    first and the step model's bound (us)."""
+    lines = ["| GPU | prompt | model | batch | ahead_bytes | recorded change | learned | its "
+             "model left out | issue cost | hidden idle | bound |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for gqa, ahead, effect, gpu, check in _learned_points():
         lines.append(f"| {gpu} | {gqa['prompt']:,} | {gqa['model']} | {gqa['batch']} | "
-                     f"{ahead['ahead_bytes'] / 2**20:.1f} MiB | "
-                     f"{1e3 * (ahead['step_ms'] - gqa['step_ms']):+.0f} us | "
-                     f"{effect['delta_us']:+.0f} us | {effect['cost_us']:.0f} us | "
-                     f"{effect['hidden_us']:.0f} us | -{effect['bound_us']:.0f} us |")
+                     f"{ahead['ahead_bytes'] / 2**20:.1f} MiB | {check['recorded_us']:+.0f} us | "
+                     f"{effect['delta_us']:+.0f} us | {check['predicted_us']:+.0f} us | "
+                     f"{effect['cost_us']:.0f} us | {effect['hidden_us']:.0f} us | "
+                     f"-{effect['bound_us']:.0f} us |")
     return lines
 
 
 def ahead_learned_summary() -> str:
-    """At how many points the learned change has the recorded one's sign."""
-    points = _learned_points()
-    same = sum((ahead["step_ms"] > gqa["step_ms"]) == (effect["delta_us"] > 0)
-               for gqa, ahead, effect, _ in points)
-    return f"the learned change has the recorded one's sign at {same} of {len(points)} points"
+    """At how many points the learned change, its model left out of the fit, has the recorded
+    one's sign."""
+    checks = [check for *_, check in _learned_points()]
+    same = sum((c["predicted_us"] > 0) == (c["recorded_us"] > 0) for c in checks)
+    return (f"with each point's model left out of the fit, the learned change has the recorded "
+            f"one's sign at {same} of {len(checks)} points")
 
 
 BLOCKS = {
@@ -489,6 +510,7 @@ BLOCKS = {
     "e2e.source-ahead": lambda: [f"- {source(machine, name)}" for _, machine, name in AHEAD_RUNS],
     "e2e.ahead-measured": ahead_measured_table,
     "e2e.ahead-measured-summary": ahead_measured_summary,
+    "e2e.ahead-targets": ahead_targets,
     "e2e.source-steptrace": lambda: "; ".join(source("h100", name) for name in TRACES),
     "e2e.steptrace": steptrace_table,
     "e2e.steptrace-summary": steptrace_summary,

@@ -365,14 +365,15 @@ class EndToEndTab:
 
     def _learned(self, model: str, batch: int, context: float, gbps: float, ahead: int,
                  gpu: str):
-        """kvlab.predict.ahead.ahead_effect of `ahead` bytes at this point on `gpu`, or why
-        there is none (no prefetch: "")."""
+        """kvlab.predict.ahead.ahead_effect of `ahead` bytes at this point on `gpu` (its L2), or
+        why there is none (no prefetch: "")."""
         if not ahead:
             return ""
         learned = self.ahead_model(gpu)
         if isinstance(learned, str):
             return learned
-        return ahead_effect(model, batch, context, ahead, gbps, self.step_model, learned)
+        return ahead_effect(model, batch, context, ahead, gbps, self.step_model, learned,
+                            GPUS[gpu].l2_bytes)
 
     def traces(self) -> tuple[dict, dict[str, float], dict]:
         """The recorded traced steps (merged), each file's copy roofline (GB/s) and the step

@@ -30,10 +30,11 @@ from dataclasses import dataclass
 
 from kvlab.checks import check_int, check_real
 from kvlab.gpus import GPUS
-from kvlab.predict.step import STREAMING_ROWS, StepModel, ahead_hits, fit_step_model
+from kvlab.predict.step import STREAMING_ROWS, VARIANT, StepModel, ahead_hits, fit_step_model
 from kvlab.results import load_result
 
-__all__ = ["AHEAD_RECORDED", "AheadModel", "ahead_effect", "fit_ahead", "regime"]
+__all__ = ["AHEAD_RECORDED", "MIN_PREFETCHED_SHARE", "AheadModel", "ahead_effect", "fit_ahead",
+           "lever_pairs", "regime"]
 
 # The recordings each GPU's model learns from (kvlab.gpus key -> {"e2e": the lever off and on,
 # bench e2e's gqa and gqa+ahead; "counters": one step with and without it, bench steptrace
@@ -43,8 +44,11 @@ AHEAD_RECORDED = {
     "h200": {"e2e": ("h200", ("e2e_ahead_4k", "e2e_ahead_32k")),
              "counters": ("h100", ("steptrace_counters",))},
 }
-VARIANT, LEVER = "gqa", "gqa+ahead"
+LEVER = VARIANT + "+ahead"  # bench e2e's variant with the prefetch
 REGIMES = ("streaming", "fits", "exceeds")  # delivery: linear kind and weight against L2
+# a GEMM whose modelled prefetched share is below this (the LM head's 1%) measures no delivery:
+# its hits' rise is within the counters' noise
+MIN_PREFETCHED_SHARE = 0.02
 
 
 @dataclass(frozen=True)
@@ -52,10 +56,12 @@ class AheadModel:
     """The learned prefetch: `delivery` {regime: share of prefetched bytes found in L2} (REGIMES;
     a regime no counter measured is absent), `issue_cost` {"streaming", "cublas": share of the
     prefetched bytes' roofline time the issuing kernel grows by}, the L2 the regimes are split
-    on (`l2_bytes`), the points fitted (`gemms` counter pairs, `steps` lever pairs), the
-    check: the largest and the median |predicted - recorded| change of a step (us) and the
-    largest as a share of the step, over the models left out of the cost fit in turn; and
-    `sources`, the recordings it learned from ("machine/name, ...", "" where given)."""
+    on (`l2_bytes`, the GPU's), the points fitted (`gemms` counter pairs, `steps` lever pairs),
+    the check over the models left out of the cost fit in turn: the largest and the median
+    |predicted - recorded| change of a step (us) and the largest such miss over its step
+    (`held_out_share`), with `checks` {"model", "batch", "prompt", "step_us" (without the
+    lever), "recorded_us", "predicted_us"} per point; and `sources`, the recordings it learned from ("machine/name,
+    ...", "" where given)."""
 
     delivery: dict
     issue_cost: dict
@@ -65,6 +71,7 @@ class AheadModel:
     held_out_us: float = 0.0
     median_us: float = 0.0
     held_out_share: float = 0.0
+    checks: tuple = ()
     sources: str = ""
 
 
@@ -77,72 +84,89 @@ def regime(batch: int, weight_bytes: int, l2_bytes: int) -> str:
 
 
 def ahead_effect(model: str, batch: int, context: float, ahead_bytes: int, roofline_gbps: float,
-                 step: StepModel, learned: AheadModel) -> dict:
+                 step: StepModel, learned: AheadModel, l2_bytes: int | None = None) -> dict:
     """The change of one decode step of `model` at `batch` sequences of `context` tokens with the
-    cross-kernel prefetch of `ahead_bytes`, on a copy roofline of `roofline_gbps` (GB/s):
-    {"cost_us" (the issuing kernels' growth), "hidden_us" (the idle the delivered bytes hide),
-    "delta_us" (cost less hidden: > 0 slower), "bound_us" (step.step_anatomy's hidden bound)}.
-    A GEMM's delivery regime uses learned.l2_bytes; one the counters did not measure takes the
-    median of those measured. Raises ValueError as `step.ahead_hits`, for a roofline that is not
-    a number > 0, and for a step or learned model of the wrong type."""
+    cross-kernel prefetch of `ahead_bytes`, on a GPU of copy roofline `roofline_gbps` (GB/s)
+    and L2 `l2_bytes` (default learned.l2_bytes, the GPU learned on): {"cost_us" (the issuing
+    kernels' growth), "hidden_us" (the idle the delivered bytes hide, at most step's overhead
+    a kernel), "delta_us" (cost less hidden: > 0 slower), "bound_us" (step.step_anatomy's
+    hidden bound)}. A regime the counters did not measure takes the median delivery of those
+    measured. Raises ValueError as `step.ahead_hits`, for a roofline or L2 that is not a
+    number > 0, and for a step or learned model of the wrong type or without a delivery."""
+    check_int("batch", batch, 1)
     check_real("roofline_gbps", roofline_gbps, 0.0, open_min=True)
-    gbps = float(roofline_gbps)
-    if not isinstance(step, StepModel) or not isinstance(learned, AheadModel):
+    if l2_bytes is None and isinstance(learned, AheadModel):
+        l2_bytes = learned.l2_bytes
+    check_int("l2_bytes", l2_bytes, 1)
+    if (not isinstance(step, StepModel) or not isinstance(learned, AheadModel)
+            or not learned.delivery):
         raise ValueError(f"step={step!r:.40}, learned={learned!r:.40}: must be a StepModel "
-                         "(step.fit_step_model) and an AheadModel (fit_ahead)")
+                         "(step.fit_step_model) and an AheadModel with a delivery (fit_ahead)")
+    gbps = float(roofline_gbps)
     overhead = step.streaming_overhead_us if batch <= STREAMING_ROWS else step.overhead_us
     fallback = statistics.median(learned.delivery.values())
     cost = learned.issue_cost["streaming" if batch <= STREAMING_ROWS else "cublas"]
     totals = {"cost_us": 0.0, "hidden_us": 0.0, "bound_us": 0.0}
-    for _, weight, prefetched in ahead_hits(model, batch, context, ahead_bytes):
+    for _, weight, prefetched in ahead_hits(model, batch, context, ahead_bytes, l2_bytes):
         if not prefetched:
             continue
         moved_us = prefetched / gbps / 1e3
-        delivery = learned.delivery.get(regime(batch, weight, learned.l2_bytes), fallback)
+        delivery = learned.delivery.get(regime(batch, weight, l2_bytes), fallback)
         totals["cost_us"] += cost * moved_us
         totals["hidden_us"] += min(overhead, delivery * moved_us)
         totals["bound_us"] += min(overhead, moved_us)
     return {**totals, "delta_us": totals["cost_us"] - totals["hidden_us"]}
 
 
+def lever_pairs(result: dict, without: str = VARIANT, lever: str = LEVER) -> list[tuple]:
+    """(the row of `without`, the row of `lever` at the same model, batch and prompt) of a bench
+    e2e result, for each `lever` row with a prefetch (ahead_bytes) on one GPU (no tensor
+    parallelism), in the order recorded."""
+    rows = [r for r in result["rows"] if r.get("tp", 1) == 1]
+    base = {(r["model"], r["batch"], r["prompt"]): r for r in rows if r["variant"] == without}
+    return [(base[key], r) for r in rows
+            if r["variant"] == lever and r.get("ahead_bytes")
+            and (key := (r["model"], r["batch"], r["prompt"])) in base]
+
+
 def _delivery_points(counters: list[dict], l2_bytes: int) -> list[tuple[str, float]]:
-    """(regime, delivered share) of each GEMM that a prefetch covered in the counter recordings:
-    its L2 hit share with the prefetch less without, over the share the prefetch brings."""
+    """(regime, delivered share) of each GEMM that a prefetch covered by MIN_PREFETCHED_SHARE
+    or more in the counter recordings: its L2 hit share with the prefetch less without, over
+    the share the prefetch brings. Raises ValueError for a GEMM the step model does not have."""
     points = []
     for result in counters:
         rows = [r for r in result["rows"] if (r.get("counters") or {}).get("gemms")]
-        without = {(r["model"], r["batch"]): {g["name"]: g for g in r["counters"]["gemms"]}
+        without = {(r["model"], r["batch"], r["prompt"]): {g["name"]: g
+                                                           for g in r["counters"]["gemms"]}
                    for r in rows if not r["ahead_bytes"]}
         for r in rows:
-            base = without.get((r["model"], r["batch"]))
+            base = without.get((r["model"], r["batch"], r["prompt"]))
             if not r["ahead_bytes"] or base is None:
                 continue
             weights = {name: weight for name, weight, _ in ahead_hits(r["model"], r["batch"],
                                                                       r["prompt"], 0)}
             for g in r["counters"]["gemms"]:
+                if g["name"] not in weights:
+                    raise ValueError(f"counters: GEMM {g['name']!r} of {r['model']}: not one of "
+                                     f"the step model's {sorted(weights)}")
                 before = base.get(g["name"], {}).get("load_hit_share")
-                if g["prefetched_share"] > 0 and None not in (before, g["load_hit_share"]):
+                if (g["prefetched_share"] >= MIN_PREFETCHED_SHARE
+                        and None not in (before, g["load_hit_share"])):
                     points.append((regime(r["batch"], weights[g["name"]], l2_bytes),
                                    (g["load_hit_share"] - before) / g["prefetched_share"]))
     return points
 
 
 def _lever_points(e2e: list[dict]) -> list[dict]:
-    """Each recorded pair of steps without and with the lever: model, batch, mean context,
-    ahead_bytes, the step without (us), the recorded change (us) and its run's copy roofline."""
-    points = []
-    for result in e2e:
-        steps = {(r["model"], r["batch"], r["variant"]): r for r in result["rows"]}
-        for (model, batch, variant), r in steps.items():
-            base = steps.get((model, batch, VARIANT))
-            if variant != LEVER or base is None or not r.get("ahead_bytes"):
-                continue
-            points.append({"model": model, "batch": batch,
-                           "context": r["prompt"] + r["new_tokens"] / 2,
-                           "ahead_bytes": r["ahead_bytes"], "step_us": 1e3 * base["step_ms"],
-                           "delta_us": 1e3 * (r["step_ms"] - base["step_ms"]),
-                           "roofline_gbps": result["roofline_copy_gbps"]})
-    return points
+    """Each recorded pair of steps without and with the lever (`lever_pairs`): model, batch,
+    prompt, mean context, ahead_bytes, the step without (us), the recorded change (us) and its
+    run's copy roofline."""
+    return [{"model": base["model"], "batch": base["batch"], "prompt": base["prompt"],
+             "context": base["prompt"] + base["new_tokens"] / 2,
+             "ahead_bytes": lever["ahead_bytes"], "step_us": 1e3 * base["step_ms"],
+             "delta_us": 1e3 * (lever["step_ms"] - base["step_ms"]),
+             "roofline_gbps": result["roofline_copy_gbps"]}
+            for result in e2e for base, lever in lever_pairs(result)]
 
 
 def _fit_costs(points: list[dict], step: StepModel, delivery: dict, l2_bytes: int) -> dict:
@@ -171,10 +195,10 @@ def fit_ahead(gpu: str = "h100-sxm", e2e=None, counters=None, step: StepModel | 
     """`AheadModel` of GPU `gpu` (a key of AHEAD_RECORDED) learned from its recordings, or from
     `e2e` (a list of bench e2e results with gqa and gqa+ahead rows) and `counters` (a list of
     bench steptrace --counters results) where given; its regimes split on `l2_bytes` (default
-    the GPU's L2), on the step model `step` (default step.fit_step_model()), checked on each
-    model left out of the cost fit. Raises ValueError for a gpu without recordings, lists that
-    are not such results, or that hold no counter pair or lever pairs of fewer than two
-    models."""
+    the GPU's L2), on the step model `step` (default step.fit_step_model(), the H200's: its
+    overhead a kernel caps what a prefetch hides), checked on each model left out of the cost
+    fit. Raises ValueError for a gpu without recordings, lists that are not such results, or
+    that hold no counter pair or lever pairs of fewer than two models."""
     if gpu not in AHEAD_RECORDED:
         raise ValueError(f"gpu={gpu!r}: no recordings of the cross-kernel prefetch; recorded: "
                          f"{list(AHEAD_RECORDED)}")
@@ -202,18 +226,19 @@ def fit_ahead(gpu: str = "h100-sxm", e2e=None, counters=None, step: StepModel | 
     if len(models) < 2:
         raise ValueError(f"e2e: the recordings hold {VARIANT} and {LEVER} steps of "
                          f"{len(models)} model(s): the fit needs two or more, one to leave out")
-    errors = []
+    checks = []
     for left_out in models:
-        costs = _fit_costs([p for p in points if p["model"] != left_out], step, delivery,
-                           l2_bytes)
-        learned = AheadModel(delivery, costs, l2_bytes)
-        for p in points:
-            if p["model"] == left_out:
-                predicted = ahead_effect(p["model"], p["batch"], p["context"], p["ahead_bytes"],
-                                         p["roofline_gbps"], step, learned)["delta_us"]
-                errors.append((abs(predicted - p["delta_us"]), p["step_us"]))
-    misses = [e for e, _ in errors]
+        learned = AheadModel(delivery, _fit_costs([p for p in points if p["model"] != left_out],
+                                                  step, delivery, l2_bytes), l2_bytes)
+        checks += [{"model": p["model"], "batch": p["batch"], "prompt": p["prompt"],
+                    "recorded_us": p["delta_us"], "step_us": p["step_us"],
+                    "predicted_us": ahead_effect(p["model"], p["batch"], p["context"],
+                                                 p["ahead_bytes"], p["roofline_gbps"], step,
+                                                 learned)["delta_us"]}
+                   for p in points if p["model"] == left_out]
+    misses = [abs(c["predicted_us"] - c["recorded_us"]) for c in checks]
     return AheadModel(delivery, _fit_costs(points, step, delivery, l2_bytes), l2_bytes,
                       sum(map(len, shares.values())), len(points), max(misses),
-                      statistics.median(misses), max(e / s for e, s in errors), ", ".join(named))
-
+                      statistics.median(misses),
+                      max(m / c["step_us"] for m, c in zip(misses, checks, strict=True)),
+                      tuple(checks), ", ".join(named))

@@ -60,8 +60,8 @@ class AheadModel:
     the check over the models left out of the cost fit in turn: the largest and the median
     |predicted - recorded| change of a step (us) and the largest such miss over its step
     (`held_out_share`), with `checks` {"model", "batch", "prompt", "step_us" (without the
-    lever), "recorded_us", "predicted_us"} per point; and `sources`, the recordings it learned from ("machine/name,
-    ...", "" where given)."""
+    lever), "recorded_us", "predicted_us"} per point; and `sources`, the recordings it learned
+    from ("machine/name, ...", "" where given)."""
 
     delivery: dict
     issue_cost: dict

@@ -27,7 +27,8 @@ hits of the GEMMs' loads with and without the cross-kernel prefetch (`steptrace_
 Another GPU's view says where the traces are: a trace is not modelled. With the cross-kernel
 prefetch checked, the step's anatomy shows the modelled bound and the step as learned from the
 prefetch's recordings (kvlab.predict.ahead: the H100's and the H200's own, another GPU's by the
-H200's, which the status line says).
+H200's, which the status line says), and the status line lists the steps recorded with it off
+and on at the chosen model and batch.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from kvlab.panels.widgets import (
     modelled_for,
     show_figure,
 )
-from kvlab.predict.ahead import AHEAD_RECORDED, ahead_effect, fit_ahead
+from kvlab.predict.ahead import AHEAD_RECORDED, LEVER, ahead_effect, fit_ahead, lever_pairs
 from kvlab.predict.point import launch_point
 from kvlab.predict.step import STREAMING_ROWS, ahead_size, fit_step_model, step_anatomy
 from kvlab.results import E2E, label, load_result, load_shown, recorded_models
@@ -92,6 +93,8 @@ RECORD_COMMAND = "python -m kvlab bench e2e --json benchmarks/results/h200/e2e.j
 TP_COMMAND = ("torchrun --nproc-per-node N -m kvlab bench e2e --tp N",  # lines of a note
               "--models llama3-8b qwen2.5-14b", "--json benchmarks/results/h200xN/e2e.json")
 MODELLED = "its roofline step x the H200's ratio of step to roofline step"  # a subtitle line
+# a lever row's same_tokens (its greedy tokens against those without the lever), in words
+TOKENS_CHECK = {True: "the same", False: "not the same", None: "not compared"}
 
 __all__ = ["EndToEndTab"]
 
@@ -131,6 +134,7 @@ class EndToEndTab:
             self.step_model = f"the step model cannot be fitted: {error}"
         self._traces = None  # the traced steps and their counters: `traces`, when first shown
         self._ahead_models: dict = {}  # the learned prefetch per GPU: `ahead_model`
+        self._lever_runs = None  # its recorded runs, name -> result or why unreadable
         self.tensor_parallel = [  # the recorded tensor-parallel results
             result for machine, names in TENSOR_PARALLEL
             if (result := load_shown(machine, names, {"tp": int, "rows": E2E_ROWS},
@@ -348,7 +352,35 @@ class EndToEndTab:
                 "(a modelled bound, not measured: docs/end-to-end.md)")
             lines.append(learned if isinstance(learned, str) else _learned_line(
                 learned, anatomy["step_us"] + anatomy["hidden_us"], self.ahead_model(gpu), gpu))
+            lines += self._lever_lines(model, batch)
         return list(map(html.escape, lines))
+
+    def _lever_lines(self, model: str, batch: int) -> list[str]:
+        """The steps recorded with the cross-kernel prefetch off and on in one loop
+        (AHEAD_RECORDED's bench e2e runs, every GPU's) at `model` and `batch`, one line each;
+        a run that cannot be read says why once."""
+        if self._lever_runs is None:
+            self._lever_runs = {}
+            for machine, names in (runs["e2e"] for runs in AHEAD_RECORDED.values()):
+                for name in names:
+                    try:
+                        self._lever_runs[f"{machine}/{name}"] = load_result(
+                            machine, name, {"rows": E2E_ROWS})
+                    except ValueError as error:
+                        self._lever_runs[f"{machine}/{name}"] = str(error)
+        lines = []
+        for name, result in self._lever_runs.items():
+            if isinstance(result, str):
+                lines.append(f"Unreadable recording of the cross-kernel prefetch: {result}")
+                continue
+            lines += [f"Measured with the cross-kernel prefetch off and on in one loop ({name}, "
+                      f"{label(result, [lever])}), prompts of {base['prompt']:,} tokens: "
+                      f"{LEVER} at {base['step_ms'] / lever['step_ms']:.3f}x "
+                      f"{base['variant']}'s speed ({lever['ahead_bytes'] / 2**20:.1f} MiB), "
+                      f"greedy tokens {TOKENS_CHECK[lever.get('same_tokens')]}"
+                      for base, lever in lever_pairs(result)
+                      if (base["model"], base["batch"]) == (model, batch)]
+        return lines
 
     def ahead_model(self, gpu: str):
         """The cross-kernel prefetch learned from the recordings of `gpu`, or of the H200 for a

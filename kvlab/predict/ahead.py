@@ -33,8 +33,8 @@ from kvlab.gpus import GPUS
 from kvlab.predict.step import STREAMING_ROWS, VARIANT, StepModel, ahead_hits, fit_step_model
 from kvlab.results import load_result
 
-__all__ = ["AHEAD_RECORDED", "MIN_PREFETCHED_SHARE", "AheadModel", "ahead_effect", "fit_ahead",
-           "lever_pairs", "regime"]
+__all__ = ["AHEAD_RECORDED", "LEVER", "MIN_PREFETCHED_SHARE", "AheadModel", "ahead_effect",
+           "fit_ahead", "lever_pairs", "regime"]
 
 # The recordings each GPU's model learns from (kvlab.gpus key -> {"e2e": the lever off and on,
 # bench e2e's gqa and gqa+ahead; "counters": one step with and without it, bench steptrace

@@ -372,6 +372,33 @@ def test_the_anatomy_says_why_where_the_learned_prefetch_cannot_be_fitted(monkey
     assert len(tab.figures["anatomy"].figure.data) == 5  # the bound, no learned line
 
 
+def test_the_prefetch_box_lists_the_steps_recorded_with_it_off_and_on(tab):
+    from kvlab.predict.ahead import lever_pairs
+
+    tab.controls["batch"].value = 16
+    tab.controls["ahead"].value = True
+    status = html.unescape(tab.status.value)
+    for machine, name in (("h100", "e2e_ahead"), ("h200", "e2e_ahead_4k")):
+        base, lever = next((b, a) for b, a in lever_pairs(load_result(machine, name))
+                           if (b["model"], b["batch"]) == ("llama3-8b", 16))
+        assert (f"({machine}/{name}, recorded on" in status and
+                f"gqa+ahead at {base['step_ms'] / lever['step_ms']:.3f}x gqa's speed" in status)
+    assert "(h200/e2e_ahead_32k, recorded on" not in status  # batch 1, the Qwen models only
+    assert "greedy tokens the same" in status and "not the same" not in status
+    tab.controls["ahead"].value = False
+    assert "off and on in one loop" not in tab.status.value
+
+
+def test_an_unreadable_recording_of_the_prefetch_is_named(monkeypatch, tab):
+    def unreadable(machine, name, keys=None):
+        raise ValueError(f"{machine}/{name}.json: not a JSON recording")
+
+    monkeypatch.setattr(module, "load_result", unreadable)
+    tab.controls["ahead"].value = True
+    assert ("Unreadable recording of the cross-kernel prefetch: h100/e2e_ahead.json: not a JSON "
+            "recording") in html.unescape(tab.status.value)
+
+
 def test_a_gpu_without_recordings_of_the_prefetch_takes_the_h200s_learned_model(tab):
     tab.controls["ahead"].value = True
     tab.controls["gpu"].value = "h20"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 
 from kvlab.bench.e2e import prefetch_pairs
-from kvlab.predict.ahead import AHEAD_RECORDED, MIN_PREFETCHED_SHARE, lever_pairs
+from kvlab.predict.ahead import AHEAD_RECORDED, LEVER_RUNS, MIN_PREFETCHED_SHARE, lever_pairs
 from kvlab.results import E2E, load_result, load_results
 
 from .common import source, value_range
@@ -17,9 +17,6 @@ E2E_RESULTS = E2E[1]
 # One step traced at prompts of 512, 4,064 and 32,736 tokens; ncu's counters of a step's kernels
 TRACES = ("steptrace", "steptrace_4k", "steptrace_32k")
 TRACED_GPU = "h100-sxm"  # the kvlab.gpus key of the GPU that traced them
-# The lever's runs, off and on in one loop: (kvlab.gpus key, machine, result name)
-AHEAD_RUNS = tuple((gpu, machine, name) for gpu, runs in AHEAD_RECORDED.items()
-                   for machine, names in [runs["e2e"]] for name in names)
 
 
 def e2e_table(result: dict) -> list[str]:
@@ -208,9 +205,9 @@ def ahead_bound_summary() -> str:
 @functools.cache
 def _ahead_pairs() -> tuple[tuple[dict, dict, float, str], ...]:
     """(gqa's row, gqa+ahead's row, its run's copy roofline in GB/s, the GPU's kvlab.gpus key)
-    at each point of the cross-kernel prefetch runs (AHEAD_RUNS)."""
+    at each point of the cross-kernel prefetch runs (LEVER_RUNS)."""
     pairs = []
-    for gpu, machine, name in AHEAD_RUNS:
+    for gpu, machine, name in LEVER_RUNS:
         result = load_result(machine, name)
         pairs += [(gqa, ahead, result["roofline_copy_gbps"], gpu)
                   for gqa, ahead in lever_pairs(result)]
@@ -289,14 +286,12 @@ def _beyond(groups: dict, gemms: bool) -> float:
 
 
 def _covered_us(kernels: list[dict]) -> float:
-    """The time (us) in which at least one of `kernels` ({"start_us", "dur_us"}) runs: kernels
-    that overlap (the attention's merge, launched early) count once."""
-    covered, end = 0.0, float("-inf")
-    for k in sorted(kernels, key=lambda k: k["start_us"]):
-        start, stop = max(k["start_us"], end), k["start_us"] + k["dur_us"]
-        covered += max(0.0, stop - start)
-        end = max(end, stop)
-    return covered
+    """The time (us) in which at least one of `kernels` (in start order) runs: kernels that
+    overlap (the attention's merge, launched early) count once."""
+    from kvlab.bench.steptrace import step_summary
+
+    summary = step_summary(kernels)
+    return summary["span_us"] - summary["gap_us"]
 
 
 def steptrace_table() -> list[str]:
@@ -507,7 +502,7 @@ BLOCKS = {
     "e2e.step-model": step_model_table,
     "e2e.ahead-bound": ahead_bound_table,
     "e2e.ahead-bound-summary": ahead_bound_summary,
-    "e2e.source-ahead": lambda: [f"- {source(machine, name)}" for _, machine, name in AHEAD_RUNS],
+    "e2e.source-ahead": lambda: [f"- {source(machine, name)}" for _, machine, name in LEVER_RUNS],
     "e2e.ahead-measured": ahead_measured_table,
     "e2e.ahead-measured-summary": ahead_measured_summary,
     "e2e.ahead-targets": ahead_targets,

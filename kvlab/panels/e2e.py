@@ -52,7 +52,14 @@ from kvlab.panels.widgets import (
     modelled_for,
     show_figure,
 )
-from kvlab.predict.ahead import AHEAD_RECORDED, LEVER, ahead_effect, fit_ahead, lever_pairs
+from kvlab.predict.ahead import (
+    AHEAD_RECORDED,
+    LEVER,
+    LEVER_RUNS,
+    ahead_effect,
+    fit_ahead,
+    lever_pairs,
+)
 from kvlab.predict.point import launch_point
 from kvlab.predict.step import STREAMING_ROWS, ahead_size, fit_step_model, step_anatomy
 from kvlab.results import E2E, label, load_result, load_shown, recorded_models
@@ -357,17 +364,16 @@ class EndToEndTab:
 
     def _lever_lines(self, model: str, batch: int) -> list[str]:
         """The steps recorded with the cross-kernel prefetch off and on in one loop
-        (AHEAD_RECORDED's bench e2e runs, every GPU's) at `model` and `batch`, one line each;
+        (LEVER_RUNS: bench e2e's, every GPU's) at `model` and `batch`, one line each;
         a run that cannot be read says why once."""
         if self._lever_runs is None:
             self._lever_runs = {}
-            for machine, names in (runs["e2e"] for runs in AHEAD_RECORDED.values()):
-                for name in names:
-                    try:
-                        self._lever_runs[f"{machine}/{name}"] = load_result(
-                            machine, name, {"rows": E2E_ROWS})
-                    except ValueError as error:
-                        self._lever_runs[f"{machine}/{name}"] = str(error)
+            for _, machine, name in LEVER_RUNS:
+                try:
+                    self._lever_runs[f"{machine}/{name}"] = load_result(machine, name,
+                                                                        {"rows": E2E_ROWS})
+                except ValueError as error:
+                    self._lever_runs[f"{machine}/{name}"] = str(error)
         lines = []
         for name, result in self._lever_runs.items():
             if isinstance(result, str):

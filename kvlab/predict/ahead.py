@@ -33,8 +33,8 @@ from kvlab.gpus import GPUS
 from kvlab.predict.step import STREAMING_ROWS, VARIANT, StepModel, ahead_hits, fit_step_model
 from kvlab.results import load_result
 
-__all__ = ["AHEAD_RECORDED", "LEVER", "MIN_PREFETCHED_SHARE", "AheadModel", "ahead_effect",
-           "fit_ahead", "lever_pairs", "regime"]
+__all__ = ["AHEAD_RECORDED", "LEVER", "LEVER_RUNS", "MIN_PREFETCHED_SHARE", "AheadModel",
+           "ahead_effect", "fit_ahead", "lever_pairs", "regime"]
 
 # The recordings each GPU's model learns from (kvlab.gpus key -> {"e2e": the lever off and on,
 # bench e2e's gqa and gqa+ahead; "counters": one step with and without it, bench steptrace
@@ -44,6 +44,9 @@ AHEAD_RECORDED = {
     "h200": {"e2e": ("h200", ("e2e_ahead_4k", "e2e_ahead_32k")),
              "counters": ("h100", ("steptrace_counters",))},
 }
+# the lever's runs, off and on in one loop, every GPU's: (kvlab.gpus key, machine, result name)
+LEVER_RUNS = tuple((gpu, machine, name) for gpu, runs in AHEAD_RECORDED.items()
+                   for machine, names in [runs["e2e"]] for name in names)
 LEVER = VARIANT + "+ahead"  # bench e2e's variant with the prefetch
 REGIMES = ("streaming", "fits", "exceeds")  # delivery: linear kind and weight against L2
 # a GEMM whose modelled prefetched share is below this (the LM head's 1%) measures no delivery:

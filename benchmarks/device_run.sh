@@ -7,9 +7,9 @@
 # which the device image lacks: carry their wheels in .whl/ (benchmarks/README.md says how).
 # Provenance: where the tree travelled without .git, set KVLAB_GIT_REVISION and KVLAB_GIT_DIRTY
 # (kvlab/bench/env.py).
-# NOTE: the device returns at most 8 files from $OUT. This script leaves three: device.log (GPU,
-# tests, sanitizers), $NAME.log (the report and progress) and $NAME.json (or, when the run was
-# cut short, the checkpoint $NAME_partial.json), so a call can run a few benchmarks.
+# NOTE: the device returns at most 8 files from $OUT. This script leaves four: device.log (GPU,
+# the tests' last lines, sanitizers), tests.log (pytest's whole output), $NAME.log (the report and
+# progress) and $NAME.json (or, when the run was cut short, the checkpoint $NAME_partial.json).
 set -uo pipefail
 OUT=${OUT:-/tmp/kvlab-out}
 mkdir -p "$OUT"
@@ -24,8 +24,10 @@ python3 -c "from kvlab.bench.env import git_state; print(git_state())" 2>&1 | te
 
 checks=()  # the summary lines of the checks, recorded in the benchmark's result (gpu_checks)
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  timeout ${TEST_TIMEOUT:-420} python3 -m pytest -q -m "gpu or compile" -p no:cacheprovider \
-    --import-mode=importlib ${TESTS:-tests} 2>&1 | tail -40 | tee -a "$log" "$OUT/tests.tail"
+  # SIGINT at the limit: pytest stops as on Ctrl-C and still reports the failures so far
+  timeout -s INT -k 30 ${TEST_TIMEOUT:-420} python3 -m pytest -q -rfE -m "gpu or compile" \
+    -p no:cacheprovider --import-mode=importlib ${TESTS:-tests} > "$OUT/tests.log" 2>&1
+  tail -40 "$OUT/tests.log" | tee -a "$log" > "$OUT/tests.tail"
   summary=$(grep -E "[0-9]+ (passed|failed|errors?|skipped|deselected)" "$OUT/tests.tail" | tail -1 \
             | tr -d "=")
   checks+=(tests "${summary:-no summary: cut short or not run} (${TESTS:-tests})")

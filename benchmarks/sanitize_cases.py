@@ -37,10 +37,12 @@ def main() -> None:
             if dtype == torch.float8_e4m3fn:  # a bf16 q, converted to fp16 by the kernel
                 kvlab.decode_attention(q.bfloat16(), cache, seq_ids, kernel=kernel,
                                        prefetch=PREFETCHES[0])
-    for model, attention, ahead_bytes in (("tiny-qwen", "gqa", 0), ("tiny-llama", "vllm_v1", 0),
-                                          ("tiny-llama", "gqa", 1 << 20)):
+    # the cross-kernel prefetch of the weights and of the K/V blocks: on, then off
+    for model, attention, ahead in (("tiny-qwen", "gqa", 0), ("tiny-llama", "vllm_v1", 0),
+                                    ("tiny-llama", "gqa", 1 << 20),
+                                    ("tiny-llama", "vllm_v1", 1 << 20)):
         llm = kvlab.LLM(model, attention=attention, device="cuda", num_blocks=16,
-                        cuda_graphs=False, ahead_bytes=ahead_bytes)  # (the cross-kernel prefetch)
+                        cuda_graphs=False, ahead_bytes=ahead, ahead_kv_bytes=ahead)
         for prompts in ([[3] * 20, [5] * 41], [[3] * 20, [5] * 41, [7] * 9]):  # linears, cuBLAS
             llm.generate(prompts, max_new_tokens=4)
     # gqa planned for capture (the natural grid, split as if both had 700 tokens), run on

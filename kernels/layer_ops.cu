@@ -270,6 +270,10 @@ __global__ void silu_mul(T* __restrict__ out, const T* __restrict__ gate_up, int
 // the first ahead_bytes at `ahead` (the next kernel's operand; 16-byte aligned, ahead_bytes a
 // multiple of 16) into L2 once their own loads are used, so that the next kernel starts on L2
 // hits while this grid drains. Nothing it computes changes.
+// kv_*: the same for the K and V blocks of the attention after this kernel (off with kv_pairs
+// 0): the last ahead_ctas CTAs share the first kv_pairs (K block, V block) pairs of the paged
+// cache kv_k, kv_v under the block table kv_table [kv_rows, kv_table_cols] and the lengths
+// kv_lens [kv_rows] (prefetch_paged_share_l2), in a warp of their own where the CTA has two.
 //
 // Such a layer only streams w from HBM, and the kernel's one job is to keep enough of w in
 // flight on every SM, from the first CTA to the last. A CTA owns COLS rows of w and its warps
@@ -303,7 +307,11 @@ template <typename T, int ROWS, int COLS, int UNROLL, int EPILOGUE>
 __global__ void linear(T* __restrict__ out, const T* __restrict__ x, const T* __restrict__ w,
                        const T* __restrict__ bias, const T* __restrict__ residual, int n, int k,
                        long long x_row_stride, const void* __restrict__ ahead,
-                       long long ahead_bytes, int ahead_ctas) {
+                       long long ahead_bytes, int ahead_ctas, const void* __restrict__ kv_k,
+                       const void* __restrict__ kv_v, const int* __restrict__ kv_table,
+                       const int* __restrict__ kv_lens, int kv_rows, int kv_table_cols,
+                       int kv_block_tokens, int kv_num_blocks, long long kv_block_bytes,
+                       long long kv_pairs) {
     static_assert(EPILOGUE != LINEAR_SWIGLU || COLS % 2 == 0, "SwiGLU pairs gate and up rows");
     __shared__ float sums[LINEAR_MAX_WARPS][ROWS][COLS];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
@@ -337,10 +345,15 @@ __global__ void linear(T* __restrict__ out, const T* __restrict__ x, const T* __
             }
         }
     }
-    if (warp == 0)  // the last ahead_ctas CTAs: its own loads used, this CTA's share ahead
-        prefetch_share_l2(ahead, ahead_bytes,
-                          static_cast<long long>(blockIdx.x) - (gridDim.x - ahead_ctas),
-                          ahead_ctas, lane);
+    // the last ahead_ctas CTAs: their own loads used, each its share of what comes next
+    const long long tail_cta = static_cast<long long>(blockIdx.x) - (gridDim.x - ahead_ctas);
+    if (warp == 0) prefetch_share_l2(ahead, ahead_bytes, tail_cta, ahead_ctas, lane);
+    if (warp == (warps > 1 ? 1 : 0) && kv_pairs > 0) {
+        const PagedBlocks blocks{static_cast<const char*>(kv_k), static_cast<const char*>(kv_v),
+                                 kv_table, kv_lens, kv_rows, kv_table_cols, kv_block_tokens,
+                                 kv_num_blocks, kv_block_bytes};
+        prefetch_paged_share_l2(blocks, kv_pairs, tail_cta, ahead_ctas, lane);
+    }
 #pragma unroll
     for (int r = 0; r < ROWS; ++r)
 #pragma unroll

@@ -37,8 +37,11 @@ preemptions, in `serving`.
 A batch whose caches do not fit the GPU's free memory is left out, with the reason, in
 `skipped` (a grid of batches and long prompts runs whole). A "+ahead" variant runs with the
 cross-kernel prefetch (`kvlab.LLM(ahead_bytes=...)`: --ahead-bytes, else the step model's size
-for the batch); a row of a variant that adds a lever to another that ran records
-`same_tokens`, whether its greedy tokens were that variant's in every round.
+for the batch); a "+ahead_kv" variant the prefetch of each layer's K/V blocks by its QKV linear
+(`kvlab.LLM(ahead_kv_bytes=...)`, `ahead_kv_bytes`), which runs only in layer_ops' linears: at
+batches above layer_ops.LINEAR_ROWS it is left out, in `skipped`. A row of a variant that adds a
+lever to another that ran records `same_tokens`, whether its greedy tokens were that variant's in
+every round.
 A row's prefill_ms is, for kvlab, the median over the prompts of the prefill pass that ran each
 (the prompts admitted together share a pass of up to `LLM.max_prefill_tokens` tokens, and each
 gets the whole pass's time); for HF, the whole batch's prefill with its first token and the
@@ -60,13 +63,18 @@ from kvlab.kernels.prefetch import PrefetchConfig
 # NOTE: torch loads inside the functions: the CLI builds its options from VARIANTS without it.
 
 PAPER_PREFETCH = PrefetchConfig("bulk")  # the paper's Algorithm 1: the next tile, d=1
-# {variant: (attention kernel, its PrefetchConfig, with the cross-kernel prefetch)}
-VARIANTS = {"vllm_v1": ("vllm_v1", None, False),
-            "vllm_v1+prefetch": ("vllm_v1", PAPER_PREFETCH, False),
-            "gqa": ("gqa", None, False), "gqa+prefetch": ("gqa", PAPER_PREFETCH, False),
-            "gqa+ahead": ("gqa", None, True)}
-LEVERS = ("+prefetch", "+ahead")  # a variant's suffix: the lever it adds to its base variant
-AHEAD_VARIANTS = tuple(v for v, (_, _, ahead) in VARIANTS.items() if ahead)
+# {variant: (attention kernel, its PrefetchConfig, the kvlab.LLM argument of the cross-kernel
+# prefetch it sets, or None)}
+VARIANTS = {"vllm_v1": ("vllm_v1", None, None),
+            "vllm_v1+prefetch": ("vllm_v1", PAPER_PREFETCH, None),
+            "gqa": ("gqa", None, None), "gqa+prefetch": ("gqa", PAPER_PREFETCH, None),
+            "gqa+ahead": ("gqa", None, "ahead_bytes"),
+            "gqa+ahead_kv": ("gqa", None, "ahead_kv_bytes")}
+# a variant's suffix: the lever it adds to its base variant
+LEVERS = ("+prefetch", "+ahead", "+ahead_kv")
+AHEAD_VARIANTS = tuple(v for v, (_, _, lever) in VARIANTS.items() if lever == "ahead_bytes")
+KV_VARIANTS = tuple(v for v, (_, _, lever) in VARIANTS.items() if lever == "ahead_kv_bytes")
+KV_L2_SHARE = 0.5  # of the GPU's L2, the most K/V a layer's QKV linear prefetches
 HF_VARIANT = "hf-static"  # HF's generate as it runs by default: its decode step torch.compiled
 HF_EAGER_VARIANT = "hf-static-eager"  # the same with compilation off (`disable_compile`)
 HF_COMPILE = {"on": (True,), "off": (False,), "both": (True, False)}  # --hf-compile
@@ -208,6 +216,14 @@ def ahead_bytes(args, roofline_gbps: float, batch: int) -> int:
     return ahead_size(fit_step_model(), roofline_gbps, batch)
 
 
+def ahead_kv_bytes(model: ModelConfig, batch: int, tokens: int, l2_bytes: int) -> int:
+    """The "+ahead_kv" variants' kvlab.LLM ahead_kv_bytes: a layer's K and V at `batch`
+    sequences of `tokens` (fp16), at most KV_L2_SHARE of the L2 (the QKV linear's own weight
+    streams through it while the blocks arrive, and the attention reads them after it)."""
+    kv_bytes = 2 * batch * tokens * model.num_kv_heads * model.head_dim * 2
+    return min(kv_bytes, int(KV_L2_SHARE * l2_bytes))
+
+
 def _row(name, variant, batch, args, rounds, prefill_ms, roofline_ms) -> dict:
     """A result row from `rounds`, each round's every step (ms)."""
     steady = [steady_steps(steps) for steps in rounds]
@@ -261,17 +277,18 @@ def graph_max_len(prompt: int, new_tokens: int) -> int | None:
     return None if longest <= DEFAULT_GRAPH_MAX_LEN else longest
 
 
-def _kvlab_runners(name: str, weights, num_blocks: int, args, ahead: int) -> dict:
-    """A runner per variant of args.variants: LLMs on `weights`, with caches of `num_blocks`,
+def _kvlab_runners(name: str, weights, num_blocks: int, args, variants: list[str],
+                   sizes: dict[str, int]) -> dict:
+    """A runner per variant of `variants`: LLMs on `weights`, with caches of `num_blocks`,
     one per layout (variants that differ in prefetch alone share it), and CUDA graphs for every
-    step (`graph_max_len`); the "+ahead" ones with ahead_bytes=ahead."""
+    step (`graph_max_len`); each lever's at its size in `sizes` ({kvlab.LLM argument: bytes})."""
     import kvlab
     from kvlab.engine.runner import cache_layout
 
     first_of_layout, runners = {}, {}
-    for variant in args.variants:
-        kernel, prefetch, with_ahead = VARIANTS[variant]
-        levers = {"prefetch": prefetch, "ahead_bytes": ahead if with_ahead else 0}
+    for variant in variants:
+        kernel, prefetch, lever = VARIANTS[variant]
+        levers = {"prefetch": prefetch, **({lever: sizes[lever]} if lever else {})}
         first = first_of_layout.get(cache_layout(kernel))
         llm = (first.with_attention(kernel, **levers, share_cache=True) if first
                else kvlab.LLM(name, attention=kernel, **levers, num_blocks=num_blocks,
@@ -387,6 +404,7 @@ def run(args) -> dict | None:
     from kvlab.cache.paged_cache import DoesNotFit
     from kvlab.engine import tp
     from kvlab.engine.weights import ModelWeights
+    from kvlab.kernels import layer_ops
     from kvlab.timing import Timer, copy_roofline_gbps
 
     rank, world = _start_tensor_parallel() if args.tp > 1 else (0, 1)
@@ -405,6 +423,7 @@ def run(args) -> dict | None:
         result["tp_note"] = ("one process per GPU; rank 0's steps and roofline (its shard of "
                              "the weights and of the K, V); no HF peer")
     gbps = result["roofline_copy_gbps"]
+    l2_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
     context = args.prompt + args.new_tokens / 2
     for name in args.models:
         model = MODELS[name]
@@ -421,10 +440,19 @@ def run(args) -> dict | None:
             prompts = random_prompts(model, batch, args.prompt)
             roofline_ms = step_bytes(local, weights, batch, context) / gbps / 1e6
             blocks = ceil_div(batch * (args.prompt + args.new_tokens), 16) + 16
-            ahead = (ahead_bytes(args, gbps, batch)
-                     if set(args.variants) & set(AHEAD_VARIANTS) else 0)
+            sizes = {"ahead_bytes": (ahead_bytes(args, gbps, batch)
+                                     if set(args.variants) & set(AHEAD_VARIANTS) else 0),
+                     "ahead_kv_bytes": ahead_kv_bytes(local, batch,
+                                                      args.prompt + args.new_tokens, l2_bytes)}
+            variants = [v for v in args.variants
+                        if v not in KV_VARIANTS or batch <= layer_ops.LINEAR_ROWS]
+            for variant in [v for v in args.variants if v not in variants]:
+                result["skipped"].append({
+                    "model": name, "batch": batch, "variant": variant,
+                    "reason": f"the K/V prefetch runs in layer_ops' linears, of at most "
+                              f"{layer_ops.LINEAR_ROWS} rows"})
             try:
-                runners = _kvlab_runners(name, weights, blocks, args, ahead)
+                runners = _kvlab_runners(name, weights, blocks, args, variants, sizes)
             except DoesNotFit as error:  # the caches of this batch and prompt
                 result["skipped"].append({"model": name, "batch": batch, "reason": str(error)})
                 print(f"{name} batch={batch} skipped: {error}", file=sys.stderr)
@@ -438,7 +466,8 @@ def run(args) -> dict | None:
                 runs |= _in_turn(f"{name} batch={batch}", prompts, args.rounds, hf_runners)
                 compiled |= {variant: runner.compiled for variant, runner in hf_runners.items()}
             for variant, (rounds, prefills, walls, _) in runs.items():
-                levers = {"ahead_bytes": ahead} if variant in AHEAD_VARIANTS else {}
+                lever = VARIANTS[variant][2] if variant in VARIANTS else None
+                levers = {lever: sizes[lever]} if lever else {}
                 if variant in equal:
                     levers["same_tokens"] = equal[variant]
                 result["rows"].append({**_row(name, variant, batch, args, rounds,
@@ -499,7 +528,8 @@ def report(result: dict) -> str:
                      + ("  TOKENS DIFFER from " + base_variant(r["variant"])
                         if r.get("same_tokens") is False else ""))
     for skip in result.get("skipped", []):
-        lines.append(f"{skip['model']} batch {skip['batch']} skipped: {skip['reason']}")
+        what = f" {skip['variant']}" if "variant" in skip else ""
+        lines.append(f"{skip['model']} batch {skip['batch']}{what} skipped: {skip['reason']}")
     for s in result.get("serving", []):
         lines.append(f"{s['model']} serving {s['requests']} requests at {s['rate']:g}/s "
                      f"({s['variant']}): {s['output_tokens_per_s']:,.0f} output tokens/s, "

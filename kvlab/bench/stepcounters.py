@@ -1,5 +1,5 @@
-"""Nsight Compute on one decode step of kvlab.LLM: the L2 hits of each GEMM's loads, with and
-without the cross-kernel prefetch (`kvlab.LLM(ahead_bytes=...)`).
+"""Nsight Compute on one decode step of kvlab.LLM: the L2 hits of each kernel's loads, with and
+without the cross-kernel prefetch (`kvlab.LLM(ahead_bytes=..., ahead_kv_bytes=...)`).
 
 `measure_step(spec)` runs one `ncu` on `python -m kvlab.bench.stepcounters '<StepSpec as
 JSON>'` (`main`, the profiled process). That process makes kvlab.LLM (seeded random weights,
@@ -45,13 +45,14 @@ NOT_GEMM = re.compile(r"splitKreduce|reduce_kernel", re.IGNORECASE)  # cuBLAS's 
 @dataclass(frozen=True)
 class StepSpec:
     """One decode step to profile: `batch` sequences of `prompt` prompt tokens of `model` (a
-    kvlab.MODELS preset), with kvlab.LLM's ahead_bytes. Raises ValueError for a field out of
-    range."""
+    kvlab.MODELS preset), with kvlab.LLM's ahead_bytes and ahead_kv_bytes. Raises ValueError
+    for a field out of range."""
 
     model: str
     batch: int
     prompt: int
     ahead_bytes: int = 0
+    ahead_kv_bytes: int = 0
 
     def __post_init__(self):
         if not isinstance(self.model, str) or self.model not in MODELS:
@@ -59,6 +60,7 @@ class StepSpec:
         check_positive_int("batch", self.batch)
         check_int("prompt", self.prompt, 1, MODELS[self.model].max_position - 2)
         check_int("ahead_bytes", self.ahead_bytes, 0, MAX_AHEAD_BYTES)
+        check_int("ahead_kv_bytes", self.ahead_kv_bytes, 0, MAX_AHEAD_BYTES)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -67,9 +69,9 @@ class StepSpec:
     def from_json(cls, text: str) -> StepSpec:
         fields = json.loads(text)
         if not isinstance(fields, dict) or set(fields) != {"model", "batch", "prompt",
-                                                          "ahead_bytes"}:
-            raise ValueError(f"{text!r}: must be a JSON object of model, batch, prompt and "
-                             "ahead_bytes")
+                                                          "ahead_bytes", "ahead_kv_bytes"}:
+            raise ValueError(f"{text!r}: must be a JSON object of model, batch, prompt, "
+                             "ahead_bytes and ahead_kv_bytes")
         return cls(**fields)
 
 
@@ -130,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     from kvlab.engine import forward
 
     llm = kvlab.LLM(spec.model, attention="gqa", cuda_graphs=False, ahead_bytes=spec.ahead_bytes,
+                    ahead_kv_bytes=spec.ahead_kv_bytes,
                     num_blocks=spec.batch * ceil_div(spec.prompt + 2, 16) + 16)
     seqs = []
     for prompt in random_prompts(MODELS[spec.model], spec.batch, spec.prompt):
@@ -148,9 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.synchronize()
         if profiled:
             torch.cuda.cudart().cudaProfilerStart()
-        forward.decode_step(llm.model, llm.weights, llm.caches, [], *inputs,
-                            llm.runner.attend(seqs), llm.rope,
-                            ahead_bytes=llm.ahead_bytes)
+        attend, kv_ahead = llm.runner.step_attention(seqs)
+        forward.decode_step(llm.model, llm.weights, llm.caches, [], *inputs, attend, llm.rope,
+                            ahead_bytes=llm.ahead_bytes, kv_ahead=kv_ahead)
         torch.cuda.synchronize()
         if profiled:
             torch.cuda.cudart().cudaProfilerStop()

@@ -47,6 +47,11 @@ class EngineConfig:
             product) bring this many of its weight's first bytes into L2; an integer in
             [0, MAX_AHEAD_BYTES], default 0 (off). With a CUDA attention (the paged cache on
             a GPU).
+        ahead_kv_bytes: the same for the K and V blocks of each layer's attention
+            (kvlab.model.layer.KvAhead): the layer's QKV linear, at steps of at most
+            layer_ops.LINEAR_ROWS rows, brings up to this many of them into L2 as it drains, the
+            rows' first blocks first; an integer in [0, MAX_AHEAD_BYTES], default 0 (off). With a
+            CUDA attention.
         dtype: of the weights and the cache; default fp16 on a GPU, fp32 on the CPU.
         device: default "cuda" when kvlab.backend() is "cuda", else "cpu".
         seed: of the random weights (and the default of generate's sampling seed), an
@@ -88,6 +93,7 @@ class EngineConfig:
     attention: str = "auto"
     prefetch: PrefetchConfig | None = None
     ahead_bytes: int = 0
+    ahead_kv_bytes: int = 0
     dtype: torch.dtype | None = None
     device: torch.device | str | None = None
     seed: int = 0
@@ -137,9 +143,10 @@ class EngineConfig:
                   offload=as_flag("offload", self.offload),
                   tensor_parallel=as_flag("tensor_parallel", self.tensor_parallel))
         check_positive_int("max_prefill_tokens", self.max_prefill_tokens)
-        check_int("ahead_bytes", self.ahead_bytes, 0, MAX_AHEAD_BYTES)
+        for name in ("ahead_bytes", "ahead_kv_bytes"):
+            check_int(name, getattr(self, name), 0, MAX_AHEAD_BYTES)
         self._set(max_prefill_tokens=int(self.max_prefill_tokens),
-                  ahead_bytes=int(self.ahead_bytes))
+                  ahead_bytes=int(self.ahead_bytes), ahead_kv_bytes=int(self.ahead_kv_bytes))
 
     def _resolve_model_and_device(self) -> None:
         model, device = self.model, self.device
@@ -156,7 +163,8 @@ class EngineConfig:
         if attention not in ATTENTIONS:
             raise ValueError(f"attention={attention!r}: must be one of {ATTENTIONS}")
         _check_offload(self.offload, self.offload_rates, attention, prefetch, self.num_blocks,
-                       self.tensor_parallel, self.async_decode, self.ahead_bytes, cuda)
+                       self.tensor_parallel, self.async_decode,
+                       (self.ahead_bytes, self.ahead_kv_bytes), cuda)
         if self.async_decode is None:
             self._set(async_decode=cuda and not self.offload)
         if self.offload:  # the runtime's attention; the paged cache's does not apply
@@ -166,10 +174,11 @@ class EngineConfig:
         if attention in ("vllm_v1", "gqa") and not cuda:
             raise ValueError(f"attention={attention!r}: the CUDA kernels need device='cuda' (here "
                              f"{self.device}); attention='reference' runs anywhere")
-        if self.ahead_bytes and attention not in ("auto", "vllm_v1", "gqa"):  # ("auto": a GPU)
-            raise ValueError(f"ahead_bytes={self.ahead_bytes}: the cross-kernel prefetch runs in "
-                             "the kernels of a GPU step in fp16 or bf16; needs a CUDA attention "
-                             f"(here {attention!r} on {self.device}), or 0")
+        for name in ("ahead_bytes", "ahead_kv_bytes"):
+            if getattr(self, name) and attention not in ("auto", "vllm_v1", "gqa"):  # auto: GPU
+                raise ValueError(f"{name}={getattr(self, name)}: the cross-kernel prefetch runs "
+                                 "in the kernels of a GPU step in fp16 or bf16; needs a CUDA "
+                                 f"attention (here {attention!r} on {self.device}), or 0")
         if prefetch is not None and (attention == "reference" or
                                      not isinstance(prefetch, PrefetchConfig)):
             raise ValueError(f"prefetch={prefetch!r}: must be None, or a PrefetchConfig with a "
@@ -229,7 +238,7 @@ def as_flag(name: str, value, *, optional: bool = False) -> bool | None:
 
 
 def _check_offload(offload, rates, attention, prefetch, num_blocks, tensor_parallel,
-                   async_decode, ahead_bytes, cuda: bool) -> None:
+                   async_decode, ahead: tuple[int, int], cuda: bool) -> None:
     """ValueError unless the offload arguments fit the others."""
     if not offload:
         if rates is not None:
@@ -245,7 +254,7 @@ def _check_offload(offload, rates, attention, prefetch, num_blocks, tensor_paral
                                  ("num_blocks", num_blocks, None),
                                  ("tensor_parallel", tensor_parallel, False),
                                  ("async_decode", async_decode, None),
-                                 ("ahead_bytes", ahead_bytes, 0)):
+                                 ("ahead_bytes", ahead[0], 0), ("ahead_kv_bytes", ahead[1], 0)):
         if value != default:
             raise ValueError(f"{name}={value!r}: offload=True decodes through the KVPR runtime "
                              f"(its own attention, no paged cache); leave {name}={default!r}")

@@ -24,6 +24,7 @@ from kvlab.kernels import layer_ops
 from kvlab.model.attention import SDPA_BACKENDS
 from kvlab.model.layer import (
     Ahead,
+    KvAhead,
     layer_head,
     layer_tail,
     linear,
@@ -114,19 +115,22 @@ def prefill(model: ModelConfig, w: ModelWeights, caches: Sequence,
 def decode_step(model: ModelConfig, w: ModelWeights, caches: Sequence,
                 copies: Sequence[tuple[int, int]], slots: torch.Tensor, token_ids: torch.Tensor,
                 positions: torch.Tensor, attend: Attend, rope: RopeTable | None,
-                reduce: Reduce | None = None, ahead_bytes: int = 0) -> torch.Tensor:
+                reduce: Reduce | None = None, ahead_bytes: int = 0,
+                kv_ahead: KvAhead | None = None) -> torch.Tensor:
     """One decode step of a batch: token_ids [batch] at `positions` [batch], one per sequence,
     already placed by the manager: `slots` [batch] (int64, on the caches' device) are their
     cache slots, `copies` the copy-on-write block copies their placement asked for. Each layer
     writes the new tokens' K, V (one scatter), then attends over the whole cached sequences
     with `attend`. ahead_bytes: the cross-kernel L2 prefetch (kvlab.model.layer.Ahead): the
     kernels before each GEMM bring as many of its weight's first bytes into L2 (0: off).
-    Returns the logits [batch, vocab_size]."""
+    kv_ahead: each layer's QKV linear brings the layer's K and V blocks into L2 for its attention
+    (None: off). Returns the logits [batch, vocab_size]."""
     hidden = embed(model, w, token_ids, positions)
     batch = token_ids.shape[0]
     firsts = [fused.qkv for fused in w.fused[1:]] + [w.lm_head]  # what follows each layer
     for i, (layer, fused, cache) in enumerate(zip(w.layers, w.fused, caches, strict=True)):
-        ahead = Ahead(ahead_bytes, firsts[i]) if ahead_bytes else None
+        ahead = (Ahead(ahead_bytes, firsts[i], None if kv_ahead is None else kv_ahead.of(cache))
+                 if ahead_bytes or kv_ahead is not None else None)
         cache.copy_blocks(copies)
         q = query_and_write(model, layer, fused, cache, slots, hidden, positions, rope, ahead)
         out = attend(i, q).reshape(batch, model.q_size).to(hidden.dtype)

@@ -38,6 +38,7 @@ import torch
 from kvlab.arith import ceil_div
 from kvlab.cache.block_manager import StepAllocation
 from kvlab.engine import forward
+from kvlab.model.layer import KvAhead
 
 MAX_BUCKET = 256
 MIN_SPAN = 512  # tokens the shortest span's plan is made for
@@ -185,10 +186,12 @@ class DecodeGraphs:
     rank computes (LLM.local); reduce: forward.Reduce with tensor parallelism."""
 
     def __init__(self, model, weights, caches, rope, kernel: str, prefetch, max_seq_len: int,
-                 scratch: tuple[int, int], reduce=None, ahead_bytes: int = 0):
+                 scratch: tuple[int, int], reduce=None, ahead_bytes: int = 0,
+                 ahead_kv_bytes: int = 0):
         self.model, self.weights, self.caches, self.rope = model, weights, caches, rope
         self.reduce = reduce  # forward.Reduce with tensor parallelism
-        self.ahead_bytes = ahead_bytes  # forward.decode_step's cross-kernel prefetch
+        # forward.decode_step's cross-kernel prefetch: of the weights, of the K/V blocks
+        self.ahead_bytes, self.ahead_kv_bytes = ahead_bytes, ahead_kv_bytes
         self.kernel, self.prefetch, self.max_seq_len = kernel, prefetch, max_seq_len
         self.scratch_block, self.scratch_slot = scratch
         self.device = caches[0].device
@@ -241,6 +244,8 @@ class DecodeGraphs:
         inputs = torch.zeros(4, size, dtype=torch.int64, device=self.device)  # padding rows
         inputs[SLOTS], inputs[SEQ_LENS] = self.scratch_slot, 1
         token_ids, positions, slots = inputs[TOKEN_IDS], inputs[POSITIONS], inputs[SLOTS]
+        kv_ahead = (KvAhead(self.ahead_kv_bytes, plan.block_tables, plan.seq_lens)
+                    if self.ahead_kv_bytes else None)
 
         def run():
             # int64 -> int32 inside the graph, so that one copy from the host fills all four rows
@@ -248,7 +253,7 @@ class DecodeGraphs:
             return forward.decode_step(
                 self.model, self.weights, self.caches, [], slots, token_ids, positions,
                 lambda i, q: plan.run(q, self.caches[i].k_cache, self.caches[i].v_cache),
-                self.rope, self.reduce, self.ahead_bytes)
+                self.rope, self.reduce, self.ahead_bytes, kv_ahead)
 
         side = torch.cuda.Stream(self.device)  # warm up off the default stream, as torch asks
         side.wait_stream(torch.cuda.current_stream(self.device))

@@ -75,24 +75,25 @@ class LLM:
 
     Attributes: config (the EngineConfig, its defaults resolved), and from it model, local (the
     shape this rank computes with tensor_parallel, else `model`), device, attention, prefetch,
-    ahead_bytes, seed, block_size, max_prefill_tokens, async_decode, offload, offload_rates,
-    offload_graphs; the runner's weights, manager and caches (one PagedKVCache per layer; None
-    and [] with offload), rope and graphs (kvlab.engine.graphs.DecodeGraphs, or None); scheduler
-    (None with offload) and runner.
+    ahead_bytes, ahead_kv_bytes, seed, block_size, max_prefill_tokens, async_decode, offload,
+    offload_rates, offload_graphs; the runner's weights, manager and caches (one PagedKVCache per
+    layer; None and [] with offload), rope and graphs (kvlab.engine.graphs.DecodeGraphs, or None);
+    scheduler (None with offload) and runner.
     """
 
     def __init__(self, model: str | ModelConfig = "tiny-llama", *, attention: str = "auto",
                  prefetch: PrefetchConfig | None = None, ahead_bytes: int = 0,
-                 dtype: torch.dtype | None = None, device=None, seed: int = 0, block_size: int = 16,
+                 ahead_kv_bytes: int = 0, dtype: torch.dtype | None = None, device=None,
+                 seed: int = 0, block_size: int = 16,
                  num_blocks: int | None = None, cuda_graphs: bool | None = None,
                  graph_max_len: int | None = None, weights: ModelWeights | None = None,
                  tensor_parallel: bool = False,
                  max_prefill_tokens: int = DEFAULT_PREFILL_TOKENS, offload: bool = False,
                  offload_rates: LinkAndCompute | None = None, async_decode: bool | None = None):
         self._wire(EngineConfig(
-            model, attention=attention, prefetch=prefetch, ahead_bytes=ahead_bytes, dtype=dtype,
-            device=device, seed=seed, block_size=block_size, num_blocks=num_blocks,
-            cuda_graphs=cuda_graphs,
+            model, attention=attention, prefetch=prefetch, ahead_bytes=ahead_bytes,
+            ahead_kv_bytes=ahead_kv_bytes, dtype=dtype, device=device, seed=seed,
+            block_size=block_size, num_blocks=num_blocks, cuda_graphs=cuda_graphs,
             graph_max_len=graph_max_len, max_prefill_tokens=max_prefill_tokens, offload=offload,
             offload_rates=offload_rates, tensor_parallel=tensor_parallel,
             async_decode=async_decode, weights=weights))
@@ -102,7 +103,7 @@ class LLM:
         self.config = config
         self.model, self.local, self.device = config.model, config.local, config.device
         self.attention, self.prefetch = config.attention, config.prefetch
-        self.ahead_bytes = config.ahead_bytes
+        self.ahead_bytes, self.ahead_kv_bytes = config.ahead_bytes, config.ahead_kv_bytes
         self.seed, self.block_size = config.seed, config.block_size
         self.max_prefill_tokens, self.async_decode = config.max_prefill_tokens, config.async_decode
         self.offload, self.offload_rates = config.offload, config.offload_rates
@@ -131,10 +132,10 @@ class LLM:
 
     def with_attention(self, attention: str = "auto", *,
                        prefetch: PrefetchConfig | None = None, ahead_bytes: int = 0,
-                       share_cache: bool = False) -> LLM:
+                       ahead_kv_bytes: int = 0, share_cache: bool = False) -> LLM:
         """A new LLM that runs this one's weights (the same tensors, not a copy: one model's
-        memory for several attention variants) with `attention`, `prefetch` and `ahead_bytes`
-        (the cross-kernel prefetch). It has graphs
+        memory for several attention variants) with `attention`, `prefetch`, `ahead_bytes` and
+        `ahead_kv_bytes` (the cross-kernel prefetch). It has graphs
         of its own, and this LLM's model, dtype, device, seed, block_size, num_blocks,
         cuda_graphs, graph_max_len and max_prefill_tokens. Its caches and their manager are its
         own, or with share_cache this LLM's (an attention of the same cache layout; the two must not
@@ -151,7 +152,8 @@ class LLM:
                 raise ValueError(f"share_cache=True: attention={attention!r} does not read "
                                  f"this LLM's {self.caches[0].layout!r} cache layout")
         config = replace(self.config, attention=attention, prefetch=prefetch,
-                         ahead_bytes=ahead_bytes, weights=self.weights)
+                         ahead_bytes=ahead_bytes, ahead_kv_bytes=ahead_kv_bytes,
+                         weights=self.weights)
         twin = LLM.__new__(LLM)
         twin._wire(config, self if share_cache else None)
         return twin

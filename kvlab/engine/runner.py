@@ -28,6 +28,7 @@ from kvlab.engine.scheduler import Request, context
 from kvlab.engine.weights import ModelWeights
 from kvlab.kernels import layer_ops
 from kvlab.kernels.families import kernel_layout
+from kvlab.model.layer import KvAhead
 from kvlab.model.rope import RopeTable
 
 
@@ -84,7 +85,7 @@ class Runner:
             self.model, self.weights, self.caches, self.rope, config.attention, config.prefetch,
             min(config.graph_max_len, longest),
             (self.manager.block_table(scratch)[0], self.manager.slot_mapping(scratch, 0, 1)[0]),
-            self.reduce, config.ahead_bytes)
+            self.reduce, config.ahead_bytes, config.ahead_kv_bytes)
 
     def prefill(self, requests: list[Request]) -> torch.Tensor:
         """Run the placed requests' contexts in one pass; the logits [len(requests),
@@ -110,22 +111,30 @@ class Runner:
                if isinstance(token_ids, list) else token_ids)
         slots, positions = (torch.tensor(xs, dtype=torch.long, device=self.device)
                             for xs in (placed.slots, placed.positions))
+        attend, kv_ahead = self.step_attention(seq_ids)
         return forward.decode_step(self.model, self.weights, self.caches, placed.copies, slots,
-                                   ids, positions, self.attend(seq_ids), self.rope, self.reduce,
-                                   self.config.ahead_bytes)
+                                   ids, positions, attend, self.rope, self.reduce,
+                                   self.config.ahead_bytes, kv_ahead)
 
     def attend(self, seq_ids: Sequence[int]) -> forward.Attend:
         """The attention of a decode step of the sequences `seq_ids` (config.attention)."""
+        return self.step_attention(seq_ids)[0]
+
+    def step_attention(self, seq_ids: Sequence[int]) -> tuple[forward.Attend, KvAhead | None]:
+        """`attend`'s attention, and the prefetch of the K/V blocks it reads
+        (config.ahead_kv_bytes over its plan's tables; None where that is off)."""
         attention = self.config.attention
         if attention == "reference":
             from kvlab.reference import decode_attention
 
-            return lambda i, q: decode_attention(q, self.caches[i], seq_ids)
+            return lambda i, q: decode_attention(q, self.caches[i], seq_ids), None
         from kvlab.kernels.decode import DecodePlan
 
         plan = DecodePlan(self.caches[0], seq_ids, self.model.num_qo_heads, kernel=attention,
                           prefetch=self.config.prefetch)
-        return lambda i, q: plan.run(q, self.caches[i].k_cache, self.caches[i].v_cache)
+        nbytes = self.config.ahead_kv_bytes
+        return (lambda i, q: plan.run(q, self.caches[i].k_cache, self.caches[i].v_cache),
+                KvAhead(nbytes, plan.block_tables, plan.seq_lens) if nbytes else None)
 
     def synchronize(self) -> None:
         """Wait for the work queued on the GPU (nothing to wait for elsewhere)."""

@@ -4,9 +4,10 @@ SwiGLU's product, and RoPE of Q and K with the cache write together), where torc
 from several; the linear layers of a step of at most LINEAR_ROWS rows, whose weights it
 streams in less time than cuBLAS over the paper models' linears (not at every shape:
 docs/kernels/layer_ops.md has the figures), with the residual add or SwiGLU's product that follows
-them in the same launch, and optionally the next kernel's first operand bytes brought into L2
-as the grid drains (the cross-kernel prefetch, `ahead`); and greedy sampling's argmax over the
-logits in their own dtype.
+them in the same launch, and optionally the next kernel's first operand bytes, or the K and V
+blocks the attention after it reads, brought into L2 as the grid drains (the cross-kernel
+prefetch, `ahead` and `kv_ahead`); and greedy sampling's argmax over the logits in their own
+dtype.
 
 The layer code (`kvlab.model`, `kvlab.engine.forward`) and the engine's sampling
 (`kvlab.engine.runner`) call these where `usable` says so: fp16 or bf16 tensors on a CUDA device,
@@ -18,13 +19,14 @@ launching.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from kvlab.arith import ceil_div
 from kvlab.checks import check_real, is_int
-from kvlab.kernels.launch import launch, ptr, resident_ctas
+from kvlab.kernels.launch import NULL, launch, ptr, resident_ctas
 from kvlab.kernels.vllm_v1 import CUDA_TYPES
 
 SOURCE = "layer_ops.cu"
@@ -327,6 +329,74 @@ def ahead_problem(ahead: torch.Tensor | None, ahead_bytes, device: torch.device)
     return None
 
 
+@dataclass(frozen=True)
+class PagedAhead:
+    """The K and V blocks of one layer's paged cache that `linear` brings into L2 for the
+    attention after it: the blocks of each row of `block_tables` (int32 [rows, cols]) that hold
+    its `seq_lens` (int32 [rows]) tokens, `block_size` a block, a block of every row in turn (the
+    rows' first blocks first), at most `nbytes` of K and V together. k_cache, v_cache: [num_blocks,
+    ...] contiguous, a block the same bytes in both (any of kvlab.cache's layouts). The tables and
+    lengths are read when the kernel runs (a CUDA graph's buffers may change between replays)."""
+
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    block_size: int
+    nbytes: int
+
+    @property
+    def block_bytes(self) -> int:
+        """The bytes of one block of K (as of V)."""
+        return self.k_cache[0].numel() * self.k_cache.element_size()
+
+    @property
+    def pairs(self) -> int:
+        """The (K block, V block) pairs the kernel prefetches at most: nbytes' worth, at most
+        one per entry of the tables."""
+        return min(self.nbytes // (2 * self.block_bytes), self.block_tables.numel())
+
+
+def paged_ahead_problem(kv: PagedAhead | None, device: torch.device) -> str | None:
+    """Why `linear` would refuse this prefetch of K/V blocks, or None where it takes it."""
+    if kv is None:
+        return None
+    if not isinstance(kv, PagedAhead):
+        return f"kv_ahead: a {type(kv).__name__}, must be a layer_ops.PagedAhead or None"
+    if not is_int(kv.nbytes) or kv.nbytes < 0:
+        return f"kv_ahead.nbytes={kv.nbytes!r}: must be an integer >= 0"
+    if not is_int(kv.block_size) or kv.block_size < 1:
+        return f"kv_ahead.block_size={kv.block_size!r}: must be an integer >= 1"
+    k, v, tables, lens = kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens
+    if not all(isinstance(t, torch.Tensor) and t.device == device and t.is_contiguous()
+               for t in (k, v, tables, lens)):
+        return (f"kv_ahead: k_cache, v_cache, block_tables and seq_lens must be contiguous "
+                f"tensors on {device}")
+    if not (k.dim() >= 2 and v.dim() >= 2 and k.shape[0] == v.shape[0]
+            and k.dtype == v.dtype and k[0].numel() == v[0].numel()
+            and kv.block_bytes % 16 == 0 and k.data_ptr() % 16 == 0 and v.data_ptr() % 16 == 0):
+        return (f"kv_ahead: k_cache {tuple(k.shape)} and v_cache {tuple(v.shape)} must be "
+                "[num_blocks, ...] of one dtype, a block the same multiple of 16 bytes in both, "
+                "16-byte aligned")
+    if not (tables.dim() == 2 and tables.dtype == torch.int32 and lens.dtype == torch.int32
+            and lens.shape == (tables.shape[0],)):
+        return (f"kv_ahead: block_tables {tuple(tables.shape)} {tables.dtype} and seq_lens "
+                f"{tuple(lens.shape)} {lens.dtype} must be int32 [rows, cols] and [rows]")
+    if max(k.shape[0], *tables.shape) >= 2**31:
+        return f"kv_ahead: {k.shape[0]} blocks, tables {tuple(tables.shape)}: each below 2**31"
+    return None
+
+
+def _paged_args(kv: PagedAhead | None) -> tuple:
+    """linear's kv_* arguments: `kv`'s blocks, or none."""
+    if kv is None or kv.pairs == 0:
+        return (NULL,) * 4 + (np.int32(0),) * 4 + (np.int64(0), np.int64(0))
+    rows, cols = kv.block_tables.shape
+    return (ptr(kv.k_cache), ptr(kv.v_cache), ptr(kv.block_tables), ptr(kv.seq_lens),
+            np.int32(rows), np.int32(cols), np.int32(kv.block_size),
+            np.int32(kv.k_cache.shape[0]), np.int64(kv.block_bytes), np.int64(kv.pairs))
+
+
 def ahead_span(ahead: torch.Tensor | None, ahead_bytes: int) -> int:
     """The bytes of `ahead` that `linear` prefetches: its first ahead_bytes, at most all of it,
     rounded down to the bulk prefetch's 16-byte granule (0 without `ahead`)."""
@@ -351,7 +421,8 @@ def _wave(name: str, device_index: int) -> int:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
            residual: torch.Tensor | None = None, swiglu: bool = False,
-           ahead: torch.Tensor | None = None, ahead_bytes: int = 0) -> torch.Tensor:
+           ahead: torch.Tensor | None = None, ahead_bytes: int = 0,
+           kv_ahead: PagedAhead | None = None) -> torch.Tensor:
     """y = F.linear(x, weight, bias) for x [rows, k], 1 <= rows <= LINEAR_ROWS, with
     contiguous, 16-byte aligned rows, k a multiple of 8; weight [n, k] contiguous; bias [n] or
     None. Returns y [rows, n]; with `residual` [rows, n], residual + y; with `swiglu`,
@@ -362,9 +433,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     ahead, ahead_bytes: the cross-kernel L2 prefetch. The grid's last wave (the CTAs that start
     last) brings `ahead_span` bytes at the start of `ahead` (the next kernel's operand, a
     contiguous tensor on x's device) into L2 as it drains, so that the next kernel's first
-    loads hit L2. A hint: y is the same with or without it."""
-    problem = linear_problem(x, weight, bias, residual, swiglu) or ahead_problem(
-        ahead, ahead_bytes, x.device)
+    loads hit L2. kv_ahead: the same wave, a warp of each CTA, brings the K and V blocks of a
+    paged cache that the attention after this kernel reads (`PagedAhead`). Hints: y is the same
+    with or without them."""
+    problem = (linear_problem(x, weight, bias, residual, swiglu)
+               or ahead_problem(ahead, ahead_bytes, x.device)
+               or paged_ahead_problem(kv_ahead, x.device))
     _check(problem is None, problem)
     (rows, k), n = x.shape, weight.shape[0]
     epilogue = "swiglu" if swiglu else "plain" if residual is None else "residual"
@@ -373,9 +447,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if n:
         cols = LINEAR_COLS // 2 if swiglu else LINEAR_COLS  # output columns a CTA writes
         name, grid = linear_name(CUDA_TYPES[x.dtype], rows, epilogue), ceil_div(width, cols)
-        tail = min(grid, _wave(name, x.device.index)) if ahead_span(ahead, ahead_bytes) else 0
+        prefetching = ahead_span(ahead, ahead_bytes) or (kv_ahead is not None and kv_ahead.pairs)
+        tail = min(grid, _wave(name, x.device.index)) if prefetching else 0
         launch(_kernel(name, x.device), (grid,), (32 * LINEAR_WARPS,),
                (ptr(out), ptr(x), ptr(weight), ptr(bias), ptr(residual), np.int32(n),
                 np.int32(k), np.int64(x.stride(0)), *_ahead_args(ahead, ahead_bytes),
-                np.int32(tail)), x.device)
+                np.int32(tail), *_paged_args(kv_ahead)), x.device)
     return out

@@ -11,7 +11,8 @@ MLP = down(silu(gate .) * up .), no MLP biases. Tensors of a batch are [batch, .
 K, V are [tokens, batch, num_kv_heads, head_dim] (the KVPR host store's token-major layout).
 With `fused` (`kvlab.model.weights.fuse`), Q, K and V come from one GEMM, and gate and up from
 another. With `ahead` (an `Ahead`), each linear brings the first bytes of the next one's weight
-into L2 as it drains (the cross-kernel prefetch of `layer_ops.linear`).
+into L2 as it drains, and the QKV linear the layer's K and V blocks (the cross-kernel prefetch of
+`layer_ops.linear`).
 """
 
 from __future__ import annotations
@@ -40,11 +41,30 @@ class Ahead:
     - at larger steps (cuBLAS's GEMMs), the RMSNorm kernels as they start, the GEMM after them
       (the attention norm QKV's, the MLP norm gate and up's, the final norm the LM head's), and
       SwiGLU's product kernel W_down's. W_O's has none: the attention kernel runs before it.
+    kv: the layer's K and V blocks, which its QKV linear (at most layer_ops.LINEAR_ROWS rows)
+    brings into L2 as it drains, for the attention after it; None: not these.
     A hint: torch's ops run without it, a weight the kernels cannot prefetch (`prefetch_args`)
     is left out, and nothing computed changes."""
 
     nbytes: int
     after: torch.Tensor
+    kv: layer_ops.PagedAhead | None = None
+
+
+@dataclass(frozen=True)
+class KvAhead:
+    """A decode step's prefetch of each layer's K and V blocks (`Ahead.kv`): at most `nbytes` a
+    layer, the blocks of the step's `block_tables` (int32 [rows, cols]) and `seq_lens` (int32
+    [rows]) on the GPU, as the step's attention plan reads them."""
+
+    nbytes: int
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+
+    def of(self, cache) -> layer_ops.PagedAhead:
+        """The prefetch of one layer's blocks, from its paged cache (kvlab.cache.PagedKVCache)."""
+        return layer_ops.PagedAhead(cache.k_cache, cache.v_cache, self.block_tables,
+                                    self.seq_lens, cache.block_size, self.nbytes)
 
 
 def layer_head(model: ModelConfig, w: LayerWeights, hidden: torch.Tensor,
@@ -65,10 +85,11 @@ def layer_head(model: ModelConfig, w: LayerWeights, hidden: torch.Tensor,
 def project_qkv(model: ModelConfig, w: LayerWeights, hidden: torch.Tensor, fused: Fused,
                 ahead: Ahead | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The attention input X [batch, hidden_size] of hidden, and its Q, K, V projections in one
-    GEMM: [batch, q_size + 2 kv_size] (before RoPE); with `ahead`, W_O's first bytes prefetched
-    into L2 as it drains."""
+    GEMM: [batch, q_size + 2 kv_size] (before RoPE); with `ahead`, W_O's first bytes and
+    ahead.kv's blocks prefetched into L2 as it drains."""
     x = attention_input(model, w.attn, hidden, **_ahead(ahead, fused.qkv, gemm_rows=hidden))
-    return x, linear(x, fused.qkv, fused.b_qkv, **_ahead(ahead, w.attn.w_o))
+    kv = {} if ahead is None or ahead.kv is None else {"kv_ahead": ahead.kv}
+    return x, linear(x, fused.qkv, fused.b_qkv, **_ahead(ahead, w.attn.w_o), **kv)
 
 
 def qkv_heads(model: ModelConfig, qkv: torch.Tensor, positions: torch.Tensor,
@@ -131,15 +152,16 @@ def prefetch_args(nbytes: int, then: torch.Tensor | None,
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
            residual: torch.Tensor | None = None, swiglu: bool = False,
-           ahead: torch.Tensor | None = None, ahead_bytes: int = 0) -> torch.Tensor:
+           ahead: torch.Tensor | None = None, ahead_bytes: int = 0,
+           kv_ahead: layer_ops.PagedAhead | None = None) -> torch.Tensor:
     """F.linear, then residual + its output, or with `swiglu` SwiGLU's product of its halves
     (weight stacks W_gate over W_up): one `layer_ops.linear` kernel where it takes the tensors,
     a decode step of at most layer_ops.LINEAR_ROWS rows on a GPU, which also prefetches the
-    first ahead_bytes of `ahead` into L2 as it drains. Elsewhere F.linear, and SwiGLU's
-    product as `silu_mul`, which takes the prefetch."""
+    first ahead_bytes of `ahead` and kv_ahead's K/V blocks into L2 as it drains. Elsewhere
+    F.linear, and SwiGLU's product as `silu_mul`, which takes the prefetch of `ahead`."""
     if x.is_cuda and layer_ops.linear_problem(x, weight, bias, residual, swiglu) is None:
         return layer_ops.linear(x, weight, bias, residual=residual, swiglu=swiglu, ahead=ahead,
-                                ahead_bytes=ahead_bytes)
+                                ahead_bytes=ahead_bytes, kv_ahead=kv_ahead)
     y = F.linear(x, weight, bias)
     if swiglu:
         return silu_mul(y, ahead=ahead, ahead_bytes=ahead_bytes)

@@ -28,7 +28,7 @@ def test_steady_steps_start_where_two_successive_steps_agree_within_5_percent():
 def test_each_lever_is_compared_with_its_base_variants_tokens():
     from kvlab.bench.e2e import base_variant, same_tokens
 
-    assert [base_variant(v) for v in VARIANTS] == [None, "vllm_v1", None, "gqa", "gqa"]
+    assert [base_variant(v) for v in VARIANTS] == [None, "vllm_v1", None, "gqa", "gqa", "gqa"]
     assert base_variant(HF_VARIANT) is None
     runs = {"gqa": ([], [], [], [[1, 2]]), "gqa+ahead": ([], [], [], [[1, 2]]),
             "gqa+prefetch": ([], [], [], [[1, 3]]), "vllm_v1+prefetch": ([], [], [], [[1]]),
@@ -41,6 +41,15 @@ def test_prefetch_pairs_each_variant_with_its_kernel_alone():
     assert prefetch_pairs([*VARIANTS, HF_VARIANT]) == [("vllm_v1+prefetch", "vllm_v1"),
                                                        ("gqa+prefetch", "gqa")]
     assert prefetch_pairs(["gqa+prefetch", HF_VARIANT]) == []
+
+
+def test_the_kv_prefetch_takes_a_layers_kv_up_to_half_the_l2():
+    from kvlab.bench.e2e import ahead_kv_bytes
+
+    m = MODELS["llama3-8b"]  # 8 KV heads of 128: 4 KiB of K and V a token in fp16
+    assert ahead_kv_bytes(m, 1, 768, 60 << 20) == 768 * 4096 == 3 << 20
+    assert ahead_kv_bytes(m, 2, 4096, 60 << 20) == 30 << 20  # 32 MiB, capped
+    assert ahead_kv_bytes(m, 1, 32768, 50 << 20) == 25 << 20
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-opt"])
@@ -91,7 +100,10 @@ def test_a_small_run_times_every_variant_and_hf(tmp_path):
     assert json.loads(checkpoint.read_text())["rows"] == rows  # written after the last point
     assert result["async_decode"] is True
     assert {(r["variant"], r["batch"]) for r in rows} == {
-        (v, b) for v in (*VARIANTS, HF_VARIANT) for b in (1, 3)}
+        (v, b) for v in (*VARIANTS, HF_VARIANT) for b in (1, 3)} - {("gqa+ahead_kv", 3)}
+    assert result["skipped"] == [{  # layer_ops' linears take at most 2 rows
+        "model": "tiny-qwen", "batch": 3, "variant": "gqa+ahead_kv",
+        "reason": "the K/V prefetch runs in layer_ops' linears, of at most 2 rows"}]
     assert result["hf_compile"] == "on" and result["warmup_rounds"] == 1
     for r in rows:
         assert len(r["step_ms_runs"]) == 23 and r["roofline_ms"] > 0
@@ -105,11 +117,14 @@ def test_a_small_run_times_every_variant_and_hf(tmp_path):
         assert max(r["step_ms_runs"][r["steady_from"]:]) < 10 * r["step_ms"]
     for r in rows:  # the cross-kernel prefetch changes no token
         assert (r.get("ahead_bytes", 0) > 0) is (r["variant"] == "gqa+ahead")
-        assert r.get("same_tokens") is (True if r["variant"].endswith(("+ahead", "+prefetch"))
-                                        else None)
+        # all of a layer's K and V at the last step (44 tokens of 2 KV heads of 64, fp16)
+        assert r.get("ahead_kv_bytes") == (2 * 44 * 2 * 64 * 2 if r["variant"] == "gqa+ahead_kv"
+                                           else None)
+        assert r.get("same_tokens") is (
+            True if r["variant"].endswith(("+ahead", "+prefetch", "+ahead_kv")) else None)
     # a bigger batch decodes more tokens a second on the same model
     by = {(r["variant"], r["batch"]): r["tokens_per_s"] for r in rows}
-    assert all(by[v, 3] > by[v, 1] for v in (*VARIANTS, HF_VARIANT))
+    assert all(by[v, 3] > by[v, 1] for v in (*VARIANTS, HF_VARIANT) if v != "gqa+ahead_kv")
 
 
 @pytest.mark.gpu
@@ -311,11 +326,13 @@ def test_the_report_flags_a_lever_that_changed_the_tokens_and_says_what_was_skip
     rows = [{**row, "variant": "gqa"}, {**row, "variant": "gqa+ahead", "same_tokens": False},
             {**row, "variant": "gqa+prefetch", "same_tokens": True}]
     lines = report({"gpu": "H200", "roofline_copy_gbps": 1.0, "rows": rows, "skipped": [
-        {"model": "m", "batch": 128, "reason": "num_blocks=9: the K/V tensors need 9 bytes"}]}
+        {"model": "m", "batch": 128, "reason": "num_blocks=9: the K/V tensors need 9 bytes"},
+        {"model": "m", "batch": 4, "variant": "gqa+ahead_kv", "reason": "at most 2 rows"}]}
     ).splitlines()
     assert lines[3].endswith("TOKENS DIFFER from gqa")
     assert "TOKENS" not in lines[2] + lines[4]
     assert lines[5] == "m batch 128 skipped: num_blocks=9: the K/V tensors need 9 bytes"
+    assert lines[6] == "m batch 4 gqa+ahead_kv skipped: at most 2 rows"
 
 
 def test_ahead_bytes_needs_a_variant_to_size(capsys):

@@ -10,6 +10,7 @@ from kvlab.config import MODELS
 from kvlab.engine import forward
 from kvlab.engine.scheduler import make_requests
 from kvlab.engine.weights import ModelWeights
+from kvlab.model.layer import KvAhead
 from kvlab.model.weights import named_tensors
 
 transformers = pytest.importorskip("transformers")
@@ -57,17 +58,19 @@ def test_the_kernels_before_each_gemm_prefetch_its_weight(name, batch, monkeypat
     -> gate_up (OPT: fc1) -> W_down -> the next layer's QKV, the last W_down the LM head's,
     which prefetches nothing; the norms none. Above it the RMSNorms (not OPT's LayerNorm)
     prefetch the GEMM after them: the attention norm QKV's, the MLP norm gate_up's, the final
-    norm the LM head's. Without it nothing prefetches."""
+    norm the LM head's. Without it nothing prefetches. With kv_ahead (alone), each layer's QKV
+    linear, and no other, prefetches that layer's K/V blocks."""
     from kvlab.kernels.layer_ops import LINEAR_ROWS
     from kvlab.model import layer, norm
 
     llm = kvlab.LLM(name, device="cpu", num_blocks=64)
-    w, calls = llm.weights, []
+    w, calls, kv_calls = llm.weights, [], []
     ops = layer.layer_ops  # every other op keeps to torch
 
     def linear(x, weight, bias=None, *, residual=None, swiglu=False, ahead=None,
-               ahead_bytes=0):
+               ahead_bytes=0, kv_ahead=None):
         calls.append(("linear", weight, ahead, ahead_bytes))
+        kv_calls.append((weight, kv_ahead))
         y = torch.nn.functional.linear(x, weight, bias)
         return layer.silu_mul(y) if swiglu else y if residual is None else residual + y
 
@@ -87,11 +90,12 @@ def test_the_kernels_before_each_gemm_prefetch_its_weight(name, batch, monkeypat
         llm.manager.append(seq, 1, [5])
     slots = torch.tensor([llm.manager.slot_mapping(seq, 4, 5)[0] for seq in seqs])
 
-    def step(ahead_bytes):
+    def step(ahead_bytes, kv_ahead=None):
         calls.clear()
+        kv_calls.clear()
         forward.decode_step(llm.model, w, llm.caches, [], slots, torch.tensor([5] * batch),
                             torch.tensor([4] * batch), llm.runner.attend(seqs), llm.rope,
-                            ahead_bytes=ahead_bytes)
+                            ahead_bytes=ahead_bytes, kv_ahead=kv_ahead)
         return [(kind, weight, ahead) for kind, weight, ahead, nbytes in calls
                 if nbytes == (0 if ahead is None else ahead_bytes)]
 
@@ -118,6 +122,15 @@ def test_the_kernels_before_each_gemm_prefetch_its_weight(name, batch, monkeypat
                          for a, b in ((layer_w.attn.norm_weight, fused.qkv),
                                       (layer_w.mlp_norm_weight, fused.gate_up))] + [
             (id(w.norm_weight), id(w.lm_head))]
+    assert all(kv is None for _, kv in kv_calls)
+    tables = torch.zeros(batch, 2, dtype=torch.int32)
+    got = step(0, KvAhead(1 << 20, tables, torch.full((batch,), 5, dtype=torch.int32)))
+    assert all(ahead is None for _, _, ahead in got)  # ahead_bytes 0: no weight prefetched
+    with_kv = [(weight, kv) for weight, kv in kv_calls if kv is not None]
+    assert [id(weight) for weight, _ in with_kv] == [id(fused.qkv) for fused in w.fused]
+    assert [(id(kv.k_cache), id(kv.v_cache)) for _, kv in with_kv] == [
+        (id(cache.k_cache), id(cache.v_cache)) for cache in llm.caches]
+    assert all(kv.block_tables is tables and kv.nbytes == 1 << 20 for _, kv in with_kv)
 
 
 def test_a_weight_the_kernels_cannot_prefetch_is_left_out_of_the_hint():
@@ -382,6 +395,13 @@ def test_async_decode_waits_for_the_step_queued_after_an_eos(monkeypatch):
      "or bf16; needs a CUDA attention (here 'reference' on cpu), or 0"),
     (lambda: kvlab.LLM(device="cpu", num_blocks=8).with_attention("reference", ahead_bytes=64),
      "ahead_bytes=64: the cross-kernel prefetch runs in the kernels of a GPU step"),
+    (lambda: kvlab.LLM(device="cpu", ahead_kv_bytes=-1),
+     "ahead_kv_bytes=-1: must be an integer in .0, 1073741824."),
+    (lambda: kvlab.LLM(device="cpu", ahead_kv_bytes=1 << 20),
+     "ahead_kv_bytes=1048576: the cross-kernel prefetch runs in the kernels of a GPU step"),
+    (lambda: kvlab.LLM(device="cpu", num_blocks=8).with_attention("reference",
+                                                                  ahead_kv_bytes=64),
+     "ahead_kv_bytes=64: the cross-kernel prefetch runs in the kernels of a GPU step"),
     (lambda: kvlab.LLM(device="cpu", weights="llama.safetensors"),
      "weights=str: must be None, or a ModelWeights with a preset name or a ModelConfig"),
     (lambda: kvlab.LLM("tiny-opt", device="cpu", weights=seeded_weights("tiny-llama")),

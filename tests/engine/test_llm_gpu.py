@@ -77,18 +77,22 @@ def test_a_real_size_model_decodes_a_batch():
 
 @pytest.mark.parametrize("cuda_graphs", [False, True])
 def test_the_cross_kernel_prefetch_leaves_the_tokens_as_they_are(cuda_graphs):
-    """ahead_bytes only brings the next linear's weight into L2: a real-size model's greedy
-    tokens at batch 1 and 2 (layer_ops' linears) and 3 (cuBLAS's, which ignore it), eager and
-    in graphs, are those of the same weights without it."""
+    """ahead_bytes only brings the next linear's weight into L2, ahead_kv_bytes the attention's
+    K/V blocks: a real-size model's greedy tokens at batch 1 and 2 (layer_ops' linears) and 3
+    (cuBLAS's, which ignore them), eager and in graphs, are those of the same weights without."""
     base = kvlab.LLM("llama3-8b", attention="gqa", device="cuda", num_blocks=256,
                      cuda_graphs=cuda_graphs)
     ahead = base.with_attention("gqa", ahead_bytes=8 << 20, share_cache=True)
+    both = base.with_attention("gqa", ahead_bytes=8 << 20, ahead_kv_bytes=4 << 20,
+                               share_cache=True)
     assert ahead.ahead_bytes == 8 << 20 and base.ahead_bytes == 0
+    assert (both.ahead_kv_bytes, ahead.ahead_kv_bytes) == (4 << 20, 0)
     if cuda_graphs:
-        assert ahead.graphs.ahead_bytes == 8 << 20
+        assert ahead.graphs.ahead_bytes == 8 << 20 and both.graphs.ahead_kv_bytes == 4 << 20
     for prompts in ([[1] * 100], [[1] * 100, [2] * 300], [[3] * 50, [4] * 60, [5] * 70]):
         expected = base.generate(prompts, max_new_tokens=12).tokens
         assert ahead.generate(prompts, max_new_tokens=12).tokens == expected
+        assert both.generate(prompts, max_new_tokens=12).tokens == expected
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-opt"])

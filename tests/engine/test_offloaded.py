@@ -103,6 +103,8 @@ def test_what_one_host_store_cannot_run_is_refused(call, message):
      "async_decode=True: offload=True decodes through the KVPR runtime"),
     ({"offload": True, "offload_rates": COPY_ALL, "ahead_bytes": 4096},
      "ahead_bytes=4096: offload=True decodes through the KVPR runtime"),
+    ({"offload": True, "offload_rates": COPY_ALL, "ahead_kv_bytes": 4096},
+     "ahead_kv_bytes=4096: offload=True decodes through the KVPR runtime"),
 ])
 def test_bad_offload_arguments_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -243,6 +243,81 @@ def test_linear_prefetching_ahead_writes_what_it_writes_without(dtype, rows, epi
         assert torch.equal(got, without)
 
 
+def paged_blocks(rows: int, device: str = "cuda", layout: str = "hnd",
+                 dtype=torch.float16) -> layer_ops.PagedAhead:
+    """A layer's paged cache of 64 blocks of 16 tokens (8 KV heads of 128), rows of 40, 200 and
+    1 tokens in turn on shuffled blocks, with room for up to 1 MiB of K and V together."""
+    cache = PagedKVCache(64, 16, 8, 128, dtype, device, layout)
+    lens = torch.tensor([(40, 200, 1)[r % 3] for r in range(rows)], dtype=torch.int32)
+    tables = torch.randperm(64, generator=torch.Generator().manual_seed(rows))[:rows * 13]
+    tables = tables.view(rows, 13).to(torch.int32)
+    return layer_ops.PagedAhead(cache.k_cache, cache.v_cache, tables.to(device), lens.to(device),
+                                16, 1 << 20)
+
+
+@gpu
+@pytest.mark.parametrize("rows", range(1, layer_ops.LINEAR_ROWS + 1))
+@pytest.mark.parametrize("layout", ["hnd", "vllm"])
+@pytest.mark.parametrize("nbytes", [0, 64 << 10, 1 << 20, 1 << 30])
+def test_linear_prefetching_kv_blocks_writes_what_it_writes_without(rows, layout, nbytes):
+    """The K/V blocks' prefetch is a hint: bit for bit the same output, for a budget of none,
+    of one block pair, of some and of more than the tables hold, on both cache layouts; table
+    entries past a row's length, and ids outside the cache there, are never prefetched."""
+    kv = paged_blocks(rows, layout=layout)
+    kv.block_tables[:, 12] = 1 << 20  # past every row's blocks: never read
+    kv = layer_ops.PagedAhead(kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, 16, nbytes)
+    x = randn(rows, 4096, dtype=torch.float16, seed=1)
+    w = randn(6144, 4096, dtype=torch.float16, seed=2) / 64
+    then = randn(4096, 4096, dtype=torch.float16, seed=3)
+    without = layer_ops.linear(x, w)
+    assert torch.equal(layer_ops.linear(x, w, kv_ahead=kv), without)
+    assert torch.equal(layer_ops.linear(x, w, ahead=then, ahead_bytes=1 << 20, kv_ahead=kv),
+                       without)
+    torch.cuda.synchronize()
+
+
+def test_the_kv_prefetch_counts_whole_block_pairs_within_its_budget_and_the_tables():
+    kv = paged_blocks(2, device="cpu")  # a block: 16 x 8 x 128 fp16 = 32 KiB
+    assert kv.block_bytes == 32 << 10
+    assert kv.pairs == (1 << 20) // (64 << 10) == 16
+    small = layer_ops.PagedAhead(kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, 16,
+                                 (64 << 10) - 16)
+    assert small.pairs == 0  # not even one pair
+    huge = layer_ops.PagedAhead(kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, 16, 1 << 30)
+    assert huge.pairs == kv.block_tables.numel() == 26
+
+
+def test_linear_says_which_kv_prefetch_it_cannot_take():
+    """On the CPU too: the K/V prefetch's checks come before any launch (the device is x's)."""
+    cpu = torch.device("cpu")
+    kv = paged_blocks(2, device="cpu")
+
+    def problem(**change):
+        fields = {name: getattr(kv, name) for name in (
+            "k_cache", "v_cache", "block_tables", "seq_lens", "block_size", "nbytes")}
+        return layer_ops.paged_ahead_problem(layer_ops.PagedAhead(**{**fields, **change}), cpu)
+
+    assert layer_ops.paged_ahead_problem(None, cpu) is None
+    assert problem() is None
+    assert layer_ops.paged_ahead_problem(kv, torch.device("cuda")).startswith(
+        "kv_ahead: k_cache, v_cache, block_tables and seq_lens must be contiguous tensors on cuda")
+    assert layer_ops.paged_ahead_problem((kv.k_cache, kv.v_cache), cpu) == (
+        "kv_ahead: a tuple, must be a layer_ops.PagedAhead or None")
+    for change, message in (
+            ({"nbytes": -1}, r"kv_ahead.nbytes=-1: must be an integer >= 0"),
+            ({"nbytes": 2.0}, r"kv_ahead.nbytes=2.0: must be an integer >= 0"),
+            ({"block_size": 0}, r"kv_ahead.block_size=0: must be an integer >= 1"),
+            ({"v_cache": kv.v_cache[:32]}, r"k_cache \(64, 8, 16, 128\) and v_cache "
+             r"\(32, 8, 16, 128\) must be \[num_blocks, ...\] of one dtype"),
+            ({"v_cache": kv.v_cache.float()}, "of one dtype"),
+            ({"k_cache": kv.k_cache[:, :, :, :3].contiguous()}, "a block the same multiple"),
+            ({"block_tables": kv.block_tables.long()}, r"block_tables \(2, 13\) torch.int64 "
+             r"and seq_lens \(2,\) torch.int32 must be int32 \[rows, cols\] and \[rows\]"),
+            ({"seq_lens": kv.seq_lens[:1]}, r"seq_lens \(1,\) torch.int32 must be"),
+            ({"block_tables": kv.block_tables.T}, "must be contiguous tensors on cpu")):
+        assert re.search(message, problem(**change)), change
+
+
 @gpu
 @pytest.mark.parametrize("rows", [1, 64])
 @pytest.mark.parametrize("ahead_bytes", [16, 1 << 20, 1 << 40])

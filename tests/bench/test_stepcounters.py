@@ -122,7 +122,7 @@ def test_measure_runs_ncu_and_says_why_it_gave_nothing(tmp_path, monkeypatch):
 def test_the_profiled_process_refuses_bad_arguments(capsys):
     assert main([]) == 2 and "0 arguments: expected one" in capsys.readouterr().err
     assert main([json.dumps({"model": "tiny-llama", "batch": 0, "prompt": 4,
-                             "ahead_bytes": 0})]) == 2
+                             "ahead_bytes": 0, "ahead_kv_bytes": 0})]) == 2
     assert "batch=0" in capsys.readouterr().err
     assert main(["not json"]) == 2
 

@@ -30,6 +30,7 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   tail -40 "$OUT/tests.log" | tee -a "$log" > "$OUT/tests.tail"
   summary=$(grep -E "[0-9]+ (passed|failed|errors?|skipped|deselected)" "$OUT/tests.tail" | tail -1 \
             | tr -d "=")
+  grep -q "KeyboardInterrupt" "$OUT/tests.tail" && summary="$summary, stopped at the limit"
   checks+=(tests "${summary:-no summary: cut short or not run} (${TESTS:-tests})")
   rm -f "$OUT/tests.tail"
 fi

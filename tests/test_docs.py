@@ -143,7 +143,8 @@ def test_flashinfer_tally_counts_wins_ties_and_losses_and_names_the_losses():
               "skipped": []}
     assert flashinfer.tally_table(result)[2] == ("| `flashinfer` (CUDA-core decode) | `gqa` | 3 "
                                                  "| 1 | 1 | 1 | 0.500-1.200x |")
-    assert flashinfer.losses(result) == "`flashinfer` at llama3-8b 16 x 3k (0.500x)"
+    assert flashinfer.outcomes(result, "loss") == "`flashinfer` at llama3-8b 16 x 3k (0.500x)"
+    assert flashinfer.outcomes(result, "tie") == "`flashinfer` at llama3-8b 16 x 2k (1.000x)"
 
 
 def test_flashinfer_e2e_table_refuses_a_peer_of_the_wrong_compile_state():

@@ -7,7 +7,15 @@ from __future__ import annotations
 import functools
 
 from kvlab.bench.e2e import prefetch_pairs
-from kvlab.predict.ahead import AHEAD_RECORDED, LEVER_RUNS, MIN_PREFETCHED_SHARE, lever_pairs
+from kvlab.predict.ahead import (
+    AHEAD_RECORDED,
+    KV_LEVER,
+    KV_RECORDED,
+    KV_RUNS,
+    LEVER_RUNS,
+    MIN_PREFETCHED_SHARE,
+    lever_pairs,
+)
 from kvlab.results import E2E, load_result, load_results
 
 from .common import source, value_range
@@ -203,25 +211,26 @@ def ahead_bound_summary() -> str:
 
 
 @functools.cache
-def _ahead_pairs() -> tuple[tuple[dict, dict, float, str], ...]:
-    """(gqa's row, gqa+ahead's row, its run's copy roofline in GB/s, the GPU's kvlab.gpus key)
-    at each point of the cross-kernel prefetch runs (LEVER_RUNS)."""
+def _ahead_pairs() -> tuple[tuple[dict, dict, float, str, str], ...]:
+    """(gqa's row, gqa+ahead's row, its run's copy roofline in GB/s, the GPU's kvlab.gpus key,
+    the recording "machine/name") at each point of the cross-kernel prefetch runs
+    (LEVER_RUNS)."""
     pairs = []
     for gpu, machine, name in LEVER_RUNS:
         result = load_result(machine, name)
-        pairs += [(gqa, ahead, result["roofline_copy_gbps"], gpu)
+        pairs += [(gqa, ahead, result["roofline_copy_gbps"], gpu, f"{machine}/{name}")
                   for gqa, ahead in lever_pairs(result)]
     return tuple(pairs)
 
 
 def ahead_measured_table() -> list[str]:
-    """Per GPU, prompt, model and batch: gqa's step, gqa+ahead's, the speed-up and the tokens'
-    check."""
-    lines = ["| GPU | prompt | model | batch | ahead_bytes | gqa ms a step | gqa+ahead | "
+    """Per recording, prompt, model and batch: gqa's step, gqa+ahead's, the speed-up and the
+    tokens' check."""
+    lines = ["| recording | prompt | model | batch | ahead_bytes | gqa ms a step | gqa+ahead | "
              "speed-up | step / roofline step (with) | same tokens |",
              "|---|---|---|---|---|---|---|---|---|---|"]
-    for gqa, ahead, _, gpu in _ahead_pairs():
-        lines.append(f"| {gpu} | {gqa['prompt']:,} | {gqa['model']} | {gqa['batch']} | "
+    for gqa, ahead, _, _, run in _ahead_pairs():
+        lines.append(f"| {run} | {gqa['prompt']:,} | {gqa['model']} | {gqa['batch']} | "
                      f"{ahead['ahead_bytes'] / 2**20:.1f} MiB | {gqa['step_ms']:.2f} | "
                      f"{ahead['step_ms']:.2f} | {gqa['step_ms'] / ahead['step_ms']:.3f}x | "
                      f"{gqa['ratio_to_roofline']:.2f}x ({ahead['ratio_to_roofline']:.2f}x) | "
@@ -232,15 +241,16 @@ def ahead_measured_table() -> list[str]:
 def ahead_measured_summary() -> str:
     """The speed-up's range at batch 1 and above it, per GPU and prompt length."""
     def span(gpu, prompt, keep):
-        speeds = [g["step_ms"] / a["step_ms"] for g, a, _, on in _ahead_pairs()
+        speeds = [g["step_ms"] / a["step_ms"] for g, a, _, on, _ in _ahead_pairs()
                   if on == gpu and g["prompt"] == prompt and keep(g["batch"])]
         return f"{min(speeds):.3f}-{max(speeds):.3f}x" if speeds else None
 
     parts = []
-    for gpu, prompt in dict.fromkeys((on, g["prompt"]) for g, _, _, on in _ahead_pairs()):
+    for gpu, prompt in dict.fromkeys((on, g["prompt"]) for g, _, _, on, _ in _ahead_pairs()):
         one, more = span(gpu, prompt, lambda b: b == 1), span(gpu, prompt, lambda b: b > 1)
-        parts.append(f"on the {gpu} with {prompt:,}-token prompts, {one} gqa's speed at batch 1"
-                     + (f" and {more} above it" if more else ""))
+        said = (f"{one} gqa's speed at batch 1" + (f" and {more} above it" if more else "")
+                if one else f"{more} gqa's speed above batch 1")
+        parts.append(f"on the {gpu} with {prompt:,}-token prompts, {said}")
     return "; ".join(parts)
 
 
@@ -248,12 +258,12 @@ def ahead_targets() -> str:
     """Per GPU and prompt length of the lever's runs: gqa's step over its roofline step at
     batch 1 and at batch 64 (issue 52's targets: at most 1.08x and 1.20x)."""
     parts = []
-    for gpu, prompt in dict.fromkeys((on, g["prompt"]) for g, _, _, on in _ahead_pairs()):
-        ratios = {b: [g["ratio_to_roofline"] for g, _, _, on in _ahead_pairs()
+    for gpu, prompt in dict.fromkeys((on, g["prompt"]) for g, _, _, on, _ in _ahead_pairs()):
+        ratios = {b: [g["ratio_to_roofline"] for g, _, _, on, _ in _ahead_pairs()
                       if (on, g["prompt"], g["batch"]) == (gpu, prompt, b)] for b in (1, 64)}
-        parts.append(f"on the {gpu} with {prompt:,}-token prompts, {value_range(ratios[1])} at "
-                     "batch 1" + (f" and {value_range(ratios[64])} at batch 64"
-                                  if ratios[64] else ""))
+        said = [f"{value_range(ratios[b])} at batch {b}" for b in (1, 64) if ratios[b]]
+        if said:
+            parts.append(f"on the {gpu} with {prompt:,}-token prompts, {' and '.join(said)}")
     return "; ".join(parts)
 
 
@@ -445,19 +455,20 @@ def ahead_learned_constants() -> list[str]:
 
 def _learned_points() -> list[tuple[dict, dict, dict, str, dict]]:
     """(gqa's row, gqa+ahead's, kvlab.predict.ahead.ahead_effect there by its GPU's learned
-    model, the GPU, the model's held-out check of the point) at each point of the lever's
-    recordings."""
+    model, the recording "machine/name", the model's held-out check of the point) at each point
+    of the lever's recordings."""
     from kvlab.predict.ahead import ahead_effect
 
     found = []
-    for gqa, ahead, gbps, gpu in _ahead_pairs():
+    for gqa, ahead, gbps, gpu, run in _ahead_pairs():
         fit = _learned(gpu)
+        recorded = 1e3 * (ahead["step_ms"] - gqa["step_ms"])  # a point recorded twice: its own
         check = next(c for c in fit.checks if (c["model"], c["batch"], c["prompt"]) == (
-            gqa["model"], gqa["batch"], gqa["prompt"]))
+            gqa["model"], gqa["batch"], gqa["prompt"]) and c["recorded_us"] == recorded)
         found.append((gqa, ahead, ahead_effect(gqa["model"], gqa["batch"],
                                                gqa["prompt"] + gqa["new_tokens"] / 2,
                                                ahead["ahead_bytes"], gbps, _step_model(), fit),
-                      gpu, check))
+                      run, check))
     return found
 
 
@@ -465,11 +476,11 @@ def ahead_learned_table() -> list[str]:
     """Per point of the lever's recordings: the recorded change of a step, the learned one (its
     GPU's model, fitted on every point and with the point's model left out), the parts of the
     first and the step model's bound (us)."""
-    lines = ["| GPU | prompt | model | batch | ahead_bytes | recorded change | learned | its "
-             "model left out | issue cost | hidden idle | bound |",
+    lines = ["| recording | prompt | model | batch | ahead_bytes | recorded change | learned | "
+             "its model left out | issue cost | hidden idle | bound |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for gqa, ahead, effect, gpu, check in _learned_points():
-        lines.append(f"| {gpu} | {gqa['prompt']:,} | {gqa['model']} | {gqa['batch']} | "
+    for gqa, ahead, effect, run, check in _learned_points():
+        lines.append(f"| {run} | {gqa['prompt']:,} | {gqa['model']} | {gqa['batch']} | "
                      f"{ahead['ahead_bytes'] / 2**20:.1f} MiB | {check['recorded_us']:+.0f} us | "
                      f"{effect['delta_us']:+.0f} us | {check['predicted_us']:+.0f} us | "
                      f"{effect['cost_us']:.0f} us | {effect['hidden_us']:.0f} us | "
@@ -484,6 +495,64 @@ def ahead_learned_summary() -> str:
     same = sum((c["predicted_us"] > 0) == (c["recorded_us"] > 0) for c in checks)
     return (f"with each point's model left out of the fit, the learned change has the recorded "
             f"one's sign at {same} of {len(checks)} points")
+
+
+@functools.cache
+def _kv_points() -> tuple[tuple[dict, dict, str, dict, object], ...]:
+    """(gqa's row, gqa+ahead_kv's, the GPU, the learned model's held-out check of the point, the
+    GPU's learned model) at each point of the K/V blocks' prefetch runs (KV_RUNS)."""
+    from kvlab.predict.ahead import fit_kv_ahead
+
+    points = []
+    for gpu, machine, name in KV_RUNS:
+        fit = fit_kv_ahead(gpu)
+        for gqa, kv in lever_pairs(load_result(machine, name), lever=KV_LEVER):
+            recorded = 1e3 * (kv["step_ms"] - gqa["step_ms"])
+            check = next(c for c in fit.checks if (c["model"], c["batch"], c["prompt"]) == (
+                gqa["model"], gqa["batch"], gqa["prompt"]) and c["recorded_us"] == recorded)
+            points.append((gqa, kv, gpu, check, fit))
+    return tuple(points)
+
+
+def kv_measured_table() -> list[str]:
+    """Per point of the K/V blocks' prefetch runs: the K/V a layer it prefetched, gqa's step
+    and gqa+ahead_kv's, the speed-up, the recorded change of a step, the learned one with the
+    point's model left out, and the tokens' check."""
+    lines = ["| GPU | prompt | model | batch | K/V a layer | gqa ms a step | gqa+ahead_kv | "
+             "speed-up | change | learned, its model left out | same tokens |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for gqa, kv, gpu, check, _ in _kv_points():
+        lines.append(f"| {gpu} | {gqa['prompt']:,} | {gqa['model']} | {gqa['batch']} | "
+                     f"{kv['ahead_kv_bytes'] / 2**20:.1f} MiB | {gqa['step_ms']:.2f} | "
+                     f"{kv['step_ms']:.2f} | {gqa['step_ms'] / kv['step_ms']:.3f}x | "
+                     f"{check['recorded_us']:+.0f} us | {check['predicted_us']:+.0f} us | "
+                     f"{'yes' if kv['same_tokens'] else 'no'} |")
+    return lines
+
+
+def kv_measured_summary() -> str:
+    """The speed-up's range per GPU, and at how many points the step grew."""
+    parts = []
+    for gpu in KV_RECORDED:
+        speeds = [g["step_ms"] / k["step_ms"] for g, k, on, _, _ in _kv_points() if on == gpu]
+        parts.append(f"{min(speeds):.3f}-{max(speeds):.3f}x gqa's speed on the {gpu}")
+    slower = sum(k["step_ms"] > g["step_ms"] for g, k, *_ in _kv_points())
+    same = sum(bool(k["same_tokens"]) for _, k, *_ in _kv_points())
+    return (f"{' and '.join(parts)}: the step grew at {slower} of {len(_kv_points())} points, "
+            f"and the greedy tokens were the same at {same}")
+
+
+def kv_learned() -> list[str]:
+    """Per GPU: the learned net cost, the recordings, the points and the held-out check."""
+    lines = []
+    for gpu in KV_RECORDED:
+        fit = next(f for _, _, on, _, f in _kv_points() if on == gpu)
+        lines.append(f"- {gpu} ({fit.sources}): a step grows by {fit.net_cost:.2f} of the "
+                     f"prefetched bytes' time at the copy roofline (from {fit.steps} steps); on "
+                     f"models left out, within {fit.held_out_us:.0f} us of the recorded change "
+                     f"(median {fit.median_us:.0f} us), {fit.held_out_share:.1%} of the step at "
+                     "most")
+    return lines
 
 
 BLOCKS = {
@@ -517,4 +586,8 @@ BLOCKS = {
     "e2e.ahead-learned-constants": ahead_learned_constants,
     "e2e.ahead-learned": ahead_learned_table,
     "e2e.ahead-learned-summary": ahead_learned_summary,
+    "e2e.source-kv": lambda: [f"- {source(machine, name)}" for _, machine, name in KV_RUNS],
+    "e2e.kv-measured": kv_measured_table,
+    "e2e.kv-measured-summary": kv_measured_summary,
+    "e2e.kv-learned": kv_learned,
 }

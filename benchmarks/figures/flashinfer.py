@@ -53,13 +53,14 @@ def tally_table(result: dict) -> list[str]:
     return lines
 
 
-def losses(result: dict) -> str:
-    """The points where gqa was slower than a FlashInfer kernel, or "none"."""
+def outcomes(result: dict, outcome: str) -> str:
+    """The points where gqa's outcome against a FlashInfer kernel was `outcome` ("loss",
+    "tie"), with gqa's speed-up there, or "none"."""
     found = [f"`{peer}` at {model} {batch} x {context_label(context)} "
              f"({p[peer]['ms'] / p[mine]['ms']:.3f}x)"
              for (model, batch, context, _), p in loops(result).items()
              for peer, mine, _ in PEERS if peer in p and mine in p
-             and versus(p[mine]["ms_runs"], p[peer]["ms_runs"]) == "loss"]
+             and versus(p[mine]["ms_runs"], p[peer]["ms_runs"]) == outcome]
     return "; ".join(found) or "none"
 
 
@@ -151,11 +152,21 @@ def headline(grid: dict, e2e: dict) -> str:
             "static cache")
 
 
-def checks(result: dict) -> str:
-    """The GPU tests and sanitizers run on the recorded code, and on which revision."""
-    c = result["gpu_checks_added"]
-    return (f"at {c['revision'][:7]}: {c['tests']}; compute-sanitizer memcheck "
-            f"{c['memcheck']}; racecheck {c['racecheck']}")
+def checks() -> list[str]:
+    """Per recording: the GPU tests and sanitizers run on its code (`gpu_checks`, or
+    `gpu_checks_added` by hand from a device call's log), with the command and revision."""
+    lines = []
+    for machine, name in (GRID, MIXED, E2E):
+        result = load_result(machine, name)
+        c = result.get("gpu_checks") or result.get("gpu_checks_added")
+        if c is None:
+            lines.append(f"- `{machine}/{name}` (at {result['git_revision'][:7]}): none recorded")
+            continue
+        where = (f"at {c['revision'][:7]} (`{c['command']}`)" if "revision" in c
+                 else f"at {result['git_revision'][:7]}, before the benchmark")
+        lines.append(f"- `{machine}/{name}`, {where}: tests {c['tests']}; compute-sanitizer "
+                     f"memcheck {c['memcheck']}; racecheck {c['racecheck']}")
+    return lines
 
 
 BLOCKS = {
@@ -163,11 +174,12 @@ BLOCKS = {
     "flashinfer.source-mixed": lambda: source(*MIXED),
     "flashinfer.source-e2e": lambda: source(*E2E),
     "flashinfer.tally": lambda: tally_table(load_result(*GRID)),
-    "flashinfer.losses": lambda: losses(load_result(*GRID)),
+    "flashinfer.losses": lambda: outcomes(load_result(*GRID), "loss"),
+    "flashinfer.ties": lambda: outcomes(load_result(*GRID), "tie"),
     "flashinfer.unsupported": lambda: unsupported(load_result(*GRID)),
     "flashinfer.too-big": lambda: too_big(load_result(*GRID)),
     "flashinfer.table": lambda: grid_table(load_result(*GRID)),
     "flashinfer.mixed": lambda: mixed_table(load_result(*MIXED)),
     "flashinfer.e2e": lambda: e2e_table(load_result(*E2E)),
-    "flashinfer.checks": lambda: checks(load_result(*GRID)),
+    "flashinfer.checks": checks,
 }

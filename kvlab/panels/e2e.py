@@ -38,7 +38,7 @@ import statistics
 
 import ipywidgets as widgets
 
-from kvlab.bench.e2e import VARIANTS, prefetch_pairs
+from kvlab.bench.e2e import VARIANTS, ahead_kv_bytes, prefetch_pairs
 from kvlab.bench.steptrace import mean_context, share_text
 from kvlab.config import MODELS
 from kvlab.device import backend, device_label
@@ -54,10 +54,15 @@ from kvlab.panels.widgets import (
 )
 from kvlab.predict.ahead import (
     AHEAD_RECORDED,
+    KV_LEVER,
+    KV_RECORDED,
+    KV_RUNS,
     LEVER,
     LEVER_RUNS,
     ahead_effect,
     fit_ahead,
+    fit_kv_ahead,
+    kv_ahead_effect,
     lever_pairs,
 )
 from kvlab.predict.point import launch_point
@@ -141,6 +146,7 @@ class EndToEndTab:
             self.step_model = f"the step model cannot be fitted: {error}"
         self._traces = None  # the traced steps and their counters: `traces`, when first shown
         self._ahead_models: dict = {}  # the learned prefetch per GPU: `ahead_model`
+        self._kv_models: dict = {}  # the learned K/V blocks' prefetch per GPU: `_kv_line`
         self._lever_runs = None  # its recorded runs, name -> result or why unreadable
         self.tensor_parallel = [  # the recorded tensor-parallel results
             result for machine, names in TENSOR_PARALLEL
@@ -359,16 +365,42 @@ class EndToEndTab:
                 "(a modelled bound, not measured: docs/end-to-end.md)")
             lines.append(learned if isinstance(learned, str) else _learned_line(
                 learned, anatomy["step_us"] + anatomy["hidden_us"], self.ahead_model(gpu), gpu))
+            if batch <= STREAMING_ROWS:
+                lines.append(self._kv_line(model, batch, prompt + new_tokens, gbps, gpu))
             lines += self._lever_lines(model, batch)
         return list(map(html.escape, lines))
 
+    def _kv_line(self, model: str, batch: int, tokens: int, gbps: float, gpu: str) -> str:
+        """The status line on the K/V blocks' prefetch at `batch` sequences of `model` ending at
+        `tokens`, sized as bench e2e sizes it: its learned change of a step on `gpu` (the
+        H200's model on a GPU without recordings), or why it cannot be fitted."""
+        learned_on = gpu if gpu in KV_RECORDED else REFERENCE
+        if learned_on not in self._kv_models:
+            try:
+                self._kv_models[learned_on] = fit_kv_ahead(learned_on)
+            except (OSError, ValueError, KeyError, TypeError) as error:
+                self._kv_models[learned_on] = f"it cannot be fitted: {error}"
+        learned = self._kv_models[learned_on]
+        size = ahead_kv_bytes(MODELS[model], batch, tokens, GPUS[gpu].l2_bytes)
+        head = (f"K/V blocks' prefetch (kvlab.LLM(ahead_kv_bytes={size:,})), each layer's QKV "
+                "linear bringing its K/V into L2 for the attention")
+        if isinstance(learned, str):
+            return f"{head}: {learned}"
+        where = ("" if gpu in KV_RECORDED else
+                 f", the {GPUS[REFERENCE].name}'s model assumed for the {GPUS[gpu].name}")
+        return (f"{head}, learned from the recordings ({learned.sources}{where}): "
+                f"{kv_ahead_effect(model, size, gbps, learned) / 1e3:+.2f} ms a step, "
+                f"{learned.net_cost:.0%} of the prefetched bytes' time at the copy roofline "
+                f"(HBM is busy in the drain it moves them to); within "
+                f"{learned.held_out_us:.0f} us on models left out (kvlab.predict.ahead)")
+
     def _lever_lines(self, model: str, batch: int) -> list[str]:
-        """The steps recorded with the cross-kernel prefetch off and on in one loop
-        (LEVER_RUNS: bench e2e's, every GPU's) at `model` and `batch`, one line each;
-        a run that cannot be read says why once."""
+        """The steps recorded with each cross-kernel prefetch off and on in one loop
+        (LEVER_RUNS and KV_RUNS: bench e2e's, every GPU's) at `model` and `batch`, one line
+        each; a run that cannot be read says why once."""
         if self._lever_runs is None:
             self._lever_runs = {}
-            for _, machine, name in LEVER_RUNS:
+            for _, machine, name in dict.fromkeys(LEVER_RUNS + KV_RUNS):
                 try:
                     self._lever_runs[f"{machine}/{name}"] = load_result(machine, name,
                                                                         {"rows": E2E_ROWS})
@@ -379,13 +411,17 @@ class EndToEndTab:
             if isinstance(result, str):
                 lines.append(f"Unreadable recording of the cross-kernel prefetch: {result}")
                 continue
-            lines += [f"Measured with the cross-kernel prefetch off and on in one loop ({name}, "
-                      f"{label(result, [lever])}), prompts of {base['prompt']:,} tokens: "
-                      f"{LEVER} at {base['step_ms'] / lever['step_ms']:.3f}x "
-                      f"{base['variant']}'s speed ({lever['ahead_bytes'] / 2**20:.1f} MiB), "
-                      f"greedy tokens {TOKENS_CHECK[lever.get('same_tokens')]}"
-                      for base, lever in lever_pairs(result)
-                      if (base["model"], base["batch"]) == (model, batch)]
+            for lever, what, size, unit in (
+                    (LEVER, "the cross-kernel prefetch", "ahead_bytes", "MiB"),
+                    (KV_LEVER, "the K/V blocks' prefetch", "ahead_kv_bytes",
+                     "MiB of K/V a layer")):
+                lines += [f"Measured with {what} off and on in one loop ({name}, "
+                          f"{label(result, [on])}), prompts of {base['prompt']:,} tokens: "
+                          f"{lever} at {base['step_ms'] / on['step_ms']:.3f}x "
+                          f"{base['variant']}'s speed ({on[size] / 2**20:.1f} {unit}), "
+                          f"greedy tokens {TOKENS_CHECK[on.get('same_tokens')]}"
+                          for base, on in lever_pairs(result, lever=lever)
+                          if (base["model"], base["batch"]) == (model, batch)]
         return lines
 
     def ahead_model(self, gpu: str):

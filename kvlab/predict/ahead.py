@@ -18,6 +18,13 @@ much of that holds:
 `ahead_effect` predicts a step's change with the prefetch: the issue cost of each prefetch,
 less the idle each covered GEMM hides (its delivered bytes at the copy roofline, at most one
 kernel's overhead). `fit_ahead` checks it on each model left out of the cost fit in turn.
+
+The prefetch of each layer's K/V blocks by its QKV linear (`kvlab.LLM(ahead_kv_bytes=...)`)
+moves the attention's reads into that linear's drain, where HBM is still busy. `fit_kv_ahead`
+learns what that nets, per GPU: a step's change as a share of the prefetched bytes' time at the
+copy roofline (`net_cost`; > 0 slower), by least squares on the steps recorded with it off and
+on in one loop (bench e2e's gqa and gqa+ahead_kv, KV_RECORDED), checked on each model left
+out in turn; `kv_ahead_effect` predicts a step's change from it.
 It is fitted per GPU, on that GPU's recordings (AHEAD_RECORDED); a GPU with no counters of its
 own takes another's delivery, and a GPU with no recordings another's model, as the callers
 state (`AheadModel.sources`).
@@ -29,53 +36,80 @@ import statistics
 from dataclasses import dataclass
 
 from kvlab.checks import check_int, check_real
+from kvlab.config import MODELS
 from kvlab.gpus import GPUS
 from kvlab.predict.step import STREAMING_ROWS, VARIANT, StepModel, ahead_hits, fit_step_model
 from kvlab.results import load_result
 
-__all__ = ["AHEAD_RECORDED", "LEVER", "LEVER_RUNS", "MIN_PREFETCHED_SHARE", "AheadModel",
-           "ahead_effect", "fit_ahead", "lever_pairs", "regime"]
+__all__ = ["AHEAD_RECORDED", "KV_LEVER", "KV_RECORDED", "KV_RUNS", "LEVER", "LEVER_RUNS",
+           "MIN_PREFETCHED_SHARE", "AheadModel", "HeldOut", "KvAheadModel", "ahead_effect",
+           "fit_ahead", "fit_kv_ahead", "kv_ahead_effect", "lever_pairs", "regime"]
 
 # The recordings each GPU's model learns from (kvlab.gpus key -> {"e2e": the lever off and on,
 # bench e2e's gqa and gqa+ahead; "counters": one step with and without it, bench steptrace
 # --counters}, each (machine, result names)). The H200 has no counters: the H100's delivery.
+# The K/V blocks' prefetch's runs (bench e2e's gqa, gqa+ahead and gqa+ahead_kv in one loop),
+# per GPU: (machine, result names).
+KV_RECORDED = {"h100-sxm": ("h100", ("e2e_ahead_kv", "e2e_ahead_kv_4k")),
+               "h200": ("h200", ("e2e_ahead_kv_32k", "e2e_ahead_kv_b2"))}
 AHEAD_RECORDED = {
-    "h100-sxm": {"e2e": ("h100", ("e2e_ahead",)), "counters": ("h100", ("steptrace_counters",))},
-    "h200": {"e2e": ("h200", ("e2e_ahead_4k", "e2e_ahead_32k")),
+    "h100-sxm": {"e2e": ("h100", ("e2e_ahead", *KV_RECORDED["h100-sxm"][1])),
+                 "counters": ("h100", ("steptrace_counters",))},
+    "h200": {"e2e": ("h200", ("e2e_ahead_4k", "e2e_ahead_32k", *KV_RECORDED["h200"][1])),
              "counters": ("h100", ("steptrace_counters",))},
 }
 # the lever's runs, off and on in one loop, every GPU's: (kvlab.gpus key, machine, result name)
 LEVER_RUNS = tuple((gpu, machine, name) for gpu, runs in AHEAD_RECORDED.items()
                    for machine, names in [runs["e2e"]] for name in names)
-LEVER = VARIANT + "+ahead"  # bench e2e's variant with the prefetch
+KV_RUNS = tuple((gpu, machine, name) for gpu, (machine, names) in KV_RECORDED.items()
+                for name in names)
+LEVER = VARIANT + "+ahead"  # bench e2e's variant with the prefetch of the weights
+KV_LEVER = VARIANT + "+ahead_kv"  # and with the prefetch of the K/V blocks
+LEVER_SIZES = {LEVER: "ahead_bytes", KV_LEVER: "ahead_kv_bytes"}  # a row's size of its lever
 REGIMES = ("streaming", "fits", "exceeds")  # delivery: linear kind and weight against L2
 # a GEMM whose modelled prefetched share is below this (the LM head's 1%) measures no delivery:
 # its hits' rise is within the counters' noise
 MIN_PREFETCHED_SHARE = 0.02
 
 
-@dataclass(frozen=True)
-class AheadModel:
-    """The learned prefetch: `delivery` {regime: share of prefetched bytes found in L2} (REGIMES;
-    a regime no counter measured is absent), `issue_cost` {"streaming", "cublas": share of the
-    prefetched bytes' roofline time the issuing kernel grows by}, the L2 the regimes are split
-    on (`l2_bytes`, the GPU's), the points fitted (`gemms` counter pairs, `steps` lever pairs),
-    the check over the models left out of the cost fit in turn: the largest and the median
-    |predicted - recorded| change of a step (us) and the largest such miss over its step
-    (`held_out_share`), with `checks` {"model", "batch", "prompt", "step_us" (without the
-    lever), "recorded_us", "predicted_us"} per point; and `sources`, the recordings it learned
-    from ("machine/name, ...", "" where given)."""
+@dataclass(frozen=True, kw_only=True)
+class HeldOut:
+    """A learned model's fit and its check: the `steps` (lever pairs) it was fitted on, and over
+    the models left out of the fit in turn, the largest and the median |predicted - recorded|
+    change of a step (us) and the largest such miss over its step (`held_out_share`), with
+    `checks` {"model", "batch", "prompt", "step_us" (without the lever), "recorded_us",
+    "predicted_us"} per point; and `sources`, the recordings it learned from ("machine/name,
+    ...", "" where given)."""
 
-    delivery: dict
-    issue_cost: dict
-    l2_bytes: int
-    gemms: int = 0
     steps: int = 0
     held_out_us: float = 0.0
     median_us: float = 0.0
     held_out_share: float = 0.0
     checks: tuple = ()
     sources: str = ""
+
+
+def _held_out(checks: list[dict], sources: str) -> dict:
+    """HeldOut's fields of `checks`, one per lever pair fitted."""
+    misses = [abs(c["predicted_us"] - c["recorded_us"]) for c in checks]
+    return {"steps": len(checks), "held_out_us": max(misses),
+            "median_us": statistics.median(misses),
+            "held_out_share": max(m / c["step_us"] for m, c in zip(misses, checks, strict=True)),
+            "checks": tuple(checks), "sources": sources}
+
+
+@dataclass(frozen=True)
+class AheadModel(HeldOut):
+    """The learned prefetch: `delivery` {regime: share of prefetched bytes found in L2} (REGIMES;
+    a regime no counter measured is absent), `issue_cost` {"streaming", "cublas": share of the
+    prefetched bytes' roofline time the issuing kernel grows by}, the L2 the regimes are split
+    on (`l2_bytes`, the GPU's), the GEMMs' counter pairs it learned the delivery from (`gemms`),
+    and HeldOut's fit and check of the issue cost."""
+
+    delivery: dict
+    issue_cost: dict
+    l2_bytes: int
+    gemms: int = 0
 
 
 def regime(batch: int, weight_bytes: int, l2_bytes: int) -> str:
@@ -123,12 +157,13 @@ def ahead_effect(model: str, batch: int, context: float, ahead_bytes: int, roofl
 
 def lever_pairs(result: dict, without: str = VARIANT, lever: str = LEVER) -> list[tuple]:
     """(the row of `without`, the row of `lever` at the same model, batch and prompt) of a bench
-    e2e result, for each `lever` row with a prefetch (ahead_bytes) on one GPU (no tensor
-    parallelism), in the order recorded."""
+    e2e result, for each `lever` row with a prefetch (its LEVER_SIZES size > 0) on one GPU (no
+    tensor parallelism), in the order recorded."""
     rows = [r for r in result["rows"] if r.get("tp", 1) == 1]
     base = {(r["model"], r["batch"], r["prompt"]): r for r in rows if r["variant"] == without}
+    size = LEVER_SIZES.get(lever, "ahead_bytes")
     return [(base[key], r) for r in rows
-            if r["variant"] == lever and r.get("ahead_bytes")
+            if r["variant"] == lever and r.get(size)
             and (key := (r["model"], r["batch"], r["prompt"])) in base]
 
 
@@ -239,9 +274,73 @@ def fit_ahead(gpu: str = "h100-sxm", e2e=None, counters=None, step: StepModel | 
                                                  p["ahead_bytes"], p["roofline_gbps"], step,
                                                  learned)["delta_us"]}
                    for p in points if p["model"] == left_out]
-    misses = [abs(c["predicted_us"] - c["recorded_us"]) for c in checks]
     return AheadModel(delivery, _fit_costs(points, step, delivery, l2_bytes), l2_bytes,
-                      sum(map(len, shares.values())), len(points), max(misses),
-                      statistics.median(misses),
-                      max(m / c["step_us"] for m, c in zip(misses, checks, strict=True)),
-                      tuple(checks), ", ".join(named))
+                      sum(map(len, shares.values())), **_held_out(checks, ", ".join(named)))
+
+
+@dataclass(frozen=True)
+class KvAheadModel(HeldOut):
+    """The learned prefetch of the K/V blocks: `net_cost`, a step's change as a share of the
+    prefetched bytes' time at the copy roofline (> 0 slower), and HeldOut's fit and check."""
+
+    net_cost: float
+
+
+def kv_moved_us(model: str, ahead_kv_bytes: int, roofline_gbps: float) -> float:
+    """The time (us) `ahead_kv_bytes` of K/V a layer take at `roofline_gbps` (GB/s) over the
+    layers of `model` (a kvlab.MODELS preset). Raises ValueError for a name not a preset, a size
+    not an integer >= 0 or a roofline not a number > 0."""
+    if model not in MODELS:
+        raise ValueError(f"model={model!r}: must be one of {', '.join(MODELS)}")
+    check_int("ahead_kv_bytes", ahead_kv_bytes, 0)
+    check_real("roofline_gbps", roofline_gbps, 0.0, open_min=True)
+    return MODELS[model].num_layers * ahead_kv_bytes / float(roofline_gbps) / 1e3
+
+
+def kv_ahead_effect(model: str, ahead_kv_bytes: int, roofline_gbps: float,
+                    learned: KvAheadModel) -> float:
+    """The change (us; > 0 slower) of one decode step of `model` with `ahead_kv_bytes` of each
+    layer's K/V prefetched, on a GPU of copy roofline `roofline_gbps`: learned.net_cost of the
+    prefetched bytes' time (`kv_moved_us`). Raises ValueError as kv_moved_us, and for a learned
+    model that is not a KvAheadModel."""
+    if not isinstance(learned, KvAheadModel):
+        raise ValueError(f"learned={learned!r:.40}: must be a KvAheadModel (fit_kv_ahead)")
+    return learned.net_cost * kv_moved_us(model, ahead_kv_bytes, roofline_gbps)
+
+
+def _net_cost(points: list[dict]) -> float:
+    """The least-squares share c of delta_us = c * moved_us over the points."""
+    return (sum(p["moved_us"] * p["delta_us"] for p in points)
+            / sum(p["moved_us"] ** 2 for p in points))
+
+
+def fit_kv_ahead(gpu: str, e2e: list[dict] | None = None) -> KvAheadModel:
+    """The K/V blocks' prefetch of `gpu` (a KV_RECORDED key) learned from its recordings, or
+    from `e2e` (bench e2e results) where given, checked on each model left out in turn. Raises
+    ValueError for a gpu without recordings, lists that are not such results, or lever pairs of
+    fewer than two models."""
+    if gpu not in KV_RECORDED:
+        raise ValueError(f"gpu={gpu!r}: no recordings of the K/V blocks' prefetch; recorded: "
+                         f"{list(KV_RECORDED)}")
+    machine, names = KV_RECORDED[gpu]
+    sources = "" if e2e is not None else ", ".join(f"{machine}/{name}" for name in names)
+    e2e = [load_result(machine, name) for name in names] if e2e is None else e2e
+    if not isinstance(e2e, list | tuple) or not all(
+            isinstance(r, dict) and isinstance(r.get("rows"), list) for r in e2e):
+        raise ValueError(f"e2e={e2e!r:.80}: must be a list of bench results (each with rows)")
+    points = [{"model": base["model"], "batch": base["batch"], "prompt": base["prompt"],
+               "step_us": 1e3 * base["step_ms"],
+               "delta_us": 1e3 * (lever["step_ms"] - base["step_ms"]),
+               "moved_us": kv_moved_us(base["model"], lever["ahead_kv_bytes"],
+                                       result["roofline_copy_gbps"])}
+              for result in e2e for base, lever in lever_pairs(result, lever=KV_LEVER)]
+    models = sorted({p["model"] for p in points})
+    if len(models) < 2:
+        raise ValueError(f"e2e: the recordings hold {VARIANT} and {KV_LEVER} steps of "
+                         f"{len(models)} model(s): the fit needs two or more, one to leave out")
+    checks = [{"model": p["model"], "batch": p["batch"], "prompt": p["prompt"],
+               "step_us": p["step_us"], "recorded_us": p["delta_us"],
+               "predicted_us": _net_cost([q for q in points if q["model"] != left_out])
+               * p["moved_us"]}
+              for left_out in models for p in points if p["model"] == left_out]
+    return KvAheadModel(_net_cost(points), **_held_out(checks, sources))

@@ -346,6 +346,7 @@ def test_the_cross_kernel_prefetch_hides_idle_time_in_the_anatomy(tab):
     assert effect["delta_us"] > 0  # at batch 64 the recordings say it costs more than it hides
     status = html.unescape(tab.status.value)
     assert ("Learned from the recordings (h200/e2e_ahead_4k, h200/e2e_ahead_32k, "
+            "h200/e2e_ahead_kv_32k, h200/e2e_ahead_kv_b2, "
             "h100/steptrace_counters)") in status
     assert f"{effect['delta_us'] / 1e3:+.2f} ms a step" in status
     assert hidden.name.startswith("idle the cross-kernel prefetch would hide")
@@ -389,6 +390,29 @@ def test_the_prefetch_box_lists_the_steps_recorded_with_it_off_and_on(tab):
     assert "off and on in one loop" not in tab.status.value
 
 
+def test_at_batch_1_the_prefetch_box_adds_the_kv_blocks_learned_and_measured(tab):
+    """Up to 2 sequences (layer_ops' linears) the K/V blocks' prefetch is learned (the H200's,
+    sized as bench e2e sizes it) and its recorded steps are listed; above, neither."""
+    from kvlab.predict.ahead import KV_LEVER, fit_kv_ahead, lever_pairs
+
+    tab.controls["batch"].value = 1
+    tab.controls["ahead"].value = True
+    status = html.unescape(tab.status.value)
+    assert ("K/V blocks' prefetch (kvlab.LLM(ahead_kv_bytes=3,145,728)), each layer's QKV linear "
+            "bringing its K/V into L2 for the attention, learned from the recordings "
+            "(h200/e2e_ahead_kv_32k, h200/e2e_ahead_kv_b2)") in status  # 768 tokens of 4 KiB
+    assert f"{fit_kv_ahead('h200').net_cost:.0%} of the prefetched bytes' time" in status
+    for machine, name in (("h100", "e2e_ahead_kv"), ("h100", "e2e_ahead_kv_4k")):
+        base, on = next((b, a) for b, a in lever_pairs(load_result(machine, name),
+                                                       lever=KV_LEVER)
+                        if (b["model"], b["batch"]) == ("llama3-8b", 1))
+        assert (f"Measured with the K/V blocks' prefetch off and on in one loop ({machine}/"
+                f"{name}, recorded on" in status and f"gqa+ahead_kv at "
+                f"{base['step_ms'] / on['step_ms']:.3f}x gqa's speed" in status)
+    tab.controls["batch"].value = 16
+    assert "K/V blocks' prefetch" not in tab.status.value
+
+
 def test_an_unreadable_recording_of_the_prefetch_is_named(monkeypatch, tab):
     def unreadable(machine, name, keys=None):
         raise ValueError(f"{machine}/{name}.json: not a JSON recording")
@@ -405,7 +429,8 @@ def test_a_gpu_without_recordings_of_the_prefetch_takes_the_h200s_learned_model(
     status = html.unescape(tab.status.value)
     assert "the NVIDIA H200's model assumed for the NVIDIA H20" in status
     tab.controls["gpu"].value = "h100-sxm"
-    assert "Learned from the recordings (h100/e2e_ahead, h100/steptrace_counters)" in (
+    assert ("Learned from the recordings (h100/e2e_ahead, h100/e2e_ahead_kv, "
+            "h100/e2e_ahead_kv_4k, h100/steptrace_counters)") in (
         html.unescape(tab.status.value))
     assert tab.ahead_model("h20") is tab.ahead_model("h200")  # fitted once
 

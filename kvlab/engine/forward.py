@@ -125,11 +125,13 @@ def decode_step(model: ModelConfig, w: ModelWeights, caches: Sequence,
     kernels before each GEMM bring as many of its weight's first bytes into L2 (0: off).
     kv_ahead: each layer's QKV linear brings the layer's K and V blocks into L2 for its attention
     (None: off). Returns the logits [batch, vocab_size]."""
+    # each layer's K/V prefetch, checked before the step's first launch
+    kvs = [None if kv_ahead is None else kv_ahead.of(cache) for cache in caches]
     hidden = embed(model, w, token_ids, positions)
     batch = token_ids.shape[0]
     firsts = [fused.qkv for fused in w.fused[1:]] + [w.lm_head]  # what follows each layer
     for i, (layer, fused, cache) in enumerate(zip(w.layers, w.fused, caches, strict=True)):
-        ahead = (Ahead(ahead_bytes, firsts[i], None if kv_ahead is None else kv_ahead.of(cache))
+        ahead = (Ahead(ahead_bytes, firsts[i], kvs[i])
                  if ahead_bytes or kv_ahead is not None else None)
         cache.copy_blocks(copies)
         q = query_and_write(model, layer, fused, cache, slots, hidden, positions, rope, ahead)

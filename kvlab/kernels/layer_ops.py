@@ -365,19 +365,19 @@ def paged_ahead_problem(kv: PagedAhead | None, device: torch.device) -> str | No
         return f"kv_ahead: a {type(kv).__name__}, must be a layer_ops.PagedAhead or None"
     if not is_int(kv.nbytes) or kv.nbytes < 0:
         return f"kv_ahead.nbytes={kv.nbytes!r}: must be an integer >= 0"
-    if not is_int(kv.block_size) or kv.block_size < 1:
-        return f"kv_ahead.block_size={kv.block_size!r}: must be an integer >= 1"
+    if not is_int(kv.block_size) or not 1 <= kv.block_size < 2**31:
+        return f"kv_ahead.block_size={kv.block_size!r}: must be an integer in [1, 2**31)"
     k, v, tables, lens = kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens
     if not all(isinstance(t, torch.Tensor) and t.device == device and t.is_contiguous()
                for t in (k, v, tables, lens)):
         return (f"kv_ahead: k_cache, v_cache, block_tables and seq_lens must be contiguous "
                 f"tensors on {device}")
-    if not (k.dim() >= 2 and v.dim() >= 2 and k.shape[0] == v.shape[0]
-            and k.dtype == v.dtype and k[0].numel() == v[0].numel()
+    if not (k.dim() >= 2 and v.dim() >= 2 and k.shape[0] == v.shape[0] >= 1
+            and k.dtype == v.dtype and k[0].numel() == v[0].numel() >= 1
             and kv.block_bytes % 16 == 0 and k.data_ptr() % 16 == 0 and v.data_ptr() % 16 == 0):
         return (f"kv_ahead: k_cache {tuple(k.shape)} and v_cache {tuple(v.shape)} must be "
-                "[num_blocks, ...] of one dtype, a block the same multiple of 16 bytes in both, "
-                "16-byte aligned")
+                "[num_blocks >= 1, ...] of one dtype, a block the same multiple of 16 bytes "
+                "(> 0) in both, 16-byte aligned")
     if not (tables.dim() == 2 and tables.dtype == torch.int32 and lens.dtype == torch.int32
             and lens.shape == (tables.shape[0],)):
         return (f"kv_ahead: block_tables {tuple(tables.shape)} {tables.dtype} and seq_lens "

@@ -62,9 +62,13 @@ class KvAhead:
     seq_lens: torch.Tensor
 
     def of(self, cache) -> layer_ops.PagedAhead:
-        """The prefetch of one layer's blocks, from its paged cache (kvlab.cache.PagedKVCache)."""
-        return layer_ops.PagedAhead(cache.k_cache, cache.v_cache, self.block_tables,
-                                    self.seq_lens, cache.block_size, self.nbytes)
+        """The prefetch of one layer's blocks, from its paged cache (kvlab.cache.PagedKVCache).
+        Raises ValueError for what `layer_ops.linear` would refuse (paged_ahead_problem)."""
+        kv = layer_ops.PagedAhead(cache.k_cache, cache.v_cache, self.block_tables,
+                                  self.seq_lens, cache.block_size, self.nbytes)
+        if (problem := layer_ops.paged_ahead_problem(kv, cache.k_cache.device)) is not None:
+            raise ValueError(problem)
+        return kv
 
 
 def layer_head(model: ModelConfig, w: LayerWeights, hidden: torch.Tensor,

@@ -131,6 +131,9 @@ def test_the_kernels_before_each_gemm_prefetch_its_weight(name, batch, monkeypat
     assert [(id(kv.k_cache), id(kv.v_cache)) for _, kv in with_kv] == [
         (id(cache.k_cache), id(cache.v_cache)) for cache in llm.caches]
     assert all(kv.block_tables is tables and kv.nbytes == 1 << 20 for _, kv in with_kv)
+    with pytest.raises(ValueError, match="kv_ahead: block_tables .* must be int32"):
+        step(0, KvAhead(1 << 20, tables.long(), torch.full((batch,), 5, dtype=torch.int32)))
+    assert calls == []  # refused before the step's first kernel
 
 
 def test_a_weight_the_kernels_cannot_prefetch_is_left_out_of_the_hint():

@@ -306,9 +306,12 @@ def test_linear_says_which_kv_prefetch_it_cannot_take():
     for change, message in (
             ({"nbytes": -1}, r"kv_ahead.nbytes=-1: must be an integer >= 0"),
             ({"nbytes": 2.0}, r"kv_ahead.nbytes=2.0: must be an integer >= 0"),
-            ({"block_size": 0}, r"kv_ahead.block_size=0: must be an integer >= 1"),
+            ({"block_size": 0}, r"kv_ahead.block_size=0: must be an integer in \[1, 2\*\*31\)"),
+            ({"block_size": 1 << 31}, r"kv_ahead.block_size=2147483648: must be an integer in"),
+            ({"k_cache": kv.k_cache[:0], "v_cache": kv.v_cache[:0]}, r"\[num_blocks >= 1, "),
+            ({"k_cache": kv.k_cache[:, :0], "v_cache": kv.v_cache[:, :0]}, r"\(> 0\)"),
             ({"v_cache": kv.v_cache[:32]}, r"k_cache \(64, 8, 16, 128\) and v_cache "
-             r"\(32, 8, 16, 128\) must be \[num_blocks, ...\] of one dtype"),
+             r"\(32, 8, 16, 128\) must be \[num_blocks >= 1, ...\] of one dtype"),
             ({"v_cache": kv.v_cache.float()}, "of one dtype"),
             ({"k_cache": kv.k_cache[:, :, :, :3].contiguous()}, "a block the same multiple"),
             ({"block_tables": kv.block_tables.long()}, r"block_tables \(2, 13\) torch.int64 "

@@ -19,6 +19,10 @@ the same loop as the other kernels (and its production length mix), and HF's com
 static cache over two rounds.
 A part whose command names a file needs that file first: attention_vllm's --vllm-cubin is built
 by benchmarks/vllm_cubin.sh.
+A machine's parts run only on the GPU its results were recorded on (their "gpu", against
+nvidia-smi's name here): a device that lends an H100 for an H200 call records nothing.
+The device returns few files from $OUT: point --out elsewhere and pack it, e.g.
+`--out /tmp/rr ...; tar czf $OUT/rr.tgz -C /tmp rr`.
 """
 
 from __future__ import annotations
@@ -118,6 +122,23 @@ def command(name: str, argv: list[str], out: Path) -> list[str]:
     return [sys.executable, *kept[1:]]
 
 
+def recorded_gpus(machine: str) -> set[str]:
+    """The GPUs the results of `machine` were recorded on (their "gpu")."""
+    return {gpu for path in (RESULTS / machine).glob("*.json")
+            if (gpu := json.loads(path.read_text()).get("gpu"))}
+
+
+def gpu_here() -> str | None:
+    """The name of this machine's first GPU, as nvidia-smi gives it; None without one."""
+    try:
+        found = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                               capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    names = found.stdout.strip().splitlines() if found.returncode == 0 else []
+    return names[0].strip() if names else None
+
+
 def chosen(names: list[str], known: dict) -> list[str]:
     """The parts named (or all, for ["all"]), in the order given. Raises ValueError for an
     unknown name."""
@@ -185,6 +206,11 @@ def main(argv: list[str] | None = None) -> int:
         for name, recorded in known.items():
             print(f"{name}: {shlex.join(command(name, recorded, args.out))}")
         return 0
+    here, gpus = gpu_here(), recorded_gpus(args.machine)
+    if here not in gpus:
+        parser.error(f"--machine {args.machine}: its results were recorded on "
+                     f"{', '.join(sorted(gpus))}; this machine's GPU is {here or 'none'}: "
+                     "record them there")
     durations = ({p["name"]: p["seconds"] for p in json.loads(args.durations.read_text())[
         "parts"]} if args.durations else {})
     env = dict(os.environ)

@@ -109,8 +109,21 @@ def test_list_prints_every_part(tmp_path, capsys):
     assert all(str(tmp_path) in line for line in lines)
 
 
+def test_parts_run_only_on_the_gpu_their_results_were_recorded_on(tmp_path, monkeypatch,
+                                                                  capsys):
+    assert rerecord.recorded_gpus("h200") == {"NVIDIA H200"}
+    monkeypatch.setattr(rerecord, "run", lambda *args: pytest.fail("ran on the wrong GPU"))
+    for here in ("NVIDIA H100 80GB HBM3", None):
+        monkeypatch.setattr(rerecord, "gpu_here", lambda here=here: here)
+        with pytest.raises(SystemExit):
+            rerecord.main(["--run", "attention", "--out", str(tmp_path)])
+        assert (f"--machine h200: its results were recorded on NVIDIA H200; this machine's GPU "
+                f"is {here or 'none'}: record them there") in capsys.readouterr().err
+
+
 def test_a_run_writes_its_log_and_hands_the_gpu_checks_on(tmp_path, monkeypatch):
     seen = {}
+    monkeypatch.setattr(rerecord, "gpu_here", lambda: "NVIDIA H100 80GB HBM3")
 
     def fake_run(names, known, out, budget_s, durations, env, machine, runner=None):
         seen["env"] = env

@@ -230,12 +230,21 @@ def ahead_measured_table() -> list[str]:
              "speed-up | step / roofline step (with) | same tokens |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for gqa, ahead, _, _, run in _ahead_pairs():
-        lines.append(f"| {run} | {gqa['prompt']:,} | {gqa['model']} | {gqa['batch']} | "
-                     f"{ahead['ahead_bytes'] / 2**20:.1f} MiB | {gqa['step_ms']:.2f} | "
-                     f"{ahead['step_ms']:.2f} | {gqa['step_ms'] / ahead['step_ms']:.3f}x | "
-                     f"{gqa['ratio_to_roofline']:.2f}x ({ahead['ratio_to_roofline']:.2f}x) | "
-                     f"{'yes' if ahead['same_tokens'] else 'no'} |")
+        lines.append(_lever_row(run, gqa, ahead, "ahead_bytes",
+                                f"{gqa['ratio_to_roofline']:.2f}x "
+                                f"({ahead['ratio_to_roofline']:.2f}x)"))
     return lines
+
+
+def _lever_row(first: str, gqa: dict, on: dict, size: str, *between: str) -> str:
+    """A table row of a lever's point: `first`, the prompt, model and batch, the lever's size
+    (`on[size]`, MiB), gqa's step and the lever's, the speed-up, the cells `between`, and
+    whether the greedy tokens were the same."""
+    cells = [first, f"{gqa['prompt']:,}", gqa["model"], str(gqa["batch"]),
+             f"{on[size] / 2**20:.1f} MiB", f"{gqa['step_ms']:.2f}", f"{on['step_ms']:.2f}",
+             f"{gqa['step_ms'] / on['step_ms']:.3f}x", *between,
+             "yes" if on["same_tokens"] else "no"]
+    return f"| {' | '.join(cells)} |"
 
 
 def ahead_measured_summary() -> str:
@@ -453,6 +462,15 @@ def ahead_learned_constants() -> list[str]:
     return lines
 
 
+def _check_of(fit, gqa: dict, on: dict) -> dict:
+    """The held-out check of a learned model (kvlab.predict.ahead.HeldOut) at the point of
+    gqa's row and the lever's row `on`: its model, batch and prompt, and its own recorded change
+    (a point recorded twice has two)."""
+    recorded = 1e3 * (on["step_ms"] - gqa["step_ms"])
+    return next(c for c in fit.checks if (c["model"], c["batch"], c["prompt"]) == (
+        gqa["model"], gqa["batch"], gqa["prompt"]) and c["recorded_us"] == recorded)
+
+
 def _learned_points() -> list[tuple[dict, dict, dict, str, dict]]:
     """(gqa's row, gqa+ahead's, kvlab.predict.ahead.ahead_effect there by its GPU's learned
     model, the recording "machine/name", the model's held-out check of the point) at each point
@@ -462,9 +480,7 @@ def _learned_points() -> list[tuple[dict, dict, dict, str, dict]]:
     found = []
     for gqa, ahead, gbps, gpu, run in _ahead_pairs():
         fit = _learned(gpu)
-        recorded = 1e3 * (ahead["step_ms"] - gqa["step_ms"])  # a point recorded twice: its own
-        check = next(c for c in fit.checks if (c["model"], c["batch"], c["prompt"]) == (
-            gqa["model"], gqa["batch"], gqa["prompt"]) and c["recorded_us"] == recorded)
+        check = _check_of(fit, gqa, ahead)
         found.append((gqa, ahead, ahead_effect(gqa["model"], gqa["batch"],
                                                gqa["prompt"] + gqa["new_tokens"] / 2,
                                                ahead["ahead_bytes"], gbps, _step_model(), fit),
@@ -507,10 +523,7 @@ def _kv_points() -> tuple[tuple[dict, dict, str, dict, object], ...]:
     for gpu, machine, name in KV_RUNS:
         fit = fit_kv_ahead(gpu)
         for gqa, kv in lever_pairs(load_result(machine, name), lever=KV_LEVER):
-            recorded = 1e3 * (kv["step_ms"] - gqa["step_ms"])
-            check = next(c for c in fit.checks if (c["model"], c["batch"], c["prompt"]) == (
-                gqa["model"], gqa["batch"], gqa["prompt"]) and c["recorded_us"] == recorded)
-            points.append((gqa, kv, gpu, check, fit))
+            points.append((gqa, kv, gpu, _check_of(fit, gqa, kv), fit))
     return tuple(points)
 
 
@@ -522,11 +535,9 @@ def kv_measured_table() -> list[str]:
              "speed-up | change | learned, its model left out | same tokens |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for gqa, kv, gpu, check, _ in _kv_points():
-        lines.append(f"| {gpu} | {gqa['prompt']:,} | {gqa['model']} | {gqa['batch']} | "
-                     f"{kv['ahead_kv_bytes'] / 2**20:.1f} MiB | {gqa['step_ms']:.2f} | "
-                     f"{kv['step_ms']:.2f} | {gqa['step_ms'] / kv['step_ms']:.3f}x | "
-                     f"{check['recorded_us']:+.0f} us | {check['predicted_us']:+.0f} us | "
-                     f"{'yes' if kv['same_tokens'] else 'no'} |")
+        lines.append(_lever_row(gpu, gqa, kv, "ahead_kv_bytes",
+                                f"{check['recorded_us']:+.0f} us",
+                                f"{check['predicted_us']:+.0f} us"))
     return lines
 
 

@@ -145,8 +145,8 @@ class EndToEndTab:
         except (OSError, ValueError, KeyError, TypeError) as error:
             self.step_model = f"the step model cannot be fitted: {error}"
         self._traces = None  # the traced steps and their counters: `traces`, when first shown
-        self._ahead_models: dict = {}  # the learned prefetch per GPU: `ahead_model`
-        self._kv_models: dict = {}  # the learned K/V blocks' prefetch per GPU: `_kv_line`
+        # the learned prefetches, per kind and GPU learned on: `_learned_model`
+        self._learned_models: dict = {}
         self._lever_runs = None  # its recorded runs, name -> result or why unreadable
         self.tensor_parallel = [  # the recorded tensor-parallel results
             result for machine, names in TENSOR_PARALLEL
@@ -374,21 +374,14 @@ class EndToEndTab:
         """The status line on the K/V blocks' prefetch at `batch` sequences of `model` ending at
         `tokens`, sized as bench e2e sizes it: its learned change of a step on `gpu` (the
         H200's model on a GPU without recordings), or why it cannot be fitted."""
-        learned_on = gpu if gpu in KV_RECORDED else REFERENCE
-        if learned_on not in self._kv_models:
-            try:
-                self._kv_models[learned_on] = fit_kv_ahead(learned_on)
-            except (OSError, ValueError, KeyError, TypeError) as error:
-                self._kv_models[learned_on] = f"it cannot be fitted: {error}"
-        learned = self._kv_models[learned_on]
+        learned = self._learned_model("kv", gpu, KV_RECORDED, "it cannot be fitted")
         size = ahead_kv_bytes(MODELS[model], batch, tokens, GPUS[gpu].l2_bytes)
         head = (f"K/V blocks' prefetch (kvlab.LLM(ahead_kv_bytes={size:,})), each layer's QKV "
                 "linear bringing its K/V into L2 for the attention")
         if isinstance(learned, str):
             return f"{head}: {learned}"
-        where = ("" if gpu in KV_RECORDED else
-                 f", the {GPUS[REFERENCE].name}'s model assumed for the {GPUS[gpu].name}")
-        return (f"{head}, learned from the recordings ({learned.sources}{where}): "
+        return (f"{head}, learned from the recordings "
+                f"({learned.sources}{_assumed(gpu, KV_RECORDED)}): "
                 f"{kv_ahead_effect(model, size, gbps, learned) / 1e3:+.2f} ms a step, "
                 f"{learned.net_cost:.0%} of the prefetched bytes' time at the copy roofline "
                 f"(HBM is busy in the drain it moves them to); within "
@@ -428,14 +421,22 @@ class EndToEndTab:
         """The cross-kernel prefetch learned from the recordings of `gpu`, or of the H200 for a
         GPU without (kvlab.predict.ahead.fit_ahead, on this tab's step model), or why it cannot
         be fitted; fitted the first time asked."""
-        learned_on = gpu if gpu in AHEAD_RECORDED else REFERENCE
-        if learned_on not in self._ahead_models:
+        return self._learned_model("weights", gpu, AHEAD_RECORDED,
+                                   "the learned prefetch cannot be fitted")
+
+    def _learned_model(self, kind: str, gpu: str, recorded: dict, why: str):
+        """The prefetch of `kind` ("weights": fit_ahead on this tab's step model, "kv":
+        fit_kv_ahead) learned from the recordings of `gpu`, or of the H200 for a GPU not in
+        `recorded`; or `why` it cannot be fitted, with the error. Fitted the first time asked."""
+        learned_on = gpu if gpu in recorded else REFERENCE
+        if (kind, learned_on) not in self._learned_models:
             try:
-                found = fit_ahead(learned_on, step=self.step_model)
+                found = (fit_ahead(learned_on, step=self.step_model) if kind == "weights"
+                         else fit_kv_ahead(learned_on))
             except (OSError, ValueError, KeyError, TypeError) as error:
-                found = f"the learned prefetch cannot be fitted: {error}"
-            self._ahead_models[learned_on] = found
-        return self._ahead_models[learned_on]
+                found = f"{why}: {error}"
+            self._learned_models[kind, learned_on] = found
+        return self._learned_models[kind, learned_on]
 
     def _learned(self, model: str, batch: int, context: float, gbps: float, ahead: int,
                  gpu: str):
@@ -616,14 +617,19 @@ def _prefetch_gains(rows: list[dict], lever: str = "+prefetch") -> list[str]:
             for with_, without in prefetch_pairs(step_ms, lever)]
 
 
+def _assumed(gpu: str, recorded: dict) -> str:
+    """What a learned model's sources add for a GPU not in `recorded`: the H200's model is
+    assumed for it ("" for a GPU with recordings of its own)."""
+    return ("" if gpu in recorded else
+            f", the {GPUS[REFERENCE].name}'s model assumed for the {GPUS[gpu].name}")
+
+
 def _learned_line(effect: dict, step_us: float, learned, gpu: str) -> str:
     """The status line on the learned prefetch's effect (`ahead_effect`) on a step of
     `step_us` without it, on `gpu`."""
     delivery = ", ".join(f"{regime} {share:.0%}" for regime, share in learned.delivery.items())
     cost = ", ".join(f"{key} {share:.0%}" for key, share in learned.issue_cost.items())
-    where = ("" if gpu in AHEAD_RECORDED else
-             f", the {GPUS[REFERENCE].name}'s model assumed for the {GPUS[gpu].name}")
-    return (f"Learned from the recordings ({learned.sources}{where}): "
+    return (f"Learned from the recordings ({learned.sources}{_assumed(gpu, AHEAD_RECORDED)}): "
             f"{effect['delta_us'] / 1e3:+.2f} ms a step "
             f"({effect['delta_us'] / step_us:+.1%}): the issuing kernels grow by "
             f"{effect['cost_us'] / 1e3:.2f} ms, the GEMMs after them hide "

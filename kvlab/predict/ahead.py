@@ -338,9 +338,10 @@ def fit_kv_ahead(gpu: str, e2e: list[dict] | None = None) -> KvAheadModel:
     if len(models) < 2:
         raise ValueError(f"e2e: the recordings hold {VARIANT} and {KV_LEVER} steps of "
                          f"{len(models)} model(s): the fit needs two or more, one to leave out")
+    # the net cost fitted without each model in turn
+    without = {m: _net_cost([p for p in points if p["model"] != m]) for m in models}
     checks = [{"model": p["model"], "batch": p["batch"], "prompt": p["prompt"],
                "step_us": p["step_us"], "recorded_us": p["delta_us"],
-               "predicted_us": _net_cost([q for q in points if q["model"] != left_out])
-               * p["moved_us"]}
+               "predicted_us": without[left_out] * p["moved_us"]}
               for left_out in models for p in points if p["model"] == left_out]
     return KvAheadModel(_net_cost(points), **_held_out(checks, sources))

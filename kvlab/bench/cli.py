@@ -374,6 +374,11 @@ def _add_steptrace(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ahead-bytes", nargs="+", type=ahead_bytes, default=[0],
                         metavar="BYTES", help="trace each point once per size (kvlab.LLM's "
                                               "ahead_bytes; 0: without), in turn")
+    parser.add_argument("--ahead-kv-bytes", nargs="+", type=ahead_bytes, default=[0],
+                        metavar="BYTES", help="and once per size of the K/V blocks' prefetch "
+                                              "(kvlab.LLM's ahead_kv_bytes; 0: without), each "
+                                              "with each --ahead-bytes; a size > 0 runs only "
+                                              "at batches of at most layer_ops.LINEAR_ROWS")
     parser.add_argument("--counters", action="store_true",
                         help="also profile one step at each point and size with Nsight Compute "
                              "(every kernel's L2 load hits; kvlab.bench.stepcounters)")

@@ -18,13 +18,17 @@ a lower bound of the idle time.
 
 With --ahead-bytes, each point is traced once per size given, on the same weights and prompts
 (0: without the cross-kernel prefetch; kvlab.LLM's ahead_bytes), each with the step modelled at
-that size.
+that size. With --ahead-kv-bytes, once more per size of the K/V blocks' prefetch (kvlab.LLM's
+ahead_kv_bytes), each with each --ahead-bytes; a size > 0 runs only at batches the QKV linear
+serves (layer_ops.LINEAR_ROWS), the others named in `skipped`.
 
 With --counters, Nsight Compute also profiles one decode step at each point and size
 (kvlab.bench.stepcounters: every kernel's L2 load hits, one kernel after another, nothing flushed
 between them). The row's `counters` keep every kernel's, and per GEMM of a layer (and the LM
 head) the median share of its loaded bytes that hit L2 beside the share the prefetch brings by
-kvlab.predict.step.ahead_hits: the L2 side of the cross-kernel prefetch, checked.
+kvlab.predict.step.ahead_hits: the L2 side of the cross-kernel prefetch, checked. Beside them,
+the attention's (`gqa_decode`) median share over the layers, with the share of a layer's K and V
+that ahead_kv_bytes covers.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from kvlab.bench.env import gpu_info, run_info
 from kvlab.config import MODELS
 
 GRAPH_LAUNCH = "cudaGraphLaunch"  # the runtime call whose correlation id a graph's kernels carry
+ATTENTION = "gqa_decode"  # the attention kernel's name in ncu's rows (not its merge, gqa_merge)
 
 
 def split_steps(events: list[dict]) -> list[list[dict]]:
@@ -89,46 +94,62 @@ def kineto_events(prof) -> list[dict]:
     return found
 
 
+def _median_share(kernels: list[dict]) -> float | None:
+    """The median of the kernels' shares of loaded bytes that hit L2 (None where none read)."""
+    shares = [k["load_hit_share"] for k in kernels if k["load_hit_share"] is not None]
+    return statistics.median(shares) if shares else None
+
+
 def step_counters(model: str, batch: int, context: float, ahead_bytes: int,
-                  kernels: list[dict]) -> dict:
+                  kernels: list[dict], ahead_kv_bytes: int = 0) -> dict:
     """A step's ncu rows (kvlab.bench.stepcounters.step_rows) with its GEMMs set beside the step
     model's: {"kernels", "gemms": per GEMM name in step order {"name", "load_hit_share" (the
     median over the layers of the share of its loads' bytes that hit L2), "prefetched_share"
     (kvlab.predict.step.ahead_hits' bytes over the weight's, at `context` tokens)} or None where
-    ncu's GEMMs are not the model's in number, "note"}."""
+    ncu's GEMMs are not the model's in number, "note", "attention": {"load_hit_share" (the
+    median over the attention kernels, ATTENTION), "prefetched_share" (ahead_kv_bytes over a
+    layer's K and V at `context` tokens, at most 1)}}."""
     from kvlab.predict.step import ahead_hits
 
     modelled = ahead_hits(model, batch, context, ahead_bytes)
     gemms = [k for k in kernels if k["is_gemm"]]
-    found = {"kernels": kernels, "gemms": None, "note": None}
+    layer_kv = MODELS[model].kv_bytes_per_token() / MODELS[model].num_layers * batch * context
+    found = {"kernels": kernels, "gemms": None, "note": None, "attention": {
+        "load_hit_share": _median_share([k for k in kernels if ATTENTION in k["kernel_name"]]),
+        "prefetched_share": min(1.0, ahead_kv_bytes / layer_kv)}}
     if len(gemms) != len(modelled):
         found["note"] = (f"ncu gave {len(gemms)} GEMM kernels, the step model "
                          f"{len(modelled)}: not paired")
         return found
-    by_name: dict[str, list] = {}
+    by_name: dict[str, dict] = {}
     for (name, weight, prefetched), kernel in zip(modelled, gemms, strict=True):
-        entry = by_name.setdefault(name, {"name": name, "shares": [],
+        entry = by_name.setdefault(name, {"name": name, "kernels": [],
                                           "prefetched_share": prefetched / weight})
-        if kernel["load_hit_share"] is not None:
-            entry["shares"].append(kernel["load_hit_share"])
+        entry["kernels"].append(kernel)
     found["gemms"] = [{"name": e["name"], "prefetched_share": e["prefetched_share"],
-                       "load_hit_share": statistics.median(e["shares"]) if e["shares"] else None}
-                      for e in by_name.values()]
+                       "load_hit_share": _median_share(e["kernels"])} for e in by_name.values()]
     return found
 
 
-def _profiled(name: str, batch: int, ahead: int, args) -> dict:
+def _profiled(name: str, batch: int, ahead: int, ahead_kv: int, args) -> dict:
     """`step_counters` of one step profiled by ncu after a prompt of args.prompt tokens, or
     {"error": why ncu gave none} (the other points still run)."""
     from kvlab.bench.stepcounters import StepSpec, measure_step
     from kvlab.profile import CountersError
 
     try:
-        rows = measure_step(StepSpec(name, batch, args.prompt, ahead), timeout_s=args.timeout)
+        rows = measure_step(StepSpec(name, batch, args.prompt, ahead, ahead_kv),
+                            timeout_s=args.timeout)
     except CountersError as error:
-        print(f"{name} batch={batch} ahead_bytes={ahead}: no counters: {error}", file=sys.stderr)
+        print(f"{_point(name, batch, ahead, ahead_kv)}: no counters: {error}", file=sys.stderr)
         return {"error": str(error)}
-    return step_counters(name, batch, args.prompt + 2, ahead, rows)  # (its second step)
+    return step_counters(name, batch, args.prompt + 2, ahead, rows, ahead_kv)  # (its 2nd step)
+
+
+def _point(name: str, batch: int, ahead: int, ahead_kv: int) -> str:
+    """A point as the progress lines and the report name it."""
+    return (f"{name} batch={batch} ahead_bytes={ahead:,}"
+            + (f" ahead_kv_bytes={ahead_kv:,}" if ahead_kv else ""))
 
 
 def check(args) -> None:
@@ -188,6 +209,7 @@ def run(args) -> dict:
     import kvlab
     from kvlab.bench.e2e import random_prompts
     from kvlab.engine.weights import ModelWeights
+    from kvlab.kernels.layer_ops import LINEAR_ROWS
     from kvlab.predict.step import fit_step_model, step_anatomy
     from kvlab.timing import Timer, copy_roofline_gbps
 
@@ -199,12 +221,20 @@ def run(args) -> dict:
               "roofline_copy_gbps": round(copy_roofline_gbps(Timer("cuda")), 1),
               "step_model": {"streaming_overhead_us": fit.streaming_overhead_us,
                              "overhead_us": fit.overhead_us,
-                             "per_sequence_us": fit.per_sequence_us}, "rows": []}
+                             "per_sequence_us": fit.per_sequence_us}, "rows": [], "skipped": []}
     for name in args.models:
         weights = ModelWeights.random(MODELS[name], 0, torch.float16, "cuda")
-        for batch, ahead in itertools.product(args.batches, args.ahead_bytes):
-            print(f"{name} batch={batch} ahead_bytes={ahead}", file=sys.stderr)
+        for batch, ahead, ahead_kv in itertools.product(args.batches, args.ahead_bytes,
+                                                        args.ahead_kv_bytes):
+            if ahead_kv and batch > LINEAR_ROWS:
+                result["skipped"].append({
+                    "model": name, "batch": batch, "ahead_bytes": ahead,
+                    "ahead_kv_bytes": ahead_kv, "reason": "the K/V blocks' prefetch runs in the "
+                    f"QKV linear of layer_ops, at most {LINEAR_ROWS} rows"})
+                continue
+            print(_point(name, batch, ahead, ahead_kv), file=sys.stderr)
             llm = kvlab.LLM(name, attention="gqa", weights=weights, ahead_bytes=ahead,
+                            ahead_kv_bytes=ahead_kv,
                             **engine_options(batch, args.prompt, args.new_tokens))
             steps, decoded = _trace(llm, random_prompts(MODELS[name], batch, args.prompt),
                                     args.new_tokens)
@@ -219,7 +249,8 @@ def run(args) -> dict:
             modelled = step_anatomy(name, batch, context, result["roofline_copy_gbps"], fit,
                                     ahead)
             result["rows"].append({
-                "model": name, "batch": batch, "ahead_bytes": ahead, "prompt": args.prompt,
+                "model": name, "batch": batch, "ahead_bytes": ahead, "ahead_kv_bytes": ahead_kv,
+                "prompt": args.prompt,
                 "new_tokens": args.new_tokens, "steps": summaries,
                 **{key: statistics.median(s[key] for s in summaries)
                    for key in ("num_kernels", "span_us", "busy_us", "gap_us")},
@@ -230,7 +261,7 @@ def run(args) -> dict:
             del llm
             torch.cuda.empty_cache()  # the profiled process makes caches of its own
             if args.counters:
-                result["rows"][-1]["counters"] = _profiled(name, batch, ahead, args)
+                result["rows"][-1]["counters"] = _profiled(name, batch, ahead, ahead_kv, args)
     return result
 
 
@@ -242,11 +273,12 @@ def share_text(value: float | None) -> str:
 def report(result: dict) -> str:
     lines = [f"{result.get('gpu', 'GPU')}: one decode step of kvlab.LLM (gqa, CUDA graphs), "
              f"traced; copy roofline {result['roofline_copy_gbps']:,.0f} GB/s",
-             f"{'model':12} {'B':>4} {'ahead MB':>8} {'kernels':>8} {'span ms':>8} "
-             f"{'busy ms':>8} {'gaps ms':>8} {'roofline':>9} {'modelled idle':>14}"]
+             f"{'model':12} {'B':>4} {'ahead MB':>8} {'K/V MB':>7} {'kernels':>8} "
+             f"{'span ms':>8} {'busy ms':>8} {'gaps ms':>8} {'roofline':>9} "
+             f"{'modelled idle':>14}"]
     for r in result["rows"]:
         lines.append(f"{r['model']:12} {r['batch']:>4} {r.get('ahead_bytes', 0) / 1e6:>8.1f} "
-                     f"{r['num_kernels']:>8.0f} "
+                     f"{r.get('ahead_kv_bytes', 0) / 1e6:>7.1f} {r['num_kernels']:>8.0f} "
                      f"{r['span_us'] / 1e3:>8.3f} {r['busy_us'] / 1e3:>8.3f} "
                      f"{r['gap_us'] / 1e3:>8.3f} {r['roofline_us'] / 1e3:>9.3f} "
                      f"{r['modelled_idle_us'] / 1e3:>14.3f}")
@@ -254,7 +286,12 @@ def report(result: dict) -> str:
         counters = r.get("counters")
         if counters is None:
             continue
-        head = f"{r['model']} batch={r['batch']} ahead_bytes={r.get('ahead_bytes', 0):,}"
+        head = _point(r["model"], r["batch"], r.get("ahead_bytes", 0), r.get("ahead_kv_bytes", 0))
+        attention = counters.get("attention")
+        if attention is not None:
+            lines.append(f"{head}: attention loads hitting L2, ncu "
+                         f"{share_text(attention['load_hit_share'])} (the K/V prefetch's share "
+                         f"{share_text(attention['prefetched_share'])})")
         if counters.get("gemms") is None:
             lines.append(f"{head}: {counters.get('note') or counters.get('error')}")
             continue
@@ -262,4 +299,7 @@ def report(result: dict) -> str:
                            f"({share_text(g['prefetched_share'])})" for g in counters["gemms"])
         lines.append(f"{head}: GEMM loads hitting L2, ncu (the prefetch's share, modelled): "
                      f"{shares}")
+    for skip in result.get("skipped", []):
+        point = _point(skip["model"], skip["batch"], skip["ahead_bytes"], skip["ahead_kv_bytes"])
+        lines.append(f"{point} skipped: {skip['reason']}")
     return "\n".join(lines)

@@ -43,6 +43,8 @@ def test_a_step_summary_counts_the_gaps_between_kernels_once():
     (["--steps", "40", "--new-tokens", "32"], "--steps 40: must be fewer than --new-tokens 32"),
     (["--prompt", "8000", "--models", "llama2-7b"], "beyond llama2-7b's context limit"),
     (["--ahead-bytes", "1e6"], "argument --ahead-bytes: '1e6': must be an integer in [0, "),
+    (["--ahead-kv-bytes", "0", "-1"],
+     "argument --ahead-kv-bytes: '-1': must be an integer in [0, "),
 ])
 def test_bad_options_are_refused_before_anything_runs(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -63,6 +65,7 @@ def test_counters_pair_each_gemm_with_the_prefetch_the_model_gives_it():
     rows = [{"kernel_name": "norm", "is_gemm": False, "load_hit_share": 1.0}, *gemms]
     found = steptrace.step_counters("tiny-llama", 1, 18, 4096, rows)
     assert found["kernels"] == rows and found["note"] is None
+    assert found["attention"] == {"load_hit_share": None, "prefetched_share": 0.0}
     assert [g["name"] for g in found["gemms"]] == ["qkv", "w_o", "gate + up", "down", "lm head"]
     assert [g["load_hit_share"] for g in found["gemms"]][:4] == pytest.approx(
         [0.0, 0.1, 0.2, 0.3])
@@ -79,6 +82,32 @@ def test_counters_pair_each_gemm_with_the_prefetch_the_model_gives_it():
          "span_us": 1.0, "busy_us": 1.0, "gap_us": 0.0, "roofline_us": 1.0,
          "modelled_idle_us": 1.0, "counters": found}]})
     assert "GEMM loads hitting L2, ncu (the prefetch's share, modelled): qkv 0% (" in report
+
+
+def test_counters_give_the_attentions_hits_beside_the_kv_share_prefetched():
+    """The attention kernels' median share of loads hitting L2 (their merge left out), beside
+    ahead_kv_bytes over a layer's K and V at the context (capped at all of it)."""
+    from kvlab.config import MODELS
+
+    m = MODELS["tiny-llama"]
+    layer_kv = 2 * m.num_kv_heads * m.head_dim * 2 * 3 * 18  # K and V, fp16, 3 x 18 tokens
+    attention = [{"kernel_name": f"void gqa_decode<{i}>(...)", "is_gemm": False,
+                  "load_hit_share": share} for i, share in enumerate((0.2, None, 0.6, 0.5))]
+    rows = [*attention, {"kernel_name": "gqa_merge", "is_gemm": False, "load_hit_share": 0.9}]
+    found = steptrace.step_counters("tiny-llama", 3, 18, 0, rows, ahead_kv_bytes=layer_kv // 4)
+    assert found["attention"] == {"load_hit_share": 0.5, "prefetched_share": 0.25}
+    assert steptrace.step_counters("tiny-llama", 3, 18, 0, rows, 4 * layer_kv)["attention"][
+        "prefetched_share"] == 1.0
+    report = steptrace.report({"gpu": "G", "roofline_copy_gbps": 1.0, "rows": [
+        {"model": "tiny-llama", "batch": 3, "ahead_bytes": 0, "ahead_kv_bytes": layer_kv // 4,
+         "num_kernels": 5, "span_us": 1.0, "busy_us": 1.0, "gap_us": 0.0, "roofline_us": 1.0,
+         "modelled_idle_us": 1.0, "counters": found}], "skipped": [
+        {"model": "tiny-llama", "batch": 16, "ahead_bytes": 0, "ahead_kv_bytes": 4096,
+         "reason": "at most 2 rows"}]})
+    assert (f"tiny-llama batch=3 ahead_bytes=0 ahead_kv_bytes={layer_kv // 4:,}: attention "
+            "loads hitting L2, ncu 50% (the K/V prefetch's share 25%)") in report
+    assert report.endswith(
+        "tiny-llama batch=16 ahead_bytes=0 ahead_kv_bytes=4,096 skipped: at most 2 rows")
 
 
 def test_counters_without_ncu_are_refused_before_anything_runs(monkeypatch, capsys):
@@ -118,3 +147,18 @@ def test_a_tiny_models_steps_are_traced_kernel_by_kernel():
     assert ahead["num_kernels"] == without["num_kernels"]  # the prefetch launches nothing
     assert ahead["modelled_idle_us"] < without["modelled_idle_us"]
     assert "tiny-llama" in steptrace.report(result)
+
+
+@pytest.mark.gpu
+def test_the_kv_prefetch_is_traced_where_the_qkv_linear_serves_it():
+    """--ahead-kv-bytes traces batch 2 with and without it; batch 3 (above layer_ops'
+    LINEAR_ROWS) only without, the other named in `skipped`."""
+    args = parse(["bench", "steptrace", "--models", "tiny-llama", "--batches", "2", "3",
+                  "--prompt", "16", "--new-tokens", "12", "--steps", "4",
+                  "--ahead-kv-bytes", "0", "8192"])
+    steptrace.check(args)
+    result = steptrace.run(args)
+    assert [(r["batch"], r["ahead_kv_bytes"]) for r in result["rows"]] == [(2, 0), (2, 8192),
+                                                                            (3, 0)]
+    assert [(s["batch"], s["ahead_kv_bytes"]) for s in result["skipped"]] == [(3, 8192)]
+    assert result["rows"][1]["num_kernels"] == result["rows"][0]["num_kernels"]

@@ -21,8 +21,9 @@ A part whose command names a file needs that file first: attention_vllm's --vllm
 by benchmarks/vllm_cubin.sh.
 A machine's parts run only on the GPU its results were recorded on (their "gpu", against
 nvidia-smi's name here): a device that lends an H100 for an H200 call records nothing.
-The device returns few files from $OUT: point --out elsewhere and pack it, e.g.
-`--out /tmp/rr ...; tar czf $OUT/rr.tgz -C /tmp rr`.
+The device returns few files from $OUT, and nothing a command left unpacked when the call's
+limit stopped it: point --out elsewhere and give `--pack $OUT/rr.tgz`, which rewrites
+rerecord.json and packs --out into that one file after every part.
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ import os
 import shlex
 import subprocess
 import sys
+import tarfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -153,10 +156,10 @@ def chosen(names: list[str], known: dict) -> list[str]:
 
 def run(names: list[str], known: dict, out: Path, budget_s: float | None,
         durations: dict[str, float], env: dict, machine: str = "h200",
-        runner=subprocess.run) -> dict:
+        runner=subprocess.run, after_part: Callable[[dict], None] | None = None) -> dict:
     """Run the parts in turn, each finished one's file given its `canonical` command; returns
     {"parts": [{"name", "command", "returncode", "seconds"}], "not_run": [names left for want
-    of budget]}."""
+    of budget]}, which `after_part` (where given) is handed after every part that ran."""
     log = {"parts": [], "not_run": []}
     start = time.monotonic()
     for name in names:
@@ -180,7 +183,22 @@ def run(names: list[str], known: dict, out: Path, budget_s: float | None,
             result = json.loads(written.read_text())
             result["command"] = canonical(machine, name, known[name])
             written.write_text(json.dumps(result, indent=2) + "\n")
+        if after_part is not None:
+            after_part(log)
     return log
+
+
+def saver(out: Path, pack: Path | None) -> Callable[[dict], None]:
+    """What keeps a run's log: writes it to out/rerecord.json and, with `pack`, packs out into
+    that .tgz (written beside it, then renamed: a call stopped mid-write leaves the last one)."""
+    def save(log: dict) -> None:
+        (out / "rerecord.json").write_text(json.dumps(log, indent=2) + "\n")
+        if pack is not None:
+            partial = pack.with_name(pack.name + ".partial")
+            with tarfile.open(partial, "w:gz") as tar:
+                tar.add(out, arcname=out.name)
+            os.replace(partial, pack)
+    return save
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -196,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="an earlier rerecord.json: each part's seconds, for --budget")
     parser.add_argument("--gpu-checks", type=Path, metavar="JSON",
                         help="the GPU checks' summary every part records (KVLAB_GPU_CHECKS)")
+    parser.add_argument("--pack", type=Path, metavar="TGZ",
+                        help="after every part, pack --out into this file (e.g. $OUT/rr.tgz)")
     args = parser.parse_args(argv)
     try:
         known = parts(args.machine)
@@ -211,14 +231,20 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--machine {args.machine}: its results were recorded on "
                      f"{', '.join(sorted(gpus))}; this machine's GPU is {here or 'none'}: "
                      "record them there")
+    if args.pack is not None and (not args.pack.resolve().parent.is_dir()
+                                  or args.pack.resolve().is_relative_to(args.out.resolve())):
+        parser.error(f"--pack {args.pack}: must be a file in a folder that exists, outside "
+                     f"--out {args.out}")
     durations = ({p["name"]: p["seconds"] for p in json.loads(args.durations.read_text())[
         "parts"]} if args.durations else {})
     env = dict(os.environ)
     if args.gpu_checks is not None:
         env["KVLAB_GPU_CHECKS"] = args.gpu_checks.read_text().strip()
     args.out.mkdir(parents=True, exist_ok=True)
-    log = run(names, known, args.out, args.budget, durations, env, args.machine)
-    (args.out / "rerecord.json").write_text(json.dumps(log, indent=2) + "\n")
+    save = saver(args.out, args.pack)
+    log = run(names, known, args.out, args.budget, durations, env, args.machine,
+              after_part=save)
+    save(log)
     for p in log["parts"]:
         print(f"{p['name']}: {p['seconds']:.0f} s, exit {p['returncode']}")
     if log["not_run"]:

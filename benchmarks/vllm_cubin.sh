@@ -3,8 +3,9 @@
 # --vllm-cubin PATH` (kernel "vllm_own", timed in turn with vllm_v1 on the same cache).
 # Usage: bash benchmarks/vllm_cubin.sh VLLM_SOURCE_DIR OUT.cubin [ARCH]
 #   VLLM_SOURCE_DIR: an unpacked vLLM source tree that still has the kernels
-#     (csrc/attention/attention_kernels.cuh), e.g. the sdist of vLLM 0.9.2 from PyPI:
-#     https://files.pythonhosted.org/packages/source/v/vllm/vllm-0.9.2.tar.gz
+#     (csrc/attention/attention_kernels.cuh), e.g. the sdist of vLLM 0.9.2 from PyPI (its link
+#     on https://pypi.org/simple/vllm/; sha256
+#     6b0d855ea8ba18d76364c9b82ea94bfcaa9c9e724055438b5733e4716ed104e1)
 #   ARCH: nvcc's -arch (default sm_90). Needs nvcc; no GPU, no torch.
 # kvlab ships none of vLLM's code: this only instantiates its templates (fp16, head_dim 128,
 # blocks 8/16/32, 128 threads, 512-token partitions: kvlab/kernels/vllm_own.py) and compiles them

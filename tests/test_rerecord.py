@@ -5,6 +5,7 @@ import json
 import shlex
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -125,10 +126,12 @@ def test_a_run_writes_its_log_and_hands_the_gpu_checks_on(tmp_path, monkeypatch)
     seen = {}
     monkeypatch.setattr(rerecord, "gpu_here", lambda: "NVIDIA H100 80GB HBM3")
 
-    def fake_run(names, known, out, budget_s, durations, env, machine, runner=None):
+    def fake_run(names, known, out, budget_s, durations, env, machine, after_part):
         seen["env"] = env
-        return {"parts": [{"name": names[0], "command": "c", "returncode": 0, "seconds": 1.0}],
-                "not_run": []}
+        log = {"parts": [{"name": names[0], "command": "c", "returncode": 0, "seconds": 1.0}],
+               "not_run": []}
+        after_part(log)
+        return log
 
     monkeypatch.setattr(rerecord, "run", fake_run)
     checks = tmp_path / "gpu_checks.json"
@@ -137,3 +140,34 @@ def test_a_run_writes_its_log_and_hands_the_gpu_checks_on(tmp_path, monkeypatch)
                           "--gpu-checks", str(checks)]) == 0
     assert seen["env"]["KVLAB_GPU_CHECKS"] == '{"tests": "3 passed"}'
     assert json.loads((tmp_path / "rerecord.json").read_text())["parts"][0]["name"] == "e2e_hf"
+
+
+def test_after_every_part_the_log_is_written_and_out_packed(tmp_path, monkeypatch, capsys):
+    """--pack: the log and the parts' files so far in one .tgz after each part, so that a call
+    stopped at its limit still returns them; refused inside --out or in no folder."""
+    out, pack = tmp_path / "rr", tmp_path / "rr.tgz"
+    monkeypatch.setattr(rerecord, "gpu_here", lambda: "NVIDIA H100 80GB HBM3")
+    packed = []
+
+    def fake_run(names, known, out_, budget_s, durations, env, machine, after_part):
+        for name in names:
+            (out_ / f"{name}.json").write_text("{}")
+            log = {"parts": [{"name": name, "command": "c", "returncode": 0, "seconds": 1.0}],
+                   "not_run": []}
+            after_part(log)
+            with tarfile.open(pack) as tar:
+                packed.append(sorted(tar.getnames()))
+        return log
+
+    monkeypatch.setattr(rerecord, "run", fake_run)
+    assert rerecord.main(["--machine", "h100", "--run", "e2e_hf", "steptrace", "--out",
+                          str(out), "--pack", str(pack)]) == 0
+    assert packed == [["rr", "rr/e2e_hf.json", "rr/rerecord.json"],
+                      ["rr", "rr/e2e_hf.json", "rr/rerecord.json", "rr/steptrace.json"]]
+    assert not pack.with_name("rr.tgz.partial").exists()
+    for bad in (out / "rr.tgz", tmp_path / "nowhere" / "rr.tgz"):
+        with pytest.raises(SystemExit):
+            rerecord.main(["--machine", "h100", "--run", "e2e_hf", "--out", str(out),
+                           "--pack", str(bad)])
+        assert f"--pack {bad}: must be a file in a folder that exists, outside --out" in (
+            capsys.readouterr().err)

@@ -9,11 +9,14 @@ import functools
 from kvlab.bench.e2e import prefetch_pairs
 from kvlab.predict.ahead import (
     AHEAD_RECORDED,
+    KV_COUNTERS,
     KV_LEVER,
     KV_RECORDED,
     KV_RUNS,
     LEVER_RUNS,
     MIN_PREFETCHED_SHARE,
+    kv_delivery,
+    kv_pairs,
     lever_pairs,
 )
 from kvlab.results import E2E, load_result, load_results
@@ -375,7 +378,7 @@ def _counter_pairs() -> list[tuple[dict, dict]]:
     """(the row without the cross-kernel prefetch, one with it) at each point of the step
     counters."""
     rows = [r for r in load_result("h100", "steptrace_counters")["rows"]
-            if (r.get("counters") or {}).get("gemms")]
+            if (r.get("counters") or {}).get("gemms") and not r.get("ahead_kv_bytes")]
     without = {(r["model"], r["batch"]): r for r in rows if not r["ahead_bytes"]}
     return [(without[r["model"], r["batch"]], r) for r in rows
             if r["ahead_bytes"] and (r["model"], r["batch"]) in without]
@@ -506,11 +509,15 @@ def ahead_learned_table() -> list[str]:
 
 def ahead_learned_summary() -> str:
     """At how many points the learned change, its model left out of the fit, has the recorded
-    one's sign."""
+    one's sign, and the size of the recorded change where it has not."""
     checks = [check for *_, check in _learned_points()]
-    same = sum((c["predicted_us"] > 0) == (c["recorded_us"] > 0) for c in checks)
-    return (f"with each point's model left out of the fit, the learned change has the recorded "
-            f"one's sign at {same} of {len(checks)} points")
+    missed = [c for c in checks if (c["predicted_us"] > 0) != (c["recorded_us"] > 0)]
+    text = (f"with each point's model left out of the fit, the learned change has the recorded "
+            f"one's sign at {len(checks) - len(missed)} of {len(checks)} points")
+    return text + "".join(
+        f"; not at {c['model']}, batch {c['batch']}, {c['prompt']:,} tokens, where the recorded "
+        f"change is {c['recorded_us']:+.1f} us ({c['recorded_us'] / c['step_us']:+.2%} of the "
+        "step)" for c in missed)
 
 
 @functools.cache
@@ -566,6 +573,48 @@ def kv_learned() -> list[str]:
     return lines
 
 
+def kv_counters_table() -> list[str]:
+    """Per step profiled without and with the K/V blocks' prefetch: the share of a layer's K and
+    V it covers, ncu's share of the attention's and of the QKV linear's loaded bytes that hit
+    L2, and the traced step (CUDA graphs, the same run)."""
+    lines = ["| model | batch | prompt | prefetched a layer | share of its K/V | attention's L2 "
+             "hits without | with | rise / share | QKV linear's L2 hits without -> with | "
+             "traced step without -> with |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for name in KV_COUNTERS[1]:
+        for base, on in kv_pairs(load_result(KV_COUNTERS[0], name)):
+            before, after = base["counters"]["attention"], on["counters"]["attention"]
+            rise = after["load_hit_share"] - before["load_hit_share"]
+            qkv = [next(g["load_hit_share"] for g in r["counters"]["gemms"] if g["name"] == "qkv")
+                   for r in (base, on)]
+            lines.append(
+                f"| {on['model']} | {on['batch']} | {on['prompt']:,} | "
+                f"{on['ahead_kv_bytes'] / 2**20:.1f} MiB | {after['prefetched_share']:.0%} | "
+                f"{before['load_hit_share']:.1%} | {after['load_hit_share']:.1%} | "
+                f"{rise / after['prefetched_share']:.2f} | {qkv[0]:.1%} -> {qkv[1]:.1%} | "
+                f"{base['span_us'] / 1e3:.3f} -> {on['span_us'] / 1e3:.3f} ms |")
+    return lines
+
+
+def kv_replay() -> str:
+    """The L2 model's share of the attention's K/V found in L2 after the prefetch, at each step
+    of the K/V counters (kvlab.sim.ahead.ahead_hit_share on the H100's L2, which recorded them;
+    nothing read in between)."""
+    from kvlab.config import MODELS
+    from kvlab.gpus import GPUS
+    from kvlab.sim.ahead import ahead_hit_share
+    from kvlab.sim.l2 import LINE_BYTES, NUM_WAYS, L2Cache
+
+    shares = []
+    for name in KV_COUNTERS[1]:
+        for _, on in kv_pairs(load_result(KV_COUNTERS[0], name)):
+            m = MODELS[on["model"]]
+            layer_kv = m.kv_bytes_per_token() // m.num_layers * on["batch"] * (on["prompt"] + 2)
+            cache = L2Cache(num_sets=GPUS["h100-sxm"].l2_bytes // (LINE_BYTES * NUM_WAYS))
+            shares.append(ahead_hit_share(layer_kv, min(layer_kv, on["ahead_kv_bytes"]), 0,
+                                          cache))
+    return value_range(shares, unit="")
+
+
 BLOCKS = {
     "e2e.source": lambda: [f"- {source('h200', name)}" for name in E2E_RESULTS],
     "e2e.rounds": lambda: ", ".join(sorted({str(load_result("h200", name)["rounds"])
@@ -601,4 +650,10 @@ BLOCKS = {
     "e2e.kv-measured": kv_measured_table,
     "e2e.kv-measured-summary": kv_measured_summary,
     "e2e.kv-learned": kv_learned,
+    "e2e.source-kv-counters": lambda: "; ".join(source(KV_COUNTERS[0], name)
+                                                for name in KV_COUNTERS[1]),
+    "e2e.kv-counters": kv_counters_table,
+    "e2e.kv-delivery": lambda: f"{kv_delivery()[0]:.2f}",
+    "e2e.kv-replay": kv_replay,
+    "e2e.streaming-delivery": lambda: f"{_learned('h100-sxm').delivery['streaming']:.2f}",
 }

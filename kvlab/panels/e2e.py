@@ -23,7 +23,8 @@ The traced step is an H100's recording (`h100/steptrace.json`, at 4k and 32k tok
 `steptrace_4k.json` and `steptrace_32k.json`; `python -m kvlab bench steptrace`): the GPU
 control's h100-sxm draws it, each kernel where it ran in the lane of its group, the gaps between
 kernels marked, beside the step's bytes at the copy roofline, and the status line gives ncu's L2
-hits of the GEMMs' loads with and without the cross-kernel prefetch (`steptrace_counters.json`).
+hits of the GEMMs' loads with and without the cross-kernel prefetch (`steptrace_counters.json`),
+and of the attention's with and without the K/V blocks' prefetch (`steptrace_kv_counters.json`).
 Another GPU's view says where the traces are: a trace is not modelled. With the cross-kernel
 prefetch checked, the step's anatomy shows the modelled bound and the step as learned from the
 prefetch's recordings (kvlab.predict.ahead: the H100's and the H200's own, another GPU's by the
@@ -63,6 +64,7 @@ from kvlab.predict.ahead import (
     fit_ahead,
     fit_kv_ahead,
     kv_ahead_effect,
+    kv_pairs,
     lever_pairs,
 )
 from kvlab.predict.point import launch_point
@@ -92,7 +94,7 @@ SERVING_KEYS = {"serving": ("model", "variant", "rate", "requests", "output_toke
                             "tpot_ms_p50", "tpot_ms_p99", "ttft_ms_p50", "preemptions")}
 # one decode step traced kernel by kernel, at 512, 4k and 32k tokens; ncu's L2 hits of its GEMMs
 TRACED = ("h100", ("steptrace", "steptrace_4k", "steptrace_32k"))
-TRACED_COUNTERS = ("h100", ("steptrace_counters",))
+TRACED_COUNTERS = ("h100", ("steptrace_counters", "steptrace_kv_counters"))
 TRACED_GPU = "h100-sxm"  # the kvlab.gpus key of the GPU that traced them
 TRACE_ROWS = ("model", "batch", "ahead_bytes", "prompt", "new_tokens", "steps", "num_kernels",
               "span_us", "gap_us", "roofline_us", "kernels")
@@ -518,15 +520,23 @@ class EndToEndTab:
     def _counter_lines(self, model: str, batch: int) -> list[str]:
         """ncu's share of each GEMM's loaded bytes that hit L2 in a step of `model` at `batch`,
         without and with the cross-kernel prefetch, beside the share the step model gives the
-        prefetch (kvlab.predict.step.ahead_hits): one line per prefetch size recorded."""
+        prefetch (kvlab.predict.step.ahead_hits): one line per prefetch size recorded; and the
+        attention's, without and with the K/V blocks' prefetch (kvlab.predict.ahead.kv_pairs)."""
         counters = self.traces()[2]
-        rows = [r for r in counters["rows"] if r["model"] == model
-                and r["batch"] == batch and (r.get("counters") or {}).get("gemms")]
+        shown = [r for r in counters["rows"] if r["model"] == model and r["batch"] == batch]
+        lines = [f"L2 hits of the attention's loads (ncu, {label(counters, [on])}, "
+                 f"{on['prompt']:,} tokens), without -> with the K/V blocks' prefetch of "
+                 f"{on['ahead_kv_bytes'] / 2**20:.0f} MiB: "
+                 f"{share_text(base['counters']['attention']['load_hit_share'])} -> "
+                 f"{share_text(on['counters']['attention']['load_hit_share'])} (it covers "
+                 f"{on['counters']['attention']['prefetched_share']:.0%} of a layer's K and V)"
+                 for base, on in kv_pairs({"rows": shown})]
+        rows = [r for r in shown if (r.get("counters") or {}).get("gemms")
+                and not r.get("ahead_kv_bytes")]
         without = next((r for r in rows if not r["ahead_bytes"]), None)
         if without is None:
-            return []
+            return lines
         before = {g["name"]: g["load_hit_share"] for g in without["counters"]["gemms"]}
-        lines = []
         for r in rows:
             if not r["ahead_bytes"]:
                 continue

@@ -24,7 +24,10 @@ moves the attention's reads into that linear's drain, where HBM is still busy. `
 learns what that nets, per GPU: a step's change as a share of the prefetched bytes' time at the
 copy roofline (`net_cost`; > 0 slower), by least squares on the steps recorded with it off and
 on in one loop (bench e2e's gqa and gqa+ahead_kv, KV_RECORDED), checked on each model left
-out in turn; `kv_ahead_effect` predicts a step's change from it.
+out in turn; `kv_ahead_effect` predicts a step's change from it. `kv_delivery` says what the
+blocks' prefetch brings: ncu's share of the attention's loaded bytes that hit L2 with it, less
+without, over the share of a layer's K and V it covers (KV_COUNTERS, bench steptrace
+--ahead-kv-bytes 0 N --counters).
 It is fitted per GPU, on that GPU's recordings (AHEAD_RECORDED); a GPU with no counters of its
 own takes another's delivery, and a GPU with no recordings another's model, as the callers
 state (`AheadModel.sources`).
@@ -41,9 +44,10 @@ from kvlab.gpus import GPUS
 from kvlab.predict.step import STREAMING_ROWS, VARIANT, StepModel, ahead_hits, fit_step_model
 from kvlab.results import load_result
 
-__all__ = ["AHEAD_RECORDED", "KV_LEVER", "KV_RECORDED", "KV_RUNS", "LEVER", "LEVER_RUNS",
-           "MIN_PREFETCHED_SHARE", "AheadModel", "HeldOut", "KvAheadModel", "ahead_effect",
-           "fit_ahead", "fit_kv_ahead", "kv_ahead_effect", "lever_pairs", "regime"]
+__all__ = ["AHEAD_RECORDED", "KV_COUNTERS", "KV_LEVER", "KV_RECORDED", "KV_RUNS", "LEVER",
+           "LEVER_RUNS", "MIN_PREFETCHED_SHARE", "AheadModel", "HeldOut", "KvAheadModel",
+           "ahead_effect", "fit_ahead", "fit_kv_ahead", "kv_ahead_effect", "kv_delivery",
+           "kv_pairs", "lever_pairs", "regime"]
 
 # The recordings each GPU's model learns from (kvlab.gpus key -> {"e2e": the lever off and on,
 # bench e2e's gqa and gqa+ahead; "counters": one step with and without it, bench steptrace
@@ -63,6 +67,9 @@ LEVER_RUNS = tuple((gpu, machine, name) for gpu, runs in AHEAD_RECORDED.items()
                    for machine, names in [runs["e2e"]] for name in names)
 KV_RUNS = tuple((gpu, machine, name) for gpu, (machine, names) in KV_RECORDED.items()
                 for name in names)
+# one step under ncu without and with the K/V blocks' prefetch (bench steptrace --ahead-kv-bytes
+# 0 N --counters): (machine, result names); an H100's
+KV_COUNTERS = ("h100", ("steptrace_kv_counters",))
 LEVER = VARIANT + "+ahead"  # bench e2e's variant with the prefetch of the weights
 KV_LEVER = VARIANT + "+ahead_kv"  # and with the prefetch of the K/V blocks
 LEVER_SIZES = {LEVER: "ahead_bytes", KV_LEVER: "ahead_kv_bytes"}  # a row's size of its lever
@@ -173,7 +180,8 @@ def _delivery_points(counters: list[dict], l2_bytes: int) -> list[tuple[str, flo
     the share the prefetch brings. Raises ValueError for a GEMM the step model does not have."""
     points = []
     for result in counters:
-        rows = [r for r in result["rows"] if (r.get("counters") or {}).get("gemms")]
+        rows = [r for r in result["rows"] if (r.get("counters") or {}).get("gemms")
+                and not r.get("ahead_kv_bytes")]  # (kv_pairs' rows: the K/V blocks')
         without = {(r["model"], r["batch"], r["prompt"]): {g["name"]: g
                                                            for g in r["counters"]["gemms"]}
                    for r in rows if not r["ahead_bytes"]}
@@ -284,6 +292,43 @@ class KvAheadModel(HeldOut):
     prefetched bytes' time at the copy roofline (> 0 slower), and HeldOut's fit and check."""
 
     net_cost: float
+
+
+def kv_pairs(result: dict) -> list[tuple[dict, dict]]:
+    """(the row without the K/V blocks' prefetch, one with it at the same model, batch, prompt
+    and ahead_bytes) of a bench steptrace --counters result, where ncu gave both the attention's
+    L2 hits, in the order recorded."""
+    rows = [r for r in result["rows"]
+            if ((r.get("counters") or {}).get("attention") or {}).get("load_hit_share")
+            is not None]
+    key = ("model", "batch", "prompt", "ahead_bytes")
+    without = {tuple(r[k] for k in key): r for r in rows if not r.get("ahead_kv_bytes")}
+    return [(base, r) for r in rows if r.get("ahead_kv_bytes")
+            and (base := without.get(tuple(r[k] for k in key))) is not None]
+
+
+def kv_delivery(counters: list[dict] | None = None) -> tuple[float, int, str]:
+    """The share of the prefetched K/V bytes the attention finds in L2: the median over
+    `kv_pairs` of the rise in ncu's share of its loaded bytes that hit L2, over the share of a
+    layer's K and V the prefetch covers; with the number of pairs and the recordings it came
+    from ("machine/name, ...", "" where `counters` is given). Raises ValueError for a list
+    that is not of bench results, or that holds no such pair."""
+    machine, names = KV_COUNTERS
+    sources = "" if counters is not None else ", ".join(f"{machine}/{name}" for name in names)
+    counters = [load_result(machine, name) for name in names] if counters is None else counters
+    if not isinstance(counters, list | tuple) or not all(
+            isinstance(r, dict) and isinstance(r.get("rows"), list) for r in counters):
+        raise ValueError(f"counters={counters!r:.80}: must be a list of bench results (each "
+                         "with rows)")
+    shares = [(on["counters"]["attention"]["load_hit_share"]
+               - base["counters"]["attention"]["load_hit_share"])
+              / on["counters"]["attention"]["prefetched_share"]
+              for result in counters for base, on in kv_pairs(result)
+              if on["counters"]["attention"]["prefetched_share"] > 0]
+    if not shares:
+        raise ValueError("counters: no step recorded under ncu without and with the K/V blocks' "
+                         "prefetch")
+    return statistics.median(shares), len(shares), sources
 
 
 def kv_moved_us(model: str, ahead_kv_bytes: int, roofline_gbps: float) -> float:

@@ -487,6 +487,22 @@ def test_the_gemms_l2_hits_are_set_beside_the_prefetch_the_model_gives(monkeypat
             f"(modelled +{ahead['prefetched_share']:.0%})") in status
 
 
+def test_the_attentions_l2_hits_are_set_beside_the_kv_share_prefetched(monkeypatch):
+    monkeypatch.setenv("KVLAB_BACKEND", "sim")
+    tab = EndToEndTab(model="llama3-8b", batch=1, gpu="h100-sxm")
+    rows = load_result("h100", "steptrace_kv_counters")["rows"]
+    without, on = (next(r for r in rows if bool(r["ahead_kv_bytes"]) is a) for a in (False, True))
+    status = html.unescape(tab.status.value)
+    assert (f"4,064 tokens), without -> with the K/V blocks' prefetch of 16 MiB: "
+            f"{without['counters']['attention']['load_hit_share']:.0%} -> "
+            f"{on['counters']['attention']['load_hit_share']:.0%} (it covers 100% of a layer's "
+            "K and V)") in status
+    # the GEMMs' lines pair the weights' prefetch only
+    assert "cross-kernel prefetch of" not in status
+    assert "K/V blocks' prefetch" not in html.unescape(
+        EndToEndTab(model="llama3-8b", batch=16, gpu="h100-sxm").status.value)
+
+
 def test_a_step_not_traced_says_how_to_record_it(monkeypatch):
     monkeypatch.setenv("KVLAB_BACKEND", "sim")
     monkeypatch.setattr(module, "TRACED", ("h100", ("not_recorded",)))

@@ -7,11 +7,13 @@ named by its file. A part's command is the one its file records, with its output
 part's file records the command as it would run from the repository (`canonical`), not the paths
 of the machine that ran it. `--list` prints the parts and their commands; `--run NAME ...` (or
 `--run all`) runs them in turn, each under its own timeout, and writes `rerecord.json` into
---out: per part its command, exit status and seconds. A device call has a time limit: with
-`--budget SECONDS`, no part starts once the elapsed time plus the part's seconds from an earlier
-`rerecord.json` (`--durations`) would pass it, and a part still running at the budget's end is
-stopped (its checkpoint kept). The parts not run are named, so that the next call takes them
-up.
+--out: the machine, GPU, revision and date, and per part its command, exit status and seconds.
+How long each part took when it last ran to its end is kept in TIMES (rerecord_times.json,
+committed; `--add-times LOG ...` merges the runs' logs into it), and `--list` shows it. A device
+call has a time limit: with `--budget SECONDS`, no part starts once the elapsed time plus the
+part's seconds (from TIMES, or an earlier `rerecord.json` given as `--durations`) would pass
+it, and a part still running at the budget's end is stopped (its checkpoint kept). The parts
+not run are named, so that the next call takes them up.
 `--gpu-checks FILE` hands the GPU tests' and sanitizers' summary (`gpu_checks.json`, which
 benchmarks/device_run.sh leaves in $OUT) to every part, which records it as `gpu_checks`.
 The H200's parts also gain what its recordings lacked (`AMEND`): FlashInfer's two decode paths in
@@ -40,7 +42,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from kvlab.bench.env import git_state  # noqa: E402
+
 RESULTS = ROOT / "benchmarks" / "results"
+TIMES = ROOT / "benchmarks" / "rerecord_times.json"  # {machine: {part: {"seconds", "gpu", ...}}}
+LOG_HEADER = ("machine", "gpu", "revision", "date")  # what a run's log says of where it ran
 PREFIX = ["python", "-m", "kvlab", "bench"]
 # the benchmarks whose CLI takes --checkpoint (tests/test_rerecord.py checks it against the CLI)
 CHECKPOINTED = ("attention", "e2e", "kvpr", "timeline")
@@ -188,6 +196,38 @@ def run(names: list[str], known: dict, out: Path, budget_s: float | None,
     return log
 
 
+def times(machine: str, path: Path | None = None) -> dict[str, dict]:
+    """{part: {"seconds", "gpu", "revision", "date"}}: how long each part of `machine` took when
+    it last ran to its end, by `path` (default the committed TIMES)."""
+    path = TIMES if path is None else path
+    return json.loads(path.read_text()).get(machine, {}) if path.is_file() else {}
+
+
+def add_times(logs: list[dict], path: Path | None = None) -> list[str]:
+    """Merge the parts of each run's log (rerecord.json) that ran to their end (stopped at the
+    budget: returncode None) into `path` (default TIMES), each with where and when it ran;
+    returns a line per part merged. Raises ValueError for a log without LOG_HEADER's keys or its
+    parts."""
+    path = TIMES if path is None else path
+    table = json.loads(path.read_text()) if path.is_file() else {}
+    merged = []
+    for log in logs:
+        missing = [key for key in (*LOG_HEADER, "parts") if not log.get(key)]
+        if missing:
+            raise ValueError(f"a log lacks {', '.join(missing)}: not a rerecord.json of a run")
+        for part in log["parts"]:
+            if part["returncode"] is None:
+                continue
+            table.setdefault(log["machine"], {})[part["name"]] = {
+                "seconds": part["seconds"], "gpu": log["gpu"],
+                "revision": log["revision"], "date": log["date"]}
+            merged.append(f"{log['machine']}/{part['name']}: {part['seconds']:.0f} s on "
+                          f"{log['gpu']} at {log['revision'][:7]}, {log['date']}")
+    path.write_text(json.dumps({m: dict(sorted(p.items())) for m, p in sorted(table.items())},
+                               indent=2) + "\n")
+    return merged
+
+
 def saver(out: Path, pack: Path | None) -> Callable[[dict], None]:
     """What keeps a run's log: writes it to out/rerecord.json and, with `pack`, packs out into
     that .tgz (written beside it, then renamed: a call stopped mid-write leaves the last one)."""
@@ -211,20 +251,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, metavar="SECONDS",
                         help="start no part that would end past this (by --durations)")
     parser.add_argument("--durations", type=Path, metavar="JSON",
-                        help="an earlier rerecord.json: each part's seconds, for --budget")
+                        help="an earlier rerecord.json: each part's seconds, for --budget "
+                             "(default: rerecord_times.json's)")
+    parser.add_argument("--add-times", type=Path, nargs="+", metavar="LOG",
+                        help="merge these runs' rerecord.json into rerecord_times.json")
     parser.add_argument("--gpu-checks", type=Path, metavar="JSON",
                         help="the GPU checks' summary every part records (KVLAB_GPU_CHECKS)")
     parser.add_argument("--pack", type=Path, metavar="TGZ",
                         help="after every part, pack --out into this file (e.g. $OUT/rr.tgz)")
     args = parser.parse_args(argv)
+    if args.add_times:
+        try:
+            lines = add_times([json.loads(path.read_text()) for path in args.add_times])
+        except (OSError, ValueError) as err:
+            parser.error(f"--add-times: {err}")
+        print("\n".join(lines))
+        return 0
     try:
         known = parts(args.machine)
         names = chosen(args.run, known) if args.run else []
     except ValueError as err:
         parser.error(str(err))
+    timed = times(args.machine)
     if args.list or not names:
         for name, recorded in known.items():
-            print(f"{name}: {shlex.join(command(name, recorded, args.out))}")
+            took = (f"{t['seconds']:.0f} s on {t['gpu']} at {t['revision'][:7]}, {t['date']}"
+                    if (t := timed.get(name)) else "not timed yet")
+            print(f"{name} ({took}): {shlex.join(command(name, recorded, args.out))}")
         return 0
     here, gpus = gpu_here(), recorded_gpus(args.machine)
     if here not in gpus:
@@ -236,14 +289,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--pack {args.pack}: must be a file in a folder that exists, outside "
                      f"--out {args.out}")
     durations = ({p["name"]: p["seconds"] for p in json.loads(args.durations.read_text())[
-        "parts"]} if args.durations else {})
+        "parts"]} if args.durations else {name: t["seconds"] for name, t in timed.items()})
     env = dict(os.environ)
     if args.gpu_checks is not None:
         env["KVLAB_GPU_CHECKS"] = args.gpu_checks.read_text().strip()
     args.out.mkdir(parents=True, exist_ok=True)
+    header = {"machine": args.machine, "gpu": here, "revision": git_state()["git_revision"],
+              "date": time.strftime("%Y-%m-%d", time.gmtime())}
     save = saver(args.out, args.pack)
-    log = run(names, known, args.out, args.budget, durations, env, args.machine,
-              after_part=save)
+    log = {**header, **run(names, known, args.out, args.budget, durations, env, args.machine,
+                           after_part=lambda so_far: save({**header, **so_far}))}
     save(log)
     for p in log["parts"]:
         print(f"{p['name']}: {p['seconds']:.0f} s, exit {p['returncode']}")

@@ -106,8 +106,45 @@ def test_bad_names_and_machines_are_refused(tmp_path, capsys):
 def test_list_prints_every_part(tmp_path, capsys):
     assert rerecord.main(["--machine", "h100", "--list", "--out", str(tmp_path)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split(":")[0] for line in lines] == sorted(rerecord.parts("h100"))
+    assert [line.split(" ")[0] for line in lines] == sorted(rerecord.parts("h100"))
     assert all(str(tmp_path) in line for line in lines)
+    timed = rerecord.times("h100")
+    for line in lines:
+        name = line.split(" ")[0]
+        took = (f"({timed[name]['seconds']:.0f} s on {timed[name]['gpu']} at "
+                f"{timed[name]['revision'][:7]}, {timed[name]['date']})" if name in timed
+                else "(not timed yet)")
+        assert line.startswith(f"{name} {took}: ")
+
+
+def test_the_times_of_the_parts_that_ran_to_their_end_are_kept(tmp_path, capsys):
+    """--add-times: a run's log (with where it ran) merged, a part stopped at the budget left
+    out, a later run of a part replacing the earlier; a log without where it ran refused."""
+    head = {"machine": "h100", "gpu": "G", "revision": "a" * 40, "date": "2026-12-06"}
+    logs = [tmp_path / "1.json", tmp_path / "2.json", tmp_path / "bad.json"]
+    logs[0].write_text(json.dumps({**head, "parts": [
+        {"name": "a", "returncode": 0, "seconds": 10.0},
+        {"name": "b", "returncode": -6, "seconds": 20.0},  # ended, if not cleanly
+        {"name": "c", "returncode": None, "seconds": 30.0}]}))  # stopped at the budget
+    logs[1].write_text(json.dumps({**head, "date": "2026-12-07", "parts": [
+        {"name": "a", "returncode": 1, "seconds": 12.0}]}))
+    logs[2].write_text(json.dumps({"parts": []}))
+    table = tmp_path / "times.json"
+    lines = rerecord.add_times([json.loads(p.read_text()) for p in logs[:2]], table)
+    assert lines[0] == "h100/a: 10 s on G at aaaaaaa, 2026-12-06" and len(lines) == 3
+    assert rerecord.times("h100", table) == {
+        "a": {"seconds": 12.0, "gpu": "G", "revision": "a" * 40, "date": "2026-12-07"},
+        "b": {"seconds": 20.0, "gpu": "G", "revision": "a" * 40, "date": "2026-12-06"}}
+    assert rerecord.times("h200", table) == {}
+    with pytest.raises(SystemExit):
+        rerecord.main(["--add-times", str(logs[2])])
+    assert "--add-times: a log lacks machine, gpu, revision, date, parts" in (
+        capsys.readouterr().err)
+
+
+def test_the_committed_times_name_parts_of_their_machine():
+    for machine in ("h100", "h200"):
+        assert set(rerecord.times(machine)) <= set(rerecord.parts(machine))
 
 
 def test_parts_run_only_on_the_gpu_their_results_were_recorded_on(tmp_path, monkeypatch,
@@ -165,6 +202,9 @@ def test_after_every_part_the_log_is_written_and_out_packed(tmp_path, monkeypatc
     assert packed == [["rr", "rr/e2e_hf.json", "rr/rerecord.json"],
                       ["rr", "rr/e2e_hf.json", "rr/rerecord.json", "rr/steptrace.json"]]
     assert not pack.with_name("rr.tgz.partial").exists()
+    log = json.loads((out / "rerecord.json").read_text())
+    assert (log["machine"], log["gpu"]) == ("h100", "NVIDIA H100 80GB HBM3")
+    assert log["revision"] and log["date"]
     for bad in (out / "rr.tgz", tmp_path / "nowhere" / "rr.tgz"):
         with pytest.raises(SystemExit):
             rerecord.main(["--machine", "h100", "--run", "e2e_hf", "--out", str(out),

@@ -38,4 +38,21 @@ def manifest_table() -> list[str]:
     return lines
 
 
-BLOCKS = {"manifest.table": manifest_table}
+def part_times() -> list[str]:
+    """Per machine with results made by the CLI: how many of its parts (benchmarks/rerecord.py)
+    have a time kept in rerecord_times.json, their seconds in all, and those not timed yet."""
+    import rerecord
+
+    lines = []
+    for machine in ("h100", "h200"):
+        known, timed = rerecord.parts(machine), rerecord.times(machine)
+        seconds = sum(t["seconds"] for name, t in timed.items() if name in known)
+        missing = [name for name in known if name not in timed]
+        done = len(known) - len(missing)
+        lines.append(f"- `{machine}`: {done} of {len(known)} parts timed"
+                     + (f", {seconds:,.0f} s in all" if done else "")
+                     + (f"; not timed yet: {', '.join(missing)}" if missing else ""))
+    return lines
+
+
+BLOCKS = {"manifest.table": manifest_table, "manifest.part-times": part_times}

@@ -5,11 +5,16 @@
 # bash benchmarks/device_run.sh [bench options...]; TESTS overrides the test paths (default: all
 # of tests/), SKIP_TESTS=1 / SKIP_SANITIZER=1 skip those parts. The panels' tests need ipywidgets, plotly and anywidget,
 # which the device image lacks: carry their wheels in .whl/ (benchmarks/README.md says how).
+# RERECORD_H100 / RERECORD_H200="part ...": after the checks, benchmarks/rerecord.py re-records
+# those parts of the machine whose GPU this is (a call for one kind may lend the other), each
+# recording the checks, within RERECORD_BUDGET seconds (default 300), packed into $OUT/rr.tgz
+# after every part.
 # Provenance: where the tree travelled without .git, set KVLAB_GIT_REVISION and KVLAB_GIT_DIRTY
 # (kvlab/bench/env.py).
-# NOTE: the device returns at most 8 files from $OUT. This script leaves four: device.log (GPU,
-# the tests' last lines, sanitizers), tests.log (pytest's whole output), $NAME.log (the report and
-# progress) and $NAME.json (or, when the run was cut short, the checkpoint $NAME_partial.json).
+# NOTE: the device returns at most 8 files from $OUT. This script leaves up to six: device.log
+# (GPU, the tests' last lines, sanitizers, the re-recording's summary), tests.log (pytest's whole
+# output), gpu_checks.json, rr.tgz, $NAME.log (the report and progress) and $NAME.json (or, when
+# the run was cut short, the checkpoint $NAME_partial.json).
 set -uo pipefail
 OUT=${OUT:-/tmp/kvlab-out}
 mkdir -p "$OUT"
@@ -53,6 +58,21 @@ print(json.dumps(dict(zip(a[::2], a[1::2]))))' "${checks[@]}")
   export KVLAB_GPU_CHECKS
   echo "$KVLAB_GPU_CHECKS" > "$OUT/gpu_checks.json"  # for benchmarks/rerecord.py --gpu-checks
   echo "gpu_checks: $KVLAB_GPU_CHECKS" | tee -a "$log"
+fi
+if [ -n "${RERECORD_H100:-}${RERECORD_H200:-}" ]; then
+  case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" in
+    *H200*) machine=h200 parts=${RERECORD_H200:-} ;;
+    *H100*) machine=h100 parts=${RERECORD_H100:-} ;;
+    *) machine="" parts="" ;;
+  esac
+  if [ -n "$parts" ]; then
+    # (KVLAB_GPU_CHECKS, exported above, reaches every part)
+    python3 benchmarks/rerecord.py --machine "$machine" --run $parts \
+      --budget "${RERECORD_BUDGET:-300}" --out /tmp/rerecorded --pack "$OUT/rr.tgz" 2>&1 \
+      | tail -30 | tee -a "$log"
+  else
+    echo "RERECORD_H100/RERECORD_H200: no parts for this GPU" | tee -a "$log"
+  fi
 fi
 if [ "$#" -gt 0 ]; then
   bench=${BENCH:-attention} name=${NAME:-${BENCH:-attention}}

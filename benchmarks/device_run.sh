@@ -7,14 +7,14 @@
 # which the device image lacks: carry their wheels in .whl/ (benchmarks/README.md says how).
 # RERECORD_H100 / RERECORD_H200="part ...": after the checks, benchmarks/rerecord.py re-records
 # those parts of the machine whose GPU this is (a call for one kind may lend the other), each
-# recording the checks, within RERECORD_BUDGET seconds (default 300), packed into $OUT/rr.tgz
-# after every part.
+# recording the checks, within RERECORD_BUDGET seconds (default 300; the call's limit less the
+# tests and sanitizers), packed into $OUT/rr.tgz after every part, its progress in rerecord.log.
 # Provenance: where the tree travelled without .git, set KVLAB_GIT_REVISION and KVLAB_GIT_DIRTY
 # (kvlab/bench/env.py).
-# NOTE: the device returns at most 8 files from $OUT. This script leaves up to six: device.log
+# NOTE: the device returns at most 8 files from $OUT. This script leaves up to seven: device.log
 # (GPU, the tests' last lines, sanitizers, the re-recording's summary), tests.log (pytest's whole
-# output), gpu_checks.json, rr.tgz, $NAME.log (the report and progress) and $NAME.json (or, when
-# the run was cut short, the checkpoint $NAME_partial.json).
+# output), gpu_checks.json, rr.tgz and rerecord.log, $NAME.log (the report and progress) and
+# $NAME.json (or, when the run was cut short, the checkpoint $NAME_partial.json).
 set -uo pipefail
 OUT=${OUT:-/tmp/kvlab-out}
 mkdir -p "$OUT"
@@ -66,10 +66,12 @@ if [ -n "${RERECORD_H100:-}${RERECORD_H200:-}" ]; then
     *) machine="" parts="" ;;
   esac
   if [ -n "$parts" ]; then
-    # (KVLAB_GPU_CHECKS, exported above, reaches every part)
+    # (KVLAB_GPU_CHECKS, exported above, reaches every part; rerecord.log grows as it runs)
+    rm -rf /tmp/rerecorded
     python3 benchmarks/rerecord.py --machine "$machine" --run $parts \
-      --budget "${RERECORD_BUDGET:-300}" --out /tmp/rerecorded --pack "$OUT/rr.tgz" 2>&1 \
-      | tail -30 | tee -a "$log"
+      --budget "${RERECORD_BUDGET:-300}" --out /tmp/rerecorded --pack "$OUT/rr.tgz" \
+      > "$OUT/rerecord.log" 2>&1
+    tail -30 "$OUT/rerecord.log" | tee -a "$log"
   else
     echo "RERECORD_H100/RERECORD_H200: no parts for this GPU" | tee -a "$log"
   fi

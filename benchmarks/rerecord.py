@@ -176,6 +176,8 @@ def run(names: list[str], known: dict, out: Path, budget_s: float | None,
             log["not_run"].append(name)
             continue
         argv = command(name, known[name], out)
+        written = out / f"{name}.json"
+        written.unlink(missing_ok=True)  # (an earlier run's, into the same --out)
         print(f"== {name}: {shlex.join(argv)}", file=sys.stderr, flush=True)
         began = time.monotonic()
         try:
@@ -185,8 +187,8 @@ def run(names: list[str], known: dict, out: Path, budget_s: float | None,
         except subprocess.TimeoutExpired:
             code = None
         log["parts"].append({"name": name, "command": shlex.join(argv), "returncode": code,
-                             "seconds": round(time.monotonic() - began, 1)})
-        written = out / f"{name}.json"
+                             "seconds": round(time.monotonic() - began, 1),
+                             "wrote": written.is_file()})
         if code == 0 and written.is_file():
             result = json.loads(written.read_text())
             result["command"] = canonical(machine, name, known[name])
@@ -203,26 +205,39 @@ def times(machine: str, path: Path | None = None) -> dict[str, dict]:
     return json.loads(path.read_text()).get(machine, {}) if path.is_file() else {}
 
 
+def took(entry: dict) -> str:
+    """A part's time as --list and --add-times print it: "84 s on <GPU> at 77585ce, <date>"."""
+    return (f"{entry['seconds']:.0f} s on {entry['gpu']} at {entry['revision'][:7]}"
+            f"{' + uncommitted changes' if entry.get('dirty') else ''}, {entry['date']}")
+
+
+def ran_to_its_end(part: dict) -> bool:
+    """Whether a part of a run's log ran to its end: it wrote its result and was not stopped
+    at the budget (bench steptrace writes its result, then aborts at exit: a non-zero status
+    with the file written counts)."""
+    return part["returncode"] is not None and (part["returncode"] == 0 or part.get("wrote"))
+
+
 def add_times(logs: list[dict], path: Path | None = None) -> list[str]:
-    """Merge the parts of each run's log (rerecord.json) that ran to their end (stopped at the
-    budget: returncode None) into `path` (default TIMES), each with where and when it ran;
-    returns a line per part merged. Raises ValueError for a log without LOG_HEADER's keys or its
-    parts."""
+    """Merge the parts of each run's log (rerecord.json) that ran to their end
+    (`ran_to_its_end`) into `path` (default TIMES), each with where, when and on which code it
+    ran; returns a line per part merged. Raises ValueError for a log without LOG_HEADER's keys
+    or a list of parts."""
     path = TIMES if path is None else path
     table = json.loads(path.read_text()) if path.is_file() else {}
     merged = []
     for log in logs:
-        missing = [key for key in (*LOG_HEADER, "parts") if not log.get(key)]
+        missing = [key for key in LOG_HEADER if not log.get(key)]
+        if not isinstance(log.get("parts"), list):
+            missing.append("parts")
         if missing:
             raise ValueError(f"a log lacks {', '.join(missing)}: not a rerecord.json of a run")
-        for part in log["parts"]:
-            if part["returncode"] is None:
-                continue
+        for part in filter(ran_to_its_end, log["parts"]):
             table.setdefault(log["machine"], {})[part["name"]] = {
-                "seconds": part["seconds"], "gpu": log["gpu"],
-                "revision": log["revision"], "date": log["date"]}
-            merged.append(f"{log['machine']}/{part['name']}: {part['seconds']:.0f} s on "
-                          f"{log['gpu']} at {log['revision'][:7]}, {log['date']}")
+                "seconds": part["seconds"], "gpu": log["gpu"], "revision": log["revision"],
+                "dirty": log.get("dirty", False), "date": log["date"]}
+            merged.append(f"{log['machine']}/{part['name']}: "
+                          f"{took(table[log['machine']][part['name']])}")
     path.write_text(json.dumps({m: dict(sorted(p.items())) for m, p in sorted(table.items())},
                                indent=2) + "\n")
     return merged
@@ -275,16 +290,15 @@ def main(argv: list[str] | None = None) -> int:
     timed = times(args.machine)
     if args.list or not names:
         for name, recorded in known.items():
-            took = (f"{t['seconds']:.0f} s on {t['gpu']} at {t['revision'][:7]}, {t['date']}"
-                    if (t := timed.get(name)) else "not timed yet")
-            print(f"{name} ({took}): {shlex.join(command(name, recorded, args.out))}")
+            when = took(timed[name]) if name in timed else "not timed yet"
+            print(f"{name} ({when}): {shlex.join(command(name, recorded, args.out))}")
         return 0
     here, gpus = gpu_here(), recorded_gpus(args.machine)
     if here not in gpus:
         parser.error(f"--machine {args.machine}: its results were recorded on "
                      f"{', '.join(sorted(gpus))}; this machine's GPU is {here or 'none'}: "
                      "record them there")
-    if args.pack is not None and (not args.pack.resolve().parent.is_dir()
+    if args.pack is not None and (not args.pack.resolve().parent.is_dir() or args.pack.is_dir()
                                   or args.pack.resolve().is_relative_to(args.out.resolve())):
         parser.error(f"--pack {args.pack}: must be a file in a folder that exists, outside "
                      f"--out {args.out}")
@@ -294,8 +308,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.gpu_checks is not None:
         env["KVLAB_GPU_CHECKS"] = args.gpu_checks.read_text().strip()
     args.out.mkdir(parents=True, exist_ok=True)
-    header = {"machine": args.machine, "gpu": here, "revision": git_state()["git_revision"],
-              "date": time.strftime("%Y-%m-%d", time.gmtime())}
+    try:
+        code = git_state()
+    except ValueError as err:
+        parser.error(str(err))
+    if code["git_revision"] is None:
+        print("rerecord.py: no revision known (no checkout, no KVLAB_GIT_REVISION): this run's "
+              "times cannot be kept (--add-times)", file=sys.stderr)
+    header = {"machine": args.machine, "gpu": here, "revision": code["git_revision"],
+              "dirty": code["git_dirty"], "date": time.strftime("%Y-%m-%d", time.gmtime())}
     save = saver(args.out, args.pack)
     log = {**header, **run(names, known, args.out, args.budget, durations, env, args.machine,
                            after_part=lambda so_far: save({**header, **so_far}))}

@@ -89,7 +89,7 @@ def test_parts_run_in_turn_and_those_past_the_budget_wait(tmp_path):
     log = rerecord.run(["a", "b", "c"], known, tmp_path, budget_s=100,
                        durations={"b": 500.0}, env={}, machine="h200", runner=runner)
     assert [p["name"] for p in log["parts"]] == ["a", "c"] and log["not_run"] == ["b"]
-    assert all(p["returncode"] == 0 for p in log["parts"]) and len(ran) == 2
+    assert all(p["returncode"] == 0 and p["wrote"] for p in log["parts"]) and len(ran) == 2
     written = json.loads((tmp_path / "c.json").read_text())
     assert written["command"] == "python -m kvlab bench cache --json benchmarks/results/h200/c.json"
 
@@ -109,35 +109,42 @@ def test_list_prints_every_part(tmp_path, capsys):
     assert [line.split(" ")[0] for line in lines] == sorted(rerecord.parts("h100"))
     assert all(str(tmp_path) in line for line in lines)
     timed = rerecord.times("h100")
-    for line in lines:
-        name = line.split(" ")[0]
-        took = (f"({timed[name]['seconds']:.0f} s on {timed[name]['gpu']} at "
-                f"{timed[name]['revision'][:7]}, {timed[name]['date']})" if name in timed
-                else "(not timed yet)")
-        assert line.startswith(f"{name} {took}: ")
+    assert timed and all(line.startswith(f"{name} ({rerecord.took(timed[name])}): ")
+                         for line in lines if (name := line.split(" ")[0]) in timed)
+    assert all(" (not timed yet): " in line for line in lines
+               if line.split(" ")[0] not in timed)
 
 
 def test_the_times_of_the_parts_that_ran_to_their_end_are_kept(tmp_path, capsys):
-    """--add-times: a run's log (with where it ran) merged, a part stopped at the budget left
-    out, a later run of a part replacing the earlier; a log without where it ran refused."""
-    head = {"machine": "h100", "gpu": "G", "revision": "a" * 40, "date": "2026-12-06"}
-    logs = [tmp_path / "1.json", tmp_path / "2.json", tmp_path / "bad.json"]
+    """--add-times: the parts of a run's log (with where it ran) that ran to their end merged:
+    not one stopped at the budget, nor one that failed without its result; one that wrote its
+    result, then exited non-zero, is; a later run replaces an earlier; a log without where it
+    ran is refused, one whose parts all waited for budget merges nothing."""
+    head = {"machine": "h100", "gpu": "G", "revision": "a" * 40, "dirty": False,
+            "date": "2026-12-06"}
+    logs = [tmp_path / "1.json", tmp_path / "2.json", tmp_path / "3.json", tmp_path / "bad.json"]
     logs[0].write_text(json.dumps({**head, "parts": [
-        {"name": "a", "returncode": 0, "seconds": 10.0},
-        {"name": "b", "returncode": -6, "seconds": 20.0},  # ended, if not cleanly
-        {"name": "c", "returncode": None, "seconds": 30.0}]}))  # stopped at the budget
-    logs[1].write_text(json.dumps({**head, "date": "2026-12-07", "parts": [
-        {"name": "a", "returncode": 1, "seconds": 12.0}]}))
-    logs[2].write_text(json.dumps({"parts": []}))
+        {"name": "a", "returncode": 0, "seconds": 10.0, "wrote": True},
+        {"name": "b", "returncode": -6, "seconds": 20.0, "wrote": True},  # aborted at exit
+        {"name": "c", "returncode": None, "seconds": 30.0, "wrote": False},  # at the budget
+        {"name": "d", "returncode": 2, "seconds": 1.5, "wrote": False}]}))  # failed early
+    logs[1].write_text(json.dumps({**head, "date": "2026-12-07", "dirty": True, "parts": [
+        {"name": "a", "returncode": 0, "seconds": 12.0, "wrote": True}]}))
+    logs[2].write_text(json.dumps({**head, "parts": []}))
+    logs[3].write_text(json.dumps({"parts": {}}))
     table = tmp_path / "times.json"
-    lines = rerecord.add_times([json.loads(p.read_text()) for p in logs[:2]], table)
-    assert lines[0] == "h100/a: 10 s on G at aaaaaaa, 2026-12-06" and len(lines) == 3
+    lines = rerecord.add_times([json.loads(p.read_text()) for p in logs[:3]], table)
+    assert lines == ["h100/a: 10 s on G at aaaaaaa, 2026-12-06",
+                     "h100/b: 20 s on G at aaaaaaa, 2026-12-06",
+                     "h100/a: 12 s on G at aaaaaaa + uncommitted changes, 2026-12-07"]
     assert rerecord.times("h100", table) == {
-        "a": {"seconds": 12.0, "gpu": "G", "revision": "a" * 40, "date": "2026-12-07"},
-        "b": {"seconds": 20.0, "gpu": "G", "revision": "a" * 40, "date": "2026-12-06"}}
+        "a": {"seconds": 12.0, "gpu": "G", "revision": "a" * 40, "dirty": True,
+              "date": "2026-12-07"},
+        "b": {"seconds": 20.0, "gpu": "G", "revision": "a" * 40, "dirty": False,
+              "date": "2026-12-06"}}
     assert rerecord.times("h200", table) == {}
     with pytest.raises(SystemExit):
-        rerecord.main(["--add-times", str(logs[2])])
+        rerecord.main(["--add-times", str(logs[3])])
     assert "--add-times: a log lacks machine, gpu, revision, date, parts" in (
         capsys.readouterr().err)
 
@@ -204,8 +211,8 @@ def test_after_every_part_the_log_is_written_and_out_packed(tmp_path, monkeypatc
     assert not pack.with_name("rr.tgz.partial").exists()
     log = json.loads((out / "rerecord.json").read_text())
     assert (log["machine"], log["gpu"]) == ("h100", "NVIDIA H100 80GB HBM3")
-    assert log["revision"] and log["date"]
-    for bad in (out / "rr.tgz", tmp_path / "nowhere" / "rr.tgz"):
+    assert log["revision"] and log["date"] and log["dirty"] in (True, False)
+    for bad in (out / "rr.tgz", tmp_path / "nowhere" / "rr.tgz", tmp_path):
         with pytest.raises(SystemExit):
             rerecord.main(["--machine", "h100", "--run", "e2e_hf", "--out", str(out),
                            "--pack", str(bad)])

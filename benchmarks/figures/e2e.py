@@ -584,35 +584,16 @@ def kv_counters_table() -> list[str]:
         for base, on in kv_pairs(load_result(KV_COUNTERS[0], name)):
             before, after = base["counters"]["attention"], on["counters"]["attention"]
             rise = after["load_hit_share"] - before["load_hit_share"]
-            qkv = [next(g["load_hit_share"] for g in r["counters"]["gemms"] if g["name"] == "qkv")
-                   for r in (base, on)]
+            qkv = [next((g["load_hit_share"] for g in r["counters"]["gemms"] or ()
+                         if g["name"] == "qkv"), None) for r in (base, on)]
             lines.append(
                 f"| {on['model']} | {on['batch']} | {on['prompt']:,} | "
                 f"{on['ahead_kv_bytes'] / 2**20:.1f} MiB | {after['prefetched_share']:.0%} | "
                 f"{before['load_hit_share']:.1%} | {after['load_hit_share']:.1%} | "
-                f"{rise / after['prefetched_share']:.2f} | {qkv[0]:.1%} -> {qkv[1]:.1%} | "
+                f"{rise / after['prefetched_share']:.2f} | "
+                f"{' -> '.join('-' if v is None else f'{v:.1%}' for v in qkv)} | "
                 f"{base['span_us'] / 1e3:.3f} -> {on['span_us'] / 1e3:.3f} ms |")
     return lines
-
-
-def kv_replay() -> str:
-    """The L2 model's share of the attention's K/V found in L2 after the prefetch, at each step
-    of the K/V counters (kvlab.sim.ahead.ahead_hit_share on the H100's L2, which recorded them;
-    nothing read in between)."""
-    from kvlab.config import MODELS
-    from kvlab.gpus import GPUS
-    from kvlab.sim.ahead import ahead_hit_share
-    from kvlab.sim.l2 import LINE_BYTES, NUM_WAYS, L2Cache
-
-    shares = []
-    for name in KV_COUNTERS[1]:
-        for _, on in kv_pairs(load_result(KV_COUNTERS[0], name)):
-            m = MODELS[on["model"]]
-            layer_kv = m.kv_bytes_per_token() // m.num_layers * on["batch"] * (on["prompt"] + 2)
-            cache = L2Cache(num_sets=GPUS["h100-sxm"].l2_bytes // (LINE_BYTES * NUM_WAYS))
-            shares.append(ahead_hit_share(layer_kv, min(layer_kv, on["ahead_kv_bytes"]), 0,
-                                          cache))
-    return value_range(shares, unit="")
 
 
 BLOCKS = {
@@ -654,6 +635,6 @@ BLOCKS = {
                                                 for name in KV_COUNTERS[1]),
     "e2e.kv-counters": kv_counters_table,
     "e2e.kv-delivery": lambda: f"{kv_delivery()[0]:.2f}",
-    "e2e.kv-replay": kv_replay,
+    "e2e.kv-steps": lambda: f"{kv_delivery()[1]} step{'' if kv_delivery()[1] == 1 else 's'}",
     "e2e.streaming-delivery": lambda: f"{_learned('h100-sxm').delivery['streaming']:.2f}",
 }

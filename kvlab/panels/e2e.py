@@ -55,6 +55,7 @@ from kvlab.panels.widgets import (
 )
 from kvlab.predict.ahead import (
     AHEAD_RECORDED,
+    KV_COUNTERS,
     KV_LEVER,
     KV_RECORDED,
     KV_RUNS,
@@ -93,8 +94,9 @@ E2E_ROWS = ("model", "variant", "batch", "prompt", "new_tokens", "step_ms", "tok
 SERVING_KEYS = {"serving": ("model", "variant", "rate", "requests", "output_tokens_per_s",
                             "tpot_ms_p50", "tpot_ms_p99", "ttft_ms_p50", "preemptions")}
 # one decode step traced kernel by kernel, at 512, 4k and 32k tokens; ncu's L2 hits of its GEMMs
+# (the weights' prefetch) and of its attention (the K/V blocks')
 TRACED = ("h100", ("steptrace", "steptrace_4k", "steptrace_32k"))
-TRACED_COUNTERS = ("h100", ("steptrace_counters", "steptrace_kv_counters"))
+TRACED_COUNTERS = (KV_COUNTERS[0], ("steptrace_counters", *KV_COUNTERS[1]))
 TRACED_GPU = "h100-sxm"  # the kvlab.gpus key of the GPU that traced them
 TRACE_ROWS = ("model", "batch", "ahead_bytes", "prompt", "new_tokens", "steps", "num_kernels",
               "span_us", "gap_us", "roofline_us", "kernels")
@@ -471,8 +473,9 @@ class EndToEndTab:
         `model` at `batch` kernel by kernel (the shortest prompts traced, without the
         cross-kernel prefetch), or say how to record one; the status lines: each traced prompt
         length's step against its roofline and its gaps, and ncu's L2 hits of the GEMMs' loads
-        with and without the cross-kernel prefetch. For another GPU, a note that says where the
-        traces are (a trace is not modelled)."""
+        with and without the cross-kernel prefetch (and of the attention's, with and without the
+        K/V blocks'). For another GPU, a note that says where the traces are (a trace is not
+        modelled)."""
         title = TITLES["trace"].format(model=model, batch=batch)
         height = FIGURE_HEIGHTS["trace"]
         if gpu != TRACED_GPU:
@@ -533,13 +536,12 @@ class EndToEndTab:
                  for base, on in kv_pairs({"rows": shown})]
         rows = [r for r in shown if (r.get("counters") or {}).get("gemms")
                 and not r.get("ahead_kv_bytes")]
-        without = next((r for r in rows if not r["ahead_bytes"]), None)
-        if without is None:
-            return lines
-        before = {g["name"]: g["load_hit_share"] for g in without["counters"]["gemms"]}
         for r in rows:
-            if not r["ahead_bytes"]:
+            without = next((w for w in rows if not w["ahead_bytes"] and w["prompt"] == r["prompt"]
+                            and w.get("source") == r.get("source")), None)
+            if not r["ahead_bytes"] or without is None:
                 continue
+            before = {g["name"]: g["load_hit_share"] for g in without["counters"]["gemms"]}
             shares = ", ".join(
                 f"{g['name']} {share_text(before.get(g['name']))} -> "
                 f"{share_text(g['load_hit_share'])}"

@@ -296,23 +296,25 @@ class KvAheadModel(HeldOut):
 
 def kv_pairs(result: dict) -> list[tuple[dict, dict]]:
     """(the row without the K/V blocks' prefetch, one with it at the same model, batch, prompt
-    and ahead_bytes) of a bench steptrace --counters result, where ncu gave both the attention's
-    L2 hits, in the order recorded."""
+    and ahead_bytes, of the same recording where rows are merged from several: their "source")
+    of a bench steptrace --counters result, where ncu gave both the attention's L2 hits, in the
+    order recorded."""
     rows = [r for r in result["rows"]
             if ((r.get("counters") or {}).get("attention") or {}).get("load_hit_share")
             is not None]
-    key = ("model", "batch", "prompt", "ahead_bytes")
-    without = {tuple(r[k] for k in key): r for r in rows if not r.get("ahead_kv_bytes")}
+    key = ("model", "batch", "prompt", "ahead_bytes", "source")
+    without = {tuple(r.get(k) for k in key): r for r in rows if not r.get("ahead_kv_bytes")}
     return [(base, r) for r in rows if r.get("ahead_kv_bytes")
-            and (base := without.get(tuple(r[k] for k in key))) is not None]
+            and (base := without.get(tuple(r.get(k) for k in key))) is not None]
 
 
 def kv_delivery(counters: list[dict] | None = None) -> tuple[float, int, str]:
     """The share of the prefetched K/V bytes the attention finds in L2: the median over
     `kv_pairs` of the rise in ncu's share of its loaded bytes that hit L2, over the share of a
-    layer's K and V the prefetch covers; with the number of pairs and the recordings it came
-    from ("machine/name, ...", "" where `counters` is given). Raises ValueError for a list
-    that is not of bench results, or that holds no such pair."""
+    layer's K and V the prefetch asks for (its "prefetched_share": ahead_kv_bytes over the
+    layer's K and V, at most 1; the GEMMs' is the step model's); with the number of pairs and
+    the recordings it came from ("machine/name, ...", "" where `counters` is given). Raises
+    ValueError for a list that is not of bench results, or that holds no such pair."""
     machine, names = KV_COUNTERS
     sources = "" if counters is not None else ", ".join(f"{machine}/{name}" for name in names)
     counters = [load_result(machine, name) for name in names] if counters is None else counters

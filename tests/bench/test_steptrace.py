@@ -151,14 +151,17 @@ def test_a_tiny_models_steps_are_traced_kernel_by_kernel():
 
 @pytest.mark.gpu
 def test_the_kv_prefetch_is_traced_where_the_qkv_linear_serves_it():
-    """--ahead-kv-bytes traces batch 2 with and without it; batch 3 (above layer_ops'
-    LINEAR_ROWS) only without, the other named in `skipped`."""
-    args = parse(["bench", "steptrace", "--models", "tiny-llama", "--batches", "2", "3",
-                  "--prompt", "16", "--new-tokens", "12", "--steps", "4",
+    """--ahead-kv-bytes traces a batch of layer_ops' LINEAR_ROWS with and without it; one row
+    more only without, the other named in `skipped`."""
+    from kvlab.kernels.layer_ops import LINEAR_ROWS
+
+    most, above = LINEAR_ROWS, LINEAR_ROWS + 1
+    args = parse(["bench", "steptrace", "--models", "tiny-llama", "--batches", str(most),
+                  str(above), "--prompt", "16", "--new-tokens", "12", "--steps", "4",
                   "--ahead-kv-bytes", "0", "8192"])
     steptrace.check(args)
     result = steptrace.run(args)
-    assert [(r["batch"], r["ahead_kv_bytes"]) for r in result["rows"]] == [(2, 0), (2, 8192),
-                                                                            (3, 0)]
-    assert [(s["batch"], s["ahead_kv_bytes"]) for s in result["skipped"]] == [(3, 8192)]
+    assert [(r["batch"], r["ahead_kv_bytes"]) for r in result["rows"]] == [
+        (most, 0), (most, 8192), (above, 0)]
+    assert [(s["batch"], s["ahead_kv_bytes"]) for s in result["skipped"]] == [(above, 8192)]
     assert result["rows"][1]["num_kernels"] == result["rows"][0]["num_kernels"]

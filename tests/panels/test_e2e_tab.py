@@ -497,10 +497,35 @@ def test_the_attentions_l2_hits_are_set_beside_the_kv_share_prefetched(monkeypat
             f"{without['counters']['attention']['load_hit_share']:.0%} -> "
             f"{on['counters']['attention']['load_hit_share']:.0%} (it covers 100% of a layer's "
             "K and V)") in status
-    # the GEMMs' lines pair the weights' prefetch only
-    assert "cross-kernel prefetch of" not in status
     assert "K/V blocks' prefetch" not in html.unescape(
         EndToEndTab(model="llama3-8b", batch=16, gpu="h100-sxm").status.value)
+
+
+def test_counter_lines_pair_rows_of_one_recording_and_one_lever(monkeypatch):
+    """A row with the K/V blocks' prefetch is no GEMM baseline, and rows of two recordings (or
+    two prompts) are not paired: the weights' line pairs 'a' without with 'a' with, not with the
+    K/V row or 'b''s row before it; the attention's line pairs 'a''s K/V row."""
+    monkeypatch.setenv("KVLAB_BACKEND", "sim")
+    tab = EndToEndTab(model="llama3-8b", batch=1, gpu="h100-sxm")
+
+    def row(source, ahead, ahead_kv, qkv, attention, prompt=512):
+        return {"model": "llama3-8b", "batch": 1, "prompt": prompt, "source": source,
+                "ahead_bytes": ahead, "ahead_kv_bytes": ahead_kv, "counters": {
+                    "gemms": [{"name": "qkv", "load_hit_share": qkv, "prefetched_share": 0.3}],
+                    "attention": {"load_hit_share": attention, "prefetched_share": 1.0}}}
+
+    rows = [row("a", 0, 2**24, 0.80, 0.40), row("b", 0, 0, 0.90, 0.5),
+            row("a", 0, 0, 0.01, 0.02), row("a", 2**20, 0, 0.20, 0.5),
+            row("a", 0, 0, 0.70, 0.5, prompt=4096)]
+    counters = {"rows": rows, "source_dates": {"a": "2026-12-06", "b": "2026-12-06"}}
+    monkeypatch.setattr(tab, "_traces", ({"rows": []}, {}, counters))
+    monkeypatch.setattr(module, "label", lambda result, rows: "L")
+    lines = tab._counter_lines("llama3-8b", 1)
+    assert lines == [
+        "L2 hits of the attention's loads (ncu, L, 512 tokens), without -> with the K/V blocks' "
+        "prefetch of 16 MiB: 2% -> 40% (it covers 100% of a layer's K and V)",
+        "L2 hits of the GEMMs' loads (ncu, L), without -> with the cross-kernel prefetch of 1 "
+        "MiB: qkv 1% -> 20% (modelled +30%)"]
 
 
 def test_a_step_not_traced_says_how_to_record_it(monkeypatch):

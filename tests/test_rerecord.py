@@ -166,9 +166,12 @@ def test_parts_run_only_on_the_gpu_their_results_were_recorded_on(tmp_path, monk
                 f"is {here or 'none'}: record them there") in capsys.readouterr().err
 
 
-def test_a_run_writes_its_log_and_hands_the_gpu_checks_on(tmp_path, monkeypatch):
+def test_a_run_writes_its_log_and_hands_the_gpu_checks_on(tmp_path, monkeypatch, capsys):
+    """(Where no revision is known, the run says its times cannot be kept.)"""
     seen = {}
     monkeypatch.setattr(rerecord, "gpu_here", lambda: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(rerecord, "git_state", lambda: {
+        "git_revision": None, "git_dirty": None, "git_source": None})
 
     def fake_run(names, known, out, budget_s, durations, env, machine, after_part):
         seen["env"] = env
@@ -184,6 +187,8 @@ def test_a_run_writes_its_log_and_hands_the_gpu_checks_on(tmp_path, monkeypatch)
                           "--gpu-checks", str(checks)]) == 0
     assert seen["env"]["KVLAB_GPU_CHECKS"] == '{"tests": "3 passed"}'
     assert json.loads((tmp_path / "rerecord.json").read_text())["parts"][0]["name"] == "e2e_hf"
+    assert "no revision known (no checkout, no KVLAB_GIT_REVISION): this run's times cannot " \
+           "be kept" in capsys.readouterr().err
 
 
 def test_after_every_part_the_log_is_written_and_out_packed(tmp_path, monkeypatch, capsys):
@@ -191,6 +196,8 @@ def test_after_every_part_the_log_is_written_and_out_packed(tmp_path, monkeypatc
     stopped at its limit still returns them; refused inside --out or in no folder."""
     out, pack = tmp_path / "rr", tmp_path / "rr.tgz"
     monkeypatch.setattr(rerecord, "gpu_here", lambda: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(rerecord, "git_state", lambda: {
+        "git_revision": "b" * 40, "git_dirty": False, "git_source": "checkout"})
     packed = []
 
     def fake_run(names, known, out_, budget_s, durations, env, machine, after_part):
@@ -211,10 +218,25 @@ def test_after_every_part_the_log_is_written_and_out_packed(tmp_path, monkeypatc
     assert not pack.with_name("rr.tgz.partial").exists()
     log = json.loads((out / "rerecord.json").read_text())
     assert (log["machine"], log["gpu"]) == ("h100", "NVIDIA H100 80GB HBM3")
-    assert log["revision"] and log["date"] and log["dirty"] in (True, False)
+    assert (log["revision"], log["dirty"]) == ("b" * 40, False) and log["date"]
     for bad in (out / "rr.tgz", tmp_path / "nowhere" / "rr.tgz", tmp_path):
         with pytest.raises(SystemExit):
             rerecord.main(["--machine", "h100", "--run", "e2e_hf", "--out", str(out),
                            "--pack", str(bad)])
         assert f"--pack {bad}: must be a file in a folder that exists, outside --out" in (
             capsys.readouterr().err)
+
+
+
+def test_a_revision_that_cannot_be_read_is_refused_before_any_part(tmp_path, monkeypatch,
+                                                                    capsys):
+    def unreadable():
+        raise ValueError("KVLAB_GIT_REVISION='abc', KVLAB_GIT_DIRTY='0': must be 40 hex digits")
+
+    monkeypatch.setattr(rerecord, "gpu_here", lambda: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(rerecord, "git_state", unreadable)
+    monkeypatch.setattr(rerecord, "run", lambda *args, **kwargs: pytest.fail("ran"))
+    with pytest.raises(SystemExit):
+        rerecord.main(["--machine", "h100", "--run", "e2e_hf", "--out", str(tmp_path)])
+    assert "error: KVLAB_GIT_REVISION='abc', KVLAB_GIT_DIRTY='0': must be 40 hex digits" in (
+        capsys.readouterr().err)

@@ -199,8 +199,8 @@ def run(names: list[str], known: dict, out: Path, budget_s: float | None,
 
 
 def times(machine: str, path: Path | None = None) -> dict[str, dict]:
-    """{part: {"seconds", "gpu", "revision", "date"}}: how long each part of `machine` took when
-    it last ran to its end, by `path` (default the committed TIMES)."""
+    """{part: {"seconds", "gpu", "revision", "dirty", "date"}}: how long each part of `machine`
+    took when it last ran to its end, by `path` (default the committed TIMES)."""
     path = TIMES if path is None else path
     return json.loads(path.read_text()).get(machine, {}) if path.is_file() else {}
 

@@ -573,6 +573,9 @@ def kv_learned() -> list[str]:
     return lines
 
 
+_kv_delivery = functools.cache(kv_delivery)  # (the recorded counters', read once)
+
+
 def kv_counters_table() -> list[str]:
     """Per step profiled without and with the K/V blocks' prefetch: the share of a layer's K and
     V it covers, ncu's share of the attention's and of the QKV linear's loaded bytes that hit
@@ -634,7 +637,7 @@ BLOCKS = {
     "e2e.source-kv-counters": lambda: "; ".join(source(KV_COUNTERS[0], name)
                                                 for name in KV_COUNTERS[1]),
     "e2e.kv-counters": kv_counters_table,
-    "e2e.kv-delivery": lambda: f"{kv_delivery()[0]:.2f}",
-    "e2e.kv-steps": lambda: f"{kv_delivery()[1]} step{'' if kv_delivery()[1] == 1 else 's'}",
+    "e2e.kv-delivery": lambda: f"{_kv_delivery()[0]:.2f}",
+    "e2e.kv-steps": lambda: f"{_kv_delivery()[1]} step{'' if _kv_delivery()[1] == 1 else 's'}",
     "e2e.streaming-delivery": lambda: f"{_learned('h100-sxm').delivery['streaming']:.2f}",
 }

@@ -230,10 +230,19 @@ def _fit_costs(points: list[dict], step: StepModel, delivery: dict, l2_bytes: in
     return {key: num / den if den else 0.0 for key, (num, den) in sums.items()}
 
 
-def _recorded(gpu: str, key: str) -> list[dict]:
-    """The recorded results AHEAD_RECORDED names for `gpu` under `key`."""
-    machine, names = AHEAD_RECORDED[gpu][key]
-    return [load_result(machine, name) for name in names]
+def _results(name: str, given, recorded: tuple[str, tuple[str, ...]]) -> tuple[list, list]:
+    """The bench results a fit learns from, and the recordings they are ("machine/name"): the
+    argument `name`'s `given` list (no recordings), or where None the `recorded` (machine,
+    result names). Raises ValueError for results that are not a list of bench results (each
+    with rows)."""
+    machine, names = recorded
+    results, named = ((given, []) if given is not None else
+                      ([load_result(machine, n) for n in names], [f"{machine}/{n}" for n in names]))
+    if not isinstance(results, list | tuple) or not all(
+            isinstance(r, dict) and isinstance(r.get("rows"), list) for r in results):
+        raise ValueError(f"{name}={results!r:.80}: must be a list of bench results (each with "
+                         "rows)")
+    return results, named
 
 
 def fit_ahead(gpu: str = "h100-sxm", e2e=None, counters=None, step: StepModel | None = None,
@@ -248,15 +257,9 @@ def fit_ahead(gpu: str = "h100-sxm", e2e=None, counters=None, step: StepModel | 
     if gpu not in AHEAD_RECORDED:
         raise ValueError(f"gpu={gpu!r}: no recordings of the cross-kernel prefetch; recorded: "
                          f"{list(AHEAD_RECORDED)}")
-    named = [f"{machine}/{name}" for key, given in (("e2e", e2e), ("counters", counters))
-             if given is None for machine, names in [AHEAD_RECORDED[gpu][key]] for name in names]
-    e2e = _recorded(gpu, "e2e") if e2e is None else e2e
-    counters = _recorded(gpu, "counters") if counters is None else counters
-    for name, results in (("e2e", e2e), ("counters", counters)):
-        if not isinstance(results, list | tuple) or not all(
-                isinstance(r, dict) and isinstance(r.get("rows"), list) for r in results):
-            raise ValueError(f"{name}={results!r:.80}: must be a list of bench results (each "
-                             "with rows)")
+    e2e, named = _results("e2e", e2e, AHEAD_RECORDED[gpu]["e2e"])
+    counters, named_counters = _results("counters", counters, AHEAD_RECORDED[gpu]["counters"])
+    named += named_counters
     l2_bytes = GPUS[gpu].l2_bytes if l2_bytes is None else l2_bytes
     check_int("l2_bytes", l2_bytes, 1)
     step = fit_step_model() if step is None else step
@@ -315,13 +318,7 @@ def kv_delivery(counters: list[dict] | None = None) -> tuple[float, int, str]:
     layer's K and V, at most 1; the GEMMs' is the step model's); with the number of pairs and
     the recordings it came from ("machine/name, ...", "" where `counters` is given). Raises
     ValueError for a list that is not of bench results, or that holds no such pair."""
-    machine, names = KV_COUNTERS
-    sources = "" if counters is not None else ", ".join(f"{machine}/{name}" for name in names)
-    counters = [load_result(machine, name) for name in names] if counters is None else counters
-    if not isinstance(counters, list | tuple) or not all(
-            isinstance(r, dict) and isinstance(r.get("rows"), list) for r in counters):
-        raise ValueError(f"counters={counters!r:.80}: must be a list of bench results (each "
-                         "with rows)")
+    counters, named = _results("counters", counters, KV_COUNTERS)
     shares = [(on["counters"]["attention"]["load_hit_share"]
                - base["counters"]["attention"]["load_hit_share"])
               / on["counters"]["attention"]["prefetched_share"]
@@ -330,7 +327,7 @@ def kv_delivery(counters: list[dict] | None = None) -> tuple[float, int, str]:
     if not shares:
         raise ValueError("counters: no step recorded under ncu without and with the K/V blocks' "
                          "prefetch")
-    return statistics.median(shares), len(shares), sources
+    return statistics.median(shares), len(shares), ", ".join(named)
 
 
 def kv_moved_us(model: str, ahead_kv_bytes: int, roofline_gbps: float) -> float:
@@ -369,12 +366,7 @@ def fit_kv_ahead(gpu: str, e2e: list[dict] | None = None) -> KvAheadModel:
     if gpu not in KV_RECORDED:
         raise ValueError(f"gpu={gpu!r}: no recordings of the K/V blocks' prefetch; recorded: "
                          f"{list(KV_RECORDED)}")
-    machine, names = KV_RECORDED[gpu]
-    sources = "" if e2e is not None else ", ".join(f"{machine}/{name}" for name in names)
-    e2e = [load_result(machine, name) for name in names] if e2e is None else e2e
-    if not isinstance(e2e, list | tuple) or not all(
-            isinstance(r, dict) and isinstance(r.get("rows"), list) for r in e2e):
-        raise ValueError(f"e2e={e2e!r:.80}: must be a list of bench results (each with rows)")
+    e2e, named = _results("e2e", e2e, KV_RECORDED[gpu])
     points = [{"model": base["model"], "batch": base["batch"], "prompt": base["prompt"],
                "step_us": 1e3 * base["step_ms"],
                "delta_us": 1e3 * (lever["step_ms"] - base["step_ms"]),
@@ -391,4 +383,4 @@ def fit_kv_ahead(gpu: str, e2e: list[dict] | None = None) -> KvAheadModel:
                "step_us": p["step_us"], "recorded_us": p["delta_us"],
                "predicted_us": without[left_out] * p["moved_us"]}
               for left_out in models for p in points if p["model"] == left_out]
-    return KvAheadModel(_net_cost(points), **_held_out(checks, sources))
+    return KvAheadModel(_net_cost(points), **_held_out(checks, ", ".join(named)))

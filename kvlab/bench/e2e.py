@@ -54,6 +54,8 @@ import itertools
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from functools import partial
 
 from kvlab.arith import ceil_div
 from kvlab.bench.env import gpu_info, gpu_state, run_info, write_checkpoint
@@ -267,6 +269,39 @@ def _in_turn(label: str, prompts, rounds: int, runners: dict,
     return runs
 
 
+def measure_batch(label: str, prompts, rounds: int, make_runners: Callable[[], dict],
+                  make_hf_runners: Callable[[], dict] | None = None, **timing) -> tuple:
+    """(runs, same_tokens(runs), {variant: compiled}) of one batch: `make_runners()`'s kvlab
+    variants timed in turn (`_in_turn`, given `timing`'s clock and sync), then, where given,
+    `make_hf_runners()`'s. Memory is freed (collected, and the CUDA allocator's cache emptied)
+    before each set is built and before returning, so that a set's fit is judged on the
+    memory truly free: neither an earlier batch's caches (or a part-built set that did not fit)
+    nor this batch's kvlab caches meet the next set in memory. DoesNotFit from a maker
+    propagates."""
+    import gc
+
+    import torch
+
+    def freed() -> None:
+        gc.collect()  # an LLM's reference cycles hold its caches until collected
+        torch.cuda.empty_cache()
+
+    freed()
+    runners = make_runners()
+    runs = _in_turn(label, prompts, rounds, runners, **timing)
+    del runners
+    freed()
+    equal = same_tokens(runs)
+    compiled = {variant: False for variant in runs}  # kvlab: CUDA graphs, no compile
+    if make_hf_runners is not None:
+        hf_runners = make_hf_runners()
+        runs |= _in_turn(label, prompts, rounds, hf_runners, **timing)
+        compiled |= {variant: runner.compiled for variant, runner in hf_runners.items()}
+        del hf_runners
+        freed()
+    return runs, equal, compiled
+
+
 def graph_max_len(prompt: int, new_tokens: int) -> int | None:
     """kvlab.LLM's graph_max_len for prompts of `prompt` tokens and `new_tokens` more: None (the
     engine's default) where that serves every step from a CUDA graph, else the longest
@@ -452,19 +487,15 @@ def run(args) -> dict | None:
                     "reason": f"the K/V prefetch runs in layer_ops' linears, of at most "
                               f"{layer_ops.LINEAR_ROWS} rows"})
             try:
-                runners = _kvlab_runners(name, weights, blocks, args, variants, sizes)
+                runs, equal, compiled = measure_batch(
+                    f"{name} batch={batch}", prompts, args.rounds,
+                    partial(_kvlab_runners, name, weights, blocks, args, variants, sizes),
+                    None if hf is None else partial(hf_variants, hf, args.new_tokens,
+                                                    args.hf_compile))
             except DoesNotFit as error:  # the caches of this batch and prompt
                 result["skipped"].append({"model": name, "batch": batch, "reason": str(error)})
                 print(f"{name} batch={batch} skipped: {error}", file=sys.stderr)
                 continue
-            runs = _in_turn(f"{name} batch={batch}", prompts, args.rounds, runners)
-            equal = same_tokens(runs)
-            torch.cuda.empty_cache()  # the variants' caches, before HF's static cache
-            compiled = {variant: False for variant in runs}  # kvlab: CUDA graphs, no compile
-            if hf is not None:
-                hf_runners = hf_variants(hf, args.new_tokens, args.hf_compile)
-                runs |= _in_turn(f"{name} batch={batch}", prompts, args.rounds, hf_runners)
-                compiled |= {variant: runner.compiled for variant, runner in hf_runners.items()}
             for variant, (rounds, prefills, walls, _) in runs.items():
                 lever = VARIANTS[variant][2] if variant in VARIANTS else None
                 levers = {lever: sizes[lever]} if lever else {}

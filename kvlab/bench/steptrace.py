@@ -262,6 +262,8 @@ def run(args) -> dict:
             torch.cuda.empty_cache()  # the profiled process makes caches of its own
             if args.counters:
                 result["rows"][-1]["counters"] = _profiled(name, batch, ahead, ahead_kv, args)
+        del weights  # before the next model's are made
+        torch.cuda.empty_cache()
     return result
 
 

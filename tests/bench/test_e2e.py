@@ -305,6 +305,43 @@ def test_warm_up_runs_are_untimed_and_a_compile_never_counts_as_steady():
         "steady_from"] >= 1
 
 
+def test_a_batchs_kvlab_runners_are_freed_before_hfs_and_none_outlive_the_batch():
+    """A set of runners held in a reference cycle (as an LLM's caches may be) is gone before
+    the next set is built and when the batch returns: otherwise its caches would shrink the
+    memory the next set's fit is judged on (a batch wrongly skipped as not fitting) or run the
+    next model's weights out of memory."""
+    import weakref
+
+    from kvlab.bench.e2e import hf_variants, measure_batch
+
+    gpu = FakeGPU()
+    built = []
+
+    class CycleRunner:  # a kvlab runner that holds itself, as an LLM with cycles does
+        def __init__(self):
+            self.me = self
+
+        def __call__(self, prompts):
+            gpu.queue(8.0)
+            gpu.sync()
+            return [8.0] * 4, [40.0]
+
+    def make_runners():
+        runner = CycleRunner()
+        built.append(weakref.ref(runner))
+        return {"gqa": runner}
+
+    def make_hf_runners():
+        assert built[0]() is None, "kvlab's runners were alive when HF's were built"
+        return hf_variants(FakeHF(gpu), 6, "on", gpu.clock, gpu.sync)
+
+    runs, equal, compiled = measure_batch("fake", [[1, 2]], 1, make_runners, make_hf_runners,
+                                          clock=gpu.clock, sync=gpu.sync)
+    assert built[0]() is None
+    assert compiled == {"gqa": False, HF_VARIANT: True}
+    assert set(runs) == {"gqa", HF_VARIANT} and equal == {}
+
+
 def test_a_compile_then_a_recompile_alike_do_not_start_the_steady_state():
     assert steady_steps([24_000.0, 23_500.0, 10.0, 10.2, 10.1, 10.0]) == [10.2, 10.1, 10.0]
     assert steady_steps([12.0, 10.4, 10.0, 10.1]) == [10.0, 10.1]

@@ -374,14 +374,22 @@ def steptrace_summary() -> str:
             f"{value_range(at[64])} at batch 64")
 
 
+# the step counters of the cross-kernel prefetch (bench steptrace --ahead-bytes 0 N --counters)
+COUNTERS = AHEAD_RECORDED["h100-sxm"]["counters"]
+
+
 def _counter_pairs() -> list[tuple[dict, dict]]:
     """(the row without the cross-kernel prefetch, one with it) at each point of the step
-    counters."""
-    rows = [r for r in load_result("h100", "steptrace_counters")["rows"]
-            if (r.get("counters") or {}).get("gemms") and not r.get("ahead_kv_bytes")]
-    without = {(r["model"], r["batch"]): r for r in rows if not r["ahead_bytes"]}
-    return [(without[r["model"], r["batch"]], r) for r in rows
-            if r["ahead_bytes"] and (r["model"], r["batch"]) in without]
+    counters, point by point (model, batch and prompt) within each recording."""
+    machine, names = COUNTERS
+    pairs = []
+    for name in names:
+        rows = [r for r in load_result(machine, name)["rows"]
+                if (r.get("counters") or {}).get("gemms") and not r.get("ahead_kv_bytes")]
+        without = {(r["model"], r["batch"], r["prompt"]): r for r in rows if not r["ahead_bytes"]}
+        pairs += [(without[key], r) for r in rows if r["ahead_bytes"]
+                  and (key := (r["model"], r["batch"], r["prompt"])) in without]
+    return pairs
 
 
 def _gemm_gains() -> list[tuple[dict, dict, float]]:
@@ -397,25 +405,24 @@ def _gemm_gains() -> list[tuple[dict, dict, float]]:
 def step_counters_table() -> list[str]:
     """Per point and GEMM: ncu's share of its loaded bytes that hit L2, without and with the
     prefetch, the gain against the share the step model gives the prefetch."""
-    lines = ["| model | batch | ahead_bytes | GEMM | L2 hits without | with | gain | "
-             "modelled share | gain / modelled |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | prompt | batch | ahead_bytes | GEMM | L2 hits without | with | gain | "
+             "modelled share | gain / modelled |", "|---|---|---|---|---|---|---|---|---|---|"]
     for after, g, before in _gemm_gains():
         gain = g["load_hit_share"] - before
         ratio = (f"{gain / g['prefetched_share']:.2f}"
                  if g["prefetched_share"] >= MIN_PREFETCHED_SHARE else "-")
-        lines.append(f"| {after['model']} | {after['batch']} | "
+        lines.append(f"| {after['model']} | {after['prompt']:,} | {after['batch']} | "
                      f"{after['ahead_bytes'] / 2**20:.0f} MiB | {g['name']} | {before:.1%} | "
                      f"{g['load_hit_share']:.1%} | {gain:+.1%} | {g['prefetched_share']:.1%} | "
                      f"{ratio} |")
     return lines
 
 
-def _group_change(batch: int) -> dict[str, float]:
-    """Per kernel group, its time with the prefetch less without (us), at `batch` of the step
-    counters' traces."""
+def _group_change(before: dict, after: dict) -> dict[str, float]:
+    """Per kernel group, its time with the prefetch (`after`, a row of the step counters) less
+    without (`before`), us."""
     from kvlab.viz.e2e import trace_groups
 
-    before, after = next((b, a) for b, a in _counter_pairs() if b["batch"] == batch)
     busy = [{g["group"]: g["busy_us"] for g in trace_groups(r["kernels"])}
             for r in (before, after)]
     return {g: busy[1][g] - busy[0][g] for g in busy[0]}
@@ -431,13 +438,17 @@ def _hit_ratios() -> list[float]:
 
 def step_counters_summary() -> str:
     """What the prefetch brought into L2 against the model (`_hit_ratios`), and where the time
-    went at batch 16."""
-    change = _group_change(16)
+    went at each point above batch 2."""
+    changes = []
+    for before, after in _counter_pairs():
+        if before["batch"] > 2:
+            change = _group_change(before, after)
+            changes.append(f"at batch {before['batch']} and {before['prompt']:,} tokens "
+                           f"({before['model']}) the GEMMs took {-change['GEMMs']:.0f} us less a "
+                           f"step, while the norms took {change['norms']:+.0f} us and the "
+                           f"element-wise kernels {change['element-wise']:+.0f} us")
     return (f"at batch 1 the GEMMs' L2 hits rose by {value_range(_hit_ratios(), unit='')} of the "
-            f"share the step model gives the prefetch; at batch 16 the GEMMs took "
-            f"{-change['GEMMs']:.0f} us less a step, while the norms took "
-            f"{change['norms']:+.0f} us and the element-wise kernels {change['element-wise']:+.0f}"
-            " us")
+            f"share the step model gives the prefetch; " + "; ".join(changes))
 
 
 @functools.cache
@@ -510,14 +521,19 @@ def ahead_learned_table() -> list[str]:
 def ahead_learned_summary() -> str:
     """At how many points the learned change, its model left out of the fit, has the recorded
     one's sign, and the size of the recorded change where it has not."""
-    checks = [check for *_, check in _learned_points()]
-    missed = [c for c in checks if (c["predicted_us"] > 0) != (c["recorded_us"] > 0)]
+    points = [(run, check) for *_, run, check in _learned_points()]
+    missed = [(run, c) for run, c in points
+              if (c["predicted_us"] > 0) != (c["recorded_us"] > 0)]
     text = (f"with each point's model left out of the fit, the learned change has the recorded "
-            f"one's sign at {len(checks) - len(missed)} of {len(checks)} points")
-    return text + "".join(
-        f"; not at {c['model']}, batch {c['batch']}, {c['prompt']:,} tokens, where the recorded "
-        f"change is {c['recorded_us']:+.1f} us ({c['recorded_us'] / c['step_us']:+.2%} of the "
-        "step)" for c in missed)
+            f"one's sign at {len(points) - len(missed)} of {len(points)} points")
+    text += "".join(
+        f"; not at {c['model']}, batch {c['batch']}, {c['prompt']:,} tokens ({run}), where the "
+        f"recorded change is {c['recorded_us']:+.1f} us ({c['recorded_us'] / c['step_us']:+.2%} "
+        "of the step)" for run, c in missed)
+    if len(missed) > 1:
+        largest = max(abs(c["recorded_us"]) / c["step_us"] for _, c in missed)
+        text += f". Each miss is a change of at most {largest:.2%} of its step"
+    return text
 
 
 @functools.cache
@@ -623,7 +639,8 @@ BLOCKS = {
     "e2e.steptrace": steptrace_table,
     "e2e.steptrace-summary": steptrace_summary,
     "e2e.kv-prefetch-room": kv_prefetch_room,
-    "e2e.source-step-counters": lambda: source("h100", "steptrace_counters"),
+    "e2e.source-step-counters": lambda: "; ".join(source(COUNTERS[0], name)
+                                                  for name in COUNTERS[1]),
     "e2e.step-counters": step_counters_table,
     "e2e.step-counters-summary": step_counters_summary,
     "e2e.step-counters-ratio": lambda: value_range(_hit_ratios(), unit=""),

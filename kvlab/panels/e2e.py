@@ -23,8 +23,9 @@ The traced step is an H100's recording (`h100/steptrace.json`, at 4k and 32k tok
 `steptrace_4k.json` and `steptrace_32k.json`; `python -m kvlab bench steptrace`): the GPU
 control's h100-sxm draws it, each kernel where it ran in the lane of its group, the gaps between
 kernels marked, beside the step's bytes at the copy roofline, and the status line gives ncu's L2
-hits of the GEMMs' loads with and without the cross-kernel prefetch (`steptrace_counters.json`),
-and of the attention's with and without the K/V blocks' prefetch (`steptrace_kv_counters.json`).
+hits of the GEMMs' loads with and without the cross-kernel prefetch (`steptrace_counters.json`,
+at 4k tokens `steptrace_4k_counters.json`), and of the attention's with and without the K/V
+blocks' prefetch (`steptrace_kv_counters.json`).
 Another GPU's view says where the traces are: a trace is not modelled. With the cross-kernel
 prefetch checked, the step's anatomy shows the modelled bound and the step as learned from the
 prefetch's recordings (kvlab.predict.ahead: the H100's and the H200's own, another GPU's by the
@@ -96,7 +97,8 @@ SERVING_KEYS = {"serving": ("model", "variant", "rate", "requests", "output_toke
 # one decode step traced kernel by kernel, at 512, 4k and 32k tokens; ncu's L2 hits of its GEMMs
 # (the weights' prefetch) and of its attention (the K/V blocks')
 TRACED = ("h100", ("steptrace", "steptrace_4k", "steptrace_32k"))
-TRACED_COUNTERS = (KV_COUNTERS[0], ("steptrace_counters", *KV_COUNTERS[1]))
+TRACED_COUNTERS = (KV_COUNTERS[0], ("steptrace_counters", "steptrace_4k_counters",
+                                     *KV_COUNTERS[1]))
 TRACED_GPU = "h100-sxm"  # the kvlab.gpus key of the GPU that traced them
 TRACE_ROWS = ("model", "batch", "ahead_bytes", "prompt", "new_tokens", "steps", "num_kernels",
               "span_us", "gap_us", "roofline_us", "kernels")
@@ -546,8 +548,8 @@ class EndToEndTab:
                 f"{g['name']} {share_text(before.get(g['name']))} -> "
                 f"{share_text(g['load_hit_share'])}"
                 f" (modelled +{g['prefetched_share']:.0%})" for g in r["counters"]["gemms"])
-            lines.append(f"L2 hits of the GEMMs' loads (ncu, {label(counters, [r])}),"
-                         f" without -> with the cross-kernel prefetch of "
+            lines.append(f"L2 hits of the GEMMs' loads (ncu, {label(counters, [r])}, "
+                         f"{r['prompt']:,} tokens), without -> with the cross-kernel prefetch of "
                          f"{r['ahead_bytes'] / 2**20:.0f} MiB: {shares}")
         return lines
 

@@ -57,10 +57,11 @@ __all__ = ["AHEAD_RECORDED", "KV_COUNTERS", "KV_LEVER", "KV_RECORDED", "KV_RUNS"
 KV_RECORDED = {"h100-sxm": ("h100", ("e2e_ahead_kv", "e2e_ahead_kv_4k")),
                "h200": ("h200", ("e2e_ahead_kv_32k", "e2e_ahead_kv_b2"))}
 AHEAD_RECORDED = {
-    "h100-sxm": {"e2e": ("h100", ("e2e_ahead", *KV_RECORDED["h100-sxm"][1])),
-                 "counters": ("h100", ("steptrace_counters",))},
+    "h100-sxm": {"e2e": ("h100", ("e2e_ahead", "e2e_ahead_4k", "e2e_ahead_32k",
+                                  *KV_RECORDED["h100-sxm"][1])),
+                 "counters": ("h100", ("steptrace_counters", "steptrace_4k_counters"))},
     "h200": {"e2e": ("h200", ("e2e_ahead_4k", "e2e_ahead_32k", *KV_RECORDED["h200"][1])),
-             "counters": ("h100", ("steptrace_counters",))},
+             "counters": ("h100", ("steptrace_counters", "steptrace_4k_counters"))},
 }
 # the lever's runs, off and on in one loop, every GPU's: (kvlab.gpus key, machine, result name)
 LEVER_RUNS = tuple((gpu, machine, name) for gpu, runs in AHEAD_RECORDED.items()

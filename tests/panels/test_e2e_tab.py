@@ -347,7 +347,7 @@ def test_the_cross_kernel_prefetch_hides_idle_time_in_the_anatomy(tab):
     status = html.unescape(tab.status.value)
     assert ("Learned from the recordings (h200/e2e_ahead_4k, h200/e2e_ahead_32k, "
             "h200/e2e_ahead_kv_32k, h200/e2e_ahead_kv_b2, "
-            "h100/steptrace_counters)") in status
+            "h100/steptrace_counters, h100/steptrace_4k_counters)") in status
     assert f"{effect['delta_us'] / 1e3:+.2f} ms a step" in status
     assert hidden.name.startswith("idle the cross-kernel prefetch would hide")
     assert hidden.marker.pattern.shape == "/"
@@ -429,8 +429,9 @@ def test_a_gpu_without_recordings_of_the_prefetch_takes_the_h200s_learned_model(
     status = html.unescape(tab.status.value)
     assert "the NVIDIA H200's model assumed for the NVIDIA H20" in status
     tab.controls["gpu"].value = "h100-sxm"
-    assert ("Learned from the recordings (h100/e2e_ahead, h100/e2e_ahead_kv, "
-            "h100/e2e_ahead_kv_4k, h100/steptrace_counters)") in (
+    assert ("Learned from the recordings (h100/e2e_ahead, h100/e2e_ahead_4k, "
+            "h100/e2e_ahead_32k, h100/e2e_ahead_kv, h100/e2e_ahead_kv_4k, "
+            "h100/steptrace_counters, h100/steptrace_4k_counters)") in (
         html.unescape(tab.status.value))
     assert tab.ahead_model("h20") is tab.ahead_model("h200")  # fitted once
 
@@ -524,8 +525,8 @@ def test_counter_lines_pair_rows_of_one_recording_and_one_lever(monkeypatch):
     assert lines == [
         "L2 hits of the attention's loads (ncu, L, 512 tokens), without -> with the K/V blocks' "
         "prefetch of 16 MiB: 2% -> 40% (it covers 100% of a layer's K and V)",
-        "L2 hits of the GEMMs' loads (ncu, L), without -> with the cross-kernel prefetch of 1 "
-        "MiB: qkv 1% -> 20% (modelled +30%)"]
+        "L2 hits of the GEMMs' loads (ncu, L, 512 tokens), without -> with the cross-kernel "
+        "prefetch of 1 MiB: qkv 1% -> 20% (modelled +30%)"]
 
 
 def test_a_step_not_traced_says_how_to_record_it(monkeypatch):

@@ -439,16 +439,16 @@ def _hit_ratios() -> list[float]:
 def step_counters_summary() -> str:
     """What the prefetch brought into L2 against the model (`_hit_ratios`), and where the time
     went at each point above batch 2."""
-    changes = []
+    parts = [f"at batch 1 the GEMMs' L2 hits rose by {value_range(_hit_ratios(), unit='')} of "
+             "the share the step model gives the prefetch"]
     for before, after in _counter_pairs():
         if before["batch"] > 2:
             change = _group_change(before, after)
-            changes.append(f"at batch {before['batch']} and {before['prompt']:,} tokens "
-                           f"({before['model']}) the GEMMs took {-change['GEMMs']:.0f} us less a "
-                           f"step, while the norms took {change['norms']:+.0f} us and the "
-                           f"element-wise kernels {change['element-wise']:+.0f} us")
-    return (f"at batch 1 the GEMMs' L2 hits rose by {value_range(_hit_ratios(), unit='')} of the "
-            f"share the step model gives the prefetch; " + "; ".join(changes))
+            parts.append(f"at batch {before['batch']} and {before['prompt']:,} tokens "
+                         f"({before['model']}) the GEMMs took {-change['GEMMs']:.0f} us less a "
+                         f"step, while the norms took {change['norms']:+.0f} us and the "
+                         f"element-wise kernels {change['element-wise']:+.0f} us")
+    return "; ".join(parts)
 
 
 @functools.cache

@@ -269,28 +269,32 @@ def _in_turn(label: str, prompts, rounds: int, runners: dict,
     return runs
 
 
-def measure_batch(label: str, prompts, rounds: int, make_runners: Callable[[], dict],
-                  make_hf_runners: Callable[[], dict] | None = None, **timing) -> tuple:
-    """(runs, same_tokens(runs), {variant: compiled}) of one batch: `make_runners()`'s kvlab
-    variants timed in turn (`_in_turn`, given `timing`'s clock and sync), then, where given,
-    `make_hf_runners()`'s. Memory is freed (collected, and the CUDA allocator's cache emptied)
-    before each set is built and before returning, so that a set's fit is judged on the
-    memory truly free: neither an earlier batch's caches (or a part-built set that did not fit)
-    nor this batch's kvlab caches meet the next set in memory. DoesNotFit from a maker
-    propagates."""
+def free_memory() -> None:
+    """Collect what nothing references any more, then empty the CUDA allocator's cache: an
+    LLM sits in reference cycles, so its caches and weights outlive their last name until
+    collected, and CUDA's free memory (what a cache's fit is judged on) counts the allocator's
+    cached blocks as used."""
     import gc
 
     import torch
 
-    def freed() -> None:
-        gc.collect()  # an LLM's reference cycles hold its caches until collected
-        torch.cuda.empty_cache()
+    gc.collect()
+    torch.cuda.empty_cache()
 
-    freed()
+
+def measure_batch(label: str, prompts, rounds: int, make_runners: Callable[[], dict],
+                  make_hf_runners: Callable[[], dict] | None = None, **timing) -> tuple:
+    """(runs, same_tokens(runs), {variant: compiled}) of one batch: `make_runners()`'s kvlab
+    variants timed in turn (`_in_turn`, given `timing`'s clock and sync), then, where given,
+    `make_hf_runners()`'s. Memory is freed (`free_memory`) before each set is built and before
+    returning, so that a set's fit is judged on the memory truly free: neither an earlier
+    batch's caches (or a part-built set that did not fit) nor this batch's kvlab caches meet
+    the next set in memory. DoesNotFit from a maker propagates."""
+    free_memory()
     runners = make_runners()
     runs = _in_turn(label, prompts, rounds, runners, **timing)
     del runners
-    freed()
+    free_memory()
     equal = same_tokens(runs)
     compiled = {variant: False for variant in runs}  # kvlab: CUDA graphs, no compile
     if make_hf_runners is not None:
@@ -298,7 +302,7 @@ def measure_batch(label: str, prompts, rounds: int, make_runners: Callable[[], d
         runs |= _in_turn(label, prompts, rounds, hf_runners, **timing)
         compiled |= {variant: runner.compiled for variant, runner in hf_runners.items()}
         del hf_runners
-        freed()
+        free_memory()
     return runs, equal, compiled
 
 
@@ -508,7 +512,7 @@ def run(args) -> dict | None:
             if rank == 0:
                 write_checkpoint(args.checkpoint, result)
         del weights, hf
-        torch.cuda.empty_cache()
+        free_memory()  # (with what a last batch that did not fit part-built)
         if args.serve_rates:
             kernel, prefetch, _ = VARIANTS[args.serve_variant]
             llm = kvlab.LLM(name, attention=kernel, prefetch=prefetch,
@@ -527,7 +531,7 @@ def run(args) -> dict | None:
                                           "rate": rate, **serving_stats(gen)})
                 write_checkpoint(args.checkpoint, result)
             del llm
-            torch.cuda.empty_cache()
+            free_memory()
     result["clocks_end"] = gpu_state()
     if world > 1:
         torch.distributed.destroy_process_group()

@@ -207,7 +207,7 @@ def run(args) -> dict:
     import torch
 
     import kvlab
-    from kvlab.bench.e2e import random_prompts
+    from kvlab.bench.e2e import free_memory, random_prompts
     from kvlab.engine.weights import ModelWeights
     from kvlab.kernels.layer_ops import LINEAR_ROWS
     from kvlab.predict.step import fit_step_model, step_anatomy
@@ -259,11 +259,11 @@ def run(args) -> dict:
                 "kernels": [{"name": k["name"], "start_us": k["start_us"] - last[0]["start_us"],
                              "dur_us": k["dur_us"]} for k in last]})
             del llm
-            torch.cuda.empty_cache()  # the profiled process makes caches of its own
+            free_memory()  # the profiled process makes caches of its own
             if args.counters:
                 result["rows"][-1]["counters"] = _profiled(name, batch, ahead, ahead_kv, args)
         del weights  # before the next model's are made
-        torch.cuda.empty_cache()
+        free_memory()
     return result
 
 

@@ -305,41 +305,66 @@ def test_warm_up_runs_are_untimed_and_a_compile_never_counts_as_steady():
         "steady_from"] >= 1
 
 
-def test_a_batchs_kvlab_runners_are_freed_before_hfs_and_none_outlive_the_batch():
-    """A set of runners held in a reference cycle (as an LLM's caches may be) is gone before
-    the next set is built and when the batch returns: otherwise its caches would shrink the
-    memory the next set's fit is judged on (a batch wrongly skipped as not fitting) or run the
-    next model's weights out of memory."""
-    import weakref
+class CycleRunner:
+    """A kvlab runner on a FakeGPU that holds itself, as an LLM (with its caches and weights)
+    sits in reference cycles: only a collection frees it. `built` keeps a weak reference to
+    each one made."""
 
+    built: list = []
+
+    def __init__(self, gpu: FakeGPU):
+        import weakref
+
+        self.gpu, self.me = gpu, self
+        CycleRunner.built.append(weakref.ref(self))
+
+    def __call__(self, prompts):
+        self.gpu.queue(8.0)
+        self.gpu.sync()
+        return [8.0] * 4, [40.0]
+
+
+def test_a_batchs_kvlab_runners_are_freed_before_hfs_and_none_outlive_the_batch():
+    """A set of runners is gone before the next set is built and when the batch returns:
+    otherwise its caches would shrink the memory the next set's fit is judged on (a batch
+    wrongly skipped as not fitting) or run the next model's weights out of memory."""
     from kvlab.bench.e2e import hf_variants, measure_batch
 
     gpu = FakeGPU()
-    built = []
-
-    class CycleRunner:  # a kvlab runner that holds itself, as an LLM with cycles does
-        def __init__(self):
-            self.me = self
-
-        def __call__(self, prompts):
-            gpu.queue(8.0)
-            gpu.sync()
-            return [8.0] * 4, [40.0]
-
-    def make_runners():
-        runner = CycleRunner()
-        built.append(weakref.ref(runner))
-        return {"gqa": runner}
+    CycleRunner.built = []
 
     def make_hf_runners():
-        assert built[0]() is None, "kvlab's runners were alive when HF's were built"
+        assert CycleRunner.built[0]() is None, "kvlab's runners were alive when HF's were built"
         return hf_variants(FakeHF(gpu), 6, "on", gpu.clock, gpu.sync)
 
-    runs, equal, compiled = measure_batch("fake", [[1, 2]], 1, make_runners, make_hf_runners,
-                                          clock=gpu.clock, sync=gpu.sync)
-    assert built[0]() is None
+    runs, equal, compiled = measure_batch("fake", [[1, 2]], 1, lambda: {"gqa": CycleRunner(gpu)},
+                                          make_hf_runners, clock=gpu.clock, sync=gpu.sync)
+    assert CycleRunner.built[0]() is None
     assert compiled == {"gqa": False, HF_VARIANT: True}
     assert set(runs) == {"gqa", HF_VARIANT} and equal == {}
+
+
+def test_a_set_part_built_before_it_did_not_fit_is_freed_before_the_next_is_built():
+    """A batch whose second cache does not fit leaves its first LLM behind, in a cycle: the
+    next batch's set is built only once that is collected."""
+    from kvlab.bench.e2e import measure_batch
+    from kvlab.cache.paged_cache import DoesNotFit
+
+    gpu = FakeGPU()
+    CycleRunner.built = []
+
+    def part_built():
+        CycleRunner(gpu)
+        raise DoesNotFit("the second layout's cache does not fit")
+
+    def make_runners():
+        assert CycleRunner.built[0]() is None, "the part-built set was alive"
+        return {"gqa": CycleRunner(gpu)}
+
+    with pytest.raises(DoesNotFit):
+        measure_batch("fake", [[1]], 1, part_built)
+    runs, _, _ = measure_batch("fake", [[1]], 1, make_runners, clock=gpu.clock, sync=gpu.sync)
+    assert list(runs) == ["gqa"]
 
 
 def test_a_compile_then_a_recompile_alike_do_not_start_the_steady_state():

@@ -15,6 +15,7 @@ from kvlab.predict.ahead import (
     KV_RUNS,
     LEVER_RUNS,
     MIN_PREFETCHED_SHARE,
+    counter_pairs,
     kv_delivery,
     kv_pairs,
     lever_pairs,
@@ -380,16 +381,9 @@ COUNTERS = AHEAD_RECORDED["h100-sxm"]["counters"]
 
 def _counter_pairs() -> list[tuple[dict, dict]]:
     """(the row without the cross-kernel prefetch, one with it) at each point of the step
-    counters, point by point (model, batch and prompt) within each recording."""
+    counters, recording by recording (`counter_pairs`)."""
     machine, names = COUNTERS
-    pairs = []
-    for name in names:
-        rows = [r for r in load_result(machine, name)["rows"]
-                if (r.get("counters") or {}).get("gemms") and not r.get("ahead_kv_bytes")]
-        without = {(r["model"], r["batch"], r["prompt"]): r for r in rows if not r["ahead_bytes"]}
-        pairs += [(without[key], r) for r in rows if r["ahead_bytes"]
-                  and (key := (r["model"], r["batch"], r["prompt"])) in without]
-    return pairs
+    return [pair for name in names for pair in counter_pairs(load_result(machine, name))]
 
 
 def _gemm_gains() -> list[tuple[dict, dict, float]]:

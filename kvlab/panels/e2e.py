@@ -63,6 +63,7 @@ from kvlab.predict.ahead import (
     LEVER,
     LEVER_RUNS,
     ahead_effect,
+    counter_pairs,
     fit_ahead,
     fit_kv_ahead,
     kv_ahead_effect,
@@ -525,8 +526,9 @@ class EndToEndTab:
     def _counter_lines(self, model: str, batch: int) -> list[str]:
         """ncu's share of each GEMM's loaded bytes that hit L2 in a step of `model` at `batch`,
         without and with the cross-kernel prefetch, beside the share the step model gives the
-        prefetch (kvlab.predict.step.ahead_hits): one line per prefetch size recorded; and the
-        attention's, without and with the K/V blocks' prefetch (kvlab.predict.ahead.kv_pairs)."""
+        prefetch (kvlab.predict.step.ahead_hits): one line per prefetch size recorded
+        (kvlab.predict.ahead.counter_pairs); and the attention's, without and with the K/V
+        blocks' prefetch (kvlab.predict.ahead.kv_pairs)."""
         counters = self.traces()[2]
         shown = [r for r in counters["rows"] if r["model"] == model and r["batch"] == batch]
         lines = [f"L2 hits of the attention's loads (ncu, {label(counters, [on])}, "
@@ -536,13 +538,7 @@ class EndToEndTab:
                  f"{share_text(on['counters']['attention']['load_hit_share'])} (it covers "
                  f"{on['counters']['attention']['prefetched_share']:.0%} of a layer's K and V)"
                  for base, on in kv_pairs({"rows": shown})]
-        rows = [r for r in shown if (r.get("counters") or {}).get("gemms")
-                and not r.get("ahead_kv_bytes")]
-        for r in rows:
-            without = next((w for w in rows if not w["ahead_bytes"] and w["prompt"] == r["prompt"]
-                            and w.get("source") == r.get("source")), None)
-            if not r["ahead_bytes"] or without is None:
-                continue
+        for without, r in counter_pairs({"rows": shown}):
             before = {g["name"]: g["load_hit_share"] for g in without["counters"]["gemms"]}
             shares = ", ".join(
                 f"{g['name']} {share_text(before.get(g['name']))} -> "

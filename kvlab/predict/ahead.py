@@ -46,8 +46,8 @@ from kvlab.results import load_result
 
 __all__ = ["AHEAD_RECORDED", "KV_COUNTERS", "KV_LEVER", "KV_RECORDED", "KV_RUNS", "LEVER",
            "LEVER_RUNS", "MIN_PREFETCHED_SHARE", "AheadModel", "HeldOut", "KvAheadModel",
-           "ahead_effect", "fit_ahead", "fit_kv_ahead", "kv_ahead_effect", "kv_delivery",
-           "kv_pairs", "lever_pairs", "regime"]
+           "ahead_effect", "counter_pairs", "fit_ahead", "fit_kv_ahead", "kv_ahead_effect",
+           "kv_delivery", "kv_pairs", "lever_pairs", "regime"]
 
 # The recordings each GPU's model learns from (kvlab.gpus key -> {"e2e": the lever off and on,
 # bench e2e's gqa and gqa+ahead; "counters": one step with and without it, bench steptrace
@@ -175,21 +175,27 @@ def lever_pairs(result: dict, without: str = VARIANT, lever: str = LEVER) -> lis
             and (key := (r["model"], r["batch"], r["prompt"])) in base]
 
 
+def counter_pairs(result: dict) -> list[tuple[dict, dict]]:
+    """(the row without the cross-kernel prefetch, one with it at the same model, batch and
+    prompt, of the same recording where rows are merged from several: their "source") of a
+    bench steptrace --counters result, where ncu gave the GEMMs' counters (the K/V blocks'
+    prefetch's rows left out: kv_pairs'), in the order recorded."""
+    rows = [r for r in result["rows"] if (r.get("counters") or {}).get("gemms")
+            and not r.get("ahead_kv_bytes")]
+    key = ("model", "batch", "prompt", "source")
+    without = {tuple(r.get(k) for k in key): r for r in rows if not r["ahead_bytes"]}
+    return [(base, r) for r in rows if r["ahead_bytes"]
+            and (base := without.get(tuple(r.get(k) for k in key))) is not None]
+
+
 def _delivery_points(counters: list[dict], l2_bytes: int) -> list[tuple[str, float]]:
     """(regime, delivered share) of each GEMM that a prefetch covered by MIN_PREFETCHED_SHARE
     or more in the counter recordings: its L2 hit share with the prefetch less without, over
     the share the prefetch brings. Raises ValueError for a GEMM the step model does not have."""
     points = []
     for result in counters:
-        rows = [r for r in result["rows"] if (r.get("counters") or {}).get("gemms")
-                and not r.get("ahead_kv_bytes")]  # (kv_pairs' rows: the K/V blocks')
-        without = {(r["model"], r["batch"], r["prompt"]): {g["name"]: g
-                                                           for g in r["counters"]["gemms"]}
-                   for r in rows if not r["ahead_bytes"]}
-        for r in rows:
-            base = without.get((r["model"], r["batch"], r["prompt"]))
-            if not r["ahead_bytes"] or base is None:
-                continue
+        for without, r in counter_pairs(result):
+            base = {g["name"]: g for g in without["counters"]["gemms"]}
             weights = {name: weight for name, weight, _ in ahead_hits(r["model"], r["batch"],
                                                                       r["prompt"], 0)}
             for g in r["counters"]["gemms"]:

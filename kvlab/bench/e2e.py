@@ -512,7 +512,7 @@ def run(args) -> dict | None:
             if rank == 0:
                 write_checkpoint(args.checkpoint, result)
         del weights, hf
-        free_memory()  # (with what a last batch that did not fit part-built)
+        free_memory()  # and whatever a batch that did not fit had built
         if args.serve_rates:
             kernel, prefetch, _ = VARIANTS[args.serve_variant]
             llm = kvlab.LLM(name, attention=kernel, prefetch=prefetch,

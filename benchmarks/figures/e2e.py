@@ -22,7 +22,7 @@ from kvlab.predict.ahead import (
 )
 from kvlab.results import E2E, load_result, load_results
 
-from .common import source, value_range
+from .common import pct_range, source, value_range
 
 # The recorded end-to-end runs of 256 new tokens (`load_results("h200", E2E_RESULTS)`).
 E2E_RESULTS = E2E[1]
@@ -336,6 +336,24 @@ def steptrace_table() -> list[str]:
     return lines
 
 
+def window_bound() -> str:
+    """Per GPU of the lever's runs: the most that an access-policy window keeping data in L2
+    from one step to the next could win at batch 1. It serves at most L2's bytes from L2
+    instead of HBM: L2 at the run's copy roofline, over gqa's step."""
+    from kvlab.gpus import GPUS
+
+    parts = []
+    for gpu in dict.fromkeys(on for _, _, _, on, _ in _ahead_pairs()):
+        l2 = GPUS[gpu].l2_bytes
+        points = [(l2 / gbps / 1e3, g["step_ms"]) for g, _, gbps, on, _ in _ahead_pairs()
+                  if on == gpu and g["batch"] == 1]
+        parts.append(f"on the {GPUS[gpu].name}, L2's {l2 / 2**20:.0f} MiB take "
+                     f"{value_range([us for us, _ in points], '{:.0f}', ' µs')} at the copy "
+                     f"roofline, {pct_range([us / 10 / ms for us, ms in points])} of a "
+                     f"batch-1 step")
+    return "; ".join(parts)
+
+
 def kv_prefetch_room() -> str:
     """At batch 1 where a layer's K/V fit in the traced GPU's L2: the attention's covered time
     beyond its bytes at the copy roofline, as a share of the step (the most a prefetch of the
@@ -633,6 +651,7 @@ BLOCKS = {
     "e2e.steptrace": steptrace_table,
     "e2e.steptrace-summary": steptrace_summary,
     "e2e.kv-prefetch-room": kv_prefetch_room,
+    "e2e.window-bound": window_bound,
     "e2e.source-step-counters": lambda: "; ".join(source(COUNTERS[0], name)
                                                   for name in COUNTERS[1]),
     "e2e.step-counters": step_counters_table,

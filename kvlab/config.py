@@ -6,7 +6,13 @@ norm / activation / position family that a recomputation of K and V must reprodu
 
 from dataclasses import dataclass
 
-from kvlab.checks import check_head_dim, check_num_heads, check_positive_int
+from kvlab.checks import (
+    check_bool,
+    check_head_dim,
+    check_num_heads,
+    check_positive_int,
+    check_real,
+)
 
 FAMILIES = ("llama", "qwen2", "opt")
 NORMS = ("rmsnorm", "layernorm")
@@ -83,6 +89,11 @@ class ModelConfig:
             raise ValueError(
                 f"rope_theta={self.rope_theta!r}: must be set exactly when position='rope'"
             )
+        if self.rope_theta is not None:
+            check_real("rope_theta", self.rope_theta, 0, open_min=True)
+            object.__setattr__(self, "rope_theta", float(self.rope_theta))
+        check_bool("qkv_bias", self.qkv_bias)
+        object.__setattr__(self, "qkv_bias", bool(self.qkv_bias))
         if self.norm_eps is None:
             object.__setattr__(self, "norm_eps", 1e-5 if self.norm == "layernorm" else 1e-6)
         elif (isinstance(self.norm_eps, bool) or not isinstance(self.norm_eps, (int, float))

@@ -55,6 +55,11 @@ def test_families():
         ({"norm": "batchnorm"}, "norm='batchnorm': must be one of"),
         ({"family": "gpt2"}, "family='gpt2': must be one of"),
         ({"rope_theta": None}, "rope_theta=None: must be set exactly when position='rope'"),
+        ({"rope_theta": 0}, "rope_theta=0: must be a finite number > 0"),
+        ({"rope_theta": float("nan")}, "rope_theta=nan: must be a finite number > 0"),
+        ({"rope_theta": "abc"}, "rope_theta='abc': must be a finite number > 0"),
+        ({"rope_theta": True}, "rope_theta=True: must be a finite number > 0"),
+        ({"qkv_bias": "no"}, "qkv_bias='no': must be True or False"),
         ({"norm_eps": 0}, "norm_eps=0: must be a number in \\(0, 1\\) or None"),
         ({"rope_scaling": {"factor": 8}}, "rope_scaling=\\{'factor': 8\\}: must be None, or a "
          "RopeScaling"),

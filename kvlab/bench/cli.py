@@ -375,8 +375,9 @@ def _add_steptrace(parser: argparse.ArgumentParser) -> None:
                         metavar="BYTES", help="trace each point once per size (kvlab.LLM's "
                                               "ahead_bytes; 0: without), in turn")
     parser.add_argument("--ahead-kv-bytes", nargs="+", type=ahead_bytes, default=[0],
-                        metavar="BYTES", help="and once per size of the K/V blocks' prefetch "
-                                              "(kvlab.LLM's ahead_kv_bytes; 0: without), each "
+                        metavar="BYTES", help="trace each point once per size of the K/V "
+                                              "blocks' prefetch too (kvlab.LLM's "
+                                              "ahead_kv_bytes; 0: without), each "
                                               "with each --ahead-bytes; a size > 0 runs only "
                                               "at batches of at most layer_ops.LINEAR_ROWS")
     parser.add_argument("--counters", action="store_true",
@@ -425,11 +426,14 @@ def refuse(name: str, message: str):
 
 def check_writable(option: str, path: str) -> None:
     """Raise ValueError unless a file can be written at `path` (before the benchmark runs): not
-    "", not a folder nor a name ending in a separator, a name of at most NAME_MAX bytes, in a
-    folder that exists, where a new file (or the file there) can be written."""
+    "", not a folder, a link to nothing nor a name ending in a separator, a name of at most
+    NAME_MAX bytes, in a folder that exists, where a new file (or the file there) can be
+    written."""
     where = f"{option} {shlex.quote(path)}"
     if not path or "\0" in path:
         raise ValueError(f"{where}: must be a file path")
+    if os.path.islink(path) and not os.path.exists(path):
+        raise ValueError(f"{where}: a link to {os.readlink(path)}, which does not exist")
     if os.path.isdir(path):
         raise ValueError(f"{where}: is a folder, must be a file path")
     if path.endswith((os.sep, os.altsep or os.sep)):

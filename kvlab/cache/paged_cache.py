@@ -174,6 +174,10 @@ class PagedKVCache:
         seq_len = self.manager.seq_len(alloc.seq_id)
         if k.shape[0] > seq_len:
             raise ValueError(f"k has {k.shape[0]} tokens: sequence {alloc.seq_id} holds {seq_len}")
+        if k.shape[0] < seq_len - alloc.write_start:
+            raise ValueError(f"k has {k.shape[0]} tokens: sequence {alloc.seq_id}'s positions "
+                             f"{alloc.write_start} to {seq_len - 1} must be written, its last "
+                             f"{seq_len - alloc.write_start} tokens")
         self._write(alloc, k, v)
 
     def fork(self, seq_id: int) -> int:
@@ -235,7 +239,11 @@ class PagedKVCache:
         ids."""
         if not copies:  # NOTE: a decode step calls this for every layer, nearly always with none
             return
-        copies = tuple(copies)
+        try:
+            copies = tuple(copies)
+        except TypeError:
+            raise ValueError(f"copies={copies!r:.60}: must be a sequence of (src_block_id, "
+                             "dst_block_id) pairs") from None
         for i, pair in enumerate(copies):
             if not (isinstance(pair, (tuple, list)) and len(pair) == 2
                     and all(is_int(b) and 0 <= b < self.num_blocks for b in pair)):
@@ -254,6 +262,9 @@ class PagedKVCache:
         caches) and applied its copies with `copy_blocks`. Raises ValueError for a slot outside
         the cache (checked with one device sync, except while a CUDA graph is being captured)."""
         self._check_kv(k, v)
+        if not isinstance(slots, torch.Tensor):
+            raise ValueError(f"slots={slots!r:.60}: must be an int64 tensor [{k.shape[0]}] on "
+                             f"{self.device} (one per token)")
         if slots.shape != (k.shape[0],) or slots.dtype != torch.int64 or (
                 slots.device != self.device):
             raise ValueError(f"slots: int64 [{k.shape[0]}] on {self.device} (one per token), "

@@ -53,7 +53,8 @@ class EngineConfig:
             rows' first blocks first; an integer in [0, MAX_AHEAD_BYTES], default 0 (off). With a
             CUDA attention.
         dtype: of the weights and the cache; default fp16 on a GPU, fp32 on the CPU.
-        device: default "cuda" when kvlab.backend() is "cuda", else "cpu".
+        device: "cpu" or a CUDA device; default "cuda" when kvlab.backend() is "cuda", else
+            "cpu".
         seed: of the random weights (and the default of generate's sampling seed), an
             integer in SEED_RANGE.
         block_size: tokens per cache block (8, 16 or 32 for vllm_v1; 8-256 otherwise).
@@ -155,7 +156,11 @@ class EngineConfig:
             from kvlab.device import backend
 
             device = "cuda" if backend() == "cuda" else "cpu"
-        self._set(checkpoint_path=path, device=resolve_device(device),
+        device = resolve_device(device)
+        if device.type not in ("cpu", "cuda"):
+            raise ValueError(f"device={self.device!r}: the engine runs on 'cpu' or 'cuda' (a "
+                             f"CUDA device's index too), not on {device.type!r}")
+        self._set(checkpoint_path=path, device=device,
                   model=checkpoint.model_config(model) if path is not None else _preset(model))
 
     def _check_attention(self) -> None:

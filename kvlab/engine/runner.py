@@ -43,7 +43,8 @@ class Runner:
     config: the LLM's EngineConfig. shared: a Runner whose cache (its manager, caches and
     scratch sequences) this one uses too (LLM.with_attention(share_cache=True), which checked
     the layout); None: a cache of its own, or none with offload. Raises ValueError, before
-    allocating anything, for a cache that does not fit the device's free memory.
+    allocating anything, for weights and a cache that do not fit the device's free memory
+    together.
 
     model: the shape this rank computes (config.local); reduce: forward.Reduce with tensor
     parallelism, else None; scratch_ids: the manager's sequences that hold the graphs' padding
@@ -53,8 +54,7 @@ class Runner:
     def __init__(self, config: EngineConfig, shared: Runner | None = None):
         self.config, self.device, self.model = config, config.device, config.local
         self.reduce = tp.all_reduce if config.world_size > 1 else None
-        if not config.offload and shared is None:
-            _check_cache_fits(config)
+        _check_memory(config, own_cache=not config.offload and shared is None)
         self.weights = config.weights if config.weights is not None else _load_weights(config)
         m = self.model
         if config.offload:
@@ -142,14 +142,23 @@ class Runner:
             torch.cuda.synchronize(self.device)
 
 
-def _check_cache_fits(config: EngineConfig) -> None:
-    """ValueError unless the cache's K, V tensors fit the device's free memory."""
-    m = config.local
-    check_fits(f"num_blocks={config.num_blocks}: the K/V tensors of {m.num_layers} layers",
-               m.num_layers * cache_nbytes(config.num_blocks, config.block_size, m.num_kv_heads,
-                                           m.head_dim, config.dtype,
-                                           cache_layout(config.attention)),
-               config.device)
+def _check_memory(config: EngineConfig, own_cache: bool) -> None:
+    """DoesNotFit (a ValueError) unless what a Runner allocates fits the device's free memory
+    together: the weights it makes or loads (none where config.weights are given; the whole
+    model's, which tensor parallelism shards once loaded) and, with `own_cache`, the cache's K, V
+    tensors."""
+    m, parts = config.local, []
+    if config.weights is None:
+        parts.append((f"model={config.model.name!r}: its weights",
+                      ModelWeights.random(config.model, dtype=config.dtype, device="meta").nbytes))
+    if own_cache:
+        parts.append((f"num_blocks={config.num_blocks}: the K/V tensors of {m.num_layers} layers",
+                      m.num_layers * cache_nbytes(config.num_blocks, config.block_size,
+                                                  m.num_kv_heads, m.head_dim, config.dtype,
+                                                  cache_layout(config.attention))))
+    if parts:
+        what = " and ".join(f"{what} ({nbytes:,} bytes)" for what, nbytes in parts)
+        check_fits(what, sum(nbytes for _, nbytes in parts), config.device)
 
 
 def _load_weights(config: EngineConfig) -> ModelWeights:

@@ -91,19 +91,24 @@ def make_requests(prompts, max_new_tokens, model: ModelConfig,
     return requests
 
 
+# the latest arrival a serving run takes, in seconds after the call: a day (generate waits for
+# it in real time, so a larger one is a mistake, not a run)
+MAX_ARRIVAL_S = 86_400.0
+
+
 def arrival_times(arrivals, num_requests: int) -> list[float]:
     """generate's arrivals as floats (all 0.0 for None); ValueError unless they are
-    num_requests finite numbers >= 0."""
+    num_requests finite numbers in [0, MAX_ARRIVAL_S]."""
     if arrivals is None:
         return [0.0] * num_requests
     try:
         times = list(arrivals)
     except TypeError:
         times = None
-    if times is None or len(times) != num_requests or not all(is_real(t) and t >= 0
-                                                              for t in times):
-        raise ValueError(f"arrivals: must be {num_requests} finite numbers >= 0 (seconds after "
-                         "the call), one per prompt")
+    if times is None or len(times) != num_requests or not all(
+            is_real(t) and 0 <= t <= MAX_ARRIVAL_S for t in times):
+        raise ValueError(f"arrivals: must be {num_requests} numbers in [0, {MAX_ARRIVAL_S:,.0f}] "
+                         "(seconds after the call: at most a day), one per prompt")
     return [float(t) for t in times]
 
 

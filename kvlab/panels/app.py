@@ -31,6 +31,7 @@ from kvlab.panels.paged_cache import PagedCacheTab
 from kvlab.panels.widgets import FigurePane
 from kvlab.viz.export import (
     check_folder,
+    check_folder_to_make,
     figure_csv,
     html_report,
     new_export_folder,
@@ -178,7 +179,7 @@ class Dashboard:
     figures: `{tab.key: {name: FigurePane}}`, e.g. `dash.figures["paged_cache"]["memory"]`.
     export_folder: where the export button writes, each time in a new folder named by the time
     (a str or os.PathLike, "~" expanded; default: EXPORT_FOLDER in the working directory). Raises
-    ValueError naming it for another type.
+    ValueError naming it for another type, or where it is, or is in, a file.
     The pin buttons act on the selected tab (`pin`, `unpin`); the line below them names the
     setting pinned there.
     """
@@ -188,7 +189,7 @@ class Dashboard:
         if len(set(keys)) != len(keys):
             raise ValueError(f"tabs have keys {keys}: each key must be unique")
         self.export_folder = (None if export_folder is None else
-                              check_folder(export_folder, "export_folder").expanduser())
+                              check_folder_to_make(export_folder, "export_folder"))
         self.tabs = list(tabs)
         self.header = widgets.HTML(header_html(backend(), device_label()) + TAB_STYLE)
         self.tab_widget = widgets.Tab(

@@ -341,7 +341,7 @@ def kv_moved_us(model: str, ahead_kv_bytes: int, roofline_gbps: float) -> float:
     """The time (us) `ahead_kv_bytes` of K/V a layer take at `roofline_gbps` (GB/s) over the
     layers of `model` (a kvlab.MODELS preset). Raises ValueError for a name not a preset, a size
     not an integer >= 0 or a roofline not a number > 0."""
-    if model not in MODELS:
+    if not isinstance(model, str) or model not in MODELS:
         raise ValueError(f"model={model!r}: must be one of {', '.join(MODELS)}")
     check_int("ahead_kv_bytes", ahead_kv_bytes, 0)
     check_real("roofline_gbps", roofline_gbps, 0.0, open_min=True)

@@ -41,8 +41,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvlab.checks import check_int
-from kvlab.config import MODELS, ModelConfig
+from kvlab.checks import check_int, check_real
+from kvlab.config import MAX_AHEAD_BYTES, MODELS, ModelConfig
 from kvlab.gpus import GPUS, REFERENCE
 from kvlab.results import E2E, load_result
 
@@ -76,10 +76,7 @@ class StepModel:
 
 
 def _check_number(name: str, value, minimum: float = 0.0, strict: bool = True) -> float:
-    if (isinstance(value, bool) or not isinstance(value, (int, float))
-            or not (value > minimum if strict else value >= minimum) or value == float("inf")):
-        raise ValueError(f"{name}={value!r}: must be a finite number "
-                         f"{'>' if strict else '>='} {minimum}")
+    check_real(name, value, minimum, open_min=strict)
     return float(value)
 
 
@@ -93,11 +90,10 @@ def step_kernels(model: str, batch: int, context: float) -> list[tuple[str, floa
     """(name, bytes) of each kernel of one decode step of `model` (a Llama or Qwen2 preset) at
     `batch` sequences of `context` tokens each (a mean may be fractional): the layers' kernels
     in order, then the final norm and the LM head. Raises ValueError for another model, a batch
-    that is not an int >= 1 or a context that is not a number > 0."""
+    that is not an integer >= 1 or a context that is not a number > 0."""
     m = _model(model)
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise ValueError(f"batch={batch!r}: must be an int >= 1")
-    context = _check_number("context", context)
+    check_int("batch", batch, 1)
+    batch, context = int(batch), _check_number("context", context)
     h, inter, qkv = m.hidden_size, m.intermediate_size, m.q_size + 2 * m.kv_size
     act = batch * ITEM  # an activation row's bytes per element
     layer = [("attention norm", ITEM * h + act * 3 * h),
@@ -128,13 +124,13 @@ def _check_fit(fit) -> StepModel:
 def ahead_size(fit: StepModel, roofline_gbps: float, batch: int = 1) -> int:
     """The cross-kernel prefetch's size (kvlab.LLM's ahead_bytes) for steps of `batch`
     sequences: what HBM moves at `roofline_gbps` (GB/s) in one kernel's fitted overhead (none
-    where a fit's overhead is not positive), rounded down to 16-byte granules. Raises
-    ValueError as `step_anatomy`."""
+    where a fit's overhead is not positive), rounded down to 16-byte granules, at most
+    MAX_AHEAD_BYTES (what kvlab.LLM takes). Raises ValueError as `step_anatomy`."""
     roofline_gbps = _check_number("roofline_gbps", roofline_gbps)
     check_int("batch", batch, 1)
     fit = _check_fit(fit)
     overhead = fit.streaming_overhead_us if batch <= STREAMING_ROWS else fit.overhead_us
-    return max(0, int(overhead * roofline_gbps * 1e3)) // 16 * 16
+    return min(MAX_AHEAD_BYTES, max(0, int(overhead * roofline_gbps * 1e3)) // 16 * 16)
 
 
 def step_anatomy(model: str, batch: int, context: float, roofline_gbps: float,

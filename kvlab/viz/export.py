@@ -21,8 +21,8 @@ import numpy as np
 import plotly.graph_objects as go
 import plotly.io as pio
 
-__all__ = ["check_folder", "figure_csv", "figure_table", "html_report", "new_export_folder",
-           "write_new_files"]
+__all__ = ["check_folder", "check_folder_to_make", "figure_csv", "figure_table", "html_report",
+           "new_export_folder", "write_new_files"]
 
 # The order of a table's value columns, by the first word of their names.
 _COLUMN_ORDER = {"x": 0, "y": 1, "z": 2, "text": 3}
@@ -180,12 +180,23 @@ def check_folder(folder, name: str = "folder") -> Path:
     return Path(path)
 
 
+def check_folder_to_make(folder, name: str = "folder") -> Path:
+    """`check_folder`'s Path, "~" expanded; ValueError naming it (as `name`) where it, or the
+    nearest of its parents that exists, is not a folder: no folder can be made there."""
+    path = check_folder(folder, name).expanduser()
+    there = next((p for p in (path, *path.absolute().parents) if p.exists()), None)
+    if there is not None and not there.is_dir():
+        raise ValueError(f"{name}={folder!r}: {there} is not a folder")
+    return path
+
+
 def new_export_folder(parent, stem: str) -> Path:
     """A new, empty folder `parent/stem`, or `parent/stem-2`, `-3`, ... where that name is taken
     (by an export in the same second, or by anything else: a file, a link), each made atomically
     (`mkdir`, which fails where the name exists); `parent` (a str or os.PathLike) is made where
-    absent. Raises ValueError for a `parent` of another type."""
-    parent = check_folder(parent, "parent")
+    absent. Raises ValueError for a `parent` of another type, or where it is, or is in, a file
+    (`check_folder_to_make`)."""
+    parent = check_folder_to_make(parent, "parent")
     parent.mkdir(parents=True, exist_ok=True)
     for n in itertools.count(1):
         folder = parent / (stem if n == 1 else f"{stem}-{n}")

@@ -2,6 +2,7 @@
 line with exit status 2 before any benchmark work (CPU)."""
 
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -83,6 +84,15 @@ def test_an_unwritable_json_path_is_refused_before_the_benchmark_runs(tmp_path):
     out = kvlab("bench", "cache", "--quick", "--json", str(tmp_path / "folder.json"))
     assert out.returncode == 2 and "is a folder, must be a file path" in out.stderr
     assert "pairs/s" not in out.stdout  # nothing ran
+
+
+def test_a_json_path_that_links_to_nothing_is_refused_before_the_benchmark_runs(tmp_path):
+    """It passed the check, the benchmark ran, and its result was lost to FileNotFoundError."""
+    link = tmp_path / "result.json"
+    link.symlink_to(tmp_path / "gone" / "result.json")
+    with pytest.raises(ValueError, match=re.escape(f"--json {link}: a link to {tmp_path}/gone/"
+                                                   "result.json, which does not exist")):
+        cli.check_writable("--json", str(link))
 
 
 def test_gpu_benchmarks_without_a_gpu_say_so_in_one_line(monkeypatch, capsys):

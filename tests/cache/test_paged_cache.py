@@ -321,3 +321,25 @@ def test_slots_outside_the_cache_are_refused_before_writing(bad):
     assert_unchanged(cache, before)
     cache.write_slots(torch.tensor([0, 31]), k, k)
     assert torch.equal(cache_state(cache)[2].count_nonzero(), torch.tensor(2 * k[0].numel()))
+
+
+def test_writes_of_the_wrong_kind_or_too_few_tokens_are_refused_before_writing():
+    """Too few tokens for what the manager placed was torch's broadcast error; slots as a list
+    and copies as a number were AttributeError and TypeError."""
+    cache = make_cache(num_blocks=8, block_size=4)
+    alloc = cache.manager.add_sequence(10)
+    before = cache_state(cache)
+    for n in (0, 5, 9):
+        k, v = make_kv(cache, n)
+        with pytest.raises(ValueError, match=f"k has {n} tokens: sequence {alloc.seq_id}'s "
+                                             "positions 0 to 9 must be written, its last 10"):
+            cache.write(alloc, k, v)
+    k, v = make_kv(cache, 1)
+    with pytest.raises(ValueError, match=r"slots=\[0\]: must be an int64 tensor \[1\]"):
+        cache.write_slots([0], k, v)
+    with pytest.raises(ValueError, match="copies=5: must be a sequence of"):
+        cache.copy_blocks(5)
+    assert_unchanged(cache, before)
+    k, v = make_kv(cache, 10)
+    cache.write(alloc, k, v)
+    assert_gather(cache, alloc.seq_id, k, v)

@@ -12,6 +12,7 @@ import torch
 from factories import no_hang
 
 import kvlab
+from kvlab.cache import paged_cache
 from kvlab.config import MODELS
 from kvlab.engine import forward, generation
 from kvlab.engine import runner as runner_module
@@ -181,16 +182,45 @@ def test_sampling_never_overflows_and_splits_ties_in_the_limit():
 # ---- 8, 9: sizes checked, tables sized by use, before anything is allocated ----------------
 
 
-def test_a_cache_too_large_is_refused_before_anything_is_allocated(monkeypatch):
+def _no_allocation(monkeypatch) -> None:
+    """Make the cache's manager, and random weights anywhere but on the meta device (sizes, no
+    memory), fail the test."""
     def allocating(*args, **kwargs):
         raise AssertionError("allocated before the size check")
 
+    random = ModelWeights.random.__func__
+
+    def sized_only(cls, model, seed=0, dtype=torch.float32, device="cpu"):
+        assert str(device) == "meta", "allocated before the size check"
+        return random(cls, model, seed, dtype, device)
+
     monkeypatch.setattr(runner_module, "BlockManager", allocating)
-    monkeypatch.setattr(ModelWeights, "random", allocating)
+    monkeypatch.setattr(ModelWeights, "random", classmethod(sized_only))
+
+
+def test_a_cache_too_large_is_refused_before_anything_is_allocated(monkeypatch):
+    _no_allocation(monkeypatch)
     for num_blocks in (10**8, 2**70):
         with pytest.raises(ValueError, match=f"num_blocks={num_blocks}: the K/V tensors of 2 "
-                                             "layers need "):
+                                             r"layers \([0-9,]+ bytes\) need "):
             kvlab.LLM("tiny-llama", device="cpu", num_blocks=num_blocks)
+
+
+def test_weights_and_a_cache_that_fit_only_apart_are_refused_before_either_is_made(monkeypatch):
+    """Each checked alone against the free memory, both passed, and the cache ran out of memory
+    a layer at a time after the weights were made."""
+    c = kvlab.LLM("tiny-llama", device="cpu", num_blocks=64).runner.config
+    m = c.model
+    weights = ModelWeights.random(m, device="meta").nbytes
+    cache = m.num_layers * runner_module.cache_nbytes(
+        64, c.block_size, m.num_kv_heads, m.head_dim, c.dtype,
+        runner_module.cache_layout(c.attention))
+    _no_allocation(monkeypatch)
+    monkeypatch.setattr(paged_cache, "_free_bytes", lambda device: max(weights, cache) + 1)
+    with pytest.raises(ValueError, match=f"model='tiny-llama': its weights \\({weights:,} bytes\\) "
+                                         f"and num_blocks=64: the K/V tensors of 2 layers "
+                                         f"\\({cache:,} bytes\\) need {weights + cache:,} bytes"):
+        kvlab.LLM("tiny-llama", device="cpu", num_blocks=64)
 
 
 def test_the_rope_table_covers_what_the_cache_can_hold_not_the_context_limit(monkeypatch):
@@ -233,7 +263,7 @@ def test_random_weights_that_cannot_fit_are_refused_before_they_are_made(monkeyp
     with pytest.raises(ValueError, match="model='huge-opt': its random weights need "
                                          "1,024,000,[0-9,]+ bytes, but cpu has"):
         ModelWeights.random(huge)
-    with pytest.raises(ValueError, match="model='huge-opt': its random weights need"):
+    with pytest.raises(ValueError, match=r"model='huge-opt': its weights \(1,024,000"):
         kvlab.LLM(huge, device="cpu", num_blocks=8)
     assert ModelWeights.random(MODELS["tiny-opt"]).positions.shape == (514, 256)
 
@@ -257,6 +287,13 @@ def test_bad_devices_are_refused_in_the_caches_words(device, message):
         kvlab.LLM("tiny-llama", device=device, num_blocks=8)
     with pytest.raises(ValueError, match=message):
         ModelWeights.random(MODELS["tiny-llama"], device=device)
+
+
+def test_the_engine_runs_on_the_cpu_or_a_gpu_only():
+    """The meta device (sizes without memory) was taken, and generate failed inside torch."""
+    with pytest.raises(ValueError, match="device='meta': the engine runs on 'cpu' or 'cuda' "
+                                         "\\(a CUDA device's index too\\), not on 'meta'"):
+        kvlab.LLM("tiny-llama", device="meta", num_blocks=8)
 
 
 @pytest.fixture(scope="module")
@@ -299,10 +336,12 @@ def test_numpy_scalars_are_taken_as_the_numbers_they_are(small):
     ({"max_new_tokens": True}, "max_new_tokens=True: must be an integer >= 1"),
     ({"max_new_tokens": 2.0}, "max_new_tokens=2.0: must be an integer >= 1"),
     ({"max_new_tokens": "3"}, "max_new_tokens='3': must be an integer >= 1"),
-    ({"arrivals": [True]}, "arrivals: must be 1 finite numbers >= 0"),
-    ({"arrivals": [math.nan]}, "arrivals: must be 1 finite numbers >= 0"),
-    ({"arrivals": ["0"]}, "arrivals: must be 1 finite numbers >= 0"),
-    ({"arrivals": 5}, "arrivals: must be 1 finite numbers >= 0"),
+    ({"arrivals": [True]}, "arrivals: must be 1 numbers in \\[0, 86,400\\]"),
+    ({"arrivals": [math.nan]}, "arrivals: must be 1 numbers in \\[0, 86,400\\]"),
+    ({"arrivals": ["0"]}, "arrivals: must be 1 numbers in \\[0, 86,400\\]"),
+    ({"arrivals": 5}, "arrivals: must be 1 numbers in \\[0, 86,400\\]"),
+    ({"arrivals": [86_401]}, "arrivals: must be 1 numbers in \\[0, 86,400\\] \\(seconds after the "
+                             "call: at most a day\\)"),
     ({"on_finish": 5}, "on_finish=5: must be None or a callable"),
 ])
 def test_bad_sampling_and_serving_arguments_are_refused(small, kwargs, message):
@@ -320,7 +359,7 @@ def test_a_far_arrival_is_waited_for_without_overflowing_the_sleep(monkeypatch):
         raise KeyboardInterrupt  # the user stops waiting
     monkeypatch.setattr(scheduler_module.time, "sleep", sleep)
     with pytest.raises(KeyboardInterrupt):
-        llm.generate([[1, 2], [3, 4]], 4, arrivals=[0.0, 1e300])
+        llm.generate([[1, 2], [3, 4]], 4, arrivals=[0.0, scheduler_module.MAX_ARRIVAL_S])
     assert sleeps and sleeps[0] <= 1.0
     assert llm.manager.num_free_blocks == 8
 

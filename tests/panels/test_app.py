@@ -139,6 +139,18 @@ def test_an_export_folder_of_another_type_is_refused_naming_it(folder):
         app.Dashboard([], export_folder=folder)
 
 
+def test_an_export_folder_that_is_or_is_in_a_file_is_refused_naming_it(tmp_path):
+    """It was taken, and each export failed with "File exists" beside the button."""
+    file = tmp_path / "notes.txt"
+    file.write_text("")
+    for folder in (file, file / "exports"):
+        with pytest.raises(ValueError, match=re.escape(f"export_folder={folder!r}: {file} is not "
+                                                       "a folder")):
+            app.Dashboard([], export_folder=folder)
+    assert app.Dashboard([], export_folder=tmp_path / "new" / "exports").export_folder == (
+        tmp_path / "new" / "exports")
+
+
 def fake_server(monkeypatch, tmp_path, base_url="/user/me/", root=None, name="jpserver"):
     """This process's parent a Jupyter server serving `root` (default tmp_path) at `base_url`,
     as the file it describes itself in says."""

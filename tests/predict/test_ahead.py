@@ -208,6 +208,8 @@ def test_the_kv_models_bad_input_is_refused_by_name():
         kv_ahead_effect("llama3-8b", -1, 3000.0, learned)
     with pytest.raises(ValueError, match="model='gpt-5'"):
         kv_ahead_effect("gpt-5", MIB, 3000.0, learned)
+    with pytest.raises(ValueError, match=r"model=\['a'\]: must be one of"):
+        kv_moved_us(["a"], MIB, 3000.0)
     with pytest.raises(ValueError, match="must be a KvAheadModel"):
         kv_ahead_effect("llama3-8b", MIB, 3000.0, fit_ahead("h200"))
     with pytest.raises(ValueError, match="gpu='a100'.*recorded: \\['h100-sxm', 'h200'\\]"):

@@ -4,7 +4,7 @@ made with known ones, and checked on the H200's recordings), the anatomy's sums,
 import numpy as np
 import pytest
 
-from kvlab.config import MODELS
+from kvlab.config import MAX_AHEAD_BYTES, MODELS
 from kvlab.predict.step import (
     StepModel,
     ahead_hits,
@@ -125,8 +125,8 @@ def test_each_gemm_gets_the_prefetch_of_the_kernel_before_it():
 @pytest.mark.parametrize("args, message", [
     (("opt-6.7b", 1, 10), "model='opt-6.7b': must be a Llama or Qwen2 preset"),
     (("gpt-5", 1, 10), "model='gpt-5'"),
-    (("llama3-8b", 0, 10), "batch=0: must be an int >= 1"),
-    (("llama3-8b", 2.0, 10), "batch=2.0: must be an int >= 1"),
+    (("llama3-8b", 0, 10), "batch=0: must be an integer >= 1"),
+    (("llama3-8b", 2.0, 10), "batch=2.0: must be an integer >= 1"),
     (("llama3-8b", 1, 0), "context=0: must be a finite number > 0"),
     (("llama3-8b", 1, float("inf")), "context=inf"),
     (("llama3-8b", 1, True), "context=True"),
@@ -143,13 +143,16 @@ def test_the_anatomy_refuses_a_bad_roofline_or_fit_and_the_fit_needs_two_models(
             step_anatomy("llama3-8b", 1, 640, 4000.0, fit, bad)
     assert step_anatomy("llama3-8b", 1, 640, 4000.0, fit, np.int64(64))["hidden_us"] > 0
     for args, message in ((("gpt-5", 1), "model='gpt-5': must be a Llama or Qwen2 preset"),
-                          (("llama3-8b", "x"), "batch='x': must be an int >= 1"),
-                          (("llama3-8b", None), "batch=None: must be an int >= 1")):
+                          (("llama3-8b", "x"), "batch='x': must be an integer >= 1"),
+                          (("llama3-8b", None), "batch=None: must be an integer >= 1")):
         with pytest.raises(ValueError, match=message):  # before anything reads them
             step_anatomy(*args, 640, 4000.0, fit, 64)
     with pytest.raises(ValueError, match=r"batch=0: must be an integer >= 1"):
         ahead_size(fit, 4000.0, 0)
     assert ahead_size(StepModel(-1.0, -1.0, 0.0, 0, 0.0, 0.0), 4000.0) == 0
+    assert ahead_size(fit, 1e300) == MAX_AHEAD_BYTES  # the most kvlab.LLM takes
+    as_numpy = step_anatomy("llama3-8b", np.int64(1), np.float32(640), np.float32(4000), fit)
+    assert as_numpy == step_anatomy("llama3-8b", 1, 640.0, 4000.0, fit)
     with pytest.raises(ValueError, match=r"fit='x': must be a StepModel"):
         ahead_size("x", 4000.0)
     with pytest.raises(ValueError, match=r"roofline_gbps=-1: must be a finite number > 0"):

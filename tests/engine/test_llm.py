@@ -476,8 +476,8 @@ def small():
     ([[1, 2]], {"eos_token_id": 2000}, "eos_token_id=2000: must be None or a token id"),
     ([[1, 2], [3]], {"max_new_tokens": [4]}, "max_new_tokens: 1 limits for 2 prompts"),
     ([[1, 2], [3]], {"max_new_tokens": [4, 0]}, "max_new_tokens\\[1\\]=0: must be an integer"),
-    ([[1, 2]], {"arrivals": [-1.0]}, "arrivals: must be 1 finite numbers >= 0"),
-    ([[1, 2]], {"arrivals": [0.0, 1.0]}, "arrivals: must be 1 finite numbers >= 0"),
+    ([[1, 2]], {"arrivals": [-1.0]}, "arrivals: must be 1 numbers in \\[0, 86,400\\]"),
+    ([[1, 2]], {"arrivals": [0.0, 1.0]}, "arrivals: must be 1 numbers in \\[0, 86,400\\]"),
 ])
 def test_bad_requests_are_refused_before_anything_runs(small, prompts, kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -426,19 +426,17 @@ def refuse(name: str, message: str):
 
 def check_writable(option: str, path: str) -> None:
     """Raise ValueError unless a file can be written at `path` (before the benchmark runs): not
-    "", not a folder, a link to nothing nor a name ending in a separator, a name of at most
-    NAME_MAX bytes, in a folder that exists, where a new file (or the file there) can be
-    written."""
+    "", not a folder nor a name ending in a separator, a name of at most NAME_MAX bytes, in a
+    folder that exists (for a link, the folder of what it names), where a new file (or the file
+    there) can be written."""
     where = f"{option} {shlex.quote(path)}"
     if not path or "\0" in path:
         raise ValueError(f"{where}: must be a file path")
-    if os.path.islink(path) and not os.path.exists(path):
-        raise ValueError(f"{where}: a link to {os.readlink(path)}, which does not exist")
     if os.path.isdir(path):
         raise ValueError(f"{where}: is a folder, must be a file path")
     if path.endswith((os.sep, os.altsep or os.sep)):
         raise ValueError(f"{where}: ends in a separator, must be a file path")
-    folder = os.path.dirname(os.path.abspath(path))
+    folder = os.path.dirname(os.path.realpath(path))  # a link's: where the file is written
     if not os.path.isdir(folder):
         what = "is not a folder" if os.path.exists(folder) else "does not exist"
         raise ValueError(f"{where}: the folder {folder} {what}")

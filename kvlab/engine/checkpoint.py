@@ -113,7 +113,7 @@ def load_weights(path, model: ModelConfig, dtype, device) -> ModelWeights:
     if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise ValueError(f"dtype={dtype!r}: must be a floating point torch.dtype")
     device = resolve_device(device)
-    tied = _tied(_read_json(folder / "config.json"), model.family, folder / "config.json")
+    tied = ties_lm_head(folder, model)
     model_names, layer_names = _names(model)
     shapes = _shapes(model, dtype, model_names, layer_names, folder)
     headers = _headers(folder, safe_open, safetensor_error)
@@ -132,6 +132,13 @@ def load_weights(path, model: ModelConfig, dtype, device) -> ModelWeights:
     weights = _assemble(tensors, model_names, layer_names)
     weights.check(model)
     return weights
+
+
+def ties_lm_head(path, model: ModelConfig) -> bool:
+    """Whether the checkpoint at `path` uses its embedding as its LM head
+    (tie_word_embeddings in its config.json, else HF's default for `model`'s family)."""
+    folder = _folder(path)
+    return _tied(_read_json(folder / "config.json"), model.family, folder / "config.json")
 
 
 def load(path, dtype, device) -> tuple[ModelConfig, ModelWeights]:

@@ -59,7 +59,8 @@ class EngineConfig:
             integer in SEED_RANGE.
         block_size: tokens per cache block (8, 16 or 32 for vllm_v1; 8-256 otherwise).
         num_blocks: blocks in the cache, shared by all layers; default enough for 65,536 tokens.
-            Their K, V tensors must fit in the device's free memory (the runner checks it).
+            Their K, V tensors must fit in the device's free memory together with the weights
+            the LLM makes or loads (the runner checks it).
         cuda_graphs: replay decode steps as CUDA graphs (kvlab.engine.graphs) for batches of
             up to 256 sequences of up to graph_max_len tokens, eagerly beyond; None (kept as
             given): True with the CUDA kernels (they alone can be captured). With offload: the

@@ -143,14 +143,18 @@ class Runner:
 
 
 def _check_memory(config: EngineConfig, own_cache: bool) -> None:
-    """DoesNotFit (a ValueError) unless what a Runner allocates fits the device's free memory
-    together: the weights it makes or loads (none where config.weights are given; the whole
-    model's, which tensor parallelism shards once loaded) and, with `own_cache`, the cache's K, V
-    tensors."""
+    """DoesNotFit (a ValueError) unless what a Runner keeps fits the device's free memory
+    together: the weights it makes or loads (none where config.weights are given; with tensor
+    parallelism this rank's shard, which it keeps once the whole model is loaded and cut) and,
+    with `own_cache`, the cache's K, V tensors."""
     m, parts = config.local, []
     if config.weights is None:
-        parts.append((f"model={config.model.name!r}: its weights",
-                      ModelWeights.random(config.model, dtype=config.dtype, device="meta").nbytes))
+        shapes = ModelWeights.random(m, dtype=config.dtype, device="meta")
+        nbytes = shapes.nbytes
+        if (config.checkpoint_path is not None and shapes.lm_head is not shapes.embed
+                and checkpoint.ties_lm_head(config.checkpoint_path, config.model)):
+            nbytes -= shapes.lm_head.nbytes  # the embedding serves as the LM head
+        parts.append((f"model={config.model.name!r}: its weights", nbytes))
     if own_cache:
         parts.append((f"num_blocks={config.num_blocks}: the K/V tensors of {m.num_layers} layers",
                       m.num_layers * cache_nbytes(config.num_blocks, config.block_size,

@@ -130,7 +130,7 @@ def ahead_size(fit: StepModel, roofline_gbps: float, batch: int = 1) -> int:
     check_int("batch", batch, 1)
     fit = _check_fit(fit)
     overhead = fit.streaming_overhead_us if batch <= STREAMING_ROWS else fit.overhead_us
-    return min(MAX_AHEAD_BYTES, max(0, int(overhead * roofline_gbps * 1e3)) // 16 * 16)
+    return int(min(MAX_AHEAD_BYTES, max(0.0, overhead * roofline_gbps * 1e3))) // 16 * 16
 
 
 def step_anatomy(model: str, batch: int, context: float, roofline_gbps: float,

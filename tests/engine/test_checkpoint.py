@@ -124,3 +124,17 @@ def test_missing_weights_are_named(tmp_path):
     with pytest.raises(ValueError, match="no model.safetensors"):
         kvlab.LLM(path, device="cpu", num_blocks=8)
     assert checkpoint.is_checkpoint(path) and not checkpoint.is_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_the_memory_check_counts_a_tied_lm_head_once(tmp_path, kind, monkeypatch):
+    """A tied checkpoint's embedding is its LM head: counting both refused caches that fit."""
+    from kvlab.engine import runner
+
+    _, path = saved(tmp_path, kind)
+    checked = []
+    monkeypatch.setattr(runner, "check_fits", lambda what, nbytes, device: checked.append(nbytes))
+    llm = kvlab.LLM(str(path), device="cpu", num_blocks=8)
+    assert (llm.weights.lm_head is llm.weights.embed) == (kind == "qwen2")
+    cache = sum(c.k_cache.nbytes + c.v_cache.nbytes for c in llm.caches)
+    assert checked == [llm.weights.nbytes + cache]

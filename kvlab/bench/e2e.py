@@ -146,6 +146,14 @@ def serving_stats(gen) -> dict:
             "preemptions": gen.preemptions}
 
 
+def poisson_arrivals(rng, num_requests: int, rate: float) -> list[float]:
+    """Arrival times (s) of `num_requests` requests at `rate` requests/s: exponential gaps drawn
+    from the numpy Generator `rng`."""
+    import numpy as np
+
+    return np.cumsum(rng.exponential(1.0 / rate, num_requests)).tolist()
+
+
 def serving_workload(num_requests: int, rate: float, model: ModelConfig, seed: int = 0):
     """(prompts, max_new_tokens, arrivals) of a serving run: lognormal lengths (clipped to
     SERVING_MAX_LEN tokens, or the model's context limit), Poisson arrivals at `rate`
@@ -157,7 +165,7 @@ def serving_workload(num_requests: int, rate: float, model: ModelConfig, seed: i
     max_len = min(SERVING_MAX_LEN, model.max_position) - 1  # room for an output of 0 made 1
     work = lognormal(num_requests, 256, 128, sigma=1.0, max_seq_len=max_len, seed=seed)
     rng = np.random.default_rng(seed)
-    arrivals = np.cumsum(rng.exponential(1.0 / rate, num_requests)).tolist()
+    arrivals = poisson_arrivals(rng, num_requests, rate)
     prompts = [rng.integers(0, model.vocab_size, int(n)).tolist() for n in work.prompt_lens]
     return prompts, [max(int(n), 1) for n in work.output_lens], arrivals
 
@@ -166,7 +174,10 @@ def check(args) -> None:
     """Raise ValueError unless this machine can run the benchmark."""
     import os
 
+    import numpy as np
+
     from kvlab.device import backend
+    from kvlab.engine.scheduler import MAX_ARRIVAL_S
 
     for name in args.models:
         if args.prompt + args.new_tokens > MODELS[name].max_position:
@@ -175,6 +186,13 @@ def check(args) -> None:
     if args.ahead_bytes is not None and not set(args.variants) & set(AHEAD_VARIANTS):
         raise ValueError(f"--ahead-bytes {args.ahead_bytes}: sizes the +ahead variants "
                          f"({', '.join(AHEAD_VARIANTS)}), and --variants has none")
+    for rate in args.serve_rates:
+        last = poisson_arrivals(np.random.default_rng(0), args.serve_requests, rate)[-1]
+        if last > MAX_ARRIVAL_S:
+            raise ValueError(f"--serve-rates {rate:g}: {args.serve_requests} requests would "
+                             f"arrive over {last:,.0f} s; the engine admits arrivals up to "
+                             f"{MAX_ARRIVAL_S:,.0f} s (a day), so give a higher rate or "
+                             "fewer --serve-requests")
     if args.tp > 1:
         from kvlab.engine.tp import shard_config
 

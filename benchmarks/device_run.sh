@@ -38,7 +38,13 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   summary=$(grep -E "[0-9]+ (passed|failed|errors?|skipped|deselected)" "$OUT/tests.tail" | tail -1 \
             | tr -d "=")
   grep -q "KeyboardInterrupt" "$OUT/tests.tail" && summary="$summary, stopped at the limit"
-  checks+=(tests "${summary:-no summary: cut short or not run} (${TESTS:-tests})")
+  if [ -z "$summary" ]; then  # killed before pytest's summary: count its progress characters
+    progress=$(grep -E '^[.FEsxX]+( +\[ *[0-9]+%\])?$' "$OUT/tests.log" | sed 's/ *\[.*//' \
+               | tr -d '\n')
+    summary="no summary, cut short after ${#progress} tests: $(tr -cd . <<< "$progress" \
+      | wc -c) passed, $(tr -cd FE <<< "$progress" | wc -c) failed or errors"
+  fi
+  checks+=(tests "$summary (${TESTS:-tests})")
   rm -f "$OUT/tests.tail"
 fi
 if [ "${SKIP_SANITIZER:-0}" != 1 ]; then

@@ -153,19 +153,21 @@ def headline(grid: dict, e2e: dict) -> str:
 
 
 def checks() -> list[str]:
-    """Per recording: the GPU tests and sanitizers run on its code (`gpu_checks`, or
-    `gpu_checks_added` by hand from a device call's log), with the command and revision."""
+    """Per recording: the GPU tests and sanitizers run on its code, from its own call
+    (`gpu_checks`) and from a later call on the same code (`gpu_checks_added`, copied by hand from
+    that call's log), with the command and revision."""
     lines = []
     for machine, name in (GRID, MIXED, E2E):
         result = load_result(machine, name)
-        c = result.get("gpu_checks") or result.get("gpu_checks_added")
-        if c is None:
+        found = [result[key] for key in ("gpu_checks", "gpu_checks_added") if key in result]
+        if not found:
             lines.append(f"- `{machine}/{name}` (at {result['git_revision'][:7]}): none recorded")
-            continue
-        where = (f"at {c['revision'][:7]} (`{c['command']}`)" if "revision" in c
-                 else f"at {result['git_revision'][:7]}, before the benchmark")
-        lines.append(f"- `{machine}/{name}`, {where}: tests {c['tests']}; compute-sanitizer "
-                     f"memcheck {c['memcheck']}; racecheck {c['racecheck']}")
+        for c in found:
+            where = (f"at {c['revision'][:7]} (`{c['command']}`)" if "revision" in c
+                     else f"at {result['git_revision'][:7]}, before the benchmark")
+            ran = [f"tests {c['tests']}"] + [f"compute-sanitizer {tool} {c[tool]}"
+                                               for tool in ("memcheck", "racecheck") if tool in c]
+            lines.append(f"- `{machine}/{name}`, {where}: {'; '.join(ran)}")
     return lines
 
 

@@ -3,10 +3,10 @@
 # benchmark. Logs and JSON go to $OUT.
 # Usage (from the repo root there): [BENCH=attention|kvpr] [NAME=file stem, default $BENCH]
 # bash benchmarks/device_run.sh [bench options...]; TESTS overrides the test paths (default: all
-# of tests/), SKIP_TESTS=1 / SKIP_SANITIZER=1 skip those parts. The panels' tests need ipywidgets, plotly and
-# anywidget with their dependencies (traitlets, IPython), which the device image lacks: carry their
-# wheels in .whl/ (benchmarks/README.md says how). A module that fails to import is counted as an
-# error in the summary; the other tests still run.
+# of tests/), SKIP_TESTS=1 / SKIP_SANITIZER=1 skip those parts. The panels' tests need ipywidgets,
+# plotly and anywidget with their dependencies (traitlets, IPython), which the device image lacks:
+# carry their wheels in .whl/ (benchmarks/README.md says how). A module that fails to import is
+# counted as an error in the summary; the other tests still run.
 # RERECORD_H100 / RERECORD_H200="part ...": after the checks, benchmarks/rerecord.py re-records
 # those parts of the machine whose GPU this is (a call for one kind may lend the other), each
 # recording the checks, within RERECORD_BUDGET seconds (default 300; the call's limit less the
@@ -31,12 +31,14 @@ python3 -c "from kvlab.bench.env import git_state; print(git_state())" 2>&1 | te
 
 checks=()  # the summary lines of the checks, recorded in the benchmark's result (gpu_checks)
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  # SIGINT at the limit: pytest stops as on Ctrl-C and still reports the failures so far
+  # SIGINT at the limit: pytest stops as on Ctrl-C and still reports the failures so far (where
+  # it is killed before its summary, the count below comes from its progress line)
   timeout -s INT -k 30 ${TEST_TIMEOUT:-420} python3 -m pytest -q -rfE -m "gpu or compile" \
-    -p no:cacheprovider --import-mode=importlib --continue-on-collection-errors ${TESTS:-tests} > "$OUT/tests.log" 2>&1
+    -p no:cacheprovider --import-mode=importlib --continue-on-collection-errors ${TESTS:-tests} \
+    > "$OUT/tests.log" 2>&1
   tail -40 "$OUT/tests.log" | tee -a "$log" > "$OUT/tests.tail"
-  summary=$(grep -E "[0-9]+ (passed|failed|errors?|skipped|deselected)" "$OUT/tests.tail" | tail -1 \
-            | tr -d "=")
+  summary=$(grep -E "[0-9]+ (passed|failed|errors?|skipped|deselected)" "$OUT/tests.tail" \
+            | tail -1 | tr -d "=")
   grep -q "KeyboardInterrupt" "$OUT/tests.tail" && summary="$summary, stopped at the limit"
   if [ -z "$summary" ]; then  # killed before pytest's summary: count its progress characters
     progress=$(grep -E '^[.FEsxX]+( +\[ *[0-9]+%\])?$' "$OUT/tests.log" | sed 's/ *\[.*//' \
@@ -50,8 +52,8 @@ fi
 if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
   for tool in memcheck racecheck; do
     echo "== compute-sanitizer --tool $tool" >> "$log"
-    timeout ${SANITIZER_TIMEOUT:-90} compute-sanitizer --tool $tool python3 benchmarks/sanitize_cases.py \
-      2>&1 | tail -20 > "$OUT/$tool.tail"
+    timeout ${SANITIZER_TIMEOUT:-90} compute-sanitizer --tool $tool \
+      python3 benchmarks/sanitize_cases.py 2>&1 | tail -20 > "$OUT/$tool.tail"
     cat "$OUT/$tool.tail" >> "$log"
     summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/$tool.tail" | tail -1 \
               | sed 's/^=* *//')

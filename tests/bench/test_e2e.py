@@ -88,6 +88,9 @@ def test_tensor_parallel_runs_under_torchrun_over_heads_that_divide(capsys, monk
         main(["bench", "e2e", "--models", "llama3-8b", "--tp", "2", "--serve-rates", "8"])
     assert "--serve-rates with --tp 2: a serving run admits requests as they arrive" in \
         capsys.readouterr().err
+
+
+def test_a_serving_rate_whose_arrivals_pass_a_day_is_refused_before_the_run(capsys):
     with pytest.raises(SystemExit):
         main(["bench", "e2e", "--models", "llama3-8b", "--serve-rates", "8", "0.001"])
     assert ("--serve-rates 0.001: 512 requests would arrive over 5" in capsys.readouterr().err)

@@ -17,8 +17,11 @@ not run are named, so that the next call takes them up.
 `--gpu-checks FILE` hands the GPU tests' and sanitizers' summary (`gpu_checks.json`, which
 benchmarks/device_run.sh leaves in $OUT) to every part, which records it as `gpu_checks`.
 The H200's parts also gain what its recordings lacked (`AMEND`): FlashInfer's two decode paths in
-the same loop as the other kernels (and its production length mix), and HF's compiled and eager
-static cache over two rounds.
+the same loop as the other kernels (and its production length mix), HF's compiled and eager
+static cache over two rounds, and the cross-kernel prefetch's batches up to 128 at 4k and 32k
+tokens (where their caches fit). A machine may also take up a part it has no result for yet
+from another machine's result (`ADOPT`: the H200 the H100's step traces, counters and lever
+runs), with that part's time there standing in for --budget until it has its own.
 A part whose command names a file needs that file first: attention_vllm's --vllm-cubin is built
 by benchmarks/vllm_cubin.sh.
 A machine's parts run only on the GPU its results were recorded on (their "gpu", against
@@ -56,6 +59,8 @@ DROPPED = ("--json", "--checkpoint", "--resume")  # options a part sets itself, 
 PART_TIMEOUT_S = 3600
 FLASHINFER = ["flashinfer", "flashinfer_tc"]
 FAIR_HF = {"--hf-compile": ["both"], "--rounds": ["2"]}
+ALL_BATCHES = {"--batches": ["1", "16", "64", "128"]}  # the lever grid's (a cache that does
+# not fit is left out by the benchmark, with the reason)
 # {machine: {part: {option: values}}}: what a re-recording adds to the part's recorded command.
 # An option of LIST_OPTIONS gets the values it lacks appended (the option added where absent);
 # any other option is set to its value.
@@ -66,19 +71,31 @@ AMEND = {"h200": {
     "attention_small": {"--kernels": FLASHINFER},
     "attention_vllm": {"--kernels": FLASHINFER},
     "attention_mixed": {"--kernels": FLASHINFER, "--lengths": ["production:32768"]},
-    "e2e": FAIR_HF, "e2e_qwen7b": FAIR_HF, "e2e_qwen14b": FAIR_HF}}
+    "e2e": FAIR_HF, "e2e_qwen7b": FAIR_HF, "e2e_qwen14b": FAIR_HF,
+    "e2e_ahead_4k": ALL_BATCHES, "e2e_ahead_32k": ALL_BATCHES},
+    "h100": {"e2e_ahead_4k": ALL_BATCHES, "e2e_ahead_32k": ALL_BATCHES}}
+# {machine: {part: the machine whose result of that name gives its command}}: parts a machine
+# has no result for yet
+ADOPT = {"h200": dict.fromkeys(("steptrace", "steptrace_4k", "steptrace_32k", "steptrace_counters",
+                                "steptrace_4k_counters", "steptrace_kv_counters", "e2e_ahead",
+                                "e2e_ahead_kv", "e2e_ahead_kv_4k"), "h100")}
 LIST_OPTIONS = ("--kernels", "--lengths", "--models", "--batches", "--contexts", "--points")
 
 
 def parts(machine: str) -> dict[str, list[str]]:
     """{file name (no .json): its recorded command, as argv} for the results of `machine` made
-    by `python -m kvlab bench`. Raises ValueError for a machine with no results folder."""
+    by `python -m kvlab bench`, and the parts it adopts (`ADOPT`) with their source's command,
+    each as AMEND amends it for `machine`. Raises ValueError for a machine with no results
+    folder."""
     folder = RESULTS / machine
     if not folder.is_dir():
         machines = sorted(p.name for p in RESULTS.iterdir() if p.is_dir())
         raise ValueError(f"--machine {machine!r}: no results/{machine}/; one of {machines}")
+    adopted = [RESULTS / source / f"{name}.json"
+               for name, source in ADOPT.get(machine, {}).items()
+               if not (folder / f"{name}.json").is_file()]
     found = {}
-    for path in sorted(folder.glob("*.json")):
+    for path in sorted([*folder.glob("*.json"), *adopted], key=lambda path: path.stem):
         argv = shlex.split(json.loads(path.read_text()).get("command") or "")
         if argv[:4] == PREFIX:
             found[path.stem] = amended(argv, AMEND.get(machine, {}).get(path.stem, {}))
@@ -189,7 +206,7 @@ def run(names: list[str], known: dict, out: Path, budget_s: float | None,
         log["parts"].append({"name": name, "command": shlex.join(argv), "returncode": code,
                              "seconds": round(time.monotonic() - began, 1),
                              "wrote": written.is_file()})
-        if code == 0 and written.is_file():
+        if ran_to_its_end(log["parts"][-1]):
             result = json.loads(written.read_text())
             result["command"] = canonical(machine, name, known[name])
             written.write_text(json.dumps(result, indent=2) + "\n")
@@ -288,9 +305,13 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         parser.error(str(err))
     timed = times(args.machine)
+    elsewhere = {name: times(source)[name] for name, source in ADOPT.get(args.machine, {}).items()
+                 if name in known and name not in timed and name in times(source)}
     if args.list or not names:
         for name, recorded in known.items():
-            when = took(timed[name]) if name in timed else "not timed yet"
+            when = (took(timed[name]) if name in timed else
+                    f"not timed here; {took(elsewhere[name])}" if name in elsewhere else
+                    "not timed yet")
             print(f"{name} ({when}): {shlex.join(command(name, recorded, args.out))}")
         return 0
     here, gpus = gpu_here(), recorded_gpus(args.machine)
@@ -303,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--pack {args.pack}: must be a file in a folder that exists, outside "
                      f"--out {args.out}")
     durations = ({p["name"]: p["seconds"] for p in json.loads(args.durations.read_text())[
-        "parts"]} if args.durations else {name: t["seconds"] for name, t in timed.items()})
+        "parts"]} if args.durations else {name: t["seconds"]
+                                         for name, t in (elsewhere | timed).items()})
     env = dict(os.environ)
     if args.gpu_checks is not None:
         env["KVLAB_GPU_CHECKS"] = args.gpu_checks.read_text().strip()

@@ -18,9 +18,41 @@ import rerecord  # noqa: E402
 
 def test_every_h200_result_of_the_cli_is_a_part_with_its_command():
     parts = rerecord.parts("h200")
-    files = sorted(p.stem for p in (rerecord.RESULTS / "h200").glob("*.json"))
-    assert sorted(parts) == files  # all of them came from `python -m kvlab bench`
+    files = {p.stem for p in (rerecord.RESULTS / "h200").glob("*.json")}
+    # all of them came from `python -m kvlab bench`; the adopted parts come on top
+    assert set(parts) == files | set(rerecord.ADOPT["h200"]) and list(parts) == sorted(parts)
     assert parts["attention_fp8"][:5] == ["python", "-m", "kvlab", "bench", "attention"]
+
+
+def test_a_machine_adopts_another_machines_part_until_it_has_its_own(tmp_path, monkeypatch):
+    """ADOPT: the H200 records the H100's step traces and lever runs with the H100's
+    commands; once the H200 has a file of that name, its own command is the part's."""
+    h200 = rerecord.parts("h200")
+    for name, source in rerecord.ADOPT["h200"].items():
+        recorded = json.loads((rerecord.RESULTS / source / f"{name}.json").read_text())
+        assert h200[name] == shlex.split(recorded["command"]), name
+    for machine in ("h100", "h200"):  # the lever grid's batches, at 4k and 32k
+        parts = rerecord.parts(machine)
+        for name in ("e2e_ahead_4k", "e2e_ahead_32k"):
+            assert _values(parts[name], "--batches") == ["1", "16", "64", "128"], (machine, name)
+    (tmp_path / "h100").mkdir()
+    (tmp_path / "h200").mkdir()
+    for machine, stem in (("h100", "steptrace"), ("h200", "steptrace"), ("h100", "e2e_ahead")):
+        (tmp_path / machine / f"{stem}.json").write_text(json.dumps(
+            {"command": f"python -m kvlab bench steptrace --models {machine}"}))
+    monkeypatch.setattr(rerecord, "RESULTS", tmp_path)
+    monkeypatch.setattr(rerecord, "ADOPT", {"h200": {"steptrace": "h100", "e2e_ahead": "h100"}})
+    assert rerecord.parts("h200") == {
+        "e2e_ahead": shlex.split("python -m kvlab bench steptrace --models h100"),
+        "steptrace": shlex.split("python -m kvlab bench steptrace --models h200")}
+
+
+def test_every_result_of_the_cli_names_its_own_file_as_its_output():
+    """(never the path on the machine that recorded it)"""
+    for path in sorted(rerecord.RESULTS.glob("*/*.json")):
+        argv = shlex.split(json.loads(path.read_text()).get("command") or "")
+        if argv[:4] == rerecord.PREFIX:
+            assert _values(argv, "--json") == [str(path.relative_to(ROOT))], path
 
 
 def _values(argv: list[str], option: str) -> list[str]:
@@ -94,6 +126,26 @@ def test_parts_run_in_turn_and_those_past_the_budget_wait(tmp_path):
     assert written["command"] == "python -m kvlab bench cache --json benchmarks/results/h200/c.json"
 
 
+def test_a_part_that_wrote_its_result_then_aborted_records_the_canonical_command(tmp_path):
+    """(bench steptrace writes its result, then aborts at exit); one stopped at the budget,
+    whose file its runner left, keeps what it wrote."""
+    known = {"a": shlex.split("python -m kvlab bench steptrace --models m")}
+
+    def runner(argv, code, **kwargs):
+        Path(argv[argv.index("--json") + 1]).write_text(json.dumps({"command": shlex.join(argv)}))
+        if code is None:
+            raise subprocess.TimeoutExpired(argv, 1)
+        return subprocess.CompletedProcess(argv, code)
+
+    rerecord.run(["a"], known, tmp_path, None, {}, {}, "h100",
+                 runner=lambda argv, **kw: runner(argv, -6, **kw))
+    assert json.loads((tmp_path / "a.json").read_text())["command"] == (
+        "python -m kvlab bench steptrace --models m --json benchmarks/results/h100/a.json")
+    rerecord.run(["a"], known, tmp_path, None, {}, {}, "h100",
+                 runner=lambda argv, **kw: runner(argv, None, **kw))
+    assert str(tmp_path) in json.loads((tmp_path / "a.json").read_text())["command"]
+
+
 def test_bad_names_and_machines_are_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         rerecord.main(["--run", "attention", "nope", "--out", str(tmp_path)])
@@ -113,6 +165,32 @@ def test_list_prints_every_part(tmp_path, capsys):
                          for line in lines if (name := line.split(" ")[0]) in timed)
     assert all(" (not timed yet): " in line for line in lines
                if line.split(" ")[0] not in timed)
+
+
+def test_an_adopted_part_is_listed_and_budgeted_by_its_time_on_the_source(tmp_path, capsys,
+                                                                         monkeypatch):
+    elsewhere = rerecord.times("h100")
+    adopted = [name for name, source in rerecord.ADOPT["h200"].items()
+               if source == "h100" and name in elsewhere and name not in rerecord.times("h200")]
+    assert adopted
+    assert rerecord.main(["--machine", "h200", "--list", "--out", str(tmp_path)]) == 0
+    lines = {line.split(" ")[0]: line for line in capsys.readouterr().out.splitlines()}
+    for name in adopted:
+        assert lines[name].startswith(
+            f"{name} (not timed here; {rerecord.took(elsewhere[name])}): "), name
+    seen = {}
+    monkeypatch.setattr(rerecord, "gpu_here", lambda: "NVIDIA H200")
+    monkeypatch.setattr(rerecord, "git_state", lambda: {
+        "git_revision": "b" * 40, "git_dirty": False, "git_source": "checkout"})
+
+    def fake_run(names, known, out, budget_s, durations, env, machine, after_part):
+        seen["durations"] = durations
+        return {"parts": [], "not_run": names}
+
+    monkeypatch.setattr(rerecord, "run", fake_run)
+    rerecord.main(["--machine", "h200", "--run", adopted[0], "--budget", "10", "--out",
+                   str(tmp_path)])
+    assert seen["durations"][adopted[0]] == elsewhere[adopted[0]]["seconds"]
 
 
 def test_the_times_of_the_parts_that_ran_to_their_end_are_kept(tmp_path, capsys):

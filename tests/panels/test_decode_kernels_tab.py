@@ -391,12 +391,20 @@ def test_run_button_measures_mixed_lengths_with_a_fake_measurement(monkeypatch):
 
 @pytest.mark.gpu
 def test_run_button_measures_mixed_lengths_on_this_gpu(monkeypatch):
+    """(FlashInfer's tensor-core path beside them where it is installed; its CUDA-core decode
+    where it takes the batch)"""
+    from kvlab.kernels import flashinfer_peer
+
     monkeypatch.delenv("KVLAB_BACKEND", raising=False)
     tab = DecodeKernelsTab(model="qwen2.5-7b", batch=8, kernel="gqa",
                            lengths="lognormal:1536,2048")
     tab.run_button.click()
     bars = tab.figures["bandwidth"].figure.data[0]
-    assert set(bars.y) == {"vllm_v1 / none", "gqa / none", "gqa_split_longest / none", "read"}
+    peers = {y for y in bars.y if y.startswith("flashinfer")}
+    assert set(bars.y) - peers == {"vllm_v1 / none", "gqa / none", "gqa_split_longest / none",
+                                   "read"}
+    assert peers <= {"flashinfer / none", "flashinfer_tc / none"}
+    assert ("flashinfer_tc / none" in peers) == flashinfer_peer.available()
     assert all(gbps > 0 for gbps in bars.x)
     assert "measured on" in tab.figures["speedup"].figure.layout.title.text
 

@@ -26,6 +26,13 @@ A part whose command names a file needs that file first: attention_vllm's --vllm
 by benchmarks/vllm_cubin.sh.
 A machine's parts run only on the GPU its results were recorded on (their "gpu", against
 nvidia-smi's name here): a device that lends an H100 for an H200 call records nothing.
+A part too long for one call runs as shards: `--run NAME@OPTION=V,V...` runs the part with
+--models or --batches narrowed to some of its own values (every point's variants still in one
+loop), into NAME@OPTION=V,V....json; once shards cover the part's values, `--merge NAME`
+joins them in --out into NAME.json: their rows in the part's order, the first shard's
+run-level fields (its roofline among them), every shard's date, host, clocks, roofline and
+checks under "shards". Each row was timed, and set against the roofline, in its own shard's
+run; shards of different code or of another kind of GPU are refused.
 The device returns few files from $OUT, and nothing a command left unpacked when the call's
 limit stopped it: point --out elsewhere and give `--pack $OUT/rr.tgz`, which rewrites
 rerecord.json and packs --out into that one file after every part.
@@ -80,6 +87,11 @@ ADOPT = {"h200": dict.fromkeys(("steptrace", "steptrace_4k", "steptrace_32k", "s
                                 "steptrace_4k_counters", "steptrace_kv_counters", "e2e_ahead",
                                 "e2e_ahead_kv", "e2e_ahead_kv_4k"), "h100")}
 LIST_OPTIONS = ("--kernels", "--lengths", "--models", "--batches", "--contexts", "--points")
+SHARDABLE = ("models", "batches")  # what a part may be split by (`sharded`)
+SHARED = ("benchmark", "gpu", "git_revision", "git_dirty", "components")  # shards' alike
+MEASURED = ("rows", "skipped", "serving", "timelines")  # what every shard adds to a merge
+SHARD_RUN = ("date", "host", "git_revision", "clocks_start", "clocks_end", "roofline_copy_gbps",
+             "gpu_checks")  # what a merged result keeps of every shard's run
 
 
 def parts(machine: str) -> dict[str, list[str]]:
@@ -102,6 +114,14 @@ def parts(machine: str) -> dict[str, list[str]]:
     return found
 
 
+def _values_span(argv: list[str], option: str) -> tuple[int, int]:
+    """Where the values of `option`, which `argv` holds, begin and end in it."""
+    at = end = argv.index(option) + 1
+    while end < len(argv) and not argv[end].startswith("--"):
+        end += 1
+    return at, end
+
+
 def amended(argv: list[str], changes: dict[str, list[str]]) -> list[str]:
     """`argv` with `changes` ({option: values}, as AMEND's) made: a list option's missing
     values appended to its own, any other option's value set; an absent option added at the
@@ -111,10 +131,7 @@ def amended(argv: list[str], changes: dict[str, list[str]]) -> list[str]:
         if option not in argv:
             argv += [option, *values]
             continue
-        at = argv.index(option) + 1
-        end = at
-        while end < len(argv) and not argv[end].startswith("--"):
-            end += 1
+        at, end = _values_span(argv, option)
         kept = argv[at:end]
         new = (kept + [v for v in values if v not in kept] if option in LIST_OPTIONS
                else list(values))
@@ -167,16 +184,105 @@ def gpu_here() -> str | None:
     return names[0].strip() if names else None
 
 
-def chosen(names: list[str], known: dict) -> list[str]:
-    """The parts named (or all, for ["all"]), in the order given. Raises ValueError for an
-    unknown name."""
+def chosen(names: list[str], known: dict) -> dict[str, list[str]]:
+    """{name: command} of the parts and shards (`sharded`) named, or of all parts for
+    ["all"], in the order given. Raises ValueError for an unknown name or a bad shard."""
     if names == ["all"]:
-        return list(known)
-    unknown = [n for n in names if n not in known]
+        return dict(known)
+    unknown = [n for n in names if n.partition("@")[0] not in known]
     if unknown:
         raise ValueError(f"--run {' '.join(unknown)}: no such part; one of {sorted(known)} "
                          "or all")
-    return list(dict.fromkeys(names))
+    return {name: known[name] if name in known else sharded(name, known)
+            for name in dict.fromkeys(names)}
+
+
+def option_values(argv: list[str], option: str) -> list[str] | None:
+    """The values a recorded command takes for `option` (a SHARDABLE name), its benchmark's
+    default where it does not say; None where the benchmark has no such list."""
+    from kvlab.bench.cli import parser
+
+    values = getattr(parser().parse_args(argv[3:]), option, None)
+    return None if values is None else [str(v) for v in values]
+
+
+def _without(argv: list[str], option: str) -> list[str]:
+    """`argv` less `option` and its values."""
+    if option not in argv:
+        return list(argv)
+    at, end = _values_span(argv, option)
+    return argv[:at - 1] + argv[end:]
+
+
+def shard_of(name: str) -> tuple[str, str, list[str]]:
+    """(part, option, values) of a shard's name, "PART@OPTION=V,V...". Raises ValueError
+    for a name of another form."""
+    part, _, spec = name.partition("@")
+    option, _, values = spec.partition("=")
+    if option not in SHARDABLE or not all(values.split(",")):
+        raise ValueError(f"--run {name}: a shard is PART@OPTION=V,V... with OPTION one of "
+                         f"{', '.join(SHARDABLE)}")
+    return part, option, values.split(",")
+
+
+def sharded(name: str, known: dict) -> list[str]:
+    """The command of the shard `name`: its part's command with --OPTION narrowed to the
+    shard's values, some of the part's own, each named once. Raises ValueError otherwise."""
+    part, option, values = shard_of(name)
+    whole = option_values(known[part], option)
+    if option == "batches" and "--points" in known[part]:  # (which overrides --batches)
+        raise ValueError(f"--run {name}: {part} times --points; shard it by models")
+    if whole is None or not set(values) <= set(whole) or len(set(values)) < len(values):
+        raise ValueError(f"--run {name}: {part} runs --{option} "
+                         f"{' '.join(whole) if whole else '(none)'}; a shard takes some of "
+                         "them, each once")
+    return [*_without(known[part], f"--{option}"), f"--{option}", *values]
+
+
+def merge(machine: str, part: str, out: Path) -> Path:
+    """Join the shards of `part` in `out` into out/<part>.json (the module's docstring says
+    how) and return its path. Raises ValueError where the shards do not cover the part's
+    values once each, split it by more than one option, or differ in SHARED."""
+    known = parts(machine)
+    if part not in known:
+        raise ValueError(f"--merge {part}: no such part of {machine}")
+    found = {path.stem: json.loads(path.read_text()) for path in out.glob(f"{part}@*.json")}
+    if not found:
+        raise ValueError(f"--merge {part}: no shard {part}@OPTION=V,... in {out}")
+    split = {name: shard_of(name) for name in found}
+    options = {option for _, option, _ in split.values()}
+    if len(options) > 1:
+        raise ValueError(f"--merge {part}: its shards split it by {', '.join(sorted(options))};"
+                         " one option only")
+    option = options.pop()
+    whole = option_values(known[part], option)
+    covered = [v for _, _, values in split.values() for v in values]
+    if sorted(covered) != sorted(whole):
+        raise ValueError(f"--merge {part}: its shards cover --{option} {' '.join(covered)}; "
+                         f"the part's are {' '.join(whole)}, each once")
+    for key in SHARED:
+        if len({json.dumps(r.get(key), sort_keys=True) for r in found.values()}) > 1:
+            raise ValueError(f"--merge {part}: its shards differ in {key}")
+    names = sorted(found, key=lambda name: whole.index(split[name][2][0]))
+    models = option_values(known[part], "models") or []
+
+    def order(item) -> tuple[int, int]:  # (the part's model order, then its batches')
+        item = item if isinstance(item, dict) else {}
+        return (models.index(item["model"]) if item.get("model") in models else -1,
+                whole.index(str(item["batch"])) if option == "batches"
+                and str(item.get("batch")) in whole else -1)
+
+    merged = dict(found[names[0]])
+    for key in MEASURED:
+        if key in merged:
+            merged[key] = sorted((item for name in names for item in found[name].get(key, [])),
+                                 key=order)
+    merged["command"] = canonical(machine, part, known[part])
+    merged["shards"] = [{"name": name, **{k: found[name][k] for k in SHARD_RUN
+                                          if k in found[name]}} for name in names]
+    path = out / f"{part}.json"
+    path.write_text(json.dumps(merged, indent=2) + "\n")
+    return path
 
 
 def run(names: list[str], known: dict, out: Path, budget_s: float | None,
@@ -289,6 +395,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="merge these runs' rerecord.json into rerecord_times.json")
     parser.add_argument("--gpu-checks", type=Path, metavar="JSON",
                         help="the GPU checks' summary every part records (KVLAB_GPU_CHECKS)")
+    parser.add_argument("--merge", metavar="PART",
+                        help="join the shards of PART (NAME@OPTION=V,...) in --out into one "
+                             "result")
     parser.add_argument("--pack", type=Path, metavar="TGZ",
                         help="after every part, pack --out into this file (e.g. $OUT/rr.tgz)")
     args = parser.parse_args(argv)
@@ -301,9 +410,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         known = parts(args.machine)
-        names = chosen(args.run, known) if args.run else []
+        if args.merge:
+            print(merge(args.machine, args.merge, args.out))
+            return 0
+        selected = chosen(args.run, known) if args.run else {}
     except ValueError as err:
         parser.error(str(err))
+    names = list(selected)
     timed = times(args.machine)
     elsewhere = {name: times(source)[name] for name, source in ADOPT.get(args.machine, {}).items()
                  if name in known and name not in timed and name in times(source)}
@@ -340,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     header = {"machine": args.machine, "gpu": here, "revision": code["git_revision"],
               "dirty": code["git_dirty"], "date": time.strftime("%Y-%m-%d", time.gmtime())}
     save = saver(args.out, args.pack)
-    log = {**header, **run(names, known, args.out, args.budget, durations, env, args.machine,
+    log = {**header, **run(names, selected, args.out, args.budget, durations, env, args.machine,
                            after_part=lambda so_far: save({**header, **so_far}))}
     save(log)
     for p in log["parts"]:

@@ -2,6 +2,7 @@
 within a budget, on the CPU with a fake runner."""
 
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -229,7 +230,9 @@ def test_the_times_of_the_parts_that_ran_to_their_end_are_kept(tmp_path, capsys)
 
 def test_the_committed_times_name_parts_of_their_machine():
     for machine in ("h100", "h200"):
-        assert set(rerecord.times(machine)) <= set(rerecord.parts(machine))
+        # (a shard's time is kept by its name: PART@OPTION=V,...)
+        assert {name.partition("@")[0] for name in rerecord.times(machine)} <= set(
+            rerecord.parts(machine))
 
 
 def test_parts_run_only_on_the_gpu_their_results_were_recorded_on(tmp_path, monkeypatch,
@@ -318,3 +321,88 @@ def test_a_revision_that_cannot_be_read_is_refused_before_any_part(tmp_path, mon
         rerecord.main(["--machine", "h100", "--run", "e2e_hf", "--out", str(tmp_path)])
     assert "error: KVLAB_GIT_REVISION='abc', KVLAB_GIT_DIRTY='0': must be 40 hex digits" in (
         capsys.readouterr().err)
+
+
+def test_a_shard_runs_its_part_narrowed_to_some_of_its_values():
+    known = rerecord.parts("h200")
+    shards = rerecord.chosen(["e2e@models=llama2-7b", "e2e_qwen14b@batches=1,16"], known)
+    assert _values(shards["e2e@models=llama2-7b"], "--models") == ["llama2-7b"]
+    assert _values(shards["e2e@models=llama2-7b"], "--hf-compile") == ["both"]  # as amended
+    assert _values(shards["e2e_qwen14b@batches=1,16"], "--batches") == ["1", "16"]  # a default
+    small = rerecord.chosen(["attention_small@models=qwen2.5-7b"], known)
+    assert _values(small["attention_small@models=qwen2.5-7b"], "--models") == ["qwen2.5-7b"]
+    for bad, why in (("e2e@models=opt-13b", "e2e runs --models llama3-8b llama2-7b; a shard "
+                      "takes some of them, each once"),
+                     ("e2e@batches=1,1", "each once"),
+                     ("e2e@contexts=1", "a shard is PART@OPTION=V,V... with OPTION one of "
+                      "models, batches"),
+                     ("e2e@models=", "a shard is PART@OPTION"),
+                     ("attention_small@batches=1", "attention_small times --points"),
+                     ("nope@models=x", "--run nope@models=x: no such part")):
+        with pytest.raises(ValueError, match=re.escape(why)):
+            rerecord.chosen([bad], known)
+
+
+def _shard(out: Path, name: str, rows: list[dict], **run) -> None:
+    (out / f"{name}.json").write_text(json.dumps({
+        "benchmark": "e2e", "gpu": "NVIDIA H200", "git_revision": "c" * 40, "git_dirty": False,
+        "components": {"engine": "1"}, "date": run.get("date", "2026-12-07"),
+        "roofline_copy_gbps": run.get("roofline", 4000.0), "host": name, "rows": rows,
+        "skipped": [], "tp": 1, "command": "as run"}))
+
+
+def test_merging_shards_gives_the_parts_rows_in_its_order_and_every_runs_provenance(tmp_path):
+    """e2e_qwen14b split by batches, the shards given out of order: rows come back in the
+    part's batch order, the first shard's run-level fields with every shard's under shards."""
+    row = lambda batch, variant: {"model": "qwen2.5-14b", "batch": batch, "variant": variant}  # noqa: E731
+    _shard(tmp_path, "e2e_qwen14b@batches=128,64", [row(128, "gqa"), row(64, "gqa")],
+           roofline=4010.0, date="2026-12-08")
+    _shard(tmp_path, "e2e_qwen14b@batches=16,1", [row(16, "gqa"), row(1, "gqa"), row(1, "hf")])
+    path = rerecord.merge("h200", "e2e_qwen14b", tmp_path)
+    merged = json.loads(path.read_text())
+    assert path == tmp_path / "e2e_qwen14b.json"
+    assert [(r["batch"], r["variant"]) for r in merged["rows"]] == [
+        (1, "gqa"), (1, "hf"), (16, "gqa"), (64, "gqa"), (128, "gqa")]
+    assert merged["roofline_copy_gbps"] == 4000.0 and merged["date"] == "2026-12-07"
+    assert [(s["name"], s["roofline_copy_gbps"], s["date"]) for s in merged["shards"]] == [
+        ("e2e_qwen14b@batches=16,1", 4000.0, "2026-12-07"),
+        ("e2e_qwen14b@batches=128,64", 4010.0, "2026-12-08")]
+    assert merged["command"] == rerecord.canonical(
+        "h200", "e2e_qwen14b", rerecord.parts("h200")["e2e_qwen14b"])
+
+
+def test_shards_that_miss_a_value_or_differ_in_code_are_not_merged(tmp_path, capsys):
+    _shard(tmp_path, "e2e@models=llama2-7b", [])
+    with pytest.raises(ValueError, match="cover --models llama2-7b; the part's are llama3-8b "
+                                         "llama2-7b, each once"):
+        rerecord.merge("h200", "e2e", tmp_path)
+    _shard(tmp_path, "e2e@models=llama3-8b", [])
+    other = json.loads((tmp_path / "e2e@models=llama3-8b.json").read_text())
+    (tmp_path / "e2e@models=llama3-8b.json").write_text(json.dumps(
+        {**other, "git_revision": "d" * 40}))
+    with pytest.raises(ValueError, match="its shards differ in git_revision"):
+        rerecord.merge("h200", "e2e", tmp_path)
+    _shard(tmp_path, "e2e@models=llama3-8b", [])
+    _shard(tmp_path, "e2e@batches=1", [])
+    with pytest.raises(ValueError, match="split it by batches, models; one option only"):
+        rerecord.merge("h200", "e2e", tmp_path)
+    with pytest.raises(SystemExit):
+        rerecord.main(["--machine", "h200", "--merge", "e2e_2048", "--out", str(tmp_path)])
+    assert "--merge e2e_2048: no shard e2e_2048@OPTION=V,... in" in capsys.readouterr().err
+
+
+def test_a_run_of_shards_hands_their_commands_on(tmp_path, monkeypatch):
+    seen = {}
+    monkeypatch.setattr(rerecord, "gpu_here", lambda: "NVIDIA H200")
+    monkeypatch.setattr(rerecord, "git_state", lambda: {
+        "git_revision": "b" * 40, "git_dirty": False, "git_source": "checkout"})
+
+    def fake_run(names, known, out, budget_s, durations, env, machine, after_part):
+        seen.update(names=names, known=known)
+        return {"parts": [], "not_run": []}
+
+    monkeypatch.setattr(rerecord, "run", fake_run)
+    rerecord.main(["--run", "e2e@models=llama3-8b", "e2e_2048", "--out", str(tmp_path)])
+    assert seen["names"] == ["e2e@models=llama3-8b", "e2e_2048"]
+    assert _values(seen["known"]["e2e@models=llama3-8b"], "--models") == ["llama3-8b"]
+    assert seen["known"]["e2e_2048"] == rerecord.parts("h200")["e2e_2048"]

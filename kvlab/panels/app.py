@@ -7,7 +7,8 @@ setting now, drawn dimmed beside the live one as the controls change, and export
 (`FigurePane.pin`).
 
 A tab is any object with `key`, `title`, `controls`, `figures` and `widget` (see `DashboardTab`);
-adding one ("Decode kernels", "KVPR", ...) means appending it in `dashboard()`.
+adding one ("Decode kernels", "KVPR", ...) means appending its class to `TABS`. `dashboard()`
+builds the first tab at once and each other one when it is first selected or used (`LazyTab`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 import os
 import time
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -38,9 +40,10 @@ from kvlab.viz.export import (
     write_new_files,
 )
 
-__all__ = ["Dashboard", "DashboardTab", "dashboard", "export_message", "export_tab", "files_url",
-           "control_values", "header_html", "setting_label"]
+__all__ = ["Dashboard", "DashboardTab", "LazyTab", "TABS", "dashboard", "export_message",
+           "export_tab", "files_url", "control_values", "header_html", "setting_label"]
 
+TABS = (PagedCacheTab, DecodeKernelsTab, KVPRTab, L2Tab, EndToEndTab)  # dashboard()'s, in order
 EXPORT_FOLDER = "kvlab-export"  # the default export_folder, in the working directory
 # NOTE: ipywidgets gives every tab a basis of 144 px and lets it shrink to 35 px, its title cut to
 # fit (`.jupyter-widget-tab > .lm-TabBar .lm-TabBar-tab`): at 1,000 px, the file browser open,
@@ -57,6 +60,32 @@ class DashboardTab(Protocol):
     controls: dict[str, widgets.Widget]
     figures: dict[str, FigurePane]
     widget: widgets.Widget
+
+
+class LazyTab:
+    """A tab built by `make()` when first used: `key`, `title` and `widget` are there at once (the
+    widget a box that says the tab is being built, then holds the built tab's widget); reading any
+    other attribute (`controls`, `figures`, `refresh`, ...) builds the tab and gives the built
+    tab's. `build()` builds it and returns it. A `Dashboard` builds a lazy tab when it is selected,
+    so a dashboard opens without drawing the tabs nobody has looked at (the L2 tab's modelled chart
+    alone takes a second on a CPU)."""
+
+    def __init__(self, make: Callable[[], DashboardTab], key: str, title: str):
+        self._built: DashboardTab | None = None
+        self._make = make
+        self.key, self.title = key, title
+        self.widget = widgets.VBox([widgets.HTML(f"<i>building {html.escape(title)}...</i>")])
+
+    def build(self) -> DashboardTab:
+        if self._built is None:
+            self._built = self._make()
+            self.widget.children = [self._built.widget]
+        return self._built
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):  # never build for a private name (copy, pickle, repr probes)
+            raise AttributeError(name)
+        return getattr(self.build(), name)
 
 
 def header_html(backend_name: str, label: str) -> str:
@@ -209,6 +238,7 @@ class Dashboard:
         self.export_button.on_click(self._on_export)
         self.pin_button.on_click(lambda button: self.pin())
         self.unpin_button.on_click(lambda button: self.unpin())
+        self.tab_widget.observe(self._build_selected, names="selected_index")
         self.tab_widget.observe(self._show_pin, names="selected_index")
         self._show_pin()
         buttons = [self.export_button, self.pin_button, self.unpin_button, self.export_links]
@@ -261,6 +291,12 @@ class Dashboard:
             pane.unpin()
         self._show_pin()
 
+    def _build_selected(self, change=None) -> None:
+        """A lazy tab is built when it is selected."""
+        tab = self.tabs[self.tab_widget.selected_index or 0]
+        if isinstance(tab, LazyTab):
+            tab.build()
+
     def _show_pin(self, change=None) -> None:
         """The line below the buttons names the selected tab's pinned setting; "Clear pin" is
         enabled where there is one."""
@@ -301,7 +337,10 @@ class Dashboard:
 
 
 def dashboard(export_folder=None) -> Dashboard:
-    """The kvlab dashboard with all its tabs, built afresh (so it reflects `KVLAB_BACKEND` now);
-    its export button writes under `export_folder` (see `Dashboard`)."""
-    return Dashboard([PagedCacheTab(), DecodeKernelsTab(), KVPRTab(), L2Tab(), EndToEndTab()],
+    """The kvlab dashboard with all its tabs (`TABS`), made afresh: its header names the backend
+    now (`KVLAB_BACKEND`); the first tab is built at once, the others when first selected or used
+    (`LazyTab`), each on the backend then. Its export button writes under `export_folder` (see
+    `Dashboard`)."""
+    first, *others = TABS
+    return Dashboard([first(), *(LazyTab(cls, cls.key, cls.title) for cls in others)],
                      export_folder=export_folder)

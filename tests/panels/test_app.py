@@ -53,6 +53,36 @@ def dash(monkeypatch, tmp_path):
     return kvlab.dashboard()
 
 
+def test_the_dashboard_builds_its_first_tab_at_once_and_each_other_when_selected(dash):
+    first, *others = dash.tabs
+    assert first.figures["memory"].outputs  # drawn
+    for tab in others:
+        assert isinstance(tab, app.LazyTab) and "building" in tab.widget.children[0].value
+    dash.tab_widget.selected_index = 3
+    l2 = dash.tabs[3]
+    assert l2.key == "l2" and l2.widget.children == (l2.build().widget,)
+    assert all(pane.outputs for pane in l2.figures.values())
+    assert all("building" in tab.widget.children[0].value for tab in others if tab is not l2)
+
+
+def test_a_lazy_tab_is_built_once_on_first_use_and_never_for_a_private_name():
+    built = []
+
+    class Tab:
+        controls, figures, widget = {"go": widgets.Button()}, {}, widgets.HTML("built")
+
+        def __init__(self):
+            built.append(self)
+
+    tab = app.LazyTab(Tab, "fake", "Fake <tab>")
+    assert "building Fake &lt;tab&gt;..." in tab.widget.children[0].value
+    with pytest.raises(AttributeError):
+        _ = tab._anything
+    assert built == [] and (tab.key, tab.title) == ("fake", "Fake <tab>")
+    assert list(tab.controls) == ["go"] and tab.widget.children == (Tab.widget,)
+    assert tab.build() is built[0] and len(built) == 1
+
+
 def test_export_takes_a_folder_named_by_a_str_and_gives_full_paths(dash, tmp_path):
     paths = dash.export(folder="out")
     assert [p.parent for p in paths] == [tmp_path / "out"] * len(paths)

@@ -82,6 +82,7 @@ HF_EAGER_VARIANT = "hf-static-eager"  # the same with compilation off (`disable_
 HF_COMPILE = {"on": (True,), "off": (False,), "both": (True, False)}  # --hf-compile
 WARMUP_ROUNDS = 1  # untimed generate runs of every variant, in turn, before the timed rounds
 SERVING_MAX_LEN = 2048  # a serving request's prompt and output together
+SERVING_SEED = 0  # the serving workload's lengths, tokens and arrivals
 
 
 def prefetch_pairs(variants, lever: str = "+prefetch") -> list[tuple[str, str]]:
@@ -154,7 +155,8 @@ def poisson_arrivals(rng, num_requests: int, rate: float) -> list[float]:
     return np.cumsum(rng.exponential(1.0 / rate, num_requests)).tolist()
 
 
-def serving_workload(num_requests: int, rate: float, model: ModelConfig, seed: int = 0):
+def serving_workload(num_requests: int, rate: float, model: ModelConfig,
+                     seed: int = SERVING_SEED):
     """(prompts, max_new_tokens, arrivals) of a serving run: lognormal lengths (clipped to
     SERVING_MAX_LEN tokens, or the model's context limit), Poisson arrivals at `rate`
     requests/s (exponential gaps), seeded."""
@@ -187,7 +189,8 @@ def check(args) -> None:
         raise ValueError(f"--ahead-bytes {args.ahead_bytes}: sizes the +ahead variants "
                          f"({', '.join(AHEAD_VARIANTS)}), and --variants has none")
     for rate in args.serve_rates:
-        last = poisson_arrivals(np.random.default_rng(0), args.serve_requests, rate)[-1]
+        last = poisson_arrivals(np.random.default_rng(SERVING_SEED), args.serve_requests,
+                                rate)[-1]  # serving_workload's arrivals
         if last > MAX_ARRIVAL_S:
             raise ValueError(f"--serve-rates {rate:g}: {args.serve_requests} requests would "
                              f"arrive over {last:,.0f} s; the engine admits arrivals up to "
@@ -300,6 +303,17 @@ def free_memory() -> None:
     torch.cuda.empty_cache()
 
 
+def does_not_fit(error: ValueError) -> bool:
+    """Whether `error` says that a batch's caches do not fit: `check_fits`' DoesNotFit, refused
+    before allocating, or a cache's refusal of an allocation that ran out of memory all the same
+    (its cause a torch.OutOfMemoryError: the free memory it was judged on was in fragments)."""
+    import torch
+
+    from kvlab.cache.paged_cache import DoesNotFit
+
+    return isinstance(error, DoesNotFit) or isinstance(error.__cause__, torch.OutOfMemoryError)
+
+
 def measure_batch(label: str, prompts, rounds: int, make_runners: Callable[[], dict],
                   make_hf_runners: Callable[[], dict] | None = None, **timing) -> tuple:
     """(runs, same_tokens(runs), {variant: compiled}) of one batch: `make_runners()`'s kvlab
@@ -307,7 +321,7 @@ def measure_batch(label: str, prompts, rounds: int, make_runners: Callable[[], d
     `make_hf_runners()`'s. Memory is freed (`free_memory`) before each set is built and before
     returning, so that a set's fit is judged on the memory truly free: neither an earlier
     batch's caches (or a part-built set that did not fit) nor this batch's kvlab caches meet
-    the next set in memory. DoesNotFit from a maker propagates."""
+    the next set in memory. A maker's refusal (see `does_not_fit`) propagates."""
     free_memory()
     runners = make_runners()
     runs = _in_turn(label, prompts, rounds, runners, **timing)
@@ -458,7 +472,6 @@ def run(args) -> dict | None:
     import torch
 
     import kvlab
-    from kvlab.cache.paged_cache import DoesNotFit
     from kvlab.engine import tp
     from kvlab.engine.weights import ModelWeights
     from kvlab.kernels import layer_ops
@@ -514,7 +527,9 @@ def run(args) -> dict | None:
                     partial(_kvlab_runners, name, weights, blocks, args, variants, sizes),
                     None if hf is None else partial(hf_variants, hf, args.new_tokens,
                                                     args.hf_compile))
-            except DoesNotFit as error:  # the caches of this batch and prompt
+            except ValueError as error:
+                if not does_not_fit(error):
+                    raise
                 result["skipped"].append({"model": name, "batch": batch, "reason": str(error)})
                 print(f"{name} batch={batch} skipped: {error}", file=sys.stderr)
                 continue

@@ -96,6 +96,52 @@ def test_a_serving_rate_whose_arrivals_pass_a_day_is_refused_before_the_run(caps
     assert ("--serve-rates 0.001: 512 requests would arrive over 5" in capsys.readouterr().err)
 
 
+def test_a_cache_that_ran_out_of_memory_does_not_fit_as_one_refused_before():
+    from kvlab.bench.e2e import does_not_fit
+    from kvlab.cache.paged_cache import DoesNotFit
+
+    def refusal(cause):
+        try:
+            raise ValueError("num_blocks=8: could not allocate the K/V tensors") from cause
+        except ValueError as error:
+            return error
+
+    assert does_not_fit(DoesNotFit("num_blocks=8: the K/V tensors need 9 bytes"))
+    assert does_not_fit(refusal(torch.OutOfMemoryError("CUDA out of memory")))
+    assert not does_not_fit(refusal(RuntimeError("CUDA error: an illegal memory access")))
+    assert not does_not_fit(ValueError("--prompt 9: beyond the context limit"))
+
+
+@pytest.mark.gpu
+def test_a_batch_whose_cache_runs_out_of_memory_is_skipped_and_the_run_goes_on(tmp_path,
+                                                                              monkeypatch):
+    """check_fits judges on the free memory; an allocation may still fail (the allocator's
+    fragments): that batch is skipped, with why, like one refused before allocating."""
+    from kvlab.cache import paged_cache
+
+    sizes = []
+
+    def manager(num_blocks, *args):  # batch 1's cache is the first and the smallest
+        sizes.append(num_blocks)
+        if num_blocks > sizes[0]:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 514.00 MiB")
+        return real(num_blocks, *args)
+
+    real = paged_cache.BlockManager
+    monkeypatch.setattr(paged_cache, "BlockManager", manager)
+    out = tmp_path / "e2e.json"
+    main(["bench", "e2e", "--models", "tiny-qwen", "--batches", "1", "3", "--prompt", "20",
+          "--new-tokens", "4", "--variants", "gqa", "--no-hf", "--rounds", "1",
+          "--json", str(out)])
+    result = json.loads(out.read_text())
+    assert [(r["variant"], r["batch"]) for r in result["rows"]] == [("gqa", 1)]
+    ((skipped),) = result["skipped"]
+    assert (skipped["model"], skipped["batch"]) == ("tiny-qwen", 3)
+    assert skipped["reason"].startswith(f"num_blocks={max(sizes)}: could not allocate the K/V "
+                                        "tensors on cuda")
+    assert "CUDA out of memory. Tried to allocate 514.00 MiB" in skipped["reason"]
+
+
 @pytest.mark.gpu
 def test_a_small_run_times_every_variant_and_hf(tmp_path):
     out, checkpoint = tmp_path / "e2e.json", tmp_path / "checkpoint.json"

@@ -131,7 +131,7 @@ def test_a_batch_whose_cache_runs_out_of_memory_is_skipped_and_the_run_goes_on(t
     monkeypatch.setattr(paged_cache, "BlockManager", manager)
     out = tmp_path / "e2e.json"
     main(["bench", "e2e", "--models", "tiny-qwen", "--batches", "1", "3", "--prompt", "20",
-          "--new-tokens", "4", "--variants", "gqa", "--no-hf", "--rounds", "1",
+          "--new-tokens", "24", "--variants", "gqa", "--no-hf", "--rounds", "1",
           "--json", str(out)])
     result = json.loads(out.read_text())
     assert [(r["variant"], r["batch"]) for r in result["rows"]] == [("gqa", 1)]

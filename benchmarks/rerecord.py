@@ -418,8 +418,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(err))
     names = list(selected)
     timed = times(args.machine)
-    elsewhere = {name: times(source)[name] for name, source in ADOPT.get(args.machine, {}).items()
-                 if name in known and name not in timed and name in times(source)}
+    adopted = ADOPT.get(args.machine, {})
+    there = {source: times(source) for source in set(adopted.values())}
+    elsewhere = {name: there[source][name] for name, source in adopted.items()
+                 if name in known and name not in timed and name in there[source]}
     if args.list or not names:
         for name, recorded in known.items():
             when = (took(timed[name]) if name in timed else

@@ -293,7 +293,7 @@ class Dashboard:
 
     def _build_selected(self, change=None) -> None:
         """A lazy tab is built when it is selected."""
-        tab = self.tabs[self.tab_widget.selected_index or 0]
+        tab = self._tab(None)
         if isinstance(tab, LazyTab):
             tab.build()
 

@@ -119,16 +119,20 @@ def test_a_batch_whose_cache_runs_out_of_memory_is_skipped_and_the_run_goes_on(t
     fragments): that batch is skipped, with why, like one refused before allocating."""
     from kvlab.cache import paged_cache
 
-    sizes = []
+    sizes = []  # the blocks of each K or V tensor asked for; batch 1's cache is the first
 
-    def manager(num_blocks, *args):  # batch 1's cache is the first and the smallest
-        sizes.append(num_blocks)
-        if num_blocks > sizes[0]:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 514.00 MiB")
-        return real(num_blocks, *args)
+    class Torch:  # paged_cache's torch, out of memory for any cache larger than batch 1's
+        def __getattr__(self, name):
+            return getattr(torch, name)
 
-    real = paged_cache.BlockManager
-    monkeypatch.setattr(paged_cache, "BlockManager", manager)
+        @staticmethod
+        def zeros(shape, **kwargs):
+            sizes.append(shape[0])
+            if shape[0] > sizes[0]:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 514.00 MiB")
+            return torch.zeros(shape, **kwargs)
+
+    monkeypatch.setattr(paged_cache, "torch", Torch())
     out = tmp_path / "e2e.json"
     main(["bench", "e2e", "--models", "tiny-qwen", "--batches", "1", "3", "--prompt", "20",
           "--new-tokens", "24", "--variants", "gqa", "--no-hf", "--rounds", "1",

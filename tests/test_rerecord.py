@@ -30,7 +30,9 @@ def test_a_machine_adopts_another_machines_part_until_it_has_its_own(tmp_path, m
     commands; once the H200 has a file of that name, its own command is the part's."""
     h200 = rerecord.parts("h200")
     for name, source in rerecord.ADOPT["h200"].items():
-        recorded = json.loads((rerecord.RESULTS / source / f"{name}.json").read_text())
+        own = rerecord.RESULTS / "h200" / f"{name}.json"
+        recorded = json.loads((own if own.exists() else rerecord.RESULTS / source /
+                               f"{name}.json").read_text())
         assert h200[name] == shlex.split(recorded["command"]), name
     for machine in ("h100", "h200"):  # the lever grid's batches, at 4k and 32k
         parts = rerecord.parts(machine)

@@ -28,6 +28,7 @@ from .common import pct_range, source, value_range
 E2E_RESULTS = E2E[1]
 # One step traced at prompts of 512, 4,064 and 32,736 tokens; ncu's counters of a step's kernels
 TRACES = ("steptrace", "steptrace_4k", "steptrace_32k")
+TRACES_H200 = ("steptrace_4k", "steptrace_32k")  # the H200's traced steps so far
 TRACED_GPU = "h100-sxm"  # the kvlab.gpus key of the GPU that traced them
 
 
@@ -280,16 +281,17 @@ def ahead_targets() -> str:
     return "; ".join(parts)
 
 
-def _traced() -> list[tuple[dict, dict]]:
+def _traced(machine: str = "h100", names=TRACES) -> list[tuple[dict, dict]]:
     """(row, its kernel groups: kvlab.viz.e2e.trace_groups with the step model's bytes) of
-    every traced step without the cross-kernel prefetch, in the order recorded."""
+    every traced step without the cross-kernel prefetch of `machine`'s recordings `names`, in
+    the order recorded."""
     from kvlab.bench.steptrace import mean_context
     from kvlab.predict.step import step_anatomy
     from kvlab.viz.e2e import trace_groups
 
     found = []
-    for name in TRACES:
-        result = load_result("h100", name)
+    for name in names:
+        result = load_result(machine, name)
         for row in result["rows"]:
             if row["ahead_bytes"]:
                 continue
@@ -317,14 +319,15 @@ def _covered_us(kernels: list[dict]) -> float:
     return summary["span_us"] - summary["gap_us"]
 
 
-def steptrace_table() -> list[str]:
-    """Per traced step: its time over its bytes at the copy roofline, and the time beyond it
-    split: the gaps between kernels, the GEMMs' time beyond their bytes, the other kernels';
-    the GEMMs' time and the attention's (its kernels' covered time) over their bytes'."""
+def steptrace_table(machine: str = "h100", names=TRACES) -> list[str]:
+    """Per traced step (`_traced`'s): its time over its bytes at the copy roofline, and the time
+    beyond it split: the gaps between kernels, the GEMMs' time beyond their bytes, the other
+    kernels'; the GEMMs' time and the attention's (its kernels' covered time) over their
+    bytes'."""
     lines = ["| model | prompt | batch | kernels | step ms | / roofline step | beyond it: gaps "
              "| GEMMs beyond their bytes | other kernels beyond theirs | GEMMs' time / their "
              "bytes | attention's |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for row, groups in _traced():
+    for row, groups in _traced(machine, names):
         gemms, attention = groups["GEMMs"], groups["attention"]
         lines.append(f"| {row['model']} | {row['prompt']:,} | {row['batch']} | "
                      f"{row['num_kernels']:.0f} | {row['span_us'] / 1e3:.2f} | "
@@ -649,6 +652,9 @@ BLOCKS = {
     "e2e.ahead-targets": ahead_targets,
     "e2e.source-steptrace": lambda: "; ".join(source("h100", name) for name in TRACES),
     "e2e.steptrace": steptrace_table,
+    "e2e.source-steptrace-h200": lambda: "; ".join(source("h200", name)
+                                                   for name in TRACES_H200),
+    "e2e.steptrace-h200": lambda: steptrace_table("h200", TRACES_H200),
     "e2e.steptrace-summary": steptrace_summary,
     "e2e.kv-prefetch-room": kv_prefetch_room,
     "e2e.window-bound": window_bound,

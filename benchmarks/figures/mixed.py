@@ -5,6 +5,7 @@ CTA (results/h200/timeline_mixed.json).
 from __future__ import annotations
 
 from kvlab.results import load_result
+from kvlab.workload import mixed_spec
 
 from .common import heads, loops, pct_range, source
 from .small import MIXED_TARGET, outcomes
@@ -16,8 +17,12 @@ MIXED_POINTS = [(16, "lognormal:3200,16384"), (64, "lognormal:3200,16384"),
 
 
 def spec_label(batch: int, spec: str) -> str:
-    """"64 x ~3.1k (max 16k)": a batch of a lengths spec, by the spec's mean and clip."""
-    mean, longest = (int(n) for n in spec.partition(":")[2].split(","))
+    """A batch of a lengths spec: "64 x ~3.1k (max 16k)" by a lognormal spec's mean and clip,
+    "64 x production mix (max 32k)" for FlashInfer's mix scaled to its longest."""
+    kind, numbers = mixed_spec(spec)
+    if kind == "production":
+        return f"{batch} x production mix (max {numbers[0] // 1024}k)"
+    mean, longest = numbers
     return f"{batch} x ~{mean / 1024:.1f}k (max {longest // 1024}k)"
 
 

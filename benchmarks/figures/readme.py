@@ -106,6 +106,7 @@ BLOCKS = {
     "readme.end-to-end": end_to_end,
     "readme.flashinfer": lambda: flashinfer.headline(load_result(*flashinfer.GRID),
                                                      load_result(*flashinfer.E2E)),
+    "readme.flashinfer-h200": flashinfer.h200_headline,
     "readme.kvpr": kvpr_gain,
     "readme.prefetch-on-other-gpus": prefetch_on_other_gpus,
 }

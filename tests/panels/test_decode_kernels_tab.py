@@ -263,16 +263,17 @@ def test_fp8_shows_gqa_on_fp8_beside_fp16_and_its_speedup(tab):
     tab.controls["batch"].value, tab.controls["context"].value = 64, 32768
     tab.controls["kv_dtype"].value = "fp8"
     bars = tab.figures["bandwidth"].figure.data[0]
-    assert list(bars.y) == ["gqa / none", "gqa_fp8 / none", "sdpa"]
+    shown = ("gqa", "gqa_fp8", "flashinfer", "flashinfer_tc", "flashinfer_fp8",
+             "flashinfer_tc_fp8")  # FlashInfer in gqa's loop, on both caches
+    assert list(bars.y) == [f"{k} / none" for k in shown] + ["sdpa"]
     rows = {r["kernel"]: r for r in nearest_rows(recorded, "llama3-8b", 64, 32768)}
-    assert list(bars.x) == [rows[k]["gbps"] for k in ("gqa", "gqa_fp8", "sdpa")]
+    assert list(bars.x) == [rows[k]["gbps"] for k in (*shown, "sdpa")]
     assert "an fp8 cache is read by gqa only, not vllm_v1: gqa shown" in tab.status.value
     assert "recorded on NVIDIA H200" in tab.figures["bandwidth"].figure.layout.title.text
     tab.controls["prefetch"].value = "bulk"  # recorded without prefetch only: modelled beside
     assert "gqa_fp8 / bulk K+V d=1 not recorded: modelled (hatched)" in tab.status.value
     assert modelled_bars(tab.figures["bandwidth"].figure) == {
-        "gqa / none": False, "gqa_fp8 / none": False, "sdpa": False,
-        "gqa_fp8 / bulk K+V d=1": True}
+        **{f"{k} / none": False for k in shown}, "sdpa": False, "gqa_fp8 / bulk K+V d=1": True}
     speed = tab.figures["speedup"].figure
     assert "fp8 KV cache: gqa's tokens/s over fp16's" in speed.layout.title.text
     by_point = dict(zip(speed.data[0].x, speed.data[0].y, strict=True))
@@ -337,7 +338,8 @@ def test_mixed_lengths_show_a_recorded_batch_and_model_the_others(tab):
     tab.controls["lengths"].value = "lognormal:1536,2048"
     rows = mixed_rows("llama3-8b", "lognormal:1536,2048", 64)
     bars = tab.figures["bandwidth"].figure.data[0]
-    assert list(bars.y) == ["vllm_v1 / none", "gqa / none", "gqa_split_longest / none", "read"]
+    assert list(bars.y) == ["vllm_v1 / none", "gqa / none", "gqa_split_longest / none",
+                            "flashinfer / none", "flashinfer_tc / none", "read"]
     assert list(bars.x) == [r["gbps"] for r in rows]
     assert "batch=64 of lognormal:1536,2048" in tab.status.value
     assert "recorded on" in tab.status.value and "mean 1536" in tab.status.value
@@ -385,7 +387,8 @@ def test_run_button_measures_mixed_lengths_with_a_fake_measurement(monkeypatch):
     assert "press Run to measure these lengths" in tab.status.value
     tab.run_button.click()
     assert calls == [("llama3-8b", 16, "lognormal:3200,16384")]
-    assert list(tab.figures["bandwidth"].figure.data[0].x) == [1.0] * 4
+    assert list(tab.figures["bandwidth"].figure.data[0].x) == [1.0] * len(
+        mixed_rows("llama3-8b", "lognormal:3200,16384", 16))
     assert "measured on FAKE GPU" in tab.figures["speedup"].figure.layout.title.text
 
 

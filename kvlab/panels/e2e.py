@@ -19,14 +19,15 @@ states; the variants it cannot run and the batches past its memory left out, and
 tensor-parallel or serving runs. Generate is enabled, and its run shown, while the gpu control
 names the GPU in use (the H200 where kvlab.gpus does not hold it).
 
-The traced step is an H100's recording (`h100/steptrace.json`, at 4k and 32k tokens
-`steptrace_4k.json` and `steptrace_32k.json`; `python -m kvlab bench steptrace`): the GPU
-control's h100-sxm draws it, each kernel where it ran in the lane of its group, the gaps between
-kernels marked, beside the step's bytes at the copy roofline, and the status line gives ncu's L2
-hits of the GEMMs' loads with and without the cross-kernel prefetch (`steptrace_counters.json`,
-at 4k tokens `steptrace_4k_counters.json`), and of the attention's with and without the K/V
-blocks' prefetch (`steptrace_kv_counters.json`).
-Another GPU's view says where the traces are: a trace is not modelled. With the cross-kernel
+The GPUs with step traces (TRACED: the H100, the H200) draw their own recordings of one decode
+step traced kernel by kernel (`<gpu>/steptrace.json`, at 4k and 32k tokens `steptrace_4k.json`
+and `steptrace_32k.json`, whichever are recorded; `python -m kvlab bench steptrace`): each kernel
+where it ran in the lane of its group, the gaps between kernels marked, beside the step's bytes
+at the copy roofline. The status line adds that GPU's ncu L2 hits where recorded (the H100's): of
+the GEMMs' loads with and without the cross-kernel prefetch (`steptrace_counters.json`, at 4k
+tokens `steptrace_4k_counters.json`), and of the attention's with and without the K/V blocks'
+prefetch (`steptrace_kv_counters.json`).
+Another GPU's view names the GPUs with traces: a trace is not modelled. With the cross-kernel
 prefetch checked, the step's anatomy shows the modelled bound and the step as learned from the
 prefetch's recordings (kvlab.predict.ahead: the H100's and the H200's own, another GPU's by the
 H200's, which the status line says), and the status line lists the steps recorded with it off
@@ -56,7 +57,6 @@ from kvlab.panels.widgets import (
 )
 from kvlab.predict.ahead import (
     AHEAD_RECORDED,
-    KV_COUNTERS,
     KV_LEVER,
     KV_RECORDED,
     KV_RUNS,
@@ -95,12 +95,12 @@ E2E_ROWS = ("model", "variant", "batch", "prompt", "new_tokens", "step_ms", "tok
             "step_ms_runs", "roofline_ms", "ratio_to_roofline")
 SERVING_KEYS = {"serving": ("model", "variant", "rate", "requests", "output_tokens_per_s",
                             "tpot_ms_p50", "tpot_ms_p99", "ttft_ms_p50", "preemptions")}
-# one decode step traced kernel by kernel, at 512, 4k and 32k tokens; ncu's L2 hits of its GEMMs
-# (the weights' prefetch) and of its attention (the K/V blocks')
-TRACED = ("h100", ("steptrace", "steptrace_4k", "steptrace_32k"))
-TRACED_COUNTERS = (KV_COUNTERS[0], ("steptrace_counters", "steptrace_4k_counters",
-                                     *KV_COUNTERS[1]))
-TRACED_GPU = "h100-sxm"  # the kvlab.gpus key of the GPU that traced them
+# One decode step traced kernel by kernel at 512, 4k and 32k tokens, and ncu's L2 hits of its
+# GEMMs (the weights' prefetch) and of its attention (the K/V blocks'): the recordings a GPU's view
+# reads where they exist, from the results folder TRACED gives its kvlab.gpus key
+STEP_TRACES = ("steptrace", "steptrace_4k", "steptrace_32k")
+STEP_COUNTERS = ("steptrace_counters", "steptrace_4k_counters", "steptrace_kv_counters")
+TRACED = {"h100-sxm": "h100", REFERENCE: "h200"}
 TRACE_ROWS = ("model", "batch", "ahead_bytes", "prompt", "new_tokens", "steps", "num_kernels",
               "span_us", "gap_us", "roofline_us", "kernels")
 TRACE_COMMAND = ("python -m kvlab bench steptrace --models {model} --batches {batch}",
@@ -127,8 +127,8 @@ class EndToEndTab:
     shows under), enabled while the gpu control names it (on "sim" it is None). `generated`
     holds the last run: (model, batch, kvlab.engine.Generation). A recording that cannot be read
     (`unreadable`: "recorded", "serving", the machine of a tensor-parallel run, and once
-    `traces` has loaded them "traced" or "step counters" -> why) is named, with why, where it
-    would be shown. A model or batch not recorded falls back to a
+    `traces` has loaded them "traced (<machine>)" or "step counters (<machine>)" -> why) is
+    named, with why, where it would be shown. A model or batch not recorded falls back to a
     recorded one; raises ValueError for `new_tokens` outside [2, 2048] on "cuda", or a `gpu`
     not in kvlab.gpus.GPUS."""
 
@@ -151,7 +151,7 @@ class EndToEndTab:
             self.step_model = fit_step_model()
         except (OSError, ValueError, KeyError, TypeError) as error:
             self.step_model = f"the step model cannot be fitted: {error}"
-        self._traces = None  # the traced steps and their counters: `traces`, when first shown
+        self._traces: dict = {}  # a GPU's traced steps and their counters: `traces`
         # the learned prefetches, per kind and GPU learned on: `_learned_model`
         self._learned_models: dict = {}
         self._lever_runs = None  # its recorded runs, name -> result or why unreadable
@@ -457,46 +457,47 @@ class EndToEndTab:
         return ahead_effect(model, batch, context, ahead, gbps, self.step_model, learned,
                             GPUS[gpu].l2_bytes)
 
-    def traces(self) -> tuple[dict, dict[str, float], dict]:
-        """The recorded traced steps (merged), each file's copy roofline (GB/s) and the step
-        counters, loaded the first time they are asked for (megabytes of kernels that only the
-        traced GPU's view draws)."""
-        if self._traces is None:
-            traced = load_shown(*TRACED, {"roofline_copy_gbps": float, "rows": TRACE_ROWS},
-                                self.unreadable, "traced") or {"rows": []}
-            gbps = {name: load_result(TRACED[0], name)["roofline_copy_gbps"]
+    def traces(self, gpu: str) -> tuple[dict, dict[str, float], dict]:
+        """The traced steps of `gpu` (a key of TRACED; merged), each file's copy roofline (GB/s)
+        and its step counters, loaded the first time they are asked for (megabytes of kernels
+        that only that GPU's view draws)."""
+        if gpu not in self._traces:
+            machine = TRACED[gpu]
+            traced = load_shown(machine, STEP_TRACES,
+                                {"roofline_copy_gbps": float, "rows": TRACE_ROWS},
+                                self.unreadable, f"traced ({machine})") or {"rows": []}
+            gbps = {name: load_result(machine, name)["roofline_copy_gbps"]
                     for name in traced.get("source_dates", {})}
-            counters = load_shown(*TRACED_COUNTERS, {"rows": TRACE_ROWS}, self.unreadable,
-                                  "step counters") or {"rows": []}
-            self._traces = (traced, gbps, counters)
-        return self._traces
+            counters = load_shown(machine, STEP_COUNTERS, {"rows": TRACE_ROWS}, self.unreadable,
+                                  f"step counters ({machine})") or {"rows": []}
+            self._traces[gpu] = (traced, gbps, counters)
+        return self._traces[gpu]
 
     def _show_trace(self, model: str, batch: int, gpu: str) -> list[str]:
-        """For the GPU that traced them (TRACED_GPU), draw the recorded trace of one step of
-        `model` at `batch` kernel by kernel (the shortest prompts traced, without the
-        cross-kernel prefetch), or say how to record one; the status lines: each traced prompt
-        length's step against its roofline and its gaps, and ncu's L2 hits of the GEMMs' loads
-        with and without the cross-kernel prefetch (and of the attention's, with and without the
-        K/V blocks'). For another GPU, a note that says where the traces are (a trace is not
+        """For a GPU with traces (TRACED), draw its recorded trace of one step of `model` at
+        `batch` kernel by kernel (the shortest prompts traced, without the cross-kernel
+        prefetch), or say how to record one; the status lines: each traced prompt length's step
+        against its roofline and its gaps, and its ncu L2 hits of the GEMMs' loads with and
+        without the cross-kernel prefetch (and of the attention's, with and without the K/V
+        blocks'). For another GPU, a note that names the GPUs with traces (a trace is not
         modelled)."""
         title = TITLES["trace"].format(model=model, batch=batch)
         height = FIGURE_HEIGHTS["trace"]
-        if gpu != TRACED_GPU:
-            where = f"recorded on the {GPUS[TRACED_GPU].name} only"
+        if gpu not in TRACED:
+            where = " and ".join(f"the {GPUS[key].name}" for key in TRACED)
             show_figure(self.figures["trace"], note_figure(
-                title, modelled_for(gpu) if gpu != REFERENCE else "not recorded on the H200",
-                note_text(f"A step traced kernel by kernel is {where}: choose it in the GPU "
-                          "control. To trace one on a GPU:") + "<br>"
+                title, modelled_for(gpu),
+                note_text(f"A step traced kernel by kernel is recorded on {where} only: choose "
+                          "one in the GPU control. To trace one on a GPU:") + "<br>"
                 + "<br>".join(map(html.escape, TRACE_COMMAND)).format(model=model, batch=batch),
                 height))
-            return ([html.escape(f"A step traced kernel by kernel: {where} (choose it in the "
-                                 "GPU control)")] if gpu == REFERENCE else [])
-        recorded, gbps, _ = self.traces()
+            return []
+        recorded, gbps, _ = self.traces(gpu)
         traced = sorted((r for r in recorded["rows"] if r["model"] == model
                          and r["batch"] == batch and not r["ahead_bytes"]),
                         key=lambda r: r["prompt"])
         if not traced:
-            why = self.unreadable.get("traced")
+            why = self.unreadable.get(f"traced ({TRACED[gpu]})")
             show_figure(self.figures["trace"], unreadable_figure(title, why, height) if why
                         else note_figure(title, "not traced, not modelled", note_text(
                             f"no step of {model} at batch {batch} traced kernel by kernel; "
@@ -521,15 +522,15 @@ class EndToEndTab:
                     "is inside the kernels (ramps, tails, reads below the copy rate)"
                     if (excess := r["span_us"] - r["roofline_us"]) > 0 else "")
                  for r in traced]
-        return list(map(html.escape, lines + self._counter_lines(model, batch)))
+        return list(map(html.escape, lines + self._counter_lines(model, batch, gpu)))
 
-    def _counter_lines(self, model: str, batch: int) -> list[str]:
-        """ncu's share of each GEMM's loaded bytes that hit L2 in a step of `model` at `batch`,
-        without and with the cross-kernel prefetch, beside the share the step model gives the
-        prefetch (kvlab.predict.step.ahead_hits): one line per prefetch size recorded
-        (kvlab.predict.ahead.counter_pairs); and the attention's, without and with the K/V
-        blocks' prefetch (kvlab.predict.ahead.kv_pairs)."""
-        counters = self.traces()[2]
+    def _counter_lines(self, model: str, batch: int, gpu: str) -> list[str]:
+        """ncu's share of each GEMM's loaded bytes that hit L2 in a step of `model` at `batch` on
+        `gpu` (a key of TRACED), without and with the cross-kernel prefetch, beside the share the
+        step model gives the prefetch (kvlab.predict.step.ahead_hits): one line per prefetch size
+        recorded (kvlab.predict.ahead.counter_pairs); and the attention's, without and with the
+        K/V blocks' prefetch (kvlab.predict.ahead.kv_pairs). None where `gpu` has none recorded."""
+        counters = self.traces(gpu)[2]
         shown = [r for r in counters["rows"] if r["model"] == model and r["batch"] == batch]
         lines = [f"L2 hits of the attention's loads (ncu, {label(counters, [on])}, "
                  f"{on['prompt']:,} tokens), without -> with the K/V blocks' prefetch of "

@@ -42,6 +42,7 @@ RECORDINGS = [
      ("throughput", "steps", "tensor_parallel")),
     (EndToEndTab, "h200/e2e_serving", ("serving",), {}, ()),
     (EndToEndTab, "h200x2/e2e", ("rows",), {}, ("tensor_parallel",)),  # not recorded: made here
+    (EndToEndTab, "h200/steptrace_4k", ("rows",), {"batch": 16}, ("trace",)),
 ]
 
 

@@ -114,7 +114,7 @@ def test_every_legend_is_below_its_x_axis_at_the_tabs_heights(tab):
         fig = pane.figure
         assert fig.layout.height == FIGURE_HEIGHTS[name]
         if name not in ("tensor_parallel", "trace"):  # notes here: nothing recorded on
-            assert len(fig.data) > 1  # several GPUs, no step traced on the H200
+            assert len(fig.data) > 1  # several GPUs, no step traced on the H200 at batch 64
         legend = fig.layout.legend
         assert (legend.yref, legend.y, legend.yanchor) == ("container", 0.0, "bottom")
         assert fig.layout.margin.b is None
@@ -235,7 +235,7 @@ def test_another_gpu_is_modelled_for_it_never_measured_or_recorded(tab, gpu):
         tab.controls["gpu"].value = gpu
         for key, pane in tab.figures.items():
             title = pane.figure.layout.title.text
-            if key == "trace" and gpu == module.TRACED_GPU:  # the traces it recorded
+            if key == "trace" and gpu in module.TRACED:  # the traces it recorded
                 if model != "opt-13b":  # (opt-13b: no run on the H200, every figure says so)
                     assert f"recorded on {name}" in title
                     continue
@@ -244,7 +244,7 @@ def test_another_gpu_is_modelled_for_it_never_measured_or_recorded(tab, gpu):
         assert tab.figures["tensor_parallel"].figure.data == ()
         assert "Serving" not in tab.status.value
         modelled = "<br>".join(line for line in tab.status.value.split("<br>") if not (
-            gpu == module.TRACED_GPU and line.startswith(("Traced step", "L2 hits"))))
+            gpu in module.TRACED and line.startswith(("Traced step", "L2 hits"))))
         assert says_measured_or_recorded(modelled) == []
     tab.controls["model"].value = "llama3-8b"
     tab.controls["gpu"].value = gpus.REFERENCE  # the recordings, labelled so, again
@@ -519,9 +519,9 @@ def test_counter_lines_pair_rows_of_one_recording_and_one_lever(monkeypatch):
             row("a", 0, 0, 0.01, 0.02), row("a", 2**20, 0, 0.20, 0.5),
             row("a", 0, 0, 0.70, 0.5, prompt=4096)]
     counters = {"rows": rows, "source_dates": {"a": "2026-12-06", "b": "2026-12-06"}}
-    monkeypatch.setattr(tab, "_traces", ({"rows": []}, {}, counters))
+    monkeypatch.setitem(tab._traces, "h100-sxm", ({"rows": []}, {}, counters))
     monkeypatch.setattr(module, "label", lambda result, rows: "L")
-    lines = tab._counter_lines("llama3-8b", 1)
+    lines = tab._counter_lines("llama3-8b", 1, "h100-sxm")
     assert lines == [
         "L2 hits of the attention's loads (ncu, L, 512 tokens), without -> with the K/V blocks' "
         "prefetch of 16 MiB: 2% -> 40% (it covers 100% of a layer's K and V)",
@@ -531,7 +531,7 @@ def test_counter_lines_pair_rows_of_one_recording_and_one_lever(monkeypatch):
 
 def test_a_step_not_traced_says_how_to_record_it(monkeypatch):
     monkeypatch.setenv("KVLAB_BACKEND", "sim")
-    monkeypatch.setattr(module, "TRACED", ("h100", ("not_recorded",)))
+    monkeypatch.setattr(module, "STEP_TRACES", ("not_recorded",))
     tab = EndToEndTab(gpu="h100-sxm")
     assert "not traced" in tab.figures["trace"].figure.layout.title.text
     note = tab.figures["trace"].figure.layout.annotations[0].text
@@ -539,12 +539,87 @@ def test_a_step_not_traced_says_how_to_record_it(monkeypatch):
     assert "Traced step" not in tab.status.value
 
 
-def test_the_h200_view_says_where_the_traces_are(tab):
-    assert "not recorded on the H200" in tab.figures["trace"].figure.layout.title.text
-    note = tab.figures["trace"].figure.layout.annotations[0].text
-    assert "recorded on the NVIDIA H100 80GB HBM3<br>only" in note
+def test_the_h200_draws_its_own_traced_step_without_the_h100s_counters(monkeypatch):
+    """At batch 16 the H200's trace at 4,064 tokens (it has none at 512): its kernels, its
+    file's copy roofline under the groups' modelled bytes, and no L2 hits (ncu's counters are
+    the H100's only); the H100's view of the same point draws the H100's."""
+    from kvlab.bench.steptrace import mean_context
+    from kvlab.predict.step import fit_step_model, step_anatomy
+    from kvlab.viz.e2e import trace_groups
+
+    monkeypatch.setenv("KVLAB_BACKEND", "sim")
+    tab = EndToEndTab(model="llama3-8b", batch=16)
+    assert tab.controls["gpu"].value == gpus.REFERENCE
+    result = load_result("h200", "steptrace_4k")
+    row = next(r for r in result["rows"]
+               if (r["model"], r["batch"], r["ahead_bytes"]) == ("llama3-8b", 16, 0))
+    figure = tab.figures["trace"].figure
+    assert "recorded on NVIDIA H200," in figure.layout.title.text
+    assert "prompts of 4,064 tokens" in figure.layout.title.text
+    *groups, gaps = [d for d in figure.data if d.type == "bar"]
+    assert sum(len(d.x) for d in groups) == len(row["kernels"]) == 388
+    assert sum(gaps.x) == pytest.approx(row["gap_us"] / 1e3, rel=0.05)
+    anatomy = step_anatomy("llama3-8b", 16, mean_context(
+        row["prompt"], row["new_tokens"], len(row["steps"])), result["roofline_copy_gbps"],
+        fit_step_model())
+    gemms = trace_groups(row["kernels"], anatomy)[0]
+    assert groups[0].name == (f"GEMMs: {gemms['busy_us'] / 1e3:.2f} ms busy, its bytes "
+                              f"{gemms['roofline_us'] / 1e3:.2f} ms at the copy roofline")
+    status = html.unescape(tab.status.value)
+    assert (f"Traced step (NVIDIA H200, prompts of 4,064 tokens): {row['span_us'] / 1e3:.2f} ms"
+            f", {row['span_us'] / row['roofline_us']:.2f}x its bytes at the copy roofline") in (
+        status)
+    assert "Traced step (NVIDIA H100" not in status and "L2 hits" not in status
+    tab.controls["gpu"].value = "h100-sxm"
+    h100 = next(r for r in load_result("h100", "steptrace")["rows"]
+                if (r["model"], r["batch"], r["ahead_bytes"]) == ("llama3-8b", 16, 0))
+    figure = tab.figures["trace"].figure
+    assert "recorded on NVIDIA H100 80GB HBM3" in figure.layout.title.text
+    assert "prompts of 512 tokens" in figure.layout.title.text
+    *groups, gaps = [d for d in figure.data if d.type == "bar"]
+    assert sum(len(d.x) for d in groups) == len(h100["kernels"])
+    assert "Traced step (NVIDIA H100 80GB HBM3, prompts of 4,064 tokens)" in html.unescape(
+        tab.status.value)
+    assert set(tab._traces) == {"h100-sxm", gpus.REFERENCE}  # each GPU's, loaded once
+
+
+def test_the_h200_lists_each_prompt_length_it_traced(monkeypatch):
+    monkeypatch.setenv("KVLAB_BACKEND", "sim")
+    tab = EndToEndTab(model="qwen2.5-7b", batch=1)
+    rows = {r["prompt"]: r for name in ("steptrace_4k", "steptrace_32k")
+            for r in load_result("h200", name)["rows"]
+            if (r["model"], r["batch"]) == ("qwen2.5-7b", 1)}
+    assert sorted(rows) == [4064, 32736]
+    status = html.unescape(tab.status.value)
+    for prompt, row in rows.items():
+        assert (f"Traced step (NVIDIA H200, prompts of {prompt:,} tokens): "
+                f"{row['span_us'] / 1e3:.2f} ms") in status
+    assert "prompts of 4,064 tokens" in tab.figures["trace"].figure.layout.title.text
+    assert "L2 hits" not in status  # the H100's counters at this point are not the H200's
+
+
+def test_the_h200_at_a_batch_it_did_not_trace_says_how_to_record_it(tab):
+    assert tab.controls["batch"].value == 64
+    assert not any(r["batch"] == 64 for name in ("steptrace_4k", "steptrace_32k")
+                   for r in load_result("h200", name)["rows"])
+    figure = tab.figures["trace"].figure
+    assert "not traced, not modelled" in figure.layout.title.text
+    note = figure.layout.annotations[0].text
+    assert "python -m kvlab bench steptrace --models llama3-8b --batches 64" in note
     assert "benchmarks/results/&lt;gpu&gt;/steptrace.json" in note
-    assert "A step traced kernel by kernel: recorded on the NVIDIA H100" in tab.status.value
+    assert "Traced step" not in tab.status.value
+
+
+def test_a_gpu_without_traces_names_the_gpus_with_them(tab):
+    tab.controls["batch"].value = 16  # traced on both
+    tab.controls["gpu"].value = "a100-80gb-sxm4"
+    figure = tab.figures["trace"].figure
+    assert "modelled for NVIDIA A100-SXM4-80GB" in figure.layout.title.text
+    note = html.unescape(figure.layout.annotations[0].text.replace("<br>", " "))
+    assert ("A step traced kernel by kernel is recorded on the NVIDIA H100 80GB HBM3 and the "
+            "NVIDIA H200 only: choose one in the GPU control") in note
+    assert "python -m kvlab bench steptrace --models llama3-8b --batches 16" in note
+    assert "Traced step" not in tab.status.value and "L2 hits" not in tab.status.value
 
 
 def test_an_unreadable_trace_is_named_in_its_figure(monkeypatch, tmp_path):
@@ -556,4 +631,4 @@ def test_an_unreadable_trace_is_named_in_its_figure(monkeypatch, tmp_path):
     tab = EndToEndTab(gpu="h100-sxm")
     figure = tab.figures["trace"].figure
     assert "unreadable recording" in figure.layout.annotations[0].text
-    assert "steptrace.json" in tab.unreadable["traced"]
+    assert "steptrace.json" in tab.unreadable["traced (h100)"]

@@ -5,8 +5,11 @@
 # bash benchmarks/device_run.sh [bench options...]; TESTS overrides the test paths (default: all
 # of tests/), SKIP_TESTS=1 / SKIP_SANITIZER=1 skip those parts. The panels' tests need ipywidgets,
 # plotly and anywidget with their dependencies (traitlets, IPython), which the device image lacks:
-# carry their wheels in .whl/ (benchmarks/README.md says how). A module that fails to import is
-# counted as an error in the summary; the other tests still run.
+# carry their wheels in .whl/ (benchmarks/README.md says how); FlashInfer's decode needs those of
+# flashinfer_wheels.sh, in .whl-flashinfer/. The tree with both folders exceeds the device tool's
+# 64 MiB carry: carry the one a call needs (FlashInfer's GPU tests then run in a call of their
+# own, TESTS=tests/kernels/test_flashinfer_peer.py). A module that fails to import is counted as
+# an error in the summary; the other tests still run.
 # RERECORD_H100 / RERECORD_H200="part ...": after the checks, benchmarks/rerecord.py re-records
 # those parts of the machine whose GPU this is (a call for one kind may lend the other), each
 # recording the checks, within RERECORD_BUDGET seconds (default 300; the call's limit less the
@@ -21,9 +24,10 @@ set -uo pipefail
 OUT=${OUT:-/tmp/kvlab-out}
 mkdir -p "$OUT"
 log=$OUT/device.log
-if compgen -G ".whl/*.whl" >/dev/null; then
+wheels=$(compgen -G ".whl/*.whl"; compgen -G ".whl-flashinfer/*.whl")  # those carried
+if [ -n "$wheels" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH
+    --target /tmp/site $wheels && export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH
 fi  # PATH: the wheels' commands (ninja, which FlashInfer's JIT runs)
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv 2>&1 | tee -a "$log"

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Fetch FlashInfer's wheel (flashinfer-python, the version kvlab/kernels/flashinfer_peer.py pins)
-# and the wheels its decode needs that the device image lacks into .whl/, for `bench attention
-# --kernels flashinfer flashinfer_tc`: device_run.sh installs .whl/*.whl there (no index, no deps).
+# and the wheels its decode needs that the device image lacks into .whl-flashinfer/, for `bench
+# attention --kernels flashinfer flashinfer_tc`: device_run.sh installs .whl-flashinfer/*.whl there
+# (no index, no deps).
 # Usage, on a machine with PyPI, from the repo root:
 #   [DEVICE_PYTHON=3.12] [PLATFORM=manylinux_2_28_x86_64] bash benchmarks/flashinfer_wheels.sh [DEST]
-#   DEST: default .whl (ignored by git). DEVICE_PYTHON: the device image's python3 (X.Y).
-# The wheel is slimmed to fit the device tool's 64 MiB carry: the CUDA sources of FlashInfer's
+#   DEST: default .whl-flashinfer (ignored by git). DEVICE_PYTHON: the device image's python3 (X.Y).
+# The wheel is slimmed to fit the device tool's 64 MiB carry with the tree: the CUDA sources of FlashInfer's
 # other kernel families (flashinfer/data/csrc/*/: MoE, MLA, GEMM, ...; and those beside the
 # experimental package's modules) are left out: the decode JIT needs only data/csrc's top-level
 # files, data/include, cutlass, cccl and spdlog. It prints, and writes to DEST/flashinfer.txt, the version and every
@@ -13,7 +14,7 @@
 # NOTE: flashinfer-python compiles its kernels with nvcc on first use (JIT, cached under
 # ~/.cache/flashinfer): the first device call pays for it, a fresh machine pays again.
 set -euo pipefail
-dest=${1:-.whl}
+dest=${1:-.whl-flashinfer}
 pyver=${DEVICE_PYTHON:-3.12} platform=${PLATFORM:-manylinux_2_28_x86_64}
 version=$(sed -n 's/^FLASHINFER_VERSION = "\([^"]*\)".*/\1/p' kvlab/kernels/flashinfer_peer.py)
 [ -n "$version" ] || { echo "FLASHINFER_VERSION not found in kvlab/kernels/flashinfer_peer.py" >&2

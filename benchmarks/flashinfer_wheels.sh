@@ -4,13 +4,14 @@
 # attention --kernels flashinfer flashinfer_tc`: device_run.sh installs .whl-flashinfer/*.whl there
 # (no index, no deps).
 # Usage, on a machine with PyPI, from the repo root:
-#   [DEVICE_PYTHON=3.12] [PLATFORM=manylinux_2_28_x86_64] bash benchmarks/flashinfer_wheels.sh [DEST]
+#   [DEVICE_PYTHON=3.12] [PLATFORM=manylinux_2_28_x86_64] \
+#     bash benchmarks/flashinfer_wheels.sh [DEST]
 #   DEST: default .whl-flashinfer (ignored by git). DEVICE_PYTHON: the device image's python3 (X.Y).
-# The wheel is slimmed to fit the device tool's 64 MiB carry with the tree: the CUDA sources of FlashInfer's
-# other kernel families (flashinfer/data/csrc/*/: MoE, MLA, GEMM, ...; and those beside the
-# experimental package's modules) are left out: the decode JIT needs only data/csrc's top-level
-# files, data/include, cutlass, cccl and spdlog. It prints, and writes to DEST/flashinfer.txt, the version and every
-# wheel's sha256 (the run's log keeps them).
+# The wheel is slimmed to fit the device tool's 64 MiB carry with the tree: the CUDA sources of
+# FlashInfer's other kernel families (flashinfer/data/csrc/*/: MoE, MLA, GEMM, ...; and those
+# beside the experimental package's modules) are left out: the decode JIT needs only data/csrc's
+# top-level files, data/include, cutlass, cccl and spdlog. It prints, and writes to
+# DEST/flashinfer.txt, the version and every wheel's sha256 (the run's log keeps them).
 # NOTE: flashinfer-python compiles its kernels with nvcc on first use (JIT, cached under
 # ~/.cache/flashinfer): the first device call pays for it, a fresh machine pays again.
 set -euo pipefail

@@ -20,7 +20,7 @@ from kvlab.predict.ahead import (
     kv_pairs,
     lever_pairs,
 )
-from kvlab.results import E2E, load_result, load_results
+from kvlab.results import E2E, load_result, load_results, results_dir
 
 from .common import pct_range, source, value_range
 
@@ -28,7 +28,6 @@ from .common import pct_range, source, value_range
 E2E_RESULTS = E2E[1]
 # One step traced at prompts of 512, 4,064 and 32,736 tokens; ncu's counters of a step's kernels
 TRACES = ("steptrace", "steptrace_4k", "steptrace_32k")
-TRACES_H200 = ("steptrace_4k", "steptrace_32k")  # the H200's traced steps so far
 TRACED_GPU = "h100-sxm"  # the kvlab.gpus key of the GPU that traced them
 
 
@@ -279,6 +278,11 @@ def ahead_targets() -> str:
         if said:
             parts.append(f"on the {gpu} with {prompt:,}-token prompts, {' and '.join(said)}")
     return "; ".join(parts)
+
+
+def recorded_traces(machine: str) -> tuple[str, ...]:
+    """The TRACES that `machine` has recorded."""
+    return tuple(name for name in TRACES if (results_dir() / machine / f"{name}.json").exists())
 
 
 def _traced(machine: str = "h100", names=TRACES) -> list[tuple[dict, dict]]:
@@ -653,8 +657,8 @@ BLOCKS = {
     "e2e.source-steptrace": lambda: "; ".join(source("h100", name) for name in TRACES),
     "e2e.steptrace": steptrace_table,
     "e2e.source-steptrace-h200": lambda: "; ".join(source("h200", name)
-                                                   for name in TRACES_H200),
-    "e2e.steptrace-h200": lambda: steptrace_table("h200", TRACES_H200),
+                                                   for name in recorded_traces("h200")),
+    "e2e.steptrace-h200": lambda: steptrace_table("h200", recorded_traces("h200")),
     "e2e.steptrace-summary": steptrace_summary,
     "e2e.kv-prefetch-room": kv_prefetch_room,
     "e2e.window-bound": window_bound,

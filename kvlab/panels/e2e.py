@@ -57,6 +57,7 @@ from kvlab.panels.widgets import (
 )
 from kvlab.predict.ahead import (
     AHEAD_RECORDED,
+    KV_COUNTERS,
     KV_LEVER,
     KV_RECORDED,
     KV_RUNS,
@@ -99,7 +100,7 @@ SERVING_KEYS = {"serving": ("model", "variant", "rate", "requests", "output_toke
 # GEMMs (the weights' prefetch) and of its attention (the K/V blocks'): the recordings a GPU's view
 # reads where they exist, from the results folder TRACED gives its kvlab.gpus key
 STEP_TRACES = ("steptrace", "steptrace_4k", "steptrace_32k")
-STEP_COUNTERS = ("steptrace_counters", "steptrace_4k_counters", "steptrace_kv_counters")
+STEP_COUNTERS = (*AHEAD_RECORDED["h100-sxm"]["counters"][1], *KV_COUNTERS[1])
 TRACED = {"h100-sxm": "h100", REFERENCE: "h200"}
 TRACE_ROWS = ("model", "batch", "ahead_bytes", "prompt", "new_tokens", "steps", "num_kernels",
               "span_us", "gap_us", "roofline_us", "kernels")

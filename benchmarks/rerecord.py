@@ -9,7 +9,9 @@ of the machine that ran it. `--list` prints the parts and their commands; `--run
 `--run all`) runs them in turn, each under its own timeout, and writes `rerecord.json` into
 --out: the machine, GPU, revision and date, and per part its command, exit status and seconds.
 How long each part took when it last ran to its end is kept in TIMES (rerecord_times.json,
-committed; `--add-times LOG ...` merges the runs' logs into it), and `--list` shows it. A device
+committed; `--add-times LOG ...` merges the runs' logs into it), and `--list` shows it; a part
+stopped at the budget after longer than its known time is kept as taking at least that long
+(`at_least`) until it runs to its end. A device
 call has a time limit: with `--budget SECONDS`, no part starts once the elapsed time plus the
 part's seconds (from TIMES, or an earlier `rerecord.json` given as `--durations`) would pass
 it, and a part still running at the budget's end is stopped (its checkpoint kept). The parts
@@ -322,15 +324,18 @@ def run(names: list[str], known: dict, out: Path, budget_s: float | None,
 
 
 def times(machine: str, path: Path | None = None) -> dict[str, dict]:
-    """{part: {"seconds", "gpu", "revision", "dirty", "date"}}: how long each part of `machine`
-    took when it last ran to its end, by `path` (default the committed TIMES)."""
+    """{part: {"seconds", "gpu", "revision", "dirty", "date"[, "at_least"]}}: how long each
+    part of `machine` took when it last ran to its end, or at least (stopped at a budget), by
+    `path` (default the committed TIMES)."""
     path = TIMES if path is None else path
     return json.loads(path.read_text()).get(machine, {}) if path.is_file() else {}
 
 
 def took(entry: dict) -> str:
-    """A part's time as --list and --add-times print it: "84 s on <GPU> at 77585ce, <date>"."""
-    return (f"{entry['seconds']:.0f} s on {entry['gpu']} at {entry['revision'][:7]}"
+    """A part's time as --list and --add-times print it: "84 s on <GPU> at 77585ce, <date>"
+    ("at least 84 s ..." for a part stopped at the budget)."""
+    return (f"{'at least ' if entry.get('at_least') else ''}{entry['seconds']:.0f} s on "
+            f"{entry['gpu']} at {entry['revision'][:7]}"
             f"{' + uncommitted changes' if entry.get('dirty') else ''}, {entry['date']}")
 
 
@@ -341,11 +346,17 @@ def ran_to_its_end(part: dict) -> bool:
     return part["returncode"] is not None and (part["returncode"] == 0 or part.get("wrote"))
 
 
+def stopped_at_the_budget(part: dict) -> bool:
+    """Whether a part of a run's log was stopped at the budget: its time is a lower bound."""
+    return part["returncode"] is None and not part.get("wrote")
+
+
 def add_times(logs: list[dict], path: Path | None = None) -> list[str]:
     """Merge the parts of each run's log (rerecord.json) that ran to their end
     (`ran_to_its_end`) into `path` (default TIMES), each with where, when and on which code it
-    ran; returns a line per part merged. Raises ValueError for a log without LOG_HEADER's keys
-    or a list of parts."""
+    ran; and those stopped at the budget after longer than the time kept for them, marked
+    `at_least`. Returns a line per part merged. Raises ValueError for a log without
+    LOG_HEADER's keys or a list of parts."""
     path = TIMES if path is None else path
     table = json.loads(path.read_text()) if path.is_file() else {}
     merged = []
@@ -355,12 +366,17 @@ def add_times(logs: list[dict], path: Path | None = None) -> list[str]:
             missing.append("parts")
         if missing:
             raise ValueError(f"a log lacks {', '.join(missing)}: not a rerecord.json of a run")
-        for part in filter(ran_to_its_end, log["parts"]):
-            table.setdefault(log["machine"], {})[part["name"]] = {
+        kept = table.setdefault(log["machine"], {})
+        for part in log["parts"]:
+            stopped = stopped_at_the_budget(part)
+            if not (ran_to_its_end(part) or stopped and part["seconds"] > kept.get(
+                    part["name"], {}).get("seconds", 0.0)):
+                continue
+            kept[part["name"]] = {
                 "seconds": part["seconds"], "gpu": log["gpu"], "revision": log["revision"],
-                "dirty": log.get("dirty", False), "date": log["date"]}
-            merged.append(f"{log['machine']}/{part['name']}: "
-                          f"{took(table[log['machine']][part['name']])}")
+                "dirty": log.get("dirty", False), "date": log["date"],
+                **({"at_least": True} if stopped else {})}
+            merged.append(f"{log['machine']}/{part['name']}: {took(kept[part['name']])}")
     path.write_text(json.dumps({m: dict(sorted(p.items())) for m, p in sorted(table.items())},
                                indent=2) + "\n")
     return merged

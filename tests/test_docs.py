@@ -158,3 +158,17 @@ def test_flashinfer_e2e_table_refuses_a_peer_of_the_wrong_compile_state():
     rows[1]["compiled"] = False
     with pytest.raises(ValueError, match="hf-static must be the compiled peer"):
         flashinfer.e2e_table({"rows": rows})
+
+
+def test_part_times_say_a_total_with_a_part_stopped_at_a_budget_is_a_lower_bound(monkeypatch):
+    import rerecord
+    from figures import manifest
+
+    monkeypatch.setattr(rerecord, "parts", lambda machine: {"a": {}, "b": {}, "c": {}})
+    timed = {"a": {"seconds": 10.0}, "b": {"seconds": 20.0}}
+    monkeypatch.setattr(rerecord, "times", lambda machine: timed)
+    assert manifest.part_times()[0] == "- `h100`: 2 of 3 parts timed, 30 s in all; not timed yet: c"
+    timed["b"]["at_least"] = True
+    assert manifest.part_times()[0] == ("- `h100`: 2 of 3 parts timed, at least 30 s in all (b "
+                                        "stopped at a budget: at least their time); not timed "
+                                        "yet: c")

@@ -197,10 +197,11 @@ def test_an_adopted_part_is_listed_and_budgeted_by_its_time_on_the_source(tmp_pa
 
 
 def test_the_times_of_the_parts_that_ran_to_their_end_are_kept(tmp_path, capsys):
-    """--add-times: the parts of a run's log (with where it ran) that ran to their end merged:
-    not one stopped at the budget, nor one that failed without its result; one that wrote its
-    result, then exited non-zero, is; a later run replaces an earlier; a log without where it
-    ran is refused, one whose parts all waited for budget merges nothing."""
+    """--add-times: the parts of a run's log (with where it ran) that ran to their end merged,
+    not one that failed without its result; one that wrote its result, then exited non-zero,
+    is; one stopped at the budget is kept as a lower bound (`at_least`) while it is longer than
+    the time kept, and a run to its end replaces it; a later run replaces an earlier; a log
+    without where it ran is refused, one whose parts all waited for budget merges nothing."""
     head = {"machine": "h100", "gpu": "G", "revision": "a" * 40, "dirty": False,
             "date": "2026-12-06"}
     logs = [tmp_path / "1.json", tmp_path / "2.json", tmp_path / "3.json", tmp_path / "bad.json"]
@@ -210,19 +211,30 @@ def test_the_times_of_the_parts_that_ran_to_their_end_are_kept(tmp_path, capsys)
         {"name": "c", "returncode": None, "seconds": 30.0, "wrote": False},  # at the budget
         {"name": "d", "returncode": 2, "seconds": 1.5, "wrote": False}]}))  # failed early
     logs[1].write_text(json.dumps({**head, "date": "2026-12-07", "dirty": True, "parts": [
-        {"name": "a", "returncode": 0, "seconds": 12.0, "wrote": True}]}))
+        {"name": "a", "returncode": 0, "seconds": 12.0, "wrote": True},
+        {"name": "b", "returncode": None, "seconds": 15.0, "wrote": False},  # shorter: kept 20
+        {"name": "c", "returncode": 0, "seconds": 40.0, "wrote": True}]}))
     logs[2].write_text(json.dumps({**head, "parts": []}))
     logs[3].write_text(json.dumps({"parts": {}}))
     table = tmp_path / "times.json"
     lines = rerecord.add_times([json.loads(p.read_text()) for p in logs[:3]], table)
     assert lines == ["h100/a: 10 s on G at aaaaaaa, 2026-12-06",
                      "h100/b: 20 s on G at aaaaaaa, 2026-12-06",
-                     "h100/a: 12 s on G at aaaaaaa + uncommitted changes, 2026-12-07"]
+                     "h100/c: at least 30 s on G at aaaaaaa, 2026-12-06",
+                     "h100/a: 12 s on G at aaaaaaa + uncommitted changes, 2026-12-07",
+                     "h100/c: 40 s on G at aaaaaaa + uncommitted changes, 2026-12-07"]
     assert rerecord.times("h100", table) == {
         "a": {"seconds": 12.0, "gpu": "G", "revision": "a" * 40, "dirty": True,
               "date": "2026-12-07"},
         "b": {"seconds": 20.0, "gpu": "G", "revision": "a" * 40, "dirty": False,
-              "date": "2026-12-06"}}
+              "date": "2026-12-06"},
+        "c": {"seconds": 40.0, "gpu": "G", "revision": "a" * 40, "dirty": True,
+              "date": "2026-12-07"}}
+    stopped = {**head, "parts": [{"name": "c", "returncode": None, "seconds": 50.0,
+                                  "wrote": False}]}
+    assert rerecord.add_times([stopped], table) == [
+        "h100/c: at least 50 s on G at aaaaaaa, 2026-12-06"]
+    assert rerecord.times("h100", table)["c"]["at_least"] is True
     assert rerecord.times("h200", table) == {}
     with pytest.raises(SystemExit):
         rerecord.main(["--add-times", str(logs[3])])

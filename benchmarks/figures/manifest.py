@@ -40,7 +40,8 @@ def manifest_table() -> list[str]:
 
 def part_times() -> list[str]:
     """Per machine with results made by the CLI: how many of its parts (benchmarks/rerecord.py)
-    have a time kept in rerecord_times.json, their seconds in all, and those not timed yet."""
+    have a time kept in rerecord_times.json, their seconds in all (at least, where some were
+    stopped at a budget: those named), and those not timed yet."""
     import rerecord
 
     lines = []
@@ -48,9 +49,13 @@ def part_times() -> list[str]:
         known, timed = rerecord.parts(machine), rerecord.times(machine)
         seconds = sum(t["seconds"] for name, t in timed.items() if name in known)
         missing = [name for name in known if name not in timed]
+        bounds = [name for name in known if timed.get(name, {}).get("at_least")]
         done = len(known) - len(missing)
         lines.append(f"- `{machine}`: {done} of {len(known)} parts timed"
-                     + (f", {seconds:,.0f} s in all" if done else "")
+                     + (f", {'at least ' if bounds else ''}{seconds:,.0f} s in all" if done
+                        else "")
+                     + (f" ({', '.join(bounds)} stopped at a budget: at least their time)"
+                        if bounds else "")
                      + (f"; not timed yet: {', '.join(missing)}" if missing else ""))
     return lines
 

@@ -366,7 +366,7 @@ def add_times(logs: list[dict], path: Path | None = None) -> list[str]:
             missing.append("parts")
         if missing:
             raise ValueError(f"a log lacks {', '.join(missing)}: not a rerecord.json of a run")
-        kept = table.setdefault(log["machine"], {})
+        kept = table.get(log["machine"], {})
         for part in log["parts"]:
             stopped = stopped_at_the_budget(part)
             if not (ran_to_its_end(part) or stopped and part["seconds"] > kept.get(
@@ -376,6 +376,7 @@ def add_times(logs: list[dict], path: Path | None = None) -> list[str]:
                 "seconds": part["seconds"], "gpu": log["gpu"], "revision": log["revision"],
                 "dirty": log.get("dirty", False), "date": log["date"],
                 **({"at_least": True} if stopped else {})}
+            table[log["machine"]] = kept
             merged.append(f"{log['machine']}/{part['name']}: {took(kept[part['name']])}")
     path.write_text(json.dumps({m: dict(sorted(p.items())) for m, p in sorted(table.items())},
                                indent=2) + "\n")

@@ -235,6 +235,10 @@ def test_the_times_of_the_parts_that_ran_to_their_end_are_kept(tmp_path, capsys)
     assert rerecord.add_times([stopped], table) == [
         "h100/c: at least 50 s on G at aaaaaaa, 2026-12-06"]
     assert rerecord.times("h100", table)["c"]["at_least"] is True
+    failed = {**head, "machine": "h200", "parts": [{"name": "e", "returncode": 2,
+                                                    "seconds": 1.0, "wrote": False}]}
+    assert rerecord.add_times([failed], table) == []
+    assert "h200" not in json.loads(table.read_text())  # no machine kept with nothing
     assert rerecord.times("h200", table) == {}
     with pytest.raises(SystemExit):
         rerecord.main(["--add-times", str(logs[3])])

@@ -64,6 +64,7 @@ LOG_HEADER = ("machine", "gpu", "revision", "date")  # what a run's log says of 
 PREFIX = ["python", "-m", "kvlab", "bench"]
 # the benchmarks whose CLI takes --checkpoint (tests/test_rerecord.py checks it against the CLI)
 CHECKPOINTED = ("attention", "e2e", "kvpr", "timeline")
+CHECKPOINT = "_partial"  # a part's checkpoint is out/<part>_partial.json, beside its result
 DROPPED = ("--json", "--checkpoint", "--resume")  # options a part sets itself, with their value
 PART_TIMEOUT_S = 3600
 FLASHINFER = ["flashinfer", "flashinfer_tc"]
@@ -165,7 +166,7 @@ def command(name: str, argv: list[str], out: Path) -> list[str]:
     its result to out/<name>.json (and, where the benchmark takes it, its checkpoint beside)."""
     kept = _without_outputs(argv) + ["--json", str(out / f"{name}.json")]
     if argv[4] in CHECKPOINTED:
-        kept += ["--checkpoint", str(out / f"{name}_partial.json")]
+        kept += ["--checkpoint", str(out / f"{name}{CHECKPOINT}.json")]
     return [sys.executable, *kept[1:]]
 
 
@@ -248,7 +249,8 @@ def merge(machine: str, part: str, out: Path) -> Path:
     known = parts(machine)
     if part not in known:
         raise ValueError(f"--merge {part}: no such part of {machine}")
-    found = {path.stem: json.loads(path.read_text()) for path in out.glob(f"{part}@*.json")}
+    found = {path.stem: json.loads(path.read_text()) for path in out.glob(f"{part}@*.json")
+             if not path.stem.endswith(CHECKPOINT)}
     if not found:
         raise ValueError(f"--merge {part}: no shard {part}@OPTION=V,... in {out}")
     split = {name: shard_of(name) for name in found}

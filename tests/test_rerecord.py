@@ -370,12 +370,14 @@ def _shard(out: Path, name: str, rows: list[dict], **run) -> None:
 
 
 def test_merging_shards_gives_the_parts_rows_in_its_order_and_every_runs_provenance(tmp_path):
-    """e2e_qwen14b split by batches, the shards given out of order: rows come back in the
-    part's batch order, the first shard's run-level fields with every shard's under shards."""
+    """e2e_qwen14b split by batches, the shards given out of order and a checkpoint beside
+    one: rows come back in the part's batch order, the first shard's run-level fields with
+    every shard's under shards, the checkpoint ignored."""
     row = lambda batch, variant: {"model": "qwen2.5-14b", "batch": batch, "variant": variant}  # noqa: E731
     _shard(tmp_path, "e2e_qwen14b@batches=128,64", [row(128, "gqa"), row(64, "gqa")],
            roofline=4010.0, date="2026-12-08")
     _shard(tmp_path, "e2e_qwen14b@batches=16,1", [row(16, "gqa"), row(1, "gqa"), row(1, "hf")])
+    _shard(tmp_path, f"e2e_qwen14b@batches=16,1{rerecord.CHECKPOINT}", [row(16, "gqa")])
     path = rerecord.merge("h200", "e2e_qwen14b", tmp_path)
     merged = json.loads(path.read_text())
     assert path == tmp_path / "e2e_qwen14b.json"

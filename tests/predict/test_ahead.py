@@ -68,7 +68,7 @@ def test_the_fit_recovers_the_delivery_and_costs_the_recordings_were_made_with()
         [c["recorded_us"] for c in fit.checks])
 
 
-@pytest.mark.parametrize("gpu, steps, held_out_share", [("h100-sxm", 36, 0.02),
+@pytest.mark.parametrize("gpu, steps, held_out_share", [("h100-sxm", 38, 0.02),
                                                          ("h200", 19, 0.03)])
 def test_each_gpus_fit_to_its_recordings_holds_on_models_left_out(gpu, steps, held_out_share):
     fit = fit_ahead(gpu)
@@ -78,8 +78,8 @@ def test_each_gpus_fit_to_its_recordings_holds_on_models_left_out(gpu, steps, he
     misses = [abs(c["predicted_us"] - c["recorded_us"]) for c in fit.checks]
     assert fit.held_out_us == max(misses) and fit.held_out_share < held_out_share
     # held out, the learned change has the recorded one's sign wherever the recorded change is
-    # 0.2% of the step or more, and at nine points in ten (h100: two misses in 36, each under
-    # 0.15% of its step, at 3,840 tokens, batch 1)
+    # 0.2% of the step or more, and at nine points in ten (h100: one miss in 38, 0.19% of its
+    # step, at 3,840 tokens, batch 1)
     missed = [c for c in fit.checks if (c["predicted_us"] > 0) != (c["recorded_us"] > 0)]
     assert all(abs(c["recorded_us"]) < 0.002 * c["step_us"] for c in missed)
     assert len(missed) <= len(fit.checks) / 10

@@ -11,7 +11,8 @@ of the machine that ran it. `--list` prints the parts and their commands; `--run
 How long each part took when it last ran to its end is kept in TIMES (rerecord_times.json,
 committed; `--add-times LOG ...` merges the runs' logs into it), and `--list` shows it; a part
 stopped at the budget after longer than its known time is kept as taking at least that long
-(`at_least`) until it runs to its end. A device
+(`at_least`) until it runs to its end; a part whose shards all ran to their end on one
+revision is kept as taking their sum, with their names. A device
 call has a time limit: with `--budget SECONDS`, no part starts once the elapsed time plus the
 part's seconds (from TIMES, or an earlier `rerecord.json` given as `--durations`) would pass
 it, and a part still running at the budget's end is stopped (its checkpoint kept). The parts
@@ -326,19 +327,22 @@ def run(names: list[str], known: dict, out: Path, budget_s: float | None,
 
 
 def times(machine: str, path: Path | None = None) -> dict[str, dict]:
-    """{part: {"seconds", "gpu", "revision", "dirty", "date"[, "at_least"]}}: how long each
-    part of `machine` took when it last ran to its end, or at least (stopped at a budget), by
-    `path` (default the committed TIMES)."""
+    """{part: {"seconds", "gpu", "revision", "dirty", "date"[, "at_least" | "shards"]}}: how
+    long each part (or shard) of `machine` took when it last ran to its end, or at least
+    (stopped at a budget), or as the sum of its shards' (`whole_from_shards`), by `path`
+    (default the committed TIMES)."""
     path = TIMES if path is None else path
     return json.loads(path.read_text()).get(machine, {}) if path.is_file() else {}
 
 
 def took(entry: dict) -> str:
     """A part's time as --list and --add-times print it: "84 s on <GPU> at 77585ce, <date>"
-    ("at least 84 s ..." for a part stopped at the budget)."""
+    ("at least 84 s ..." for a part stopped at the budget; "... (4 shards)" for a part timed as
+    the sum of its shards')."""
     return (f"{'at least ' if entry.get('at_least') else ''}{entry['seconds']:.0f} s on "
             f"{entry['gpu']} at {entry['revision'][:7]}"
-            f"{' + uncommitted changes' if entry.get('dirty') else ''}, {entry['date']}")
+            f"{' + uncommitted changes' if entry.get('dirty') else ''}, {entry['date']}"
+            + (f" ({len(entry['shards'])} shards)" if "shards" in entry else ""))
 
 
 def ran_to_its_end(part: dict) -> bool:
@@ -351,6 +355,42 @@ def ran_to_its_end(part: dict) -> bool:
 def stopped_at_the_budget(part: dict) -> bool:
     """Whether a part of a run's log was stopped at the budget: its time is a lower bound."""
     return part["returncode"] is None and not part.get("wrote")
+
+
+def whole_from_shards(machine: str, kept: dict[str, dict]) -> dict[str, dict]:
+    """{part: its time as the sum of its shards'} for each part of `machine` whose shards in
+    `kept` (a machine's TIMES) ran to their end on one revision and GPU and cover its values
+    once each, taken newest first; where that is newer than the part's own time, or the part's
+    is a lower bound. The entry names its shards."""
+    found = {}
+    for name, entry in kept.items():
+        if "@" in name and not entry.get("at_least"):
+            part, option, values = shard_of(name)
+            found.setdefault((part, option), []).append((name, entry, values))
+    known = parts(machine)
+    wholes = {}
+    for (part, option), shards in found.items():
+        if part not in known:
+            continue
+        shards.sort(key=lambda shard: shard[1]["date"], reverse=True)
+        newest = shards[0][1]
+        chosen, covered = [], []
+        for name, entry, values in shards:
+            if (entry["revision"], entry["gpu"]) == (newest["revision"], newest["gpu"]) and (
+                    not set(values) & set(covered)):
+                chosen.append(name)
+                covered += values
+        if sorted(covered) != sorted(option_values(known[part], option) or []):
+            continue
+        whole = {"seconds": round(sum(kept[name]["seconds"] for name in chosen), 1),
+                 "gpu": newest["gpu"], "revision": newest["revision"],
+                 "dirty": any(kept[name].get("dirty") for name in chosen),
+                 "date": newest["date"], "shards": sorted(chosen)}
+        own = kept.get(part, {})
+        ran_whole = own and not own.get("at_least") and "shards" not in own
+        if own != whole and not (ran_whole and own["date"] >= newest["date"]):
+            wholes[part] = whole
+    return wholes
 
 
 def add_times(logs: list[dict], path: Path | None = None) -> list[str]:
@@ -380,6 +420,9 @@ def add_times(logs: list[dict], path: Path | None = None) -> list[str]:
                 **({"at_least": True} if stopped else {})}
             table[log["machine"]] = kept
             merged.append(f"{log['machine']}/{part['name']}: {took(kept[part['name']])}")
+        for whole, entry in whole_from_shards(log["machine"], kept).items():
+            kept[whole] = entry
+            merged.append(f"{log['machine']}/{whole}: {took(entry)}")
     path.write_text(json.dumps({m: dict(sorted(p.items())) for m, p in sorted(table.items())},
                                indent=2) + "\n")
     return merged

@@ -169,6 +169,6 @@ def test_part_times_say_a_total_with_a_part_stopped_at_a_budget_is_a_lower_bound
     monkeypatch.setattr(rerecord, "times", lambda machine: timed)
     assert manifest.part_times()[0] == "- `h100`: 2 of 3 parts timed, 30 s in all; not timed yet: c"
     timed["b"]["at_least"] = True
-    assert manifest.part_times()[0] == ("- `h100`: 2 of 3 parts timed, at least 30 s in all (b "
-                                        "stopped at a budget: at least their time); not timed "
-                                        "yet: c")
+    assert manifest.part_times()[0] == ("- `h100`: 2 of 3 parts timed, at least 30 s in all (b: "
+                                        "stopped at a budget, so a lower bound); not timed yet: "
+                                        "c")

@@ -246,6 +246,43 @@ def test_the_times_of_the_parts_that_ran_to_their_end_are_kept(tmp_path, capsys)
         capsys.readouterr().err)
 
 
+def test_a_part_run_as_shards_takes_their_sum_once_they_cover_it(tmp_path):
+    """--add-times: h100's e2e_ahead_4k (four models) run as shards is kept as their sum, named,
+    once shards that ran to their end on one revision cover its models once each (newest first:
+    an older overlapping shard, one stopped at the budget or one of other code left out); it
+    replaces the part's lower bound, not a run of the whole newer than the shards."""
+    head = {"machine": "h100", "gpu": "G", "revision": "a" * 40, "dirty": False,
+            "date": "2026-12-07"}
+    shard = lambda models, seconds, returncode=0: {  # noqa: E731
+        "name": f"e2e_ahead_4k@models={models}", "returncode": returncode, "seconds": seconds,
+        "wrote": returncode is not None}
+    table = tmp_path / "times.json"
+    table.write_text(json.dumps({"h100": {
+        "e2e_ahead_4k": {"seconds": 360.0, "gpu": "G", "revision": "b" * 40, "dirty": False,
+                         "date": "2026-12-06", "at_least": True},
+        "e2e_ahead_4k@models=llama3-8b,llama2-7b": {
+            "seconds": 500.0, "gpu": "G", "revision": "b" * 40, "dirty": False,
+            "date": "2026-12-06"}}}))
+    first = {**head, "parts": [shard("llama3-8b", 115.0), shard("qwen2.5-7b", 207.0),
+                               shard("llama3-8b,qwen2.5-7b", 183.0, None)]}
+    assert rerecord.add_times([first], table)[-1].startswith("h100/e2e_ahead_4k@")
+    assert rerecord.times("h100", table)["e2e_ahead_4k"]["at_least"] is True
+    rest = {**head, "parts": [shard("llama2-7b", 56.0), shard("qwen2.5-14b", 74.0)]}
+    assert rerecord.add_times([rest], table)[-1] == (
+        "h100/e2e_ahead_4k: 452 s on G at aaaaaaa, 2026-12-07 (4 shards)")
+    assert rerecord.times("h100", table)["e2e_ahead_4k"] == {
+        "seconds": 452.0, "gpu": "G", "revision": "a" * 40, "dirty": False,
+        "date": "2026-12-07", "shards": [f"e2e_ahead_4k@models={m}" for m in (
+            "llama2-7b", "llama3-8b", "qwen2.5-14b", "qwen2.5-7b")]}
+    assert rerecord.add_times([rest], table)[-1] == (  # the same sum again: nothing new
+        "h100/e2e_ahead_4k@models=qwen2.5-14b: 74 s on G at aaaaaaa, 2026-12-07")
+    whole = {**head, "date": "2026-12-08", "parts": [
+        {"name": "e2e_ahead_4k", "returncode": 0, "seconds": 440.0, "wrote": True}]}
+    rerecord.add_times([whole], table)
+    rerecord.add_times([rest], table)
+    assert rerecord.times("h100", table)["e2e_ahead_4k"]["seconds"] == 440.0
+
+
 def test_the_committed_times_name_parts_of_their_machine():
     for machine in ("h100", "h200"):
         # (a shard's time is kept by its name: PART@OPTION=V,...)

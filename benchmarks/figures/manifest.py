@@ -54,7 +54,7 @@ def part_times() -> list[str]:
         lines.append(f"- `{machine}`: {done} of {len(known)} parts timed"
                      + (f", {'at least ' if bounds else ''}{seconds:,.0f} s in all" if done
                         else "")
-                     + (f" ({', '.join(bounds)} stopped at a budget: at least their time)"
+                     + (f" ({', '.join(bounds)}: stopped at a budget, so a lower bound)"
                         if bounds else "")
                      + (f"; not timed yet: {', '.join(missing)}" if missing else ""))
     return lines

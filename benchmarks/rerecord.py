@@ -367,7 +367,7 @@ def whole_from_shards(machine: str, kept: dict[str, dict]) -> dict[str, dict]:
         if "@" in name and not entry.get("at_least"):
             part, option, values = shard_of(name)
             found.setdefault((part, option), []).append((name, entry, values))
-    known = parts(machine)
+    known = parts(machine) if found else {}
     wholes = {}
     for (part, option), shards in found.items():
         if part not in known:

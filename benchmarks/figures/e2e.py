@@ -256,7 +256,7 @@ def ahead_measured_summary() -> str:
     def span(gpu, prompt, keep):
         speeds = [g["step_ms"] / a["step_ms"] for g, a, _, on, _ in _ahead_pairs()
                   if on == gpu and g["prompt"] == prompt and keep(g["batch"])]
-        return f"{min(speeds):.3f}-{max(speeds):.3f}x" if speeds else None
+        return value_range(speeds, "{:.3f}") if speeds else None
 
     parts = []
     for gpu, prompt in dict.fromkeys((on, g["prompt"]) for g, _, _, on, _ in _ahead_pairs()):

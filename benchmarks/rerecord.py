@@ -25,6 +25,8 @@ static cache over two rounds, and the cross-kernel prefetch's batches up to 128 
 tokens (where their caches fit). A machine may also take up a part it has no result for yet
 from another machine's result (`ADOPT`: the H200 the H100's step traces, counters and lever
 runs), with that part's time there standing in for --budget until it has its own.
+`--plan` prints the device calls that re-record the machine's stale parts (`to_rerecord`),
+packed by their times into the fewest calls within --budget (`plan`).
 A part whose command names a file needs that file first: attention_vllm's --vllm-cubin is built
 by benchmarks/vllm_cubin.sh.
 A machine's parts run only on the GPU its results were recorded on (their "gpu", against
@@ -45,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -68,6 +71,7 @@ CHECKPOINTED = ("attention", "e2e", "kvpr", "timeline")
 CHECKPOINT = "_partial"  # a part's checkpoint is out/<part>_partial.json, beside its result
 DROPPED = ("--json", "--checkpoint", "--resume")  # options a part sets itself, with their value
 PART_TIMEOUT_S = 3600
+PLAN_BUDGET_S = 540  # a device call's ten minutes, less its start and the files' return
 FLASHINFER = ["flashinfer", "flashinfer_tc"]
 FAIR_HF = {"--hf-compile": ["both"], "--rounds": ["2"]}
 ALL_BATCHES = {"--batches": ["1", "16", "64", "128"]}  # the lever grid's (a cache that does
@@ -428,6 +432,90 @@ def add_times(logs: list[dict], path: Path | None = None) -> list[str]:
     return merged
 
 
+def to_rerecord(machine: str, known: dict[str, list[str]]) -> list[str]:
+    """The parts of `machine` (`known`, as `parts` gives them) whose result is older than the
+    code it measured (`kvlab.results.changed_since`: a component changed, or none recorded),
+    or which it has no result for yet (adopted), in `known`'s order."""
+    from kvlab.results import changed_since
+
+    def current(name: str) -> bool:
+        path = RESULTS / machine / f"{name}.json"
+        return path.is_file() and changed_since(json.loads(path.read_text())) == []
+    return [name for name in known if not current(name)]
+
+
+def estimates(machine: str, names: list[str]) -> dict[str, tuple[float, str]]:
+    """{part: (seconds, where that comes from)} for those of `names` timed on `machine` (its
+    TIMES) or, failing that, on another machine (its time there stands in); a lower bound
+    (`at_least`) as such. Parts timed nowhere are left out."""
+    timed = json.loads(TIMES.read_text()) if TIMES.is_file() else {}
+    found = {}
+    for name in names:
+        for where in [machine, *(m for m in timed if m != machine)]:
+            entry = timed.get(where, {}).get(name)
+            if entry:
+                found[name] = (entry["seconds"], ("at least, " if entry.get("at_least") else "")
+                               + ("here" if where == machine else f"{where}'s"))
+                break
+    return found
+
+
+def plan(machine: str, names: list[str], budget_s: float) -> tuple[list[list[tuple]], list[str]]:
+    """(calls, untimed): the parts `names` of `machine` packed into device calls of at most
+    `budget_s` seconds each by their `estimates`, longest first, each into the first call it
+    fits; a part longer than the budget as the fewest shards by --models (or else --batches)
+    that each fit, its time shared evenly among its values. Each call is a list of (name,
+    seconds, where from). `untimed`: the parts timed nowhere, in `names`' order."""
+    known = parts(machine)
+    found = estimates(machine, names)
+    items = []
+    for name in names:
+        if name not in found:
+            continue
+        seconds, source = found[name]
+        option = next((o for o in SHARDABLE if len(option_values(known[name], o) or []) > 1
+                       and not (o == "batches" and "--points" in known[name])), None)
+        values = option_values(known[name], option) if option else []
+        pieces = min(len(values), math.ceil(seconds / budget_s)) if values else 1
+        if pieces <= 1:
+            items.append((name, seconds, source))
+            continue
+        size = math.ceil(len(values) / pieces)
+        for at in range(0, len(values), size):
+            share = values[at:at + size]
+            items.append((f"{name}@{option}={','.join(share)}",
+                          round(seconds * len(share) / len(values), 1), f"{source}, shared"))
+    calls: list[list[tuple]] = []
+    for item in sorted(items, key=lambda item: -item[1]):
+        fits = next((call for call in calls if sum(i[1] for i in call) + item[1] <= budget_s),
+                    None)
+        if fits is None:
+            calls.append(fits := [])
+        fits.append(item)
+    return calls, [name for name in names if name not in found]
+
+
+def print_plan(machine: str, known: dict[str, list[str]], budget_s: float) -> None:
+    """Print `plan` for the parts `to_rerecord` names: each call's parts as device_run.sh
+    takes them (RERECORD_<MACHINE>), with their times and where those come from."""
+    names = to_rerecord(machine, known)
+    calls, untimed = plan(machine, names, budget_s)
+    print(f"{machine}: {len(names)} of {len(known)} parts to re-record (older than the code they "
+          f"measured, or not recorded here yet); {len(calls)} calls of at most {budget_s:.0f} s "
+          f"by their times, and {len(untimed)} parts timed nowhere")
+    for number, call in enumerate(calls, 1):
+        total = sum(seconds for _, seconds, _ in call)
+        over = " (one part over the budget: shard it further)" if total > budget_s else ""
+        print(f"call {number}, ~{total:.0f} s{over}: RERECORD_{machine.upper()}="
+              f"\"{' '.join(name for name, _, _ in call)}\"")
+        for name, seconds, source in call:
+            print(f"  {name}: {seconds:.0f} s ({source})")
+    if untimed:
+        print(f"timed nowhere, for the calls after: RERECORD_{machine.upper()}="
+              f"\"{' '.join(untimed)}\" (--budget stops the part running at its end, kept as "
+              "a lower bound, and names those not started, for the next call)")
+
+
 def saver(out: Path, pack: Path | None) -> Callable[[dict], None]:
     """What keeps a run's log: writes it to out/rerecord.json and, with `pack`, packs out into
     that .tgz (written beside it, then renamed: a call stopped mid-write leaves the last one)."""
@@ -462,6 +550,9 @@ def main(argv: list[str] | None = None) -> int:
                              "result")
     parser.add_argument("--pack", type=Path, metavar="TGZ",
                         help="after every part, pack --out into this file (e.g. $OUT/rr.tgz)")
+    parser.add_argument("--plan", action="store_true",
+                        help="print the device calls that re-record the machine's stale parts, "
+                             f"each within --budget (default {PLAN_BUDGET_S} s)")
     args = parser.parse_args(argv)
     if args.add_times:
         try:
@@ -478,6 +569,9 @@ def main(argv: list[str] | None = None) -> int:
         selected = chosen(args.run, known) if args.run else {}
     except ValueError as err:
         parser.error(str(err))
+    if args.plan:
+        print_plan(args.machine, known, PLAN_BUDGET_S if args.budget is None else args.budget)
+        return 0
     names = list(selected)
     timed = times(args.machine)
     adopted = ADOPT.get(args.machine, {})

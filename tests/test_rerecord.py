@@ -463,3 +463,66 @@ def test_a_run_of_shards_hands_their_commands_on(tmp_path, monkeypatch):
     assert seen["names"] == ["e2e@models=llama3-8b", "e2e_2048"]
     assert _values(seen["known"]["e2e@models=llama3-8b"], "--models") == ["llama3-8b"]
     assert seen["known"]["e2e_2048"] == rerecord.parts("h200")["e2e_2048"]
+
+
+def _machine_with(tmp_path, monkeypatch, results: dict[str, dict], table: dict) -> None:
+    """results/h200/<name>.json for each of `results` ({name: result}) and TIMES as `table`,
+    in tmp_path, with no parts adopted."""
+    (tmp_path / "h200").mkdir()
+    for name, result in results.items():
+        (tmp_path / "h200" / f"{name}.json").write_text(json.dumps(result))
+    (tmp_path / "times.json").write_text(json.dumps(table))
+    monkeypatch.setattr(rerecord, "RESULTS", tmp_path)
+    monkeypatch.setattr(rerecord, "TIMES", tmp_path / "times.json")
+    monkeypatch.setattr(rerecord, "ADOPT", {})
+
+
+def _timed(seconds: float, **more) -> dict:
+    return {"seconds": seconds, "gpu": "G", "revision": "a" * 40, "dirty": False,
+            "date": "2026-12-07", **more}
+
+
+def test_the_plan_takes_the_stale_parts_into_the_fewest_calls_by_their_times(
+        tmp_path, monkeypatch, capsys):
+    """--plan: the parts older than their code (or recording none) packed longest first into
+    calls within the budget, each part timed here, else on another machine (a lower bound as
+    such); one longer than the budget as shards by --models, its time shared; the parts timed
+    nowhere named for the calls after; a current part left out."""
+    from kvlab.components import versions
+
+    e2e = "python -m kvlab bench e2e --models llama3-8b qwen2.5-7b llama2-7b qwen2.5-14b"
+    stale = {"benchmark": "e2e", "components": {}}
+    _machine_with(tmp_path, monkeypatch, {
+        "big": {"command": e2e, **stale},
+        "mid": {"command": "python -m kvlab bench e2e --models llama3-8b", **stale},
+        "small": {"command": "python -m kvlab bench e2e --models llama3-8b"},  # none recorded
+        "new": {"command": "python -m kvlab bench e2e --models llama3-8b", **stale},
+        "current": {"command": "python -m kvlab bench e2e --models llama3-8b",
+                    "benchmark": "e2e", "components": versions()}},
+        {"h200": {"big": _timed(1000.0), "mid": _timed(300.0, at_least=True),
+                  "current": _timed(5.0)},
+         "h100": {"big": _timed(50.0), "small": _timed(200.0)}})
+    known = rerecord.parts("h200")
+    assert rerecord.to_rerecord("h200", known) == ["big", "mid", "new", "small"]
+    calls, untimed = rerecord.plan("h200", ["big", "mid", "new", "small"], 540.0)
+    assert calls == [
+        [("big@models=llama3-8b,qwen2.5-7b", 500.0, "here, shared")],
+        [("big@models=llama2-7b,qwen2.5-14b", 500.0, "here, shared")],
+        [("mid", 300.0, "at least, here"), ("small", 200.0, "h100's")]]
+    assert untimed == ["new"]
+    assert rerecord.main(["--machine", "h200", "--plan", "--budget", "540"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("h200: 4 of 5 parts to re-record") and "3 calls" in out[0]
+    assert out[-4:-1] == ['call 3, ~500 s: RERECORD_H200="mid small"',
+                         '  mid: 300 s (at least, here)', "  small: 200 s (h100's)"]
+    assert out[-1].startswith('timed nowhere, for the calls after: RERECORD_H200="new" ')
+
+
+def test_a_part_over_the_budget_that_cannot_be_split_is_planned_alone_and_said_so(
+        tmp_path, monkeypatch, capsys):
+    _machine_with(tmp_path, monkeypatch, {"long": {
+        "command": "python -m kvlab bench e2e --models llama3-8b --batches 64"}},
+        {"h200": {"long": _timed(900.0)}})
+    assert rerecord.plan("h200", ["long"], 540.0) == ([[("long", 900.0, "here")]], [])
+    assert rerecord.main(["--machine", "h200", "--plan"]) == 0
+    assert "call 1, ~900 s (one part over the budget: shard it further)" in capsys.readouterr().out

@@ -476,11 +476,10 @@ def plan(machine: str, names: list[str], budget_s: float) -> tuple[list[list[tup
         option = next((o for o in SHARDABLE if len(option_values(known[name], o) or []) > 1
                        and not (o == "batches" and "--points" in known[name])), None)
         values = option_values(known[name], option) if option else []
-        pieces = min(len(values), math.ceil(seconds / budget_s)) if values else 1
-        if pieces <= 1:
+        if seconds <= budget_s or not values:
             items.append((name, seconds, source))
             continue
-        size = math.ceil(len(values) / pieces)
+        size = max(1, math.floor(budget_s * len(values) / seconds))  # values a shard takes
         for at in range(0, len(values), size):
             share = values[at:at + size]
             items.append((f"{name}@{option}={','.join(share)}",

@@ -510,6 +510,9 @@ def test_the_plan_takes_the_stale_parts_into_the_fewest_calls_by_their_times(
         [("big@models=llama2-7b,qwen2.5-14b", 500.0, "here, shared")],
         [("mid", 300.0, "at least, here"), ("small", 200.0, "h100's")]]
     assert untimed == ["new"]
+    assert [shard[:2] for call in rerecord.plan("h200", ["big"], 400.0)[0] for shard in call] == [
+        (f"big@models={model}", 250.0)
+        for model in ("llama3-8b", "qwen2.5-7b", "llama2-7b", "qwen2.5-14b")]
     assert rerecord.main(["--machine", "h200", "--plan", "--budget", "540"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("h200: 4 of 5 parts to re-record") and "3 calls" in out[0]

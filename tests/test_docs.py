@@ -160,6 +160,31 @@ def test_flashinfer_e2e_table_refuses_a_peer_of_the_wrong_compile_state():
         flashinfer.e2e_table({"rows": rows})
 
 
+def test_the_checks_name_each_call_that_ran_on_a_recordings_code(monkeypatch):
+    """gpu_checks (the recording's own call), then gpu_checks_added: one later call or a list
+    of them, each with its revision and command; a recording with neither says so."""
+    from figures import flashinfer
+
+    later = {"revision": "b" * 40, "command": "bash benchmarks/device_run.sh"}
+    results = {
+        "own": {"git_revision": "a" * 40, "gpu_checks": {"tests": "3 passed"},
+                "gpu_checks_added": {**later, "memcheck": "ERROR SUMMARY: 0 errors"}},
+        "listed": {"git_revision": "a" * 40, "gpu_checks_added": [
+            {**later, "tests": "5 passed"}, {**later, "command": "x", "tests": "2 passed"}]},
+        "none": {"git_revision": "c" * 40}}
+    monkeypatch.setattr(flashinfer, "load_result", lambda machine, name: results[name])
+    for key, name in (("GRID", "own"), ("MIXED", "listed"), ("E2E", "none")):
+        monkeypatch.setattr(flashinfer, key, ("h100", name))
+    monkeypatch.setattr(flashinfer, "H200_FILES", ())
+    assert flashinfer.checks() == [
+        "- `h100/own`, at aaaaaaa, before the benchmark: tests 3 passed",
+        "- `h100/own`, at bbbbbbb (`bash benchmarks/device_run.sh`): compute-sanitizer memcheck "
+        "ERROR SUMMARY: 0 errors",
+        "- `h100/listed`, at bbbbbbb (`bash benchmarks/device_run.sh`): tests 5 passed",
+        "- `h100/listed`, at bbbbbbb (`x`): tests 2 passed",
+        "- `h100/none` (at ccccccc): none recorded"]
+
+
 def test_part_times_say_a_total_with_a_part_stopped_at_a_budget_is_a_lower_bound(monkeypatch):
     import rerecord
     from figures import manifest

@@ -569,7 +569,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         parser.error(str(err))
     if args.plan:
-        print_plan(args.machine, known, PLAN_BUDGET_S if args.budget is None else args.budget)
+        budget = PLAN_BUDGET_S if args.budget is None else args.budget
+        if not budget > 0:
+            parser.error(f"--budget {args.budget}: a plan's calls need a budget above 0 seconds")
+        print_plan(args.machine, known, budget)
         return 0
     names = list(selected)
     timed = times(args.machine)

@@ -529,3 +529,8 @@ def test_a_part_over_the_budget_that_cannot_be_split_is_planned_alone_and_said_s
     assert rerecord.plan("h200", ["long"], 540.0) == ([[("long", 900.0, "here")]], [])
     assert rerecord.main(["--machine", "h200", "--plan"]) == 0
     assert "call 1, ~900 s (one part over the budget: shard it further)" in capsys.readouterr().out
+    for budget in ("0", "-5", "nan"):
+        with pytest.raises(SystemExit):
+            rerecord.main(["--machine", "h200", "--plan", "--budget", budget])
+        assert f"--budget {float(budget)}: a plan's calls need a budget above 0" in (
+            capsys.readouterr().err)

@@ -460,13 +460,14 @@ def estimates(machine: str, names: list[str]) -> dict[str, tuple[float, str]]:
     return found
 
 
-def plan(machine: str, names: list[str], budget_s: float) -> tuple[list[list[tuple]], list[str]]:
-    """(calls, untimed): the parts `names` of `machine` packed into device calls of at most
-    `budget_s` seconds each by their `estimates`, longest first, each into the first call it
-    fits; a part longer than the budget as the fewest shards by --models (or else --batches)
-    that each fit, its time shared evenly among its values. Each call is a list of (name,
-    seconds, where from). `untimed`: the parts timed nowhere, in `names`' order."""
-    known = parts(machine)
+def plan(machine: str, known: dict[str, list[str]], names: list[str],
+         budget_s: float) -> tuple[list[list[tuple]], list[str]]:
+    """(calls, untimed): the parts `names` of `machine` (`known`, as `parts` gives them)
+    packed into device calls of at most `budget_s` seconds each by their `estimates`, longest
+    first, each into the first call it fits; a part longer than the budget as the fewest shards
+    by --models (or else --batches) that each fit, its time shared evenly among its values.
+    Each call is a list of (name, seconds, where from). `untimed`: the parts timed nowhere, in
+    `names`' order."""
     found = estimates(machine, names)
     items = []
     for name in names:
@@ -498,7 +499,7 @@ def print_plan(machine: str, known: dict[str, list[str]], budget_s: float) -> No
     """Print `plan` for the parts `to_rerecord` names: each call's parts as device_run.sh
     takes them (RERECORD_<MACHINE>), with their times and where those come from."""
     names = to_rerecord(machine, known)
-    calls, untimed = plan(machine, names, budget_s)
+    calls, untimed = plan(machine, known, names, budget_s)
     print(f"{machine}: {len(names)} of {len(known)} parts to re-record (older than the code they "
           f"measured, or not recorded here yet); {len(calls)} calls of at most {budget_s:.0f} s "
           f"by their times, and {len(untimed)} parts timed nowhere")

@@ -161,14 +161,14 @@ def test_flashinfer_e2e_table_refuses_a_peer_of_the_wrong_compile_state():
 
 
 def test_the_checks_name_each_call_that_ran_on_a_recordings_code(monkeypatch):
-    """gpu_checks (the recording's own call), then gpu_checks_added: one later call or a list
-    of them, each with its revision and command; a recording with neither says so."""
+    """gpu_checks (the recording's own call), then gpu_checks_added (the later calls), each
+    with its revision and command; a recording with neither says so."""
     from figures import flashinfer
 
     later = {"revision": "b" * 40, "command": "bash benchmarks/device_run.sh"}
     results = {
         "own": {"git_revision": "a" * 40, "gpu_checks": {"tests": "3 passed"},
-                "gpu_checks_added": {**later, "memcheck": "ERROR SUMMARY: 0 errors"}},
+                "gpu_checks_added": [{**later, "memcheck": "ERROR SUMMARY: 0 errors"}]},
         "listed": {"git_revision": "a" * 40, "gpu_checks_added": [
             {**later, "tests": "5 passed"}, {**later, "command": "x", "tests": "2 passed"}]},
         "none": {"git_revision": "c" * 40}}

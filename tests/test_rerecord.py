@@ -504,13 +504,14 @@ def test_the_plan_takes_the_stale_parts_into_the_fewest_calls_by_their_times(
          "h100": {"big": _timed(50.0), "small": _timed(200.0)}})
     known = rerecord.parts("h200")
     assert rerecord.to_rerecord("h200", known) == ["big", "mid", "new", "small"]
-    calls, untimed = rerecord.plan("h200", ["big", "mid", "new", "small"], 540.0)
+    calls, untimed = rerecord.plan("h200", known, ["big", "mid", "new", "small"], 540.0)
     assert calls == [
         [("big@models=llama3-8b,qwen2.5-7b", 500.0, "here, shared")],
         [("big@models=llama2-7b,qwen2.5-14b", 500.0, "here, shared")],
         [("mid", 300.0, "at least, here"), ("small", 200.0, "h100's")]]
     assert untimed == ["new"]
-    assert [shard[:2] for call in rerecord.plan("h200", ["big"], 400.0)[0] for shard in call] == [
+    calls = rerecord.plan("h200", known, ["big"], 400.0)[0]
+    assert [shard[:2] for call in calls for shard in call] == [
         (f"big@models={model}", 250.0)
         for model in ("llama3-8b", "qwen2.5-7b", "llama2-7b", "qwen2.5-14b")]
     assert rerecord.main(["--machine", "h200", "--plan", "--budget", "540"]) == 0
@@ -526,7 +527,8 @@ def test_a_part_over_the_budget_that_cannot_be_split_is_planned_alone_and_said_s
     _machine_with(tmp_path, monkeypatch, {"long": {
         "command": "python -m kvlab bench e2e --models llama3-8b --batches 64"}},
         {"h200": {"long": _timed(900.0)}})
-    assert rerecord.plan("h200", ["long"], 540.0) == ([[("long", 900.0, "here")]], [])
+    assert rerecord.plan("h200", rerecord.parts("h200"), ["long"], 540.0) == (
+        [[("long", 900.0, "here")]], [])
     assert rerecord.main(["--machine", "h200", "--plan"]) == 0
     assert "call 1, ~900 s (one part over the budget: shard it further)" in capsys.readouterr().out
     for budget in ("0", "-5", "nan"):

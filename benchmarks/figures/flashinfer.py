@@ -212,14 +212,13 @@ def h200_headline() -> str:
 
 def checks() -> list[str]:
     """Per recording: the GPU tests and sanitizers run on its code, from its own call
-    (`gpu_checks`) and from later calls on the same code (`gpu_checks_added`: one such call, or a
-    list of them, copied by hand from their logs), with the command and revision."""
+    (`gpu_checks`) and from later calls on the same code (`gpu_checks_added`, a list of them,
+    copied by hand from their logs), with the command and revision."""
     lines = []
     for machine, name in (GRID, MIXED, E2E, *(("h200", name) for name in H200_FILES)):
         result = load_result(machine, name)
-        added = result.get("gpu_checks_added", [])
-        found = ([result["gpu_checks"]] if "gpu_checks" in result else []) + (
-            added if isinstance(added, list) else [added])
+        found = ([result["gpu_checks"]] if "gpu_checks" in result else []) + result.get(
+            "gpu_checks_added", [])
         if not found:
             lines.append(f"- `{machine}/{name}` (at {result['git_revision'][:7]}): none recorded")
         for c in found:

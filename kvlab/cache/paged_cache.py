@@ -335,12 +335,15 @@ def check_device(device) -> torch.device:
 
 
 def _free_bytes(device: torch.device) -> int | None:
-    """Bytes that an allocation on `device` can take now, where that is known: on a GPU the free
-    memory plus what torch's caching allocator holds unused; on the CPU MemAvailable (free
-    memory and page cache the kernel can drop)."""
+    """Bytes that an allocation on `device` can take now, where that is known: on a GPU the
+    driver's free memory once torch's caching allocator has handed back every segment it holds
+    unused (a free block inside a segment that also holds a live tensor stays with the
+    allocator and is not counted: such blocks are pieces, maybe each too small for the tensor
+    asked for); on the CPU MemAvailable (free memory and page cache the kernel can drop)."""
     if device.type == "cuda":
-        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-        return torch.cuda.mem_get_info(device)[0] + cached
+        with torch.cuda.device(device):
+            torch.cuda.empty_cache()
+        return torch.cuda.mem_get_info(device)[0]
     if device.type == "cpu":
         try:
             with open("/proc/meminfo") as f:

@@ -1,9 +1,12 @@
+import contextlib
+
 import numpy as np
 import pytest
 import torch
 from factories import make_cache, make_kv, make_seq
 
-from kvlab.cache import PagedKVCache, cache_shapes
+from kvlab.cache import PagedKVCache, cache_shapes, paged_cache
+from kvlab.cache.paged_cache import DoesNotFit, check_fits
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 
@@ -307,6 +310,46 @@ def test_a_cache_larger_than_the_gpu_is_refused_before_allocating():
                                          r"72,057,594,037,927,936 bytes, but cuda has"):
         PagedKVCache(2**40, 16, 8, 128, device="cuda")
     assert torch.cuda.mem_get_info()[0] >= free_before
+
+
+def test_a_gpu_counts_as_free_what_its_driver_has_once_the_allocator_gave_back_what_it_can(
+        monkeypatch):
+    """torch's allocator first hands back the segments it holds unused; what it holds unused
+    inside segments still in use (here 800 bytes) is not counted."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    monkeypatch.setattr(torch.cuda, "mem_get_info",
+                        lambda device: calls.append("mem_get_info") or (1000, 5000))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 900)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 100)
+    assert paged_cache._free_bytes(torch.device("cuda:0")) == 1000
+    assert calls == ["empty_cache", "mem_get_info"]
+    with pytest.raises(DoesNotFit, match=r"^x need 1,001 bytes, but cuda:0 has 1,000 bytes free"):
+        check_fits("x", 1001, torch.device("cuda:0"))
+
+
+@pytest.mark.gpu
+def test_pieces_the_allocator_keeps_inside_live_segments_are_not_counted_free():
+    """Every other one of 512 tensors of 2 MiB freed: torch's allocator keeps 512 MiB unused, in
+    2 MiB pieces inside its 20 MiB segments still in use, where no larger tensor fits. A check
+    that counted them let a cache through that then ran out of memory."""
+    torch.cuda.empty_cache()
+    tensors = [torch.empty(2 << 20, dtype=torch.uint8, device="cuda") for _ in range(512)]
+    del tensors[::2]
+    torch.cuda.empty_cache()
+    pieces = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+    assert pieces >= 256 << 20  # the pieces are there, with torch's default allocator settings
+    free = torch.cuda.mem_get_info()[0]
+    with pytest.raises(DoesNotFit):
+        check_fits("pieces", free + pieces // 2, torch.device("cuda"))
+    del tensors
+    # a segment held whole and unused is handed back, and counted
+    held = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    del held
+    free = torch.cuda.mem_get_info()[0]
+    assert torch.cuda.memory_reserved() >= 1 << 30
+    check_fits("a segment held unused", free + (512 << 20), torch.device("cuda"))
 
 
 @pytest.mark.parametrize("bad", [-1, 32, 2**40])

@@ -161,8 +161,9 @@ def control_grid(controls: list[widgets.Widget]) -> widgets.GridBox:
 
 def show_figure(pane: FigurePane, fig: go.Figure) -> None:
     """Make `pane` show `fig`, replacing what it showed: one update of its output, sent to the
-    front end at once (nothing of the previous figure stays, and there is no blank frame). Where
-    the pane has a pin, what it shows is `fig` with the pinned figure beside it
+    front end at once (nothing of the previous figure stays, and there is no blank frame), or
+    none where the figure to show is the one shown (the front end would draw it again for
+    nothing). Where the pane has a pin, what it shows is `fig` with the pinned figure beside it
     (kvlab.viz.pinned.pinned_figure); `fig` itself is left as it is."""
     pane.live = fig
     if pane.pinned is not None:
@@ -173,8 +174,10 @@ def show_figure(pane: FigurePane, fig: go.Figure) -> None:
     # drawn (in a hidden tab), the renderer's first resize collapses the figure to 0 px. The
     # renderer fits the figure to its container itself, on every show and resize.
     spec["config"] = {"responsive": False, "displaylogo": False}
+    pane.figure = fig
+    if pane.outputs and pane.outputs[0].get("data", {}).get(PLOTLY_MIME) == spec:
+        return
     title = fig.layout.title.text or "figure"
     pane.outputs = ({"output_type": "display_data", "metadata": {},
                      "data": {PLOTLY_MIME: spec, "text/plain": f"<Plotly figure: {title}>"}},)
-    pane.figure = fig
 

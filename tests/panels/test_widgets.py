@@ -38,6 +38,21 @@ def test_show_figure_replaces_the_whole_output_with_the_new_figure():
     assert output["data"]["text/plain"] == "<Plotly figure: empty>"
 
 
+def test_show_figure_sends_nothing_where_the_figure_is_the_one_shown():
+    pane = figure_widget(300)
+    sent = []
+    pane.observe(lambda change: sent.append(change["new"]), names="outputs")
+    show_figure(pane, go.Figure(go.Bar(y=[1, 2])))
+    # as the front end syncs it back: the PNG it made beside the figure, and lists for tuples
+    pane.outputs = [{**pane.outputs[0], "data": {**pane.outputs[0]["data"], "image/png": "AA=="}}]
+    sent.clear()
+    same = go.Figure(go.Bar(y=[1, 2]))
+    show_figure(pane, same)
+    assert sent == [] and pane.figure is same and pane.live is same
+    show_figure(pane, go.Figure(go.Bar(y=[1, 3])))
+    assert len(sent) == 1 and sent[0][0]["data"][PLOTLY_MIME]["data"][0]["y"] == [1, 3]
+
+
 def test_figures_have_no_width_and_controls_fill_a_wrapping_grid():
     pane = figure_widget(300)
     assert pane.figure.layout.width is None and pane.figure.layout.autosize

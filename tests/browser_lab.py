@@ -175,8 +175,9 @@ SHOWN_CHARTS = """() => Array.from(document.querySelectorAll('.widget-tab .widge
   })"""
 MIN_CHART_PX = 100  # a chart drawn is taller; a collapsed one is 0 px
 # In-page: from the next input event on (a key, a click, a value changed), the ms from it to each
-# Plotly figure drawn anew (a new figure, or new data in one) taller than MIN_CHART_PX, in
-# window.kvlabRedraws.drawn_ms. Watching again stops the previous watch.
+# chart (a Plotly figure in a widget Output) drawn anew (a new figure, or new data in one) taller
+# than MIN_CHART_PX, in window.kvlabRedraws.drawn_ms. Not the copies that the renderer draws off
+# the page to keep a PNG of each figure (Plotly.toImage). Watching again stops the previous watch.
 WATCH_REDRAWS = f"""() => {{
   const before = new Map(Array.from(document.querySelectorAll('.js-plotly-plot'),
                                     el => [el, el.data]));
@@ -188,7 +189,8 @@ WATCH_REDRAWS = f"""() => {{
   const frame = () => {{
     if (window.kvlabRedraws !== watch) return;
     if (watch.start !== null) document.querySelectorAll('.js-plotly-plot').forEach(el => {{
-      if (done.has(el) || before.get(el) === el.data || !(el.data || []).length) return;
+      if (done.has(el) || before.get(el) === el.data || !(el.data || []).length
+          || !el.closest('.widget-output')) return;
       if (el.getBoundingClientRect().height <= {MIN_CHART_PX}) return;
       done.add(el);
       watch.drawn_ms.push(performance.now() - watch.start);

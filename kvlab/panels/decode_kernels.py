@@ -501,18 +501,20 @@ class DecodeKernelsTab:
         if why is not None:
             self._show_refused(v, why)
             return
-        self._refresh_timeline(v)
         view = ("mixed" if v["lengths"] != "equal" else "fp8" if v["kv_dtype"] == "fp8" else
                 "block_order" if v["blocks"] == "in order" else "attention")
         if view in self.unreadable and v["gpu"] == REFERENCE and v["model"] != CUSTOM:
             self._show_not_recorded(v)  # names the file and why
-            return
-        try:
-            {"mixed": self._refresh_mixed, "fp8": self._refresh_fp8,
-             "block_order": self._refresh_block_order, "attention": self._refresh_attention,
-             }[view](v)
-        except ValueError as error:  # the model's own files (predict.json, the rates) unreadable
-            self._show_refused(v, str(error), "the model cannot answer")
+        else:
+            try:
+                {"mixed": self._refresh_mixed, "fp8": self._refresh_fp8,
+                 "block_order": self._refresh_block_order, "attention": self._refresh_attention,
+                 }[view](v)
+            except ValueError as error:  # the model's own files (predict.json, rates) unreadable
+                self._show_refused(v, str(error), "the model cannot answer")
+                return
+        # last: the point's own charts reach the page first
+        self._refresh_timeline(v)
 
     def _show_refused(self, v: dict, why: str,
                       heading: str = "no kernel takes this setting") -> None:

@@ -50,6 +50,14 @@ def test_sim_shows_recorded_rows_and_no_run_button(tab):
     assert tab.controls["gpu"].value == "h200"
 
 
+def test_a_change_sends_the_points_charts_before_the_traced_step(tab):
+    sent = []
+    for name, pane in tab.figures.items():
+        pane.observe(lambda change, name=name: sent.append(name), names="outputs")
+    tab.controls["batch"].value = 24  # (the speedup chart's nearest recording stays: not sent)
+    assert sent[0] == "bandwidth" and sent[-1] == "timeline" and len(sent) == len(set(sent))
+
+
 def modelled_bars(figure):
     """The bars' labels, and whether each is hatched (modelled)."""
     bars = figure.data[0]

@@ -132,3 +132,15 @@ def test_kvlab_dashboard_is_callable_after_the_panels_are_imported(monkeypatch):
     import kvlab.panels.paged_cache  # noqa: F401
 
     assert isinstance(kvlab.dashboard(), Dashboard)
+
+
+def test_the_kv_budget_redraws_the_memory_chart_only_and_block_size_all_three(dash):
+    figures, controls = dash.figures["paged_cache"], dash.controls["paged_cache"]
+    sent = []
+    for name, pane in figures.items():
+        pane.observe(lambda change, name=name: sent.append(name), names="outputs")
+    controls["budget_gib"].value = 20.0  # the fragmentation and block tables do not change
+    assert sent == ["memory"]
+    sent.clear()
+    controls["block_size"].value = 32
+    assert sent == ["memory", "fragmentation", "block_table"]

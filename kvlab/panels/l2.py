@@ -202,9 +202,10 @@ class L2Tab:
             self._show_refused(v, why)
             return
         counters, counters_note = self._counters(v)
-        modelled, modelled_notes = self._modelled(v)
         show_figure(self.figures["counters"], counters)
         show_figure(self.figures["regime"], self._regime(v))
+        # last: the recorded charts reach the page without waiting for the L2 model's replays
+        modelled, modelled_notes = self._modelled(v)
         show_figure(self.figures["modelled"], modelled)
         lines = [counters_note, *modelled_notes,
                  *(f"unreadable recording: {why}" for why in self.unreadable.values())]

@@ -367,3 +367,18 @@ def test_the_regime_map_draws_the_recorded_sm_scaling(monkeypatch, kernel):
     assert len(heatmap.x) == 24  # 4 models x batch 1/16/64 x context 4k/32k
     assert all(v is not None for row in heatmap.z for v in row)
     assert {t for row in heatmap.customdata for t in row} == {"bulk K+V d=1", "line K+V d=1"}
+
+
+def test_the_recorded_charts_are_sent_before_the_l2_model_replays(tab, monkeypatch):
+    sent = []
+    for name, pane in tab.figures.items():
+        pane.observe(lambda change, name=name: sent.append(name), names="outputs")
+    modelled = tab._modelled
+
+    def replays(v):
+        sent.append("replays")
+        return modelled(v)
+
+    monkeypatch.setattr(tab, "_modelled", replays)
+    tab.controls["gpu"].value = "h20"  # every chart names the GPU: all three are sent
+    assert sent == ["counters", "regime", "replays", "modelled"]

@@ -33,7 +33,8 @@ def test_a_machine_adopts_another_machines_part_until_it_has_its_own(tmp_path, m
         own = rerecord.RESULTS / "h200" / f"{name}.json"
         recorded = json.loads((own if own.exists() else rerecord.RESULTS / source /
                                f"{name}.json").read_text())
-        assert h200[name] == shlex.split(recorded["command"]), name
+        assert h200[name] == rerecord.amended(shlex.split(recorded["command"]),
+                                              rerecord.AMEND["h200"].get(name, {})), name
     for machine in ("h100", "h200"):  # the lever grid's batches, at 4k and 32k
         parts = rerecord.parts(machine)
         for name in ("e2e_ahead_4k", "e2e_ahead_32k"):
@@ -74,6 +75,12 @@ def test_the_h200_parts_gain_flashinfer_and_the_fair_hf_peer_once():
         assert _values(parts[name], "--rounds") == ["2"] and parts[name].count("--rounds") == 1
     for name, argv in parts.items():  # amending what is amended changes nothing
         assert rerecord.amended(argv, rerecord.AMEND["h200"].get(name, {})) == argv
+
+
+def test_the_4k_step_counters_give_ncu_200_s_a_point_on_both_machines():
+    for machine in ("h100", "h200"):
+        argv = rerecord.parts(machine)["steptrace_4k_counters"]
+        assert _values(argv, "--timeout") == ["200"] and argv.count("--timeout") == 1, machine
 
 
 def test_amending_extends_lists_sets_values_and_adds_what_is_absent():

@@ -75,6 +75,7 @@ def serving_table(result: dict) -> list[str]:
 
 # The batch at which the README and the targets compare kvlab with HF.
 TARGET_BATCH = 64
+STEP_TARGETS = {1: 1.08, 64: 1.20}  # issue 52's: a step over its roofline step, at most
 
 
 def steps() -> dict:
@@ -209,7 +210,7 @@ def ahead_bound_summary() -> str:
     """How many models' batch-1 and batch-64 bounds meet issue 52's targets (1.08x and
     1.20x the roofline step)."""
     met = {batch: [b["bound"] <= target for b in _ahead_bounds() if b["batch"] == batch]
-           for batch, target in ((1, 1.08), (64, 1.20))}
+           for batch, target in STEP_TARGETS.items()}
     return (f"the bound meets the batch-1 target on {sum(met[1])} of {len(met[1])} models and "
             f"the batch-64 target on {sum(met[64])} of {len(met[64])}")
 
@@ -398,6 +399,64 @@ def steptrace_summary() -> str:
             f"{shares(lambda b: b == 1)}; at batches 16 to 128: {shares(lambda b: b >= 16)}. A "
             f"step is {value_range(at[1])} its roofline step at batch 1 and "
             f"{value_range(at[64])} at batch 64")
+
+
+def _target_cuts() -> list[dict]:
+    """Per traced batch-1 step of either GPU: what it must lose to reach STEP_TARGETS[1] times
+    its roofline step, and where its time beyond its bytes at the copy roofline lies, each a
+    layer (us): {"gpu", "row", "cut", "attention" (its kernels' covered time), "small" (the
+    norms and RoPE with the cache write), "gemms", "gaps"}."""
+    from kvlab.config import MODELS
+
+    found = []
+    for machine in ("h100", "h200"):
+        for row, groups in _traced(machine, recorded_traces(machine)):
+            if row["batch"] != 1:
+                continue
+            layers = MODELS[row["model"]].num_layers
+            attention = groups["attention"]
+            small = sum(groups[g]["busy_us"] - groups[g]["roofline_us"]
+                        for g in ("norms", "rope + cache write"))
+            found.append({
+                "gpu": machine, "row": row,
+                "cut": (row["span_us"] - STEP_TARGETS[1] * row["roofline_us"]) / layers,
+                "attention": (_covered_us(attention["kernels"]) - attention["roofline_us"])
+                / layers,
+                "small": small / layers,
+                "gemms": (groups["GEMMs"]["busy_us"] - groups["GEMMs"]["roofline_us"]) / layers,
+                "gaps": row["gap_us"] / layers})
+    return found
+
+
+def target_cut_table() -> list[str]:
+    """`_target_cuts` as a table."""
+    return ["| GPU | model | prompt | step / roofline step | to lose a layer for "
+            f"{STEP_TARGETS[1]:.2f}x | beyond their bytes, a layer: attention | "
+            "norms and RoPE | GEMMs | gaps |",
+            "|---|---|---|---|---|---|---|---|---|"] + [
+        f"| {c['gpu'].upper()} | {c['row']['model']} | {c['row']['prompt']:,} | "
+        f"{c['row']['span_us'] / c['row']['roofline_us']:.2f}x | {c['cut']:.1f} us | "
+        f"{c['attention']:.1f} us | {c['small']:.1f} us | {c['gemms']:.1f} us | "
+        f"{c['gaps']:.1f} us |" for c in _target_cuts()]
+
+
+def target_cut_summary() -> str:
+    """Per GPU: the range of the cut a layer, and at how many steps the norms and RoPE, or the
+    attention, taking no time beyond their bytes would cover it alone, and the two together."""
+    parts = []
+    for gpu in ("h100", "h200"):
+        cuts = [c for c in _target_cuts() if c["gpu"] == gpu]
+        if not cuts:
+            continue
+        covered = {what: sum(sum(c[k] for k in keys) >= c["cut"] for c in cuts) for what, keys in
+                   (("small", ("small",)), ("attention", ("attention",)),
+                    ("both", ("small", "attention")))}
+        parts.append(f"on the {gpu.upper()} a batch-1 step must lose "
+                     f"{value_range([c['cut'] for c in cuts], '{:.1f}', ' us')} a layer; the "
+                     f"norms and RoPE taking no time beyond their bytes would cover that at "
+                     f"{covered['small']} of {len(cuts)} steps, the attention at "
+                     f"{covered['attention']}, the two together at {covered['both']}")
+    return "; ".join(parts)
 
 
 # the step counters of the cross-kernel prefetch (bench steptrace --ahead-bytes 0 N --counters)
@@ -661,6 +720,8 @@ BLOCKS = {
     "e2e.steptrace-h200": lambda: steptrace_table("h200", recorded_traces("h200")),
     "e2e.steptrace-summary": steptrace_summary,
     "e2e.kv-prefetch-room": kv_prefetch_room,
+    "e2e.target-cut": target_cut_table,
+    "e2e.target-cut-summary": target_cut_summary,
     "e2e.window-bound": window_bound,
     "e2e.source-step-counters": lambda: "; ".join(source(COUNTERS[0], name)
                                                   for name in COUNTERS[1]),

@@ -73,7 +73,8 @@ DROPPED = ("--json", "--checkpoint", "--resume")  # options a part sets itself, 
 PART_TIMEOUT_S = 3600
 PLAN_BUDGET_S = 540  # a device call's ten minutes, less its start and the files' return
 FLASHINFER = ["flashinfer", "flashinfer_tc"]
-FAIR_HF = {"--hf-compile": ["both"], "--rounds": ["2"]}
+FAIR_HF = {"--hf-compile": ["both"], "--rounds": ["2"]}  # (their default variants hold
+# gqa+sync: kvlab's steps timed as HF's, each launched after the last one's tokens)
 ALL_BATCHES = {"--batches": ["1", "16", "64", "128"]}  # the lever grid's (a cache that does
 # not fit is left out by the benchmark, with the reason)
 NCU_4K = {"--timeout": ["200"]}  # ncu over one batch-16 step at 4k tokens can run past 100 s on
@@ -91,13 +92,14 @@ AMEND = {"h200": {
     "e2e": FAIR_HF, "e2e_qwen7b": FAIR_HF, "e2e_qwen14b": FAIR_HF,
     "e2e_ahead_4k": ALL_BATCHES, "e2e_ahead_32k": ALL_BATCHES, "steptrace_4k_counters": NCU_4K},
     "h100": {"e2e_ahead_4k": ALL_BATCHES, "e2e_ahead_32k": ALL_BATCHES,
-             "steptrace_4k_counters": NCU_4K}}
+             "steptrace_4k_counters": NCU_4K, "e2e_hf": {"--variants": ["gqa+sync"]}}}
 # {machine: {part: the machine whose result of that name gives its command}}: parts a machine
 # has no result for yet
 ADOPT = {"h200": dict.fromkeys(("steptrace", "steptrace_4k", "steptrace_32k", "steptrace_counters",
                                 "steptrace_4k_counters", "steptrace_kv_counters", "e2e_ahead",
                                 "e2e_ahead_kv", "e2e_ahead_kv_4k"), "h100")}
-LIST_OPTIONS = ("--kernels", "--lengths", "--models", "--batches", "--contexts", "--points")
+LIST_OPTIONS = ("--kernels", "--lengths", "--models", "--batches", "--contexts", "--points",
+                "--variants")
 SHARDABLE = ("models", "batches")  # what a part may be split by (`sharded`)
 SHARED = ("benchmark", "gpu", "git_revision", "git_dirty", "components")  # shards' alike
 MEASURED = ("rows", "skipped", "serving", "timelines")  # what every shard adds to a merge

@@ -77,6 +77,18 @@ def test_the_h200_parts_gain_flashinfer_and_the_fair_hf_peer_once():
         assert rerecord.amended(argv, rerecord.AMEND["h200"].get(name, {})) == argv
 
 
+def test_every_hf_comparison_times_kvlab_on_hfs_basis_too():
+    """gqa+sync beside gqa and HF: the H100's e2e_hf gains it once; the H200's HF files run the
+    default variants, which hold it."""
+    from kvlab.bench.e2e import VARIANTS
+
+    argv = rerecord.parts("h100")["e2e_hf"]
+    assert _values(argv, "--variants") == ["gqa", "gqa+sync"]
+    assert rerecord.amended(argv, rerecord.AMEND["h100"]["e2e_hf"]) == argv
+    for name in ("e2e", "e2e_qwen7b", "e2e_qwen14b"):
+        assert "--variants" not in rerecord.parts("h200")[name] and "gqa+sync" in VARIANTS
+
+
 def test_the_4k_step_counters_give_ncu_200_s_a_point_on_both_machines():
     for machine in ("h100", "h200"):
         argv = rerecord.parts(machine)["steptrace_4k_counters"]

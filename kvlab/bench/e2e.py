@@ -6,9 +6,10 @@ decode `--new-tokens` tokens each (ignore EOS; CUDA graphs as `kvlab.LLM` uses t
 variants share one copy of the weights, and those of one cache layout one cache sized for the
 batch (`LLM.with_attention`); they run in turn, `--rounds` times each (variant 1, 2, ..., then
 again), so that drifts of clock and temperature fall on all alike. Every decode step's wall time
-is recorded: with async decode (the default; `LLM`'s async_decode), from the previous step's
-tokens reaching the host to its own, as each step is queued before the one before it ends;
-with `--no-async-decode`, from its launch to its tokens on the host. The reported step time is
+is recorded, from the previous step's tokens reaching the host to its own: with async decode
+(the default; `LLM`'s async_decode) each step is queued before the one before it ends, with
+`--no-async-decode` (and in the "+sync" variant, beside the others) launched once the tokens
+before it are in, as HF's generate runs. The reported step time is
 the median of every round's steps from the first at steady state (two successive steps within
 5%, `kvlab.bench.steps.is_warm`, the later also within 5% of the median from it on) on. A row
 keeps the last round's steps (`step_ms_runs`), each round's median (`round_step_ms`) and each
@@ -18,7 +19,8 @@ weights (the LM head whole, the embedding's rows aside) and the batch's K, V at 
 context, over the copy roofline measured in the same run. HF's peer runs
 `generate(cache_implementation="static")` on the same tensors after them (`--rounds` times; its
 static cache and the variants' caches of a 7B MHA model at batch 128 would not fit together),
-its steps timed the same way (each stamped once its token is on the host, the GPU synchronised).
+its steps timed the same way (each stamped once its token is on the host, the GPU synchronised):
+the "+sync" variant is kvlab on HF's basis, a step launched only after the last one's tokens.
 HF compiles that decode step with torch.compile by default: `--hf-compile on` (the default) runs
 it so (variant "hf-static"), `off` with compilation disabled ("hf-static-eager"), `both` the two
 in turn; each row records `compiled` (for HF, whether generate took its compiled path every
@@ -65,15 +67,17 @@ from kvlab.kernels.prefetch import PrefetchConfig
 # NOTE: torch loads inside the functions: the CLI builds its options from VARIANTS without it.
 
 PAPER_PREFETCH = PrefetchConfig("bulk")  # the paper's Algorithm 1: the next tile, d=1
-# {variant: (attention kernel, its PrefetchConfig, the kvlab.LLM argument of the cross-kernel
-# prefetch it sets, or None)}
+# {variant: (attention kernel, its PrefetchConfig, the kvlab.LLM argument it sets beside the
+# run's, or None)}: the cross-kernel prefetch's size, or async_decode off (+sync: each step
+# waited for before the next is launched, as HF's generate runs)
 VARIANTS = {"vllm_v1": ("vllm_v1", None, None),
             "vllm_v1+prefetch": ("vllm_v1", PAPER_PREFETCH, None),
             "gqa": ("gqa", None, None), "gqa+prefetch": ("gqa", PAPER_PREFETCH, None),
             "gqa+ahead": ("gqa", None, "ahead_bytes"),
-            "gqa+ahead_kv": ("gqa", None, "ahead_kv_bytes")}
+            "gqa+ahead_kv": ("gqa", None, "ahead_kv_bytes"),
+            "gqa+sync": ("gqa", None, "async_decode")}
 # a variant's suffix: the lever it adds to its base variant
-LEVERS = ("+prefetch", "+ahead", "+ahead_kv")
+LEVERS = ("+prefetch", "+ahead", "+ahead_kv", "+sync")
 AHEAD_VARIANTS = tuple(v for v, (_, _, lever) in VARIANTS.items() if lever == "ahead_bytes")
 KV_VARIANTS = tuple(v for v, (_, _, lever) in VARIANTS.items() if lever == "ahead_kv_bytes")
 KV_L2_SHARE = 0.5  # of the GPU's L2, the most K/V a layer's QKV linear prefetches
@@ -188,6 +192,10 @@ def check(args) -> None:
     if args.ahead_bytes is not None and not set(args.variants) & set(AHEAD_VARIANTS):
         raise ValueError(f"--ahead-bytes {args.ahead_bytes}: sizes the +ahead variants "
                          f"({', '.join(AHEAD_VARIANTS)}), and --variants has none")
+    if args.serve_rates and VARIANTS[args.serve_variant][2] is not None:
+        plain = [v for v, (_, _, lever) in VARIANTS.items() if lever is None]
+        raise ValueError(f"--serve-variant {args.serve_variant}: the serving run takes the "
+                         f"run's settings, not a lever's; one of {', '.join(plain)}")
     for rate in args.serve_rates:
         last = poisson_arrivals(np.random.default_rng(SERVING_SEED), args.serve_requests,
                                 rate)[-1]  # serving_workload's arrivals
@@ -349,22 +357,23 @@ def graph_max_len(prompt: int, new_tokens: int) -> int | None:
 
 
 def _kvlab_runners(name: str, weights, num_blocks: int, args, variants: list[str],
-                   sizes: dict[str, int]) -> dict:
+                   levers: dict) -> dict:
     """A runner per variant of `variants`: LLMs on `weights`, with caches of `num_blocks`,
-    one per layout (variants that differ in prefetch alone share it), and CUDA graphs for every
-    step (`graph_max_len`); each lever's at its size in `sizes` ({kvlab.LLM argument: bytes})."""
+    one per layout (variants that differ in levers alone share it), and CUDA graphs for every
+    step (`graph_max_len`); each lever's kvlab.LLM argument set to its value in `levers`
+    ({argument: value}), the others the run's."""
     import kvlab
     from kvlab.engine.runner import cache_layout
 
     first_of_layout, runners = {}, {}
     for variant in variants:
         kernel, prefetch, lever = VARIANTS[variant]
-        levers = {"prefetch": prefetch, **({lever: sizes[lever]} if lever else {})}
+        settings = {"prefetch": prefetch, "async_decode": args.async_decode,
+                    **({lever: levers[lever]} if lever else {})}
         first = first_of_layout.get(cache_layout(kernel))
-        llm = (first.with_attention(kernel, **levers, share_cache=True) if first
-               else kvlab.LLM(name, attention=kernel, **levers, num_blocks=num_blocks,
+        llm = (first.with_attention(kernel, **settings, share_cache=True) if first
+               else kvlab.LLM(name, attention=kernel, **settings, num_blocks=num_blocks,
                               weights=weights, tensor_parallel=args.tp > 1,
-                              async_decode=args.async_decode,
                               graph_max_len=graph_max_len(args.prompt, args.new_tokens)))
         first_of_layout.setdefault(cache_layout(kernel), llm)
         runners[variant] = _kvlab_runner(llm, args.new_tokens)
@@ -480,8 +489,9 @@ def run(args) -> dict | None:
     rank, world = _start_tensor_parallel() if args.tp > 1 else (0, 1)
     timer = Timer("cuda")
     result = {"benchmark": "e2e", **run_info(), **gpu_info(), "command": args.command,
-              "dtype": "float16", "timing": "wall clock per decode step, until its tokens are on "
-              "the host (with async_decode, from the previous step's tokens); an untimed "
+              "dtype": "float16", "timing": "wall clock per decode step, from the previous "
+              "step's tokens on the host to its own (queued ahead of them with async_decode, "
+              "launched after them without); an untimed "
               "warm-up run of each first; median of every round's steps from steady state (two "
               "within 5%) on; the variants in turn, then HF's",
               "async_decode": args.async_decode, "rounds": args.rounds,
@@ -510,10 +520,11 @@ def run(args) -> dict | None:
             prompts = random_prompts(model, batch, args.prompt)
             roofline_ms = step_bytes(local, weights, batch, context) / gbps / 1e6
             blocks = ceil_div(batch * (args.prompt + args.new_tokens), 16) + 16
-            sizes = {"ahead_bytes": (ahead_bytes(args, gbps, batch)
-                                     if set(args.variants) & set(AHEAD_VARIANTS) else 0),
-                     "ahead_kv_bytes": ahead_kv_bytes(local, batch,
-                                                      args.prompt + args.new_tokens, l2_bytes)}
+            levers = {"ahead_bytes": (ahead_bytes(args, gbps, batch)
+                                      if set(args.variants) & set(AHEAD_VARIANTS) else 0),
+                      "ahead_kv_bytes": ahead_kv_bytes(local, batch,
+                                                       args.prompt + args.new_tokens, l2_bytes),
+                      "async_decode": False}
             variants = [v for v in args.variants
                         if v not in KV_VARIANTS or batch <= layer_ops.LINEAR_ROWS]
             for variant in [v for v in args.variants if v not in variants]:
@@ -524,7 +535,7 @@ def run(args) -> dict | None:
             try:
                 runs, equal, compiled = measure_batch(
                     f"{name} batch={batch}", prompts, args.rounds,
-                    partial(_kvlab_runners, name, weights, blocks, args, variants, sizes),
+                    partial(_kvlab_runners, name, weights, blocks, args, variants, levers),
                     None if hf is None else partial(hf_variants, hf, args.new_tokens,
                                                     args.hf_compile))
             except ValueError as error:
@@ -535,13 +546,13 @@ def run(args) -> dict | None:
                 continue
             for variant, (rounds, prefills, walls, _) in runs.items():
                 lever = VARIANTS[variant][2] if variant in VARIANTS else None
-                levers = {lever: sizes[lever]} if lever else {}
+                set_here = {lever: levers[lever]} if lever else {}
                 if variant in equal:
-                    levers["same_tokens"] = equal[variant]
+                    set_here["same_tokens"] = equal[variant]
                 result["rows"].append({**_row(name, variant, batch, args, rounds,
                                               statistics.median(prefills), roofline_ms),
                                        "round_wall_ms": [round(t, 3) for t in walls],
-                                       "compiled": compiled[variant], "tp": world, **levers})
+                                       "compiled": compiled[variant], "tp": world, **set_here})
             if rank == 0:
                 write_checkpoint(args.checkpoint, result)
         del weights, hf

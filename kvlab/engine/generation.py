@@ -71,8 +71,10 @@ class Generation:
     "length" (max_new_tokens reached) or "eos"; prefill_ms[i]: the prefill that ran its prompt
     (wall clock, the GPU synchronised; prompts prefilled together each get the whole pass's
     time; a preempted request's prefills add up); step_ms[s], step_batch[s]: decode step s's
-    time, wall clock until its tokens were on the host (from its launch, or for a step queued
-    ahead, LLM's async_decode, from the step before's tokens), and how many requests it gave a
+    time, wall clock until its tokens were on the host, from the tokens of the decode step
+    before it, whether it was queued ahead of them (LLM's async_decode) or launched after them
+    (from its launch where a prefill ran since, and for the first; with offload, from its
+    start), and how many requests it gave a
     token (a row dropped after an EOS not counted, so possibly 0); preemptions: how many
     times a request gave its blocks back to be recomputed later; attention: what decoded them;
     arrival_s[i], first_token_s[i], finish_s[i]: when request i arrived, got its first token and

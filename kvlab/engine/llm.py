@@ -59,8 +59,9 @@ SAMPLING_SEEDS = (-2**63, 2**64 - 1)  # what torch.Generator.manual_seed takes
 @dataclass
 class Step:
     """A decode step launched: its requests, in row order, and its sampled tokens. started_ms:
-    when its time began (time.perf_counter() ms): its launch, or when the tokens of the step
-    before it reached the host if it was queued before they did."""
+    when its time began (time.perf_counter() ms): when the tokens of the decode step before it
+    reached the host, or its launch where no decode step came before it since the last
+    prefill."""
 
     rows: list[Request]
     tokens: SampledTokens
@@ -132,15 +133,16 @@ class LLM:
 
     def with_attention(self, attention: str = "auto", *,
                        prefetch: PrefetchConfig | None = None, ahead_bytes: int = 0,
-                       ahead_kv_bytes: int = 0, share_cache: bool = False) -> LLM:
+                       ahead_kv_bytes: int = 0, async_decode: bool | None = None,
+                       share_cache: bool = False) -> LLM:
         """A new LLM that runs this one's weights (the same tensors, not a copy: one model's
         memory for several attention variants) with `attention`, `prefetch`, `ahead_bytes` and
-        `ahead_kv_bytes` (the cross-kernel prefetch). It has graphs
-        of its own, and this LLM's model, dtype, device, seed, block_size, num_blocks,
-        cuda_graphs, graph_max_len and max_prefill_tokens. Its caches and their manager are its
-        own, or with share_cache this LLM's (an attention of the same cache layout; the two must not
-        generate at once: each generate starts from, and leaves, an empty cache). Raises
-        ValueError as the constructor does."""
+        `ahead_kv_bytes` (the cross-kernel prefetch), and `async_decode` (None: this LLM's). It
+        has graphs of its own, and this LLM's model, dtype, device, seed, block_size,
+        num_blocks, cuda_graphs, graph_max_len and max_prefill_tokens. Its caches and their
+        manager are its own, or with share_cache this LLM's (an attention of the same cache
+        layout; the two must not generate at once: each generate starts from, and leaves, an
+        empty cache). Raises ValueError as the constructor does."""
         share_cache = as_flag("share_cache", share_cache)
         if self.offload:
             raise ValueError("with_attention: this LLM decodes through KVPR (offload=True), with "
@@ -153,7 +155,8 @@ class LLM:
                                  f"this LLM's {self.caches[0].layout!r} cache layout")
         config = replace(self.config, attention=attention, prefetch=prefetch,
                          ahead_bytes=ahead_bytes, ahead_kv_bytes=ahead_kv_bytes,
-                         weights=self.weights)
+                         async_decode=self.async_decode if async_decode is None
+                         else async_decode, weights=self.weights)
         twin = LLM.__new__(LLM)
         twin._wire(config, self if share_cache else None)
         return twin
@@ -238,11 +241,13 @@ class LLM:
                 scheduler.finish(request)
 
         step: Step | None = None  # the decode step in flight: launched, its tokens not taken
+        tokens_ms = None  # when the last decode step's tokens reached the host, until a prefill
         while not scheduler.is_finished() or step is not None:
             if step is None:  # the batch may change: admissions, preemptions, then a step
                 admitted = scheduler.admit(now)
                 if admitted:
                     elapsed = self._prefill(admitted, sample, take)
+                    tokens_ms = None
                     for request in admitted:
                         prefill_ms[request.index] += elapsed
                 preemptions += scheduler.make_room()
@@ -252,15 +257,15 @@ class LLM:
                         scheduler.wait_for_head(now)
                     continue
                 step = self._launch(list(running), [r.tokens[-1] for r in running], sample,
-                                    clock_ms(self.device))
+                                    clock_ms(self.device) if tokens_ms is None else tokens_ms)
             ahead = None
             if self.async_decode and scheduler.may_run_ahead(step.rows, now()):
                 ahead = self._launch(step.rows, step.tokens.ids, sample)
             tokens = step.tokens.wait()
-            done_ms = time.perf_counter() * 1e3
-            step_ms.append(done_ms - step.started_ms)
+            tokens_ms = time.perf_counter() * 1e3
+            step_ms.append(tokens_ms - step.started_ms)
             if ahead is not None:  # its tokens' ids, now known
-                ahead.started_ms = done_ms
+                ahead.started_ms = tokens_ms
                 scheduler.record_tokens(ahead.rows, tokens)
             # a row of a request that ended by EOS at the step before is dropped (its blocks,
             # freed then, were reused by nothing queued before this step: the module docstring)

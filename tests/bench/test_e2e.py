@@ -28,13 +28,46 @@ def test_steady_steps_start_where_two_successive_steps_agree_within_5_percent():
 def test_each_lever_is_compared_with_its_base_variants_tokens():
     from kvlab.bench.e2e import base_variant, same_tokens
 
-    assert [base_variant(v) for v in VARIANTS] == [None, "vllm_v1", None, "gqa", "gqa", "gqa"]
+    assert [base_variant(v) for v in VARIANTS] == [None, "vllm_v1", None, "gqa", "gqa", "gqa",
+                                                   "gqa"]
     assert base_variant(HF_VARIANT) is None
     runs = {"gqa": ([], [], [], [[1, 2]]), "gqa+ahead": ([], [], [], [[1, 2]]),
             "gqa+prefetch": ([], [], [], [[1, 3]]), "vllm_v1+prefetch": ([], [], [], [[1]]),
             HF_VARIANT: ([], [], [], [])}
     assert same_tokens(runs) == {"gqa+ahead": True, "gqa+prefetch": False}
     assert prefetch_pairs(VARIANTS, "+ahead") == [("gqa+ahead", "gqa")]
+
+
+def test_each_variant_sets_its_lever_and_takes_the_runs_async_decode(monkeypatch):
+    """+sync is gqa with async_decode off, as the first LLM of its layout or a twin; every other
+    variant runs with the run's async_decode, and a lever's size where it has one."""
+    from types import SimpleNamespace
+
+    import kvlab
+    from kvlab.bench.e2e import _kvlab_runners
+
+    built = []
+
+    class FakeLLM:
+        def __init__(self, name, **settings):
+            self.settings = settings
+            built.append(settings)
+
+        def with_attention(self, attention, **settings):
+            return FakeLLM(self.settings, attention=attention, **settings)
+
+    monkeypatch.setattr(kvlab, "LLM", FakeLLM)
+    args = SimpleNamespace(tp=1, async_decode=True, prompt=20, new_tokens=4)
+    levers = {"ahead_bytes": 5, "ahead_kv_bytes": 7, "async_decode": False}
+    runners = _kvlab_runners("tiny-qwen", None, 8, args, ["gqa", "gqa+sync", "gqa+ahead"],
+                             levers)
+    assert list(runners) == ["gqa", "gqa+sync", "gqa+ahead"]
+    assert [b["async_decode"] for b in built] == [True, False, True]
+    assert built[1]["share_cache"] and built[2]["ahead_bytes"] == 5
+    built.clear()
+    _kvlab_runners("tiny-qwen", None, 8, args, ["gqa+sync", "gqa"], levers)
+    assert [b["async_decode"] for b in built] == [False, True]
+    assert "share_cache" not in built[0] and built[1]["share_cache"]
 
 
 def test_prefetch_pairs_each_variant_with_its_kernel_alone():
@@ -88,6 +121,16 @@ def test_tensor_parallel_runs_under_torchrun_over_heads_that_divide(capsys, monk
         main(["bench", "e2e", "--models", "llama3-8b", "--tp", "2", "--serve-rates", "8"])
     assert "--serve-rates with --tp 2: a serving run admits requests as they arrive" in \
         capsys.readouterr().err
+
+
+@pytest.mark.parametrize("variant", ["gqa+ahead_kv", "gqa+sync"])
+def test_a_serving_run_of_a_levers_variant_is_refused_before_the_run(capsys, variant):
+    with pytest.raises(SystemExit):
+        main(["bench", "e2e", "--models", "llama3-8b", "--serve-rates", "8",
+              "--serve-variant", variant])
+    assert (f"--serve-variant {variant}: the serving run takes the run's settings, not a "
+            "lever's; one of vllm_v1, vllm_v1+prefetch, gqa, gqa+prefetch"
+            in capsys.readouterr().err)
 
 
 def test_a_serving_rate_whose_arrivals_pass_a_day_is_refused_before_the_run(capsys):
@@ -177,7 +220,9 @@ def test_a_small_run_times_every_variant_and_hf(tmp_path):
         assert r.get("ahead_kv_bytes") == (2 * 44 * 2 * 64 * 2 if r["variant"] == "gqa+ahead_kv"
                                            else None)
         assert r.get("same_tokens") is (
-            True if r["variant"].endswith(("+ahead", "+prefetch", "+ahead_kv")) else None)
+            True if r["variant"].endswith(("+ahead", "+prefetch", "+ahead_kv", "+sync"))
+            else None)
+        assert r.get("async_decode") is (False if r["variant"] == "gqa+sync" else None)
     # a bigger batch decodes more tokens a second on the same model
     by = {(r["variant"], r["batch"]): r["tokens_per_s"] for r in rows}
     assert all(by[v, 3] > by[v, 1] for v in (*VARIANTS, HF_VARIANT) if v != "gqa+ahead_kv")

@@ -2,6 +2,8 @@
 batches, prefix sharing and waiting for blocks give the tokens the requests give alone; sampling;
 every bad input refused before anything runs."""
 
+import time
+
 import pytest
 import torch
 
@@ -319,6 +321,7 @@ def test_async_decode_gives_the_steps_and_tokens_of_synchronous_decode(monkeypat
     ahead = kvlab.LLM("tiny-llama", device="cpu", num_blocks=8, block_size=16,
                       async_decode=True, weights=sync.weights)
     assert not sync.async_decode and ahead.with_attention("reference").async_decode
+    assert not ahead.with_attention("reference", async_decode=False).async_decode
     greedy = sync.generate(prompts[0], 30).tokens[0]
     eos = None if sampling else next(t for t in greedy[8:] if t not in greedy[:8])
     queued = []
@@ -341,6 +344,30 @@ def test_async_decode_gives_the_steps_and_tokens_of_synchronous_decode(monkeypat
         assert "eos" in got.finish_reasons
     assert len(queued) == len(got.step_ms) and len(queued) / 2 < sum(queued) < len(queued)
     assert ahead.manager.num_free_blocks == 8 and not ahead.manager.seq_ids
+
+
+@pytest.mark.parametrize("async_decode", [False, True])
+def test_a_steps_time_runs_from_the_tokens_before_it_to_its_own(monkeypatch, async_decode):
+    """The host's work before a step launched after the last step's tokens (here make_room,
+    slowed by 300 ms) counts in that step, waited for or not: a step's time runs from the last
+    step's tokens on the host, not from its launch. The first step, after the prefill, runs
+    from its launch."""
+    llm = kvlab.LLM("tiny-llama", device="cpu", num_blocks=64, async_decode=async_decode)
+    make_room, slowed = llm.scheduler.make_room, []
+
+    def slow_make_room():
+        slowed.append(True)
+        time.sleep(0.3)
+        return make_room()
+
+    monkeypatch.setattr(llm.scheduler, "make_room", slow_make_room)
+    # two requests ending apart: with async decode, the step after the first one's end is not
+    # queued ahead, and the host makes room before it
+    out = llm.generate([tokens(9, seed=3), tokens(5, seed=4)], [3, 6])
+    assert len(out.step_ms) == 5 and len(slowed) == (2 if async_decode else 5)
+    assert sum(ms >= 300 for ms in out.step_ms) == len(slowed) - 1, out.step_ms
+    if not async_decode:  # (on the CPU a step queued ahead computes as it is launched, in the
+        assert out.step_ms[0] < 300, out.step_ms  # time of the step before it)
 
 
 def test_async_decode_waits_for_the_step_queued_after_an_eos(monkeypatch):
@@ -413,6 +440,9 @@ def test_async_decode_waits_for_the_step_queued_after_an_eos(monkeypatch):
      "weights: torch.float32 on cpu, must be dtype=torch.float16 on device=cpu"),
     (lambda: kvlab.LLM(device="cpu", num_blocks=8).with_attention("gqa"),
      "attention='gqa': the CUDA kernels need device='cuda'"),
+    (lambda: kvlab.LLM(device="cpu", num_blocks=8).with_attention("reference",
+                                                                  async_decode="no"),
+     "async_decode='no': must be"),
 ])
 def test_bad_engine_arguments_are_refused(make, message):
     with pytest.raises(ValueError, match=message.replace("(", "\\(").replace(")", "\\)")):

@@ -147,14 +147,19 @@ def test_flashinfer_tally_counts_wins_ties_and_losses_and_names_the_losses():
     assert flashinfer.outcomes(result, "tie") == "`flashinfer` at llama3-8b 16 x 2k (1.000x)"
 
 
-def test_flashinfer_e2e_table_refuses_a_peer_of_the_wrong_compile_state():
+def test_flashinfer_e2e_table_sets_kvlab_waited_for_beside_hf_and_checks_hfs_compile():
     from figures import flashinfer
 
     rows = [{"model": "m", "batch": 64, "variant": v, "step_ms": ms, "tokens_per_s": 1.0,
              "ratio_to_roofline": 1.2, "compiled": compiled}
             for v, ms, compiled in (("gqa", 8.0, False), ("hf-static", 24.0, True),
                                     ("hf-static-eager", 40.0, False))]
-    assert flashinfer.e2e_table({"rows": rows})[2].endswith("| 3.00x | 5.00x | 1.20x |")
+    assert flashinfer.e2e_table({"rows": rows})[2].endswith(
+        "| not recorded | 24.00 ms (1 tok/s) | 40.00 ms (1 tok/s) | 3.00x | - | 5.00x | 1.20x |")
+    waited = {**rows[0], "variant": "gqa+sync", "step_ms": 9.6}  # kvlab on HF's basis
+    assert flashinfer.e2e_table({"rows": [*rows, waited]})[2].endswith(
+        "| 9.60 ms (1 tok/s) | 24.00 ms (1 tok/s) | 40.00 ms (1 tok/s) | 3.00x | 2.50x | 5.00x "
+        "| 1.20x |")
     rows[1]["compiled"] = False
     with pytest.raises(ValueError, match="hf-static must be the compiled peer"):
         flashinfer.e2e_table({"rows": rows})

@@ -401,7 +401,8 @@ def steptrace_summary() -> str:
             f"{value_range(at[64])} at batch 64")
 
 
-def _target_cuts() -> list[dict]:
+@functools.cache
+def _target_cuts() -> tuple[dict, ...]:
     """Per traced batch-1 step of either GPU: what it must lose to reach STEP_TARGETS[1] times
     its roofline step, and where its time beyond its bytes at the copy roofline lies, each a
     layer (us): {"gpu", "row", "cut", "attention" (its kernels' covered time), "small" (the
@@ -423,9 +424,8 @@ def _target_cuts() -> list[dict]:
                 "attention": (_covered_us(attention["kernels"]) - attention["roofline_us"])
                 / layers,
                 "small": small / layers,
-                "gemms": (groups["GEMMs"]["busy_us"] - groups["GEMMs"]["roofline_us"]) / layers,
-                "gaps": row["gap_us"] / layers})
-    return found
+                "gemms": _beyond(groups, True) / layers, "gaps": row["gap_us"] / layers})
+    return tuple(found)
 
 
 def target_cut_table() -> list[str]:

@@ -98,17 +98,18 @@ __global__ void rms_norm(T* __restrict__ out, T* __restrict__ sum, const T* __re
 //   out[i]       = x[i] cos[p, i]             - x[i + d/2] sin[p, i]
 //   out[i + d/2] = x[i + d/2] cos[p, i + d/2] + x[i] sin[p, i + d/2]
 // at position p, cos and sin the [max_positions, 2 half] tables (a position outside them gives
-// zeros, never a read outside): pair i of the head at src, into *first and *second.
+// zeros, never a read outside): pair i of a head, x1 = x[i] and x2 = x[i + half] (values of T),
+// into *first and *second.
 template <typename T>
-__device__ __forceinline__ void rotate_pair(T* first, T* second, const T* src, int i, int half,
-                                            const T* __restrict__ cos, const T* __restrict__ sin,
-                                            long long position, long long max_positions) {
+__device__ __forceinline__ void rotate_pair(T* first, T* second, float x1, float x2, int i,
+                                            int half, const T* __restrict__ cos,
+                                            const T* __restrict__ sin, long long position,
+                                            long long max_positions) {
     if (position < 0 || position >= max_positions) {
         *first = *second = float_to<T>(0.0f);
         return;
     }
     const long long table = position * 2 * half;
-    const float x1 = to_float(src[i]), x2 = to_float(src[i + half]);
     // torch: x * cos (rounded), then + rotated * sin
     *first = float_to<T>(rounded<T>(x1 * to_float(cos[table + i])) - x2 * to_float(sin[table + i]));
     *second = float_to<T>(rounded<T>(x2 * to_float(cos[table + i + half])) +
@@ -128,8 +129,8 @@ __global__ void rope(T* out, const T* x, const T* __restrict__ cos, const T* __r
     const int head = pair / half, i = pair % half;
     const T* src = x + blockIdx.x * x_row_stride + head * head_dim;
     T* dst = out + blockIdx.x * out_row_stride + head * head_dim;
-    rotate_pair(dst + i, dst + i + half, src, i, half, cos, sin, positions[blockIdx.x],
-                max_positions);
+    rotate_pair(dst + i, dst + i + half, to_float(src[i]), to_float(src[i + half]), i, half, cos,
+                sin, positions[blockIdx.x], max_positions);
 }
 
 // Where element d of one token's K (IS_K) or V lies in a paged cache, counted in elements:
@@ -184,48 +185,83 @@ __global__ void write_kv(T* __restrict__ k_cache, T* __restrict__ v_cache, const
     }
 }
 
-// A RoPE layer's decode-step QKV output into attention, one launch for three: Q rotated into
-// q_out (`rope`), K rotated and V as it is written into a paged cache at the rows' slots
-// (`write_kv`; a slot outside the cache is skipped). qkv: [rows, (q_heads + 2 kv_heads) *
-// head_dim] (the Q, K, V heads in turn) with a row stride of its own; q_out [rows, q_heads,
-// head_dim] contiguous. Grid (rows, ceil((q_heads + 2 kv_heads) * head_dim / 2 / blockDim.x)):
-// a thread per (head, pair).
+// Where a RoPE layer's new tokens go from their QKV output (the Q, K, V heads in turn): Q
+// rotated into q_out [rows, q_heads, head_dim] contiguous (`rope`), K rotated and V written into
+// a paged cache at the rows' slots (`write_kv`; a slot outside the cache is skipped), in the
+// layouts of cache_at. positions, slots: [rows].
+template <typename T>
+struct RopeWrite {
+    T* q_out;
+    T* k_cache;
+    T* v_cache;
+    const T* cos;
+    const T* sin;
+    const long long* positions;
+    long long max_positions;
+    const long long* slots;
+    long long num_blocks;
+    int block_size, q_heads, kv_heads, head_dim;
+};
+
+// A kernel's RopeWrite parameters, in its order, and the RopeWrite of them
+#define ROPE_WRITE_PARAMS                                                                        \
+    T *__restrict__ q_out, T *__restrict__ k_cache, T *__restrict__ v_cache,                    \
+        const T *__restrict__ cos, const T *__restrict__ sin,                                   \
+        const long long *__restrict__ positions, long long max_positions,                       \
+        const long long *__restrict__ slots, long long num_blocks, int block_size, int q_heads, \
+        int kv_heads, int head_dim
+#define ROPE_WRITE                                                                               \
+    RopeWrite<T> {                                                                               \
+        q_out, k_cache, v_cache, cos, sin, positions, max_positions, slots, num_blocks,          \
+            block_size, q_heads, kv_heads, head_dim                                              \
+    }
+
+// Pair i of head `head` of row `row`'s QKV output, x1 = x[i] and x2 = x[i + head_dim / 2]
+// (values of T), to where `to` puts it.
 template <typename T, bool VLLM>
-__global__ void rope_write(T* __restrict__ q_out, T* __restrict__ k_cache, T* __restrict__ v_cache,
-                           const T* __restrict__ qkv, const T* __restrict__ cos,
-                           const T* __restrict__ sin, const long long* __restrict__ positions,
-                           long long max_positions, const long long* __restrict__ slots,
-                           long long num_blocks, int block_size, int q_heads, int kv_heads,
-                           int head_dim, long long qkv_row_stride) {
+__device__ __forceinline__ void rope_write_pair(const RopeWrite<T>& to, int row, int head, int i,
+                                                float x1, float x2) {
+    const int half = to.head_dim / 2;
+    const long long position = to.positions[row];
+    if (head < to.q_heads) {
+        T* dst = to.q_out + (static_cast<long long>(row) * to.q_heads + head) * to.head_dim;
+        rotate_pair(dst + i, dst + i + half, x1, x2, i, half, to.cos, to.sin, position,
+                    to.max_positions);
+        return;
+    }
+    const long long slot = to.slots[row];
+    if (slot < 0 || slot >= to.num_blocks * to.block_size) return;
+    const bool is_k = head < to.q_heads + to.kv_heads;
+    const long long block_head =
+        slot / to.block_size * to.kv_heads + (head - to.q_heads) % to.kv_heads;
+    const int offset = static_cast<int>(slot % to.block_size);
+    const auto at = [&](int d) {
+        return is_k ? cache_at<VLLM, true>(block_head, offset, to.block_size, to.head_dim, d)
+                    : cache_at<VLLM, false>(block_head, offset, to.block_size, to.head_dim, d);
+    };
+    if (is_k) {
+        rotate_pair(to.k_cache + at(i), to.k_cache + at(i + half), x1, x2, i, half, to.cos,
+                    to.sin, position, to.max_positions);
+    } else {
+        to.v_cache[at(i)] = float_to<T>(x1);
+        to.v_cache[at(i + half)] = float_to<T>(x2);
+    }
+}
+
+// A RoPE layer's decode-step QKV output into attention, one launch for three (RopeWrite's
+// arguments after qkv's). qkv: [rows, (q_heads + 2 kv_heads) * head_dim] with a row stride of
+// its own. Grid (rows,
+// ceil((q_heads + 2 kv_heads) * head_dim / 2 / blockDim.x)): a thread per (head, pair).
+template <typename T, bool VLLM>
+__global__ void rope_write(const T* __restrict__ qkv, long long qkv_row_stride,
+                           ROPE_WRITE_PARAMS) {
     const int half = head_dim / 2;
     const int pair = blockIdx.y * blockDim.x + threadIdx.x;
     if (pair >= (q_heads + 2 * kv_heads) * half) return;
     const int head = pair / half, i = pair % half;
     const T* src = qkv + blockIdx.x * qkv_row_stride + static_cast<long long>(head) * head_dim;
-    const long long position = positions[blockIdx.x];
-    if (head < q_heads) {
-        T* dst = q_out + (static_cast<long long>(blockIdx.x) * q_heads + head) * head_dim;
-        rotate_pair(dst + i, dst + i + half, src, i, half, cos, sin, position, max_positions);
-        return;
-    }
-    const long long slot = slots[blockIdx.x];
-    if (slot < 0 || slot >= num_blocks * block_size) return;
-    const bool is_k = head < q_heads + kv_heads;
-    const long long block_head = slot / block_size * kv_heads + (head - q_heads) % kv_heads;
-    const int offset = static_cast<int>(slot % block_size);
-    if (is_k) {
-        const auto at = [&](int d) {
-            return cache_at<VLLM, true>(block_head, offset, block_size, head_dim, d);
-        };
-        rotate_pair(k_cache + at(i), k_cache + at(i + half), src, i, half, cos, sin, position,
-                    max_positions);
-    } else {
-        const auto at = [&](int d) {
-            return cache_at<VLLM, false>(block_head, offset, block_size, head_dim, d);
-        };
-        v_cache[at(i)] = src[i];
-        v_cache[at(i + half)] = src[i + half];
-    }
+    rope_write_pair<T, VLLM>(ROPE_WRITE, blockIdx.x, head, i, to_float(src[i]),
+                             to_float(src[i + half]));
 }
 
 // SwiGLU's product: out[row, i] = T(silu(gate[row, i])) * up[row, i], where gate_up [rows,
@@ -263,8 +299,18 @@ __global__ void silu_mul(T* __restrict__ out, const T* __restrict__ gate_up, int
 //   LINEAR_SWIGLU    out[r, j] = T(T(silu(y[r, j])) * y[r, j + n / 2])   out [ROWS, n / 2]: w
 //                    stacks W_gate over W_up, and SwiGLU's product comes out of their GEMM as
 //                    `silu_mul` rounds it; the CTA owns gate rows j.. and up rows n / 2 + j..
+// or, in `linear_rope_write` (always with NORM: the attention norm, the QKV GEMM, RoPE and the
+// cache write in one launch), y of a RoPE layer's fused QKV weight [(q_heads + 2 kv_heads) *
+// head_dim, k] goes where `rope_write` puts it (RopeWrite), so that the QKV output never
+// reaches memory: the CTA owns rows i.. and i + head_dim / 2.. of a head, the pairs RoPE rotates.
 // w: [n, k] row-major (a torch Linear's weight), read once; x: [ROWS, k] with a row stride of
 // its own; bias: [n] or null. k a multiple of VEC, rows of w and x 16-byte aligned.
+// NORM: x is the RMSNorm's input h, and the linear takes weight * RMSNorm(h) (norm_weight [k],
+// 16-byte aligned; norm_eps) without it ever reaching memory:
+//   y[r, c] = T(rsqrt(mean(h[r]^2) + eps) * sum_i w[c, i] * norm_weight[i] * h[r, i] + bias[c])
+// in fp32, without the two roundings of the normed x that rms_norm makes (so within T's
+// precision of the two kernels, not equal to them bit for bit). Each CTA sums h's squares as it
+// reads h for its products, so no CTA waits for the norm before its first loads.
 // ahead, ahead_bytes, ahead_ctas: the cross-kernel L2 prefetch (off with ahead_bytes 0). The
 // last ahead_ctas CTAs of the grid (the last wave: they start last) each bring an equal share of
 // the first ahead_bytes at `ahead` (the next kernel's operand; 16-byte aligned, ahead_bytes a
@@ -282,8 +328,8 @@ __global__ void silu_mul(T* __restrict__ out, const T* __restrict__ gate_up, int
 // any. The loads of w skip L1, where x stays for the next CTA. Many small CTAs let the block
 // scheduler even out the SMs' shares. Each epilogue saves a launch of its own. Launched plainly,
 // not as a programmatic dependent: the whole step runs slower so (docs/kernels/layer_ops.md).
-// Grid ceil(n / COLS) (LINEAR_SWIGLU: ceil(n / 2 / (COLS / 2))); blockDim.x = 32 * warps, at most
-// 32 * LINEAR_MAX_WARPS.
+// Grid ceil(n / COLS) (LINEAR_SWIGLU, linear_rope_write: ceil(n / 2 / (COLS / 2))); blockDim.x =
+// 32 * warps, at most 32 * LINEAR_MAX_WARPS.
 constexpr int LINEAR_MAX_WARPS = 8;
 constexpr int LINEAR_PLAIN = 0, LINEAR_RESIDUAL = 1, LINEAR_SWIGLU = 2;
 
@@ -303,28 +349,53 @@ __device__ __forceinline__ float dot_vec(const uint4& a, const uint4& b, float a
     return acc;
 }
 
-template <typename T, int ROWS, int COLS, int UNROLL, int EPILOGUE>
-__global__ void linear(T* __restrict__ out, const T* __restrict__ x, const T* __restrict__ w,
-                       const T* __restrict__ bias, const T* __restrict__ residual, int n, int k,
-                       long long x_row_stride, const void* __restrict__ ahead,
-                       long long ahead_bytes, int ahead_ctas, const void* __restrict__ kv_k,
-                       const void* __restrict__ kv_v, const int* __restrict__ kv_table,
-                       const int* __restrict__ kv_lens, int kv_rows, int kv_table_cols,
-                       int kv_block_tokens, int kv_num_blocks, long long kv_block_bytes,
-                       long long kv_pairs) {
-    static_assert(EPILOGUE != LINEAR_SWIGLU || COLS % 2 == 0, "SwiGLU pairs gate and up rows");
-    __shared__ float sums[LINEAR_MAX_WARPS][ROWS][COLS];
+// A CTA's sums, a warp's share each: of y (linear_y adds them up) and, with NORM, of x's squares
+template <int ROWS, int COLS>
+struct LinearSums {
+    float y[LINEAR_MAX_WARPS][ROWS][COLS];
+    float squares[LINEAR_MAX_WARPS][ROWS];
+};
+
+// The dot product of a vector of w with VEC values of x in fp32
+template <typename T>
+__device__ __forceinline__ float dot_vec(const uint4& a, const float (&x)[VEC], float acc) {
+    const T* w = reinterpret_cast<const T*>(&a);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) acc = fmaf(to_float(w[e]), x[e], acc);
+    return acc;
+}
+
+// A linear's cross-kernel prefetch (the ahead and kv_ahead arguments above)
+struct LinearAhead {
+    const void* bytes;
+    long long num_bytes;
+    int ctas;
+    PagedBlocks kv;
+    long long kv_pairs;
+};
+
+// linear_rope_write's weight rows in pairs: pair j is row i of head h = j / half (half =
+// head_dim / 2, i = j % half) and row i + half of it, the two elements RoPE rotates together. A
+// CTA owning COLS / 2 pairs from j0 takes the first rows as its columns c < COLS / 2 and the
+// second as c + COLS / 2 (past the last pair, the last again): its column c's row.
+template <int COLS>
+__device__ __forceinline__ int rope_row(int j0, int c, int pairs, int half) {
+    const int j = min(j0 + c % (COLS / 2), pairs - 1);
+    return j / half * 2 * half + j % half + (c < COLS / 2 ? 0 : half);
+}
+
+// The CTA's sums for its weight rows weight_row(c) over x's ROWS rows (with NORM, of x times
+// norm_weight, and of x's squares), each warp's share of k into `sums`; between the loads and the
+// sums, the cross-kernel prefetch of the grid's last ahead.ctas CTAs.
+template <typename T, int ROWS, int COLS, int UNROLL, bool NORM, typename WeightRow>
+__device__ __forceinline__ void linear_sums(LinearSums<ROWS, COLS>& sums, WeightRow weight_row,
+                                            const T* __restrict__ x, const T* __restrict__ w,
+                                            const T* __restrict__ norm_weight, int k,
+                                            long long x_row_stride, const LinearAhead& ahead) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-    // the CTA's weight rows: COLS from col0, or (SwiGLU) COLS / 2 gate rows from col0 and the
-    // up rows n / 2 further
-    const int col0 = blockIdx.x * (EPILOGUE == LINEAR_SWIGLU ? COLS / 2 : COLS);
-    const auto weight_row = [&](int c) {
-        if (EPILOGUE != LINEAR_SWIGLU) return min(col0 + c, n - 1);
-        const int half = n / 2, j = min(col0 + c % (COLS / 2), half - 1);
-        return c < COLS / 2 ? j : half + j;
-    };
     const int step = 32 * VEC * warps;  // elements of a row one CTA-wide load covers
     float acc[ROWS][COLS] = {};
+    float squares[ROWS] = {};
     for (int base = threadIdx.x * VEC; base < k; base += step * UNROLL) {
         uint4 wv[COLS][UNROLL];
 #pragma unroll
@@ -337,37 +408,104 @@ __global__ void linear(T* __restrict__ out, const T* __restrict__ x, const T* __
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             if (base + u * step >= k) break;
+            uint4 gv;
+            if (NORM) gv = *reinterpret_cast<const uint4*>(norm_weight + base + u * step);
 #pragma unroll
             for (int r = 0; r < ROWS; ++r) {
                 const uint4 xv = *reinterpret_cast<const uint4*>(x + r * x_row_stride + base + u * step);
+                if (NORM) {
+                    const T* h = reinterpret_cast<const T*>(&xv);
+                    const T* g = reinterpret_cast<const T*>(&gv);
+                    float xs[VEC];
 #pragma unroll
-                for (int c = 0; c < COLS; ++c) acc[r][c] = dot_vec<T>(wv[c][u], xv, acc[r][c]);
+                    for (int e = 0; e < VEC; ++e) {
+                        const float value = to_float(h[e]);
+                        squares[r] = fmaf(value, value, squares[r]);
+                        xs[e] = value * to_float(g[e]);
+                    }
+#pragma unroll
+                    for (int c = 0; c < COLS; ++c) acc[r][c] = dot_vec<T>(wv[c][u], xs, acc[r][c]);
+                } else {
+#pragma unroll
+                    for (int c = 0; c < COLS; ++c) acc[r][c] = dot_vec<T>(wv[c][u], xv, acc[r][c]);
+                }
             }
         }
     }
-    // the last ahead_ctas CTAs: their own loads used, each its share of what comes next
-    const long long tail_cta = static_cast<long long>(blockIdx.x) - (gridDim.x - ahead_ctas);
-    if (warp == 0) prefetch_share_l2(ahead, ahead_bytes, tail_cta, ahead_ctas, lane);
-    if (warp == (warps > 1 ? 1 : 0) && kv_pairs > 0) {
-        const PagedBlocks blocks{static_cast<const char*>(kv_k), static_cast<const char*>(kv_v),
-                                 kv_table, kv_lens, kv_rows, kv_table_cols, kv_block_tokens,
-                                 kv_num_blocks, kv_block_bytes};
-        prefetch_paged_share_l2(blocks, kv_pairs, tail_cta, ahead_ctas, lane);
-    }
+    // the last ahead.ctas CTAs: their own loads used, each its share of what comes next
+    const long long tail_cta = static_cast<long long>(blockIdx.x) - (gridDim.x - ahead.ctas);
+    if (warp == 0) prefetch_share_l2(ahead.bytes, ahead.num_bytes, tail_cta, ahead.ctas, lane);
+    if (warp == (warps > 1 ? 1 : 0) && ahead.kv_pairs > 0)
+        prefetch_paged_share_l2(ahead.kv, ahead.kv_pairs, tail_cta, ahead.ctas, lane);
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r)
+    for (int r = 0; r < ROWS; ++r) {
 #pragma unroll
         for (int c = 0; c < COLS; ++c) {
             for (int offset = 16; offset > 0; offset /= 2)
                 acc[r][c] += __shfl_xor_sync(0xffffffffu, acc[r][c], offset);
-            if (lane == 0) sums[warp][r][c] = acc[r][c];
+            if (lane == 0) sums.y[warp][r][c] = acc[r][c];
         }
+        if (NORM) {
+            for (int offset = 16; offset > 0; offset /= 2)
+                squares[r] += __shfl_xor_sync(0xffffffffu, squares[r], offset);
+            if (lane == 0) sums.squares[warp][r] = squares[r];
+        }
+    }
     __syncthreads();
-    // y[r, c] of this CTA's weight row c: the warps' sums and the bias, rounded to T
+}
+
+// y[r, c] of weight row `row`, the CTA's column c: the warps' sums (NORM: times x's
+// rsqrt(mean(x^2) + eps)) and the bias, rounded to T
+template <typename T, bool NORM, int ROWS, int COLS>
+__device__ __forceinline__ float linear_y(const LinearSums<ROWS, COLS>& sums,
+                                          const T* __restrict__ bias, int k, float norm_eps,
+                                          int row, int r, int c) {
+    const int warps = blockDim.x / 32;
+    const float b = bias != nullptr ? to_float(bias[row]) : 0.0f;
+    float total = NORM ? 0.0f : b;
+    for (int i = 0; i < warps; ++i) total += sums.y[i][r][c];
+    if (NORM) {
+        float squares = 0.0f;
+        for (int i = 0; i < warps; ++i) squares += sums.squares[i][r];
+        total = total * rsqrtf(squares / k + norm_eps) + b;
+    }
+    return rounded<T>(total);
+}
+
+#define LINEAR_AHEAD_PARAMS                                                                      \
+    const void *__restrict__ ahead, long long ahead_bytes, int ahead_ctas,                      \
+        const void *__restrict__ kv_k, const void *__restrict__ kv_v,                           \
+        const int *__restrict__ kv_table, const int *__restrict__ kv_lens, int kv_rows,          \
+        int kv_table_cols, int kv_block_tokens, int kv_num_blocks, long long kv_block_bytes,    \
+        long long kv_pairs
+#define LINEAR_AHEAD                                                                             \
+    LinearAhead {                                                                                \
+        ahead, ahead_bytes, ahead_ctas,                                                          \
+            PagedBlocks{static_cast<const char*>(kv_k), static_cast<const char*>(kv_v), kv_table, \
+                        kv_lens, kv_rows, kv_table_cols, kv_block_tokens, kv_num_blocks,         \
+                        kv_block_bytes},                                                         \
+            kv_pairs                                                                             \
+    }
+
+template <typename T, int ROWS, int COLS, int UNROLL, int EPILOGUE, bool NORM>
+__global__ void linear(T* __restrict__ out, const T* __restrict__ x, const T* __restrict__ w,
+                       const T* __restrict__ bias, const T* __restrict__ residual, int n, int k,
+                       long long x_row_stride, const T* __restrict__ norm_weight,
+                       float norm_eps, LINEAR_AHEAD_PARAMS) {
+    static_assert(EPILOGUE != LINEAR_SWIGLU || COLS % 2 == 0, "SwiGLU pairs gate and up rows");
+    __shared__ LinearSums<ROWS, COLS> sums;
+    // the CTA's weight rows: COLS from col0, or (SwiGLU) COLS / 2 gate rows from col0 and the
+    // up rows n / 2 further
+    const int col0 = blockIdx.x * (EPILOGUE == LINEAR_SWIGLU ? COLS / 2 : COLS);
+    const auto weight_row = [&](int c) {
+        if (EPILOGUE != LINEAR_SWIGLU) return min(col0 + c, n - 1);
+        const int half = n / 2, j = min(col0 + c % (COLS / 2), half - 1);
+        return c < COLS / 2 ? j : half + j;
+    };
+    linear_sums<T, ROWS, COLS, UNROLL, NORM>(sums, weight_row, x, w, norm_weight, k,
+                                             x_row_stride, LINEAR_AHEAD);
     const auto y = [&](int r, int c) {
-        float total = bias != nullptr ? to_float(bias[weight_row(c)]) : 0.0f;
-        for (int i = 0; i < warps; ++i) total += sums[i][r][c];
-        return rounded<T>(total);
+        return linear_y<T, NORM>(sums, bias, k, norm_eps, weight_row(c), r, c);
     };
     if (EPILOGUE == LINEAR_SWIGLU) {  // thread (r, c) writes out[r, col0 + c]
         const int half = n / 2;
@@ -387,6 +525,34 @@ __global__ void linear(T* __restrict__ out, const T* __restrict__ x, const T* __
         }
     }
 }
+
+template <typename T, int ROWS, int COLS, int UNROLL, bool VLLM>
+__global__ void linear_rope_write(const T* __restrict__ x, const T* __restrict__ w,
+                                  const T* __restrict__ bias, int k, long long x_row_stride,
+                                  const T* __restrict__ norm_weight, float norm_eps,
+                                  ROPE_WRITE_PARAMS, LINEAR_AHEAD_PARAMS) {
+    static_assert(COLS % 2 == 0, "RoPE pairs the two halves of a head");
+    __shared__ LinearSums<ROWS, COLS> sums;
+    const int half = head_dim / 2, pairs = (q_heads + 2 * kv_heads) * half;
+    const int j0 = blockIdx.x * (COLS / 2);  // the CTA's first pair
+    const auto weight_row = [&](int c) { return rope_row<COLS>(j0, c, pairs, half); };
+    linear_sums<T, ROWS, COLS, UNROLL, true>(sums, weight_row, x, w, norm_weight, k,
+                                             x_row_stride, LINEAR_AHEAD);
+    const auto y = [&](int r, int c) {
+        return linear_y<T, true>(sums, bias, k, norm_eps, weight_row(c), r, c);
+    };
+    if (threadIdx.x < ROWS * COLS / 2) {  // thread (r, c): pair j0 + c of row r
+        const int r = threadIdx.x / (COLS / 2), c = threadIdx.x % (COLS / 2), j = j0 + c;
+        if (j < pairs)
+            rope_write_pair<T, VLLM>(ROPE_WRITE, r, j / half, j % half, y(r, c),
+                                     y(r, c + COLS / 2));
+    }
+}
+
+#undef LINEAR_AHEAD
+#undef LINEAR_AHEAD_PARAMS
+#undef ROPE_WRITE
+#undef ROPE_WRITE_PARAMS
 
 // Greedy sampling's argmax over a decode step's logits, a CTA a row:
 //   out[r] = the index of the largest x[r, c], c < cols: the first of equal ones, and NaN above

@@ -155,7 +155,7 @@ def step_model_constants() -> str:
 def step_model_table() -> list[str]:
     """Per model and batch of gqa's recorded steps: the step over the roofline step, the
     modelled idle budget, and the step less that budget over the roofline step."""
-    from kvlab.predict.step import step_anatomy
+    from kvlab.predict.step import recorded_folded, step_anatomy
 
     fit = _step_model()
     lines = ["| model | batch | step / roofline step | idle budget (modelled) | step less the "
@@ -166,7 +166,8 @@ def step_model_table() -> list[str]:
             if r["variant"] != "gqa":
                 continue
             anatomy = step_anatomy(r["model"], r["batch"], r["prompt"] + r["new_tokens"] / 2,
-                                   result["roofline_copy_gbps"], fit)
+                                   result["roofline_copy_gbps"], fit,
+                                   folded=recorded_folded(result))
             idle_ms = anatomy["idle_us"] / 1e3
             lines.append(f"| {r['model']} | {r['batch']} | {r['ratio_to_roofline']:.2f}x | "
                          f"{idle_ms:.2f} ms ({idle_ms / r['step_ms']:.0%} of the step) | "
@@ -179,7 +180,7 @@ def _ahead_bounds() -> tuple[dict, ...]:
     """Per model and batch of gqa's recorded steps: the cross-kernel prefetch's default size
     (kvlab.predict.step.ahead_size at the run's roofline), the recorded step over the roofline
     step, and that step less the idle time the prefetch hides in the step model (a bound)."""
-    from kvlab.predict.step import ahead_size, step_anatomy
+    from kvlab.predict.step import ahead_size, recorded_folded, step_anatomy
 
     fit, found = _step_model(), []
     for name in E2E_RESULTS:
@@ -190,8 +191,8 @@ def _ahead_bounds() -> tuple[dict, ...]:
                 continue
             size = ahead_size(fit, gbps, r["batch"])
             context = r["prompt"] + r["new_tokens"] / 2
-            hidden_ms = step_anatomy(r["model"], r["batch"], context, gbps, fit,
-                                     size)["hidden_us"] / 1e3
+            hidden_ms = step_anatomy(r["model"], r["batch"], context, gbps, fit, size,
+                                     folded=recorded_folded(result))["hidden_us"] / 1e3
             found.append({"model": r["model"], "batch": r["batch"], "size": size,
                           "ratio": r["ratio_to_roofline"],
                           "bound": (r["step_ms"] - hidden_ms) / r["roofline_ms"]})
@@ -291,7 +292,7 @@ def _traced(machine: str = "h100", names=TRACES) -> list[tuple[dict, dict]]:
     every traced step without the cross-kernel prefetch of `machine`'s recordings `names`, in
     the order recorded."""
     from kvlab.bench.steptrace import mean_context
-    from kvlab.predict.step import step_anatomy
+    from kvlab.predict.step import recorded_folded, step_anatomy
     from kvlab.viz.e2e import trace_groups
 
     found = []
@@ -302,7 +303,8 @@ def _traced(machine: str = "h100", names=TRACES) -> list[tuple[dict, dict]]:
                 continue
             context = mean_context(row["prompt"], row["new_tokens"], len(row["steps"]))
             anatomy = step_anatomy(row["model"], row["batch"], context,
-                                   result["roofline_copy_gbps"], _step_model())
+                                   result["roofline_copy_gbps"], _step_model(),
+                                   folded=recorded_folded(result))
             groups = {g["group"]: g for g in trace_groups(row["kernels"], anatomy)}
             found.append((row, groups))
     return found

@@ -484,6 +484,7 @@ def run(args) -> dict | None:
     from kvlab.engine import tp
     from kvlab.engine.weights import ModelWeights
     from kvlab.kernels import layer_ops
+    from kvlab.predict.step import FOLDED_KEY
     from kvlab.timing import Timer, copy_roofline_gbps
 
     rank, world = _start_tensor_parallel() if args.tp > 1 else (0, 1)
@@ -498,7 +499,8 @@ def run(args) -> dict | None:
               "warmup_rounds": WARMUP_ROUNDS,
               "hf_compile": args.hf_compile if args.hf and world == 1 else None,
               "roofline_copy_gbps": round(copy_roofline_gbps(timer), 1), "rows": [],
-              "skipped": [], "serving": [], "tp": world}
+              "skipped": [], "serving": [], "tp": world,
+              FOLDED_KEY: True}  # the step model's kernels of these steps
     if world > 1:
         result["tp_note"] = ("one process per GPU; rank 0's steps and roofline (its shard of "
                              "the weights and of the K, V); no HF peer")

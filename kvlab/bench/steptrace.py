@@ -210,7 +210,7 @@ def run(args) -> dict:
     from kvlab.bench.e2e import free_memory, random_prompts
     from kvlab.engine.weights import ModelWeights
     from kvlab.kernels.layer_ops import LINEAR_ROWS
-    from kvlab.predict.step import fit_step_model, step_anatomy
+    from kvlab.predict.step import FOLDED_KEY, fit_step_model, step_anatomy
     from kvlab.timing import Timer, copy_roofline_gbps
 
     fit = fit_step_model()
@@ -221,7 +221,8 @@ def run(args) -> dict:
               "roofline_copy_gbps": round(copy_roofline_gbps(Timer("cuda")), 1),
               "step_model": {"streaming_overhead_us": fit.streaming_overhead_us,
                              "overhead_us": fit.overhead_us,
-                             "per_sequence_us": fit.per_sequence_us}, "rows": [], "skipped": []}
+                             "per_sequence_us": fit.per_sequence_us}, "rows": [], "skipped": [],
+              FOLDED_KEY: True}  # the step model's kernels of these steps
     for name in args.models:
         weights = ModelWeights.random(MODELS[name], 0, torch.float16, "cuda")
         for batch, ahead, ahead_kv in itertools.product(args.batches, args.ahead_bytes,

@@ -25,12 +25,14 @@ from kvlab.model.attention import SDPA_BACKENDS
 from kvlab.model.layer import (
     Ahead,
     KvAhead,
+    folded_norm,
     layer_head,
     layer_tail,
     linear,
     prefetch_args,
-    project_qkv,
     qkv_heads,
+    qkv_input,
+    qkv_prefetch,
 )
 from kvlab.model.norm import norm
 from kvlab.model.rope import RopeTable
@@ -60,7 +62,10 @@ def logits(model: ModelConfig, w: ModelWeights, hidden: torch.Tensor,
     dtype (as HF's models return them): greedy sampling takes their argmax as they are, and
     only sampling at a temperature converts them to fp32. ahead_bytes: above
     layer_ops.LINEAR_ROWS rows the final norm brings the LM head's first bytes into L2
-    (kvlab.model.layer.Ahead; up to it the last layer's W_down does)."""
+    (kvlab.model.layer.Ahead; up to it the last layer's W_down does, and the LM head's linear
+    folds the norm in: `folded_norm`)."""
+    if (final := folded_norm(model, w.norm_weight, hidden, w.lm_head)) is not None:
+        return layer_ops.linear(hidden, w.lm_head, norm=final)
     ahead = prefetch_args(ahead_bytes, w.lm_head, gemm_rows=hidden)
     return linear(norm(model, hidden, w.norm_weight, w.norm_bias, **ahead), w.lm_head)
 
@@ -144,12 +149,21 @@ def query_and_write(model: ModelConfig, layer: LayerWeights, fused: Fused, cache
                     slots: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
                     rope: RopeTable | None, ahead: Ahead | None = None) -> torch.Tensor:
     """A decode step's `layer_head` into attention: the new tokens' K, V written into `cache`
-    at `slots`, their Q [batch, num_qo_heads, head_dim] returned. On a GPU, RoPE and the write
-    are one kernel where the family rotates and the cache holds fp16 or bf16 (here, not in the
-    cache: kvlab.cache sits below the kernels that read it)."""
-    _, qkv = project_qkv(model, layer, hidden, fused, ahead)
-    if (model.position == "rope" and rope is not None
-            and layer_ops.same_kind(qkv, rope.cos, cache.k_cache)):
+    at `slots`, their Q [batch, num_qo_heads, head_dim] returned. On a GPU, where the family
+    rotates and the cache holds fp16 or bf16, the attention norm, the QKV linear, RoPE and the
+    write are one kernel (layer_ops.linear_rope_write) where `folded_norm` says so (at most
+    LINEAR_ROWS rows), and RoPE with the write one kernel after the norm and the GEMM above
+    that (here, not in the cache: kvlab.cache sits below the kernels that read it)."""
+    rotates = (model.position == "rope" and rope is not None
+               and layer_ops.same_kind(hidden, rope.cos, cache.k_cache))
+    if rotates and (attn_norm := folded_norm(model, layer.attn.norm_weight, hidden, fused.qkv,
+                                             bias=fused.b_qkv)) is not None:
+        return layer_ops.linear_rope_write(hidden, attn_norm, fused.qkv, fused.b_qkv,
+                                           model.num_qo_heads, rope.cos, rope.sin, positions,
+                                           cache, slots, **qkv_prefetch(layer, ahead))
+    x = qkv_input(model, layer, hidden, fused, ahead)
+    qkv = linear(x, fused.qkv, fused.b_qkv, **qkv_prefetch(layer, ahead))
+    if rotates:
         return layer_ops.rope_write(qkv, model.num_qo_heads, rope.cos, rope.sin, positions,
                                     cache, slots)
     q, k, v = qkv_heads(model, qkv, positions, rope)

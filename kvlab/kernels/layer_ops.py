@@ -68,15 +68,26 @@ def default_instances() -> list[str]:
         names += [f"kvlab::rope<{t}>", f"kvlab::silu_mul<{t}>"]
         names += [f"kvlab::{op}<{t}, {layout}>" for op in ("write_kv", "rope_write")
                   for layout in ("false", "true")]
-        names += [linear_name(t, rows, epilogue) for rows in range(1, LINEAR_ROWS + 1)
-                  for epilogue in LINEAR_EPILOGUES]
+        for rows in range(1, LINEAR_ROWS + 1):
+            names += [linear_name(t, rows, epilogue, norm) for epilogue in LINEAR_EPILOGUES
+                      for norm in (False, True) if not (norm and epilogue == "residual")]
+            names += [linear_rope_write_name(t, rows, layout) for layout in ("hnd", "vllm")]
         names.append(f"kvlab::argmax<{t}>")
     return names
 
 
-def linear_name(cuda_type: str, rows: int, epilogue: str) -> str:
+def _flag(value: bool) -> str:
+    return str(bool(value)).lower()
+
+
+def linear_name(cuda_type: str, rows: int, epilogue: str, norm: bool = False) -> str:
     return (f"kvlab::linear<{cuda_type}, {rows}, {LINEAR_COLS}, {LINEAR_UNROLL}, "
-            f"{LINEAR_EPILOGUES[epilogue]}>")
+            f"{LINEAR_EPILOGUES[epilogue]}, {_flag(norm)}>")
+
+
+def linear_rope_write_name(cuda_type: str, rows: int, layout: str) -> str:
+    return (f"kvlab::linear_rope_write<{cuda_type}, {rows}, {LINEAR_COLS}, {LINEAR_UNROLL}, "
+            f"{_flag(layout == 'vllm')}>")
 
 
 @functools.cache
@@ -206,6 +217,32 @@ def write_kv(cache, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> No
                 np.int32(head_dim), np.int64(k.stride(0)), np.int64(v.stride(0))), k.device)
 
 
+def _check_rope_write(num_qo_heads: int, cos: torch.Tensor, sin: torch.Tensor,
+                      positions: torch.Tensor, cache, slots: torch.Tensor, n: int,
+                      device: torch.device) -> int:
+    """Check rope_write's arguments but the QKV output (of n rows on `device`); its width."""
+    heads, head_dim = cache.num_kv_heads, cache.head_dim
+    _check(is_int(num_qo_heads) and num_qo_heads >= 1,
+           f"num_qo_heads={num_qo_heads!r}: must be a positive integer")
+    _check(cos.dim() == 2 and cos.shape == sin.shape == (cos.shape[0], head_dim)
+           and cos.is_contiguous() and sin.is_contiguous(),
+           f"cos, sin: {tuple(cos.shape)}, {tuple(sin.shape)}: must be contiguous "
+           f"[max_positions, {head_dim}]")
+    for name, t in (("positions", positions), ("slots", slots)):
+        _check(t.shape == (n,) and t.dtype == torch.int64 and t.device == device,
+               f"{name}: must be int64 [{n}] on {device}")
+    return (num_qo_heads + 2 * heads) * head_dim
+
+
+def _rope_write_args(q: torch.Tensor, num_qo_heads: int, cos: torch.Tensor, sin: torch.Tensor,
+                     positions: torch.Tensor, cache, slots: torch.Tensor) -> tuple:
+    """The kernels' RopeWrite arguments: Q into q, K and V into `cache`."""
+    return (ptr(q), ptr(cache.k_cache), ptr(cache.v_cache), ptr(cos), ptr(sin), ptr(positions),
+            np.int64(cos.shape[0]), ptr(slots), np.int64(cache.num_blocks),
+            np.int32(cache.block_size), np.int32(num_qo_heads), np.int32(cache.num_kv_heads),
+            np.int32(cache.head_dim))
+
+
 def rope_write(qkv: torch.Tensor, num_qo_heads: int, cos: torch.Tensor, sin: torch.Tensor,
                positions: torch.Tensor, cache, slots: torch.Tensor) -> torch.Tensor:
     """A RoPE layer's QKV output of n new tokens into attention, in one kernel: returns Q
@@ -213,34 +250,25 @@ def rope_write(qkv: torch.Tensor, num_qo_heads: int, cos: torch.Tensor, sin: tor
     K rotated and V into a PagedKVCache of fp16 or bf16, either layout, at `slots`
     (`write_kv`). qkv: [n, (num_qo_heads + 2 num_kv_heads) * head_dim], the Q, K, V heads in
     turn (the fused QKV GEMM's output), rows of any stride; positions, slots: int64 [n]."""
-    heads, head_dim = cache.num_kv_heads, cache.head_dim
-    _check(is_int(num_qo_heads) and num_qo_heads >= 1,
-           f"num_qo_heads={num_qo_heads!r}: must be a positive integer")
-    width = (num_qo_heads + 2 * heads) * head_dim
-    _check(qkv.dim() == 2 and qkv.shape[1] == width and qkv.stride(1) == 1,
-           f"qkv: shape {tuple(qkv.shape)} strides {qkv.stride()}: must be [n, {width}] "
-           f"((num_qo_heads={num_qo_heads} + 2 x {heads}) x {head_dim}), elements contiguous")
+    _check(qkv.dim() == 2, f"qkv: shape {tuple(qkv.shape)}, must be [n, (num_qo_heads + 2 "
+           "num_kv_heads) * head_dim]")
     n = qkv.shape[0]
-    _check(cos.dim() == 2 and cos.shape == sin.shape == (cos.shape[0], head_dim)
-           and cos.is_contiguous() and sin.is_contiguous(),
-           f"cos, sin: {tuple(cos.shape)}, {tuple(sin.shape)}: must be contiguous "
-           f"[max_positions, {head_dim}]")
-    for name, t in (("positions", positions), ("slots", slots)):
-        _check(t.shape == (n,) and t.dtype == torch.int64 and t.device == qkv.device,
-               f"{name}: must be int64 [{n}] on {qkv.device}")
+    width = _check_rope_write(num_qo_heads, cos, sin, positions, cache, slots, n, qkv.device)
+    _check(qkv.shape[1] == width and qkv.stride(1) == 1,
+           f"qkv: shape {tuple(qkv.shape)} strides {qkv.stride()}: must be [n, {width}] "
+           f"((num_qo_heads={num_qo_heads} + 2 x {cache.num_kv_heads}) x {cache.head_dim}), "
+           "elements contiguous")
     _check(same_kind(qkv, cos, sin, cache.k_cache),
            f"qkv, cos, sin: {qkv.dtype}, {cos.dtype}, {sin.dtype}: must be the cache's dtype "
            f"({cache.dtype}), fp16 or bf16, on its CUDA device")
-    q = torch.empty(n, num_qo_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+    q = torch.empty(n, num_qo_heads, cache.head_dim, dtype=qkv.dtype, device=qkv.device)
     if n:
-        pairs = (num_qo_heads + 2 * heads) * head_dim // 2
         name = (f"kvlab::rope_write<{CUDA_TYPES[qkv.dtype]}, "
                 f"{str(cache.layout == 'vllm').lower()}>")
-        launch(_kernel(name, qkv.device), (n, ceil_div(pairs, ROPE_THREADS)), (ROPE_THREADS,),
-               (ptr(q), ptr(cache.k_cache), ptr(cache.v_cache), ptr(qkv), ptr(cos), ptr(sin),
-                ptr(positions), np.int64(cos.shape[0]), ptr(slots), np.int64(cache.num_blocks),
-                np.int32(cache.block_size), np.int32(num_qo_heads), np.int32(heads),
-                np.int32(head_dim), np.int64(qkv.stride(0))), qkv.device)
+        launch(_kernel(name, qkv.device), (n, ceil_div(width // 2, ROPE_THREADS)),
+               (ROPE_THREADS,), (ptr(qkv), np.int64(qkv.stride(0)),
+                                 *_rope_write_args(q, num_qo_heads, cos, sin, positions, cache,
+                                                   slots)), qkv.device)
     return q
 
 
@@ -289,11 +317,18 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
 
 
 def linear_problem(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                   residual: torch.Tensor | None = None, swiglu: bool = False) -> str | None:
+                   residual: torch.Tensor | None = None, swiglu: bool = False,
+                   norm: RmsNorm | None = None) -> str | None:
     """Why `linear` would refuse these arguments, or None where it takes them."""
     if x.dim() != 2 or not 1 <= x.shape[0] <= LINEAR_ROWS:
         return f"x: shape {tuple(x.shape)}, must be [rows, k] with 1 <= rows <= {LINEAR_ROWS}"
     (rows, k), extra = x.shape, [t for t in (bias, residual) if t is not None]
+    if norm is not None:
+        if (problem := _norm_problem(norm, k)) is not None:
+            return problem
+        if residual is not None:
+            return "norm and residual: a linear takes one or the other"
+        extra.append(norm.weight)
     if (problem := _rows_problem(x, "x", k)) is not None:
         return problem
     if not (weight.dim() == 2 and weight.shape[1] == k and weight.is_contiguous()
@@ -310,9 +345,35 @@ def linear_problem(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
         return (f"residual: shape {tuple(residual.shape)}, must be ({rows}, {n}) and "
                 "contiguous, or None")
     if not same_kind(x, weight, *extra):
-        return "x, weight, bias and residual: one dtype (fp16 or bf16) on one CUDA device"
+        return ("x, weight, bias, residual and the norm's weight: one dtype (fp16 or bf16) on one "
+                "CUDA device")
     if max(n, k) >= 2**31:
         return f"weight: shape {tuple(weight.shape)}, each side must be below 2**31"
+    return None
+
+
+@dataclass(frozen=True)
+class RmsNorm:
+    """An RMSNorm that `linear` folds into its input: it takes weight * RMSNorm(x) for its x
+    (HF's LlamaRMSNorm of epsilon eps; weight [k], contiguous, 16-byte aligned), in fp32 from
+    the sums it makes anyway, so that the normed x never reaches memory."""
+
+    weight: torch.Tensor
+    eps: float
+
+
+def _norm_problem(norm, k: int) -> str | None:
+    if not isinstance(norm, RmsNorm):
+        return f"norm: a {type(norm).__name__}, must be a layer_ops.RmsNorm or None"
+    w = norm.weight
+    if not (isinstance(w, torch.Tensor) and w.shape == (k,) and w.is_contiguous()
+            and w.data_ptr() % 16 == 0):
+        return (f"norm.weight: shape {tuple(getattr(w, 'shape', ()))}, must be ({k},), "
+                "contiguous and 16-byte aligned")
+    try:
+        check_real("norm.eps", norm.eps, 0, 1, open_min=True)
+    except ValueError as e:
+        return str(e)
     return None
 
 
@@ -411,6 +472,11 @@ def _ahead_args(ahead: torch.Tensor | None, ahead_bytes: int) -> tuple:
     return ptr(ahead if span else None), np.int64(span)
 
 
+def _norm_args(norm: RmsNorm | None) -> tuple:
+    """The kernels' (norm_weight, norm_eps) arguments."""
+    return (NULL, np.float32(0)) if norm is None else (ptr(norm.weight), np.float32(norm.eps))
+
+
 @functools.cache
 def _wave(name: str, device_index: int) -> int:
     """CTAs of `linear` instantiation `name` that the whole GPU holds at once."""
@@ -421,14 +487,16 @@ def _wave(name: str, device_index: int) -> int:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
            residual: torch.Tensor | None = None, swiglu: bool = False,
-           ahead: torch.Tensor | None = None, ahead_bytes: int = 0,
-           kv_ahead: PagedAhead | None = None) -> torch.Tensor:
+           norm: RmsNorm | None = None, ahead: torch.Tensor | None = None,
+           ahead_bytes: int = 0, kv_ahead: PagedAhead | None = None) -> torch.Tensor:
     """y = F.linear(x, weight, bias) for x [rows, k], 1 <= rows <= LINEAR_ROWS, with
     contiguous, 16-byte aligned rows, k a multiple of 8; weight [n, k] contiguous; bias [n] or
     None. Returns y [rows, n]; with `residual` [rows, n], residual + y; with `swiglu`,
     silu(gate) * up [rows, n / 2] of y's halves (weight stacks W_gate over W_up). Sums in fp32
     and rounds once, as cuBLAS does (only the order of the sums differs), and rounds what
-    follows as the torch ops it replaces.
+    follows as the torch ops it replaces. With `norm` (an RmsNorm, not with a residual), y of
+    norm.weight * RMSNorm(x) instead of x: within the dtype's precision of `rms_norm` before
+    the linear (the normed x is not rounded), one launch fewer.
 
     ahead, ahead_bytes: the cross-kernel L2 prefetch. The grid's last wave (the CTAs that start
     last) brings `ahead_span` bytes at the start of `ahead` (the next kernel's operand, a
@@ -436,7 +504,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     loads hit L2. kv_ahead: the same wave, a warp of each CTA, brings the K and V blocks of a
     paged cache that the attention after this kernel reads (`PagedAhead`). Hints: y is the same
     with or without them."""
-    problem = (linear_problem(x, weight, bias, residual, swiglu)
+    problem = (linear_problem(x, weight, bias, residual, swiglu, norm)
                or ahead_problem(ahead, ahead_bytes, x.device)
                or paged_ahead_problem(kv_ahead, x.device))
     _check(problem is None, problem)
@@ -446,11 +514,53 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     out = torch.empty(rows, width, dtype=x.dtype, device=x.device)
     if n:
         cols = LINEAR_COLS // 2 if swiglu else LINEAR_COLS  # output columns a CTA writes
-        name, grid = linear_name(CUDA_TYPES[x.dtype], rows, epilogue), ceil_div(width, cols)
+        name = linear_name(CUDA_TYPES[x.dtype], rows, epilogue, norm is not None)
+        grid = ceil_div(width, cols)
         prefetching = ahead_span(ahead, ahead_bytes) or (kv_ahead is not None and kv_ahead.pairs)
         tail = min(grid, _wave(name, x.device.index)) if prefetching else 0
         launch(_kernel(name, x.device), (grid,), (32 * LINEAR_WARPS,),
                (ptr(out), ptr(x), ptr(weight), ptr(bias), ptr(residual), np.int32(n),
-                np.int32(k), np.int64(x.stride(0)), *_ahead_args(ahead, ahead_bytes),
+                np.int32(k), np.int64(x.stride(0)), *_norm_args(norm),
+                *_ahead_args(ahead, ahead_bytes),
                 np.int32(tail), *_paged_args(kv_ahead)), x.device)
     return out
+
+
+def linear_rope_write(x: torch.Tensor, norm: RmsNorm, weight: torch.Tensor,
+                      bias: torch.Tensor | None, num_qo_heads: int, cos: torch.Tensor,
+                      sin: torch.Tensor, positions: torch.Tensor, cache, slots: torch.Tensor, *,
+                      ahead: torch.Tensor | None = None, ahead_bytes: int = 0,
+                      kv_ahead: PagedAhead | None = None) -> torch.Tensor:
+    """A RoPE layer's decode step from its input to attention in one kernel: the attention norm,
+    the fused QKV linear, RoPE and the cache write, neither the normed x nor the QKV output
+    written. x: the layer's input [n, k] (`linear`'s x, n <= LINEAR_ROWS), normed by `norm`
+    (`linear`'s); weight: the stacked W_Q, W_K, W_V [(num_qo_heads + 2 num_kv_heads) * head_dim,
+    k]; bias of it or None. Returns Q rotated at `positions` [n, num_qo_heads, head_dim] and
+    writes K rotated and V into the paged `cache` (fp16 or bf16, either layout) at `slots`, each
+    element as `linear(x, weight, bias, norm=norm)` then `rope_write` would. ahead, ahead_bytes,
+    kv_ahead: `linear`'s cross-kernel prefetch. ValueError for what the kernel does not take,
+    before anything is allocated."""
+    problem = (linear_problem(x, weight, bias, norm=norm)
+               or ahead_problem(ahead, ahead_bytes, x.device)
+               or paged_ahead_problem(kv_ahead, x.device))
+    _check(norm is not None, "norm: must be a layer_ops.RmsNorm (the attention norm)")
+    _check(problem is None, problem)
+    n = x.shape[0]
+    width = _check_rope_write(num_qo_heads, cos, sin, positions, cache, slots, n, x.device)
+    _check(weight.shape[0] == width,
+           f"weight: shape {tuple(weight.shape)}, must have {width} rows ((num_qo_heads="
+           f"{num_qo_heads} + 2 x {cache.num_kv_heads}) x {cache.head_dim})")
+    _check(same_kind(x, cos, sin, cache.k_cache),
+           f"x, cos, sin: {x.dtype}, {cos.dtype}, {sin.dtype}: must be the cache's dtype "
+           f"({cache.dtype}), fp16 or bf16, on its CUDA device")
+    q = torch.empty(n, num_qo_heads, cache.head_dim, dtype=x.dtype, device=x.device)
+    name = linear_rope_write_name(CUDA_TYPES[x.dtype], n, cache.layout)
+    grid = ceil_div(width // 2, LINEAR_COLS // 2)  # pairs of rows RoPE rotates together
+    prefetching = ahead_span(ahead, ahead_bytes) or (kv_ahead is not None and kv_ahead.pairs)
+    tail = min(grid, _wave(name, x.device.index)) if prefetching else 0
+    launch(_kernel(name, x.device), (grid,), (32 * LINEAR_WARPS,),
+           (ptr(x), ptr(weight), ptr(bias), np.int32(x.shape[1]), np.int64(x.stride(0)),
+            *_norm_args(norm), *_rope_write_args(q, num_qo_heads, cos, sin, positions, cache,
+                                                 slots),
+            *_ahead_args(ahead, ahead_bytes), np.int32(tail), *_paged_args(kv_ahead)), x.device)
+    return q

@@ -88,12 +88,25 @@ def layer_head(model: ModelConfig, w: LayerWeights, hidden: torch.Tensor,
 
 def project_qkv(model: ModelConfig, w: LayerWeights, hidden: torch.Tensor, fused: Fused,
                 ahead: Ahead | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The attention input X [batch, hidden_size] of hidden, and its Q, K, V projections in one
-    GEMM: [batch, q_size + 2 kv_size] (before RoPE); with `ahead`, W_O's first bytes and
-    ahead.kv's blocks prefetched into L2 as it drains."""
-    x = attention_input(model, w.attn, hidden, **_ahead(ahead, fused.qkv, gemm_rows=hidden))
+    """The attention input X [batch, hidden_size] of hidden (`qkv_input`), and its Q, K, V
+    projections in one GEMM: [batch, q_size + 2 kv_size] (before RoPE), with `qkv_prefetch`'s
+    prefetch."""
+    x = qkv_input(model, w, hidden, fused, ahead)
+    return x, linear(x, fused.qkv, fused.b_qkv, **qkv_prefetch(w, ahead))
+
+
+def qkv_input(model: ModelConfig, w: LayerWeights, hidden: torch.Tensor, fused: Fused,
+              ahead: Ahead | None = None) -> torch.Tensor:
+    """The attention input X [batch, hidden_size] of hidden, which the fused QKV GEMM takes; with
+    `ahead`, its norm brings that GEMM's first weight bytes into L2 (at cuBLAS's batches)."""
+    return attention_input(model, w.attn, hidden, **_ahead(ahead, fused.qkv, gemm_rows=hidden))
+
+
+def qkv_prefetch(w: LayerWeights, ahead: Ahead | None) -> dict:
+    """The fused QKV linear's prefetch arguments under `ahead`: W_O's first bytes, and ahead.kv's
+    K/V blocks."""
     kv = {} if ahead is None or ahead.kv is None else {"kv_ahead": ahead.kv}
-    return x, linear(x, fused.qkv, fused.b_qkv, **_ahead(ahead, w.attn.w_o), **kv)
+    return {**_ahead(ahead, w.attn.w_o), **kv}
 
 
 def qkv_heads(model: ModelConfig, qkv: torch.Tensor, positions: torch.Tensor,
@@ -115,8 +128,21 @@ def layer_tail(model: ModelConfig, w: LayerWeights, hidden: torch.Tensor,
     (gate and up by one GEMM with `fused`, w's stacks). attn [batch, num_qo_heads * head_dim]
     -> the layer's output [batch, hidden_size]. reduce: with tensor parallelism
     (`kvlab.engine.tp`), the sum over the ranks of W_O's and W_down's partial outputs. ahead:
-    each linear prefetches the next one's first bytes, W_down ahead.after's."""
+    each linear prefetches the next one's first bytes, W_down ahead.after's. Where layer_ops'
+    linear takes the step (`folded_norm`: RMSNorm, at most LINEAR_ROWS rows on a GPU), with
+    `fused` and without `reduce`, W_O's linear adds the residual and gate and up's folds in the
+    MLP norm: two launches where add_norm and the linear after it take three."""
     gate_up = w.w_up if w.w_gate is None else w.w_gate if fused is None else fused.gate_up
+    after = _ahead(ahead, None if ahead is None else ahead.after)
+    norm = (folded_norm(model, w.mlp_norm_weight, hidden, gate_up, swiglu=True)
+            if fused is not None and reduce is None else None)
+    if (norm is not None
+            and layer_ops.linear_problem(attn, w.attn.w_o, w.b_o, residual=hidden) is None):
+        # W_O with the residual, then the MLP norm inside gate and up's linear
+        hidden = layer_ops.linear(attn, w.attn.w_o, w.b_o, residual=hidden,
+                                  **_ahead(ahead, gate_up))
+        y = layer_ops.linear(hidden, gate_up, swiglu=True, norm=norm, **_ahead(ahead, w.w_down))
+        return linear(y, w.w_down, w.b_down, residual=hidden, **after)
     o = linear(attn, w.attn.w_o, w.b_o, **_ahead(ahead, gate_up))
     hidden, y = add_norm(model, hidden, o if reduce is None else reduce(o), w.mlp_norm_weight,
                          w.mlp_norm_bias, **_ahead(ahead, gate_up, gemm_rows=hidden))
@@ -127,10 +153,20 @@ def layer_tail(model: ModelConfig, w: LayerWeights, hidden: torch.Tensor,
             y, w.w_up, **_ahead(ahead, w.w_down))
     else:
         y = linear(y, fused.gate_up, swiglu=True, **_ahead(ahead, w.w_down))
-    after = _ahead(ahead, None if ahead is None else ahead.after)
     if reduce is None:
         return linear(y, w.w_down, w.b_down, residual=hidden, **after)
     return hidden + reduce(linear(y, w.w_down, w.b_down, **after))
+
+
+def folded_norm(model: ModelConfig, weight: torch.Tensor, x: torch.Tensor,
+                then: torch.Tensor, **kwargs) -> layer_ops.RmsNorm | None:
+    """The family's norm (of `weight`) as the RmsNorm that layer_ops' linear of weight `then`
+    folds into its input x, where that kernel takes them all (`kwargs`: its other arguments);
+    None where it does not: LayerNorm (OPT), more than layer_ops.LINEAR_ROWS rows, the CPU."""
+    if model.norm != "rmsnorm" or not x.is_cuda:
+        return None
+    norm = layer_ops.RmsNorm(weight, model.norm_eps)
+    return norm if layer_ops.linear_problem(x, then, norm=norm, **kwargs) is None else None
 
 
 def _ahead(ahead: Ahead | None, then: torch.Tensor | None,

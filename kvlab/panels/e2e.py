@@ -72,7 +72,13 @@ from kvlab.predict.ahead import (
     lever_pairs,
 )
 from kvlab.predict.point import launch_point
-from kvlab.predict.step import STREAMING_ROWS, ahead_size, fit_step_model, step_anatomy
+from kvlab.predict.step import (
+    STREAMING_ROWS,
+    ahead_size,
+    fit_step_model,
+    recorded_folded,
+    step_anatomy,
+)
 from kvlab.results import E2E, label, load_result, load_shown, recorded_models
 from kvlab.viz.e2e import (
     TITLES,
@@ -458,20 +464,22 @@ class EndToEndTab:
         return ahead_effect(model, batch, context, ahead, gbps, self.step_model, learned,
                             GPUS[gpu].l2_bytes)
 
-    def traces(self, gpu: str) -> tuple[dict, dict[str, float], dict]:
+    def traces(self, gpu: str) -> tuple[dict, dict[str, tuple[float, bool]], dict]:
         """The traced steps of `gpu` (a key of TRACED; merged), each file's copy roofline (GB/s)
-        and its step counters, loaded the first time they are asked for (megabytes of kernels
-        that only that GPU's view draws)."""
+        and whether its steps ran the norms and RoPE in the linears
+        (kvlab.predict.step.recorded_folded), and its step counters, loaded the first time they
+        are asked for (megabytes of kernels that only that GPU's view draws)."""
         if gpu not in self._traces:
             machine = TRACED[gpu]
             traced = load_shown(machine, STEP_TRACES,
                                 {"roofline_copy_gbps": float, "rows": TRACE_ROWS},
                                 self.unreadable, f"traced ({machine})") or {"rows": []}
-            gbps = {name: load_result(machine, name)["roofline_copy_gbps"]
-                    for name in traced.get("source_dates", {})}
+            files = {name: load_result(machine, name) for name in traced.get("source_dates", {})}
+            runs = {name: (f["roofline_copy_gbps"], recorded_folded(f))
+                    for name, f in files.items()}
             counters = load_shown(machine, STEP_COUNTERS, {"rows": TRACE_ROWS}, self.unreadable,
                                   f"step counters ({machine})") or {"rows": []}
-            self._traces[gpu] = (traced, gbps, counters)
+            self._traces[gpu] = (traced, runs, counters)
         return self._traces[gpu]
 
     def _show_trace(self, model: str, batch: int, gpu: str) -> list[str]:
@@ -493,7 +501,7 @@ class EndToEndTab:
                 + "<br>".join(map(html.escape, TRACE_COMMAND)).format(model=model, batch=batch),
                 height))
             return []
-        recorded, gbps, _ = self.traces(gpu)
+        recorded, runs, _ = self.traces(gpu)
         traced = sorted((r for r in recorded["rows"] if r["model"] == model
                          and r["batch"] == batch and not r["ahead_bytes"]),
                         key=lambda r: r["prompt"])
@@ -510,7 +518,8 @@ class EndToEndTab:
         anatomy = None
         if not isinstance(self.step_model, str):
             context = mean_context(row["prompt"], row["new_tokens"], len(row["steps"]))
-            anatomy = step_anatomy(model, batch, context, gbps[row["source"]], self.step_model)
+            gbps, folded = runs[row["source"]]
+            anatomy = step_anatomy(model, batch, context, gbps, self.step_model, folded=folded)
         provenance = f"{label(recorded, [row])}; prompts of {row['prompt']:,} tokens"
         show_figure(self.figures["trace"], trace_figure(
             row, trace_groups(row["kernels"], anatomy), title, provenance, height))

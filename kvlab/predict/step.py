@@ -3,8 +3,12 @@
 One step of `kvlab.LLM` on a Llama or Qwen2 model runs, per layer, the attention norm, the QKV
 GEMM, RoPE with the cache write, the decode attention, W_O, the MLP norm (with the residual),
 gate and up, and down; then the final norm and the LM head (`step_kernels`). Above
-STREAMING_ROWS sequences the linears are cuBLAS GEMMs, and SwiGLU's product and down's residual
-add are kernels of their own; up to it they are folded into layer_ops' weight-streaming linear.
+STREAMING_ROWS sequences the linears are cuBLAS GEMMs, and the norms, RoPE with the cache
+write, SwiGLU's product and down's residual add are kernels of their own. Up to it layer_ops'
+weight-streaming linears take them in: QKV the attention norm, RoPE and the write; W_O the
+residual; gate and up the MLP norm and SwiGLU; down the residual; the LM head the final norm.
+Recordings made before the norms and RoPE went into the linears lack FOLDED_KEY
+(`recorded_folded`): their steps are modelled, and fitted, with those kernels apart.
 The list is a model of the launches: the embedding, the sampling and gqa's merge (where it
 splits the context) are not counted apart. Each kernel must move its own bytes (weights,
 activations, the K/V it reads): `bytes / roofline` at the copy roofline, HBM busy. Three
@@ -46,14 +50,16 @@ from kvlab.config import MAX_AHEAD_BYTES, MODELS, ModelConfig
 from kvlab.gpus import GPUS, REFERENCE
 from kvlab.results import E2E, load_result
 
-__all__ = ["StepModel", "ahead_hits", "ahead_size", "fit_step_model", "step_anatomy",
-           "step_kernels"]
+__all__ = ["FOLDED_KEY", "StepModel", "ahead_hits", "ahead_size", "fit_step_model",
+           "recorded_folded", "step_anatomy", "step_kernels"]
 
 VARIANT = "gqa"  # the decode kernel whose steps the model is fitted on
 ITEM = 2  # bytes of an fp16 weight, activation or K/V element
 # kvlab.kernels.layer_ops.LINEAR_ROWS (not imported here: it loads torch): up to this batch the
 # engine's linears run on layer_ops' weight-streaming kernel
 STREAMING_ROWS = 2
+# a recording's key saying its steps ran the norms and RoPE inside the streaming linears
+FOLDED_KEY = "norms_in_linears"
 # the GEMMs whose weight kvlab's kernels before them prefetch with ahead_bytes (Ahead): at a
 # streaming batch each linear the next one's (W_O's across the attention); above it the norms
 # for QKV, gate and up and the LM head, SwiGLU's product for down, W_O's none
@@ -86,20 +92,36 @@ def _model(model: str) -> ModelConfig:
     return MODELS[model]
 
 
-def step_kernels(model: str, batch: int, context: float) -> list[tuple[str, float]]:
+def recorded_folded(result: dict) -> bool:
+    """Whether a recording's steps ran the norms and RoPE inside the streaming linears (the
+    engine's since FOLDED_KEY; False for a recording made before)."""
+    return bool(result.get(FOLDED_KEY, False))
+
+
+def step_kernels(model: str, batch: int, context: float,
+                 folded: bool = True) -> list[tuple[str, float]]:
     """(name, bytes) of each kernel of one decode step of `model` (a Llama or Qwen2 preset) at
     `batch` sequences of `context` tokens each (a mean may be fractional): the layers' kernels
-    in order, then the final norm and the LM head. Raises ValueError for another model, a batch
-    that is not an integer >= 1 or a context that is not a number > 0."""
+    in order, then the final norm and the LM head (one kernel up to STREAMING_ROWS). `folded`
+    False: the engine's step before the norms and RoPE went into the streaming linears. Raises
+    ValueError for another model, a batch that is not an integer >= 1 or a context that is not
+    a number > 0."""
     m = _model(model)
     check_int("batch", batch, 1)
     batch, context = int(batch), _check_number("context", context)
     h, inter, qkv = m.hidden_size, m.intermediate_size, m.q_size + 2 * m.kv_size
     act = batch * ITEM  # an activation row's bytes per element
+    attention = ("attention", 2 * ITEM * batch * context * m.kv_size + act * 2 * m.q_size)
+    if batch <= STREAMING_ROWS and folded:  # the norms, RoPE, SwiGLU, residuals in the linears
+        layer = [("qkv", ITEM * (qkv + 1) * h + act * (h + qkv)), attention,
+                 ("w_o", ITEM * h * m.q_size + act * (m.q_size + 2 * h)),
+                 ("gate + up", ITEM * (2 * inter + 1) * h + act * (h + inter)),
+                 ("down", ITEM * h * inter + act * (inter + 2 * h))]
+        return layer * m.num_layers + [
+            ("lm head", ITEM * (m.vocab_size + 1) * h + act * (h + m.vocab_size))]
     layer = [("attention norm", ITEM * h + act * 3 * h),
              ("qkv", ITEM * qkv * h + act * (h + qkv)),
-             ("rope + cache write", act * 2 * qkv),
-             ("attention", 2 * ITEM * batch * context * m.kv_size + act * 2 * m.q_size),
+             ("rope + cache write", act * 2 * qkv), attention,
              ("w_o", ITEM * h * m.q_size + act * (m.q_size + h)),
              ("mlp norm", ITEM * h + act * 4 * h)]
     if batch <= STREAMING_ROWS:  # SwiGLU and the residual folded into the linears
@@ -134,16 +156,17 @@ def ahead_size(fit: StepModel, roofline_gbps: float, batch: int = 1) -> int:
 
 
 def step_anatomy(model: str, batch: int, context: float, roofline_gbps: float,
-                 fit: StepModel, ahead_bytes: int = 0, l2_bytes: int | None = None) -> dict:
+                 fit: StepModel, ahead_bytes: int = 0, l2_bytes: int | None = None,
+                 folded: bool = True) -> dict:
     """One step modelled: {"kernels": per kernel name, in step order, {"name", "count" (a
     step's launches of it), "roofline_us" (its bytes at the copy roofline), "idle_us" (count x
     the overhead at this batch, less what ahead_bytes hides), "hidden_us" (what it hides)},
     "per_sequence_us", "roofline_us", "idle_us", "hidden_us", "step_us"} (all over the whole
     step; the step without hidden_us). ahead_bytes: the cross-kernel prefetch's bound (the
-    module's docstring; `ahead_hits`, on an L2 of l2_bytes), 0 without. Raises ValueError as
-    `step_kernels` and `ahead_hits`, for a roofline that is not a number > 0 and a fit that is
-    not a StepModel."""
-    kernels_of_step = step_kernels(model, batch, context)
+    module's docstring; `ahead_hits`, on an L2 of l2_bytes), 0 without. folded: the kernels of
+    `step_kernels`. Raises ValueError as `step_kernels` and `ahead_hits`, for a roofline that
+    is not a number > 0 and a fit that is not a StepModel."""
+    kernels_of_step = step_kernels(model, batch, context, folded)
     roofline_gbps = _check_number("roofline_gbps", roofline_gbps)
     fit = _check_fit(fit)
     overhead = fit.streaming_overhead_us if batch <= STREAMING_ROWS else fit.overhead_us
@@ -200,10 +223,11 @@ def _weight_bytes(model: str) -> dict[str, int]:
 
 def _points(results) -> list[dict]:
     """Each recorded step of the engine with VARIANT on one GPU: model, batch, mean context
-    (the prompt and half the new tokens), the step (us) and its run's copy roofline."""
+    (the prompt and half the new tokens), the step (us), its run's copy roofline and whether
+    it ran the norms and RoPE in the linears."""
     return [{"model": r["model"], "batch": r["batch"],
              "context": r["prompt"] + r["new_tokens"] / 2, "step_us": 1e3 * r["step_ms"],
-             "roofline_gbps": result["roofline_copy_gbps"]}
+             "roofline_gbps": result["roofline_copy_gbps"], "folded": recorded_folded(result)}
             for result in results for r in result["rows"]
             if r["variant"] == VARIANT and r.get("tp", 1) == 1]
 
@@ -211,7 +235,7 @@ def _points(results) -> list[dict]:
 def _features(p: dict) -> tuple[list[float], float]:
     """A point's three features (kernels a step at a streaming batch, kernels a step at a
     larger one, sequences x layers) and its step past the roofline (us)."""
-    kernels = step_kernels(p["model"], p["batch"], p["context"])
+    kernels = step_kernels(p["model"], p["batch"], p["context"], p["folded"])
     roofline = sum(b for _, b in kernels) / p["roofline_gbps"] / 1e3
     streaming = p["batch"] <= STREAMING_ROWS
     return ([len(kernels) * streaming, len(kernels) * (not streaming),

@@ -58,7 +58,9 @@ def test_the_kernels_before_each_gemm_prefetch_its_weight(name, batch, monkeypat
     """With ahead_bytes, the layer_ops kernels stood in for on the CPU (each takes any tensor
     here). At most LINEAR_ROWS rows each linear prefetches the next one's weight: QKV -> W_O
     -> gate_up (OPT: fc1) -> W_down -> the next layer's QKV, the last W_down the LM head's,
-    which prefetches nothing; the norms none. Above it the RMSNorms (not OPT's LayerNorm)
+    which prefetches nothing; the norms none, and the MLP and final RMSNorms are folded into
+    the linears after them (the attention norm joins the QKV linear only with RoPE's kernel,
+    which needs a GPU: test_llm_gpu). Above it the RMSNorms (not OPT's LayerNorm)
     prefetch the GEMM after them: the attention norm QKV's, the MLP norm gate_up's, the final
     norm the LM head's. Without it nothing prefetches. With kv_ahead (alone), each layer's QKV
     linear, and no other, prefetches that layer's K/V blocks."""
@@ -66,11 +68,14 @@ def test_the_kernels_before_each_gemm_prefetch_its_weight(name, batch, monkeypat
     from kvlab.model import layer, norm
 
     llm = kvlab.LLM(name, device="cpu", num_blocks=64)
-    w, calls, kv_calls = llm.weights, [], []
+    w, calls, kv_calls, folded = llm.weights, [], [], []
     ops = layer.layer_ops  # every other op keeps to torch
 
-    def linear(x, weight, bias=None, *, residual=None, swiglu=False, ahead=None,
+    def linear(x, weight, bias=None, *, residual=None, swiglu=False, norm=None, ahead=None,
                ahead_bytes=0, kv_ahead=None):
+        if norm is not None:  # the norm folded into the linear: no kernel of its own
+            folded.append(norm.weight)
+            x = torch.nn.functional.rms_norm(x, norm.weight.shape, norm.weight, norm.eps)
         calls.append(("linear", weight, ahead, ahead_bytes))
         kv_calls.append((weight, kv_ahead))
         y = torch.nn.functional.linear(x, weight, bias)
@@ -82,7 +87,12 @@ def test_the_kernels_before_each_gemm_prefetch_its_weight(name, batch, monkeypat
         return torch.nn.functional.rms_norm(total, weight.shape, weight, eps), total
 
     monkeypatch.setattr(ops, "_cupy_present", lambda: False)
-    monkeypatch.setattr(ops, "linear_problem", lambda *args: None)
+    def linear_problem(x, *args, norm=None, **kwargs):
+        # every linear stands in for layer_ops' (so that each one's prefetch is seen), but a
+        # norm is folded into one only where the engine's GPU step folds it
+        return None if norm is None or x.shape[0] <= LINEAR_ROWS else "rows"
+
+    monkeypatch.setattr(ops, "linear_problem", linear_problem)
     monkeypatch.setattr(ops, "linear", linear)
     monkeypatch.setattr(ops, "rms_norm", rms_norm)
     monkeypatch.setattr(norm, "_norm_kernel", lambda *tensors: True)
@@ -95,6 +105,7 @@ def test_the_kernels_before_each_gemm_prefetch_its_weight(name, batch, monkeypat
     def step(ahead_bytes, kv_ahead=None):
         calls.clear()
         kv_calls.clear()
+        folded.clear()
         forward.decode_step(llm.model, w, llm.caches, [], slots, torch.tensor([5] * batch),
                             torch.tensor([4] * batch), llm.runner.attend(seqs), llm.rope,
                             ahead_bytes=ahead_bytes, kv_ahead=kv_ahead)
@@ -114,10 +125,10 @@ def test_the_kernels_before_each_gemm_prefetch_its_weight(name, batch, monkeypat
     norms = [(id(weight), id(ahead)) for kind, weight, ahead in got if kind == "norm"]
     if llm.model.norm == "layernorm":
         assert norms == []  # torch's LayerNorm: no kernel of kvlab's
-    elif batch <= LINEAR_ROWS:
-        assert norms == [(id(weight), id(None)) for weight in [
-            t for layer_w in w.layers for t in (layer_w.attn.norm_weight,
-                                                layer_w.mlp_norm_weight)] + [w.norm_weight]]
+    elif batch <= LINEAR_ROWS:  # the MLP and final norms folded into the linears after them
+        assert norms == [(id(layer_w.attn.norm_weight), id(None)) for layer_w in w.layers]
+        assert [id(t) for t in folded] == [id(layer_w.mlp_norm_weight) for layer_w in w.layers
+                                           ] + [id(w.norm_weight)]
     else:
         assert norms == [(id(a), id(b)) for layer_w, fused in zip(w.layers, w.fused,
                                                                   strict=True)

@@ -31,6 +31,17 @@ def tables(max_positions: int, head_dim: int, dtype):
                         dtype, m.rope_scaling)
 
 
+def rope_linear(rows: int, width: int, dtype, cache_dtype) -> torch.Tensor:
+    """linear_rope_write of x [rows, 16] by a weight [width, 16], 4 Q heads, a cache of 2 KV
+    heads of 64 (a width of 512 fits them)."""
+    x = torch.zeros(rows, 16, dtype=dtype, device="cuda")
+    norm = layer_ops.RmsNorm(torch.ones(16, dtype=dtype, device="cuda"), 1e-6)
+    index = torch.zeros(rows, dtype=torch.int64, device="cuda")
+    cache = PagedKVCache(2, 16, 2, 64, cache_dtype, "cuda")
+    return layer_ops.linear_rope_write(x, norm, torch.zeros(width, 16, dtype=dtype, device="cuda"),
+                                       None, 4, *tables(8, 64, dtype), index, cache, index)
+
+
 def randn(*shape, dtype, seed=0):
     gen = torch.Generator("cuda").manual_seed(seed)
     return torch.randn(*shape, generator=gen, device="cuda").to(dtype)
@@ -89,6 +100,63 @@ def test_write_kv_equals_write_slots(dtype, layout, block_size):
     slots = torch.randperm(20 * block_size, device="cuda")[:n]
     caches[0].write_slots(slots, k, v)
     layer_ops.write_kv(caches[1], slots, k, v)
+    assert torch.equal(caches[1].k_cache, caches[0].k_cache)
+    assert torch.equal(caches[1].v_cache, caches[0].v_cache)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["hnd", "vllm"])
+@pytest.mark.parametrize("rows", range(1, layer_ops.LINEAR_ROWS + 1))
+@pytest.mark.parametrize("q_heads, kv_heads, head_dim, bias",
+                         [(32, 8, 128, False), (28, 4, 128, True), (3, 1, 64, True),
+                          (5, 1, 80, False)])
+def test_linear_rope_write_equals_linear_then_rope_write(dtype, layout, rows, q_heads, kv_heads,
+                                                         head_dim, bias):
+    """Bit for bit the two kernels it fuses (the linear with the norm folded in, and
+    rope_write), the QKV output never written: Q returned, K and V in the cache; with a bias
+    (Qwen2's), a strided x, a slot outside the cache skipped and a position outside the tables
+    giving zeros; heads of 80 and 64 too."""
+    cos, sin = tables(512, head_dim, dtype)
+    width = (q_heads + 2 * kv_heads) * head_dim
+    x = randn(rows, 4096 + 64, dtype=dtype, seed=1)[:, 64:]
+    norm = layer_ops.RmsNorm(1 + randn(4096, dtype=dtype, seed=4) / 4, 1e-6)
+    w = randn(width, 4096, dtype=dtype, seed=2) / 64
+    b = randn(width, dtype=dtype, seed=3) if bias else None
+    positions = torch.tensor([37, 512][:rows], device="cuda")
+    slots = torch.tensor([5, 10 * 16][:rows], device="cuda")  # 160: outside 10 blocks of 16
+    caches = [PagedKVCache(10, 16, kv_heads, head_dim, dtype, "cuda", layout) for _ in range(2)]
+    for cache in caches:  # not zeros: the zero K of position 512 must not be written
+        cache.k_cache.copy_(randn(*cache.k_cache.shape, dtype=dtype, seed=5))
+        cache.v_cache.copy_(randn(*cache.v_cache.shape, dtype=dtype, seed=6))
+    expected_q = layer_ops.rope_write(layer_ops.linear(x, w, b, norm=norm), q_heads, cos, sin,
+                                      positions, caches[0], slots)
+    got_q = layer_ops.linear_rope_write(x, norm, w, b, q_heads, cos, sin, positions, caches[1],
+                                        slots)
+    assert got_q.is_contiguous() and torch.equal(got_q, expected_q)
+    if rows == 2:
+        assert torch.equal(got_q[1], torch.zeros_like(got_q[1]))
+    assert torch.equal(caches[1].k_cache, caches[0].k_cache)
+    assert torch.equal(caches[1].v_cache, caches[0].v_cache)
+
+
+@gpu
+@pytest.mark.parametrize("layout", ["hnd", "vllm"])
+def test_linear_rope_write_prefetching_writes_what_it_writes_without(layout):
+    """Its cross-kernel prefetches (the next weight's bytes, the K/V blocks) are hints."""
+    kv = paged_blocks(1, layout=layout)
+    cos, sin = tables(512, 128, torch.float16)
+    x = randn(1, 4096, dtype=torch.float16, seed=1)
+    w = randn(6144, 4096, dtype=torch.float16, seed=2) / 64
+    then = randn(4096, 4096, dtype=torch.float16, seed=3)
+    position, slot = torch.tensor([100], device="cuda"), torch.tensor([17], device="cuda")
+    caches = [PagedKVCache(4, 16, 8, 128, torch.float16, "cuda", layout) for _ in range(2)]
+    norm = layer_ops.RmsNorm(torch.ones(4096, dtype=torch.float16, device="cuda"), 1e-5)
+    without = layer_ops.linear_rope_write(x, norm, w, None, 32, cos, sin, position, caches[0],
+                                          slot)
+    got = layer_ops.linear_rope_write(x, norm, w, None, 32, cos, sin, position, caches[1], slot,
+                                      ahead=then, ahead_bytes=1 << 20, kv_ahead=kv)
+    assert torch.equal(got, without)
     assert torch.equal(caches[1].k_cache, caches[0].k_cache)
     assert torch.equal(caches[1].v_cache, caches[0].v_cache)
 
@@ -188,6 +256,34 @@ def test_linear_equals_an_fp32_matmul_rounded_once(dtype, rows, n, k, bias):
     b = randn(n, dtype=dtype, seed=3) if bias else None
     expected = x.float() @ w.float().T + (0 if b is None else b.float())
     close(layer_ops.linear(x, w, b), expected.to(dtype))
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", range(1, layer_ops.LINEAR_ROWS + 1))
+@pytest.mark.parametrize("swiglu", [False, True])
+@pytest.mark.parametrize("n, k, bias", [(2 * 14336, 4096, False), (2 * 13, 4104, True),
+                                        (2, 8, True), (2 * 76, 5120, False)])
+def test_linear_with_a_norm_equals_rms_norm_before_it(dtype, rows, swiglu, n, k, bias):
+    """To the dtype's precision (the normed x is not rounded), against an fp32 reference and
+    against rms_norm then the linear: every row's squares summed over the whole k (k not a
+    multiple of what a CTA's loads reach at once, or below one warp's), with a bias and
+    with SwiGLU's product."""
+    h = randn(rows, k, dtype=dtype, seed=1) * 3
+    gamma = 1 + randn(k, dtype=dtype, seed=4) / 4
+    w = randn(n, k, dtype=dtype, seed=2) * 3 / k ** 0.5
+    b = randn(n, dtype=dtype, seed=3) if bias else None
+    norm = layer_ops.RmsNorm(gamma, 1e-5)
+    got = layer_ops.linear(h, w, b, swiglu=swiglu, norm=norm)
+    normed = gamma.float() * h.float() * torch.rsqrt(h.float().pow(2).mean(-1, keepdim=True)
+                                                     + 1e-5)
+    y = normed @ w.float().T + (0 if b is None else b.float())
+    if swiglu:
+        gate, up = y.chunk(2, dim=-1)
+        y = F.silu(gate) * up
+    close(got, y.to(dtype))
+    apart = layer_ops.linear(layer_ops.rms_norm(h, gamma, 1e-5)[0], w, b, swiglu=swiglu)
+    close(got, apart)
 
 
 @gpu
@@ -409,6 +505,12 @@ def test_the_layers_take_linear_for_a_few_rows_only(monkeypatch):
                                   PagedKVCache(2, 16, 2, 64, torch.float16, "cuda"),
                                   torch.zeros(1, dtype=torch.int64, device="cuda")),
      r"must be the cache's dtype \(torch.float16\)"),
+    (lambda: rope_linear(1, 5 * 64, torch.float16, torch.float16),
+     r"weight: shape \(320, 16\), must have 512 rows \(\(num_qo_heads=4 \+ 2 x 2\) x 64\)"),
+    (lambda: rope_linear(3, 8 * 64, torch.float16, torch.float16),
+     r"x: shape \(3, 16\), must be \[rows, k\] with 1 <= rows <= 2"),
+    (lambda: rope_linear(1, 8 * 64, torch.bfloat16, torch.float16),
+     r"x, cos, sin: .* must be the cache's dtype \(torch.float16\)"),
     (lambda: layer_ops.argmax(torch.zeros(4, 8, device="cuda")), r"x: fp16 or bf16"),
     (lambda: layer_ops.argmax(torch.zeros(4, 0, dtype=torch.float16, device="cuda")),
      r"x: shape \(4, 0\) .* cols >= 1"),
@@ -475,6 +577,28 @@ def test_linear_says_which_epilogue_it_cannot_take(residual, swiglu, message):
                                                        swiglu))
 
 
+@pytest.mark.parametrize("norm, residual, message", [
+    (layer_ops.RmsNorm(half(8), 1e-6), None, r"norm.weight: shape \(8,\), must be \(16,\)"),
+    (layer_ops.RmsNorm(half(32)[::2], 1e-6), None, r"norm.weight: .* contiguous"),
+    (layer_ops.RmsNorm(half(16), 0.0), None, r"norm.eps=0.0: must be a finite number > 0"),
+    (layer_ops.RmsNorm(half(16), float("nan")), None, r"norm.eps=nan"),
+    (layer_ops.RmsNorm(half(16), 1e-6), half(1, 4), "norm and residual: a linear takes one"),
+    ((half(16), 1e-6), None, r"norm: a tuple, must be a layer_ops.RmsNorm or None"),
+])
+def test_linear_says_which_norm_it_cannot_take(norm, residual, message):
+    """On the CPU: the folded norm's checks come before the device's."""
+    assert re.search(message, layer_ops.linear_problem(half(1, 16), half(4, 16), None, residual,
+                                                       norm=norm))
+
+
+def test_linear_rope_write_needs_its_norm():
+    cache = PagedKVCache(2, 16, 2, 64, torch.float16, "cpu")
+    index = torch.zeros(1, dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"norm: must be a layer_ops.RmsNorm"):
+        layer_ops.linear_rope_write(half(1, 16), None, half(512, 16), None, 4, half(8, 64),
+                                    half(8, 64), index, cache, index)
+
+
 @pytest.mark.parametrize("num_qo_heads, qkv_width, cos, message", [
     (0, 4 * 64, half(8, 64), r"num_qo_heads=0: must be a positive integer"),
     (2.0, 6 * 64, half(8, 64), r"num_qo_heads=2.0: must be a positive integer"),
@@ -508,9 +632,10 @@ def test_the_torch_ops_run_where_the_kernels_cannot():
 
 def test_every_instantiation_is_named_once():
     names = layer_ops.default_instances()
-    # per dtype: the norms; rope and silu_mul; write_kv and rope_write in two layouts; linear;
-    # argmax
+    # per dtype: the norms; rope and silu_mul; write_kv and rope_write in two layouts; linear,
+    # and with a norm folded in (not with the residual); linear_rope_write in two layouts; argmax
     assert len(names) == len(set(names)) == 2 * (
-        len(layer_ops.NORM_VECS) + 2 + 4 + layer_ops.LINEAR_ROWS * len(layer_ops.LINEAR_EPILOGUES)
-        + 1)
+        len(layer_ops.NORM_VECS) + 2 + 4
+        + layer_ops.LINEAR_ROWS * (2 * len(layer_ops.LINEAR_EPILOGUES) - 1)
+        + layer_ops.LINEAR_ROWS * 2 + 1)
     assert 1 <= layer_ops.LINEAR_WARPS <= 8  # the kernel's LINEAR_MAX_WARPS

@@ -6,6 +6,7 @@ import pytest
 
 from kvlab.config import MAX_AHEAD_BYTES, MODELS
 from kvlab.predict.step import (
+    FOLDED_KEY,
     StepModel,
     ahead_hits,
     ahead_size,
@@ -21,20 +22,25 @@ def test_a_steps_kernels_read_every_weight_once_and_the_kv_cache(model):
     h, inter, q, kv = m.hidden_size, m.intermediate_size, m.q_size, m.kv_size
     weights = 2 * (m.num_layers * (h * (q + 2 * kv) + h * q + 3 * h * inter + 2 * h)
                    + h + m.vocab_size * h)  # the LM head whole, the embedding not
-    kernels = step_kernels(model, 1, 1)
-    assert len(kernels) == 8 * m.num_layers + 2
-    assert weights <= sum(b for _, b in kernels) <= 1.001 * weights  # + one token's activations
+    apart = step_kernels(model, 1, 1, folded=False)
+    assert len(apart) == 8 * m.num_layers + 2
+    assert weights <= sum(b for _, b in apart) <= 1.001 * weights  # + one token's activations
+    folded = step_kernels(model, 1, 1)  # the norms and RoPE in the linears: 5 kernels a layer
+    assert len(folded) == 5 * m.num_layers + 1
+    assert weights <= sum(b for _, b in folded) <= sum(b for _, b in apart)
+    assert step_kernels(model, 3, 1, folded=False) == step_kernels(model, 3, 1)  # cuBLAS's
     more = sum(b for _, b in step_kernels(model, 4, 1000)) - sum(b for _, b in step_kernels(
         model, 4, 500))
     assert more == pytest.approx(2 * 2 * 4 * 500 * kv * m.num_layers)  # K and V, fp16
 
 
-def synthetic_steps(streaming_us, overhead_us, per_sequence_us, gbps=4000.0):
-    """`bench e2e` results whose gqa steps are exactly the model's with the constants given."""
+def synthetic_steps(streaming_us, overhead_us, per_sequence_us, gbps=4000.0, folded=True):
+    """`bench e2e` results whose gqa steps are exactly the model's with the constants given
+    (recorded with the norms and RoPE in the linears, or before)."""
     rows = []
     for model in ("llama3-8b", "qwen2.5-7b", "llama2-7b"):
         for batch in (1, 16, 64):
-            kernels = step_kernels(model, batch, 640)
+            kernels = step_kernels(model, batch, 640, folded)
             step_us = (sum(b for _, b in kernels) / gbps / 1e3
                        + (streaming_us if batch <= 2 else overhead_us) * len(kernels)
                        + per_sequence_us * batch * MODELS[model].num_layers)
@@ -42,14 +48,19 @@ def synthetic_steps(streaming_us, overhead_us, per_sequence_us, gbps=4000.0):
                       "new_tokens": 256, "step_ms": step_us / 1e3},
                      {"model": model, "variant": "hf-static", "batch": batch, "prompt": 512,
                       "new_tokens": 256, "step_ms": 99.0}]  # not kvlab's: not fitted
-    return [{"roofline_copy_gbps": gbps, "rows": rows}]
+    return [{"roofline_copy_gbps": gbps, "rows": rows} | ({FOLDED_KEY: True} if folded else {})]
 
 
-def test_the_fit_recovers_the_constants_the_steps_were_made_with():
-    fit = fit_step_model(synthetic_steps(2.0, 3.0, 0.25))
+@pytest.mark.parametrize("folded", [True, False])
+def test_the_fit_recovers_the_constants_the_steps_were_made_with(folded):
+    """Each recording fitted with the kernels its steps ran: the norms and RoPE in the linears
+    where it says so, apart where it does not (made before)."""
+    fit = fit_step_model(synthetic_steps(2.0, 3.0, 0.25, folded=folded))
     assert fit.streaming_overhead_us == pytest.approx(2.0)
     assert fit.overhead_us == pytest.approx(3.0) and fit.per_sequence_us == pytest.approx(0.25)
     assert fit.points == 9 and fit.held_out_error == pytest.approx(0, abs=1e-9)
+    both = synthetic_steps(2.0, 3.0, 0.25) + synthetic_steps(2.0, 3.0, 0.25, folded=False)
+    assert fit_step_model(both).streaming_overhead_us == pytest.approx(2.0)
 
 
 def test_the_fit_to_the_h200s_steps_holds_on_models_left_out():
@@ -69,9 +80,13 @@ def test_the_anatomy_adds_up_and_grows_as_it_should():
     fit = StepModel(2.0, 3.0, 0.25, 0, 0.0, 0.0)
     one = step_anatomy("llama3-8b", 1, 640, 4000.0, fit)
     assert [k["name"] for k in one["kernels"]] == [
+        "qkv", "attention", "w_o", "gate + up", "down", "lm head"]
+    assert one["idle_us"] == pytest.approx(2.0 * (5 * 32 + 1))
+    apart = step_anatomy("llama3-8b", 1, 640, 4000.0, fit, folded=False)
+    assert [k["name"] for k in apart["kernels"]] == [
         "attention norm", "qkv", "rope + cache write", "attention", "w_o", "mlp norm",
         "gate + up", "down", "final norm", "lm head"]
-    assert one["idle_us"] == pytest.approx(2.0 * (8 * 32 + 2))
+    assert apart["idle_us"] == pytest.approx(2.0 * (8 * 32 + 2))
     assert one["step_us"] == pytest.approx(one["roofline_us"] + one["idle_us"]
                                            + one["per_sequence_us"])
     many = step_anatomy("llama3-8b", 64, 640, 4000.0, fit)

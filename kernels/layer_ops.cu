@@ -1,13 +1,15 @@
 // The small ops of a decoder layer's decode step, each one kernel.
 // Design notes, measurements and dead ends: docs/kernels/layer_ops.md.
-// Current (e58397b): with rope_write and the linear's epilogues, Llama-3-8B's batch-1 step on the
-// H200 took 4.61-4.63 ms, from 4.80-4.82 (a session probe).
+// Current (4ea9e7d): at one or two rows the norms and RoPE inside the linears, five launches a
+// layer with the attention; a layer's work but the attention 0.1-2.3 us faster at one row than
+// with them apart (an H100 session probe).
 //
 // A decode step of a real-size model spends most of its time in GEMMs that read the weights;
 // what is left is a few dozen small ops a layer, each of which costs a launch however little it
 // computes, and several launches when composed from torch ops. Here each is one launch, and some
-// share one: RoPE of Q and K with the cache write (rope_write), and the residual add or SwiGLU's
-// product in the epilogue of the linear before them. The arithmetic follows the torch ops they
+// share one: RoPE of Q and K with the cache write (rope_write), the residual add or SwiGLU's
+// product in the epilogue of the linear before them, and at one or two rows the norms in the
+// linear after them (linear_rope_write: the attention norm, QKV, RoPE and the write together). The arithmetic follows the torch ops they
 // replace (fp32 inside, and the same roundings to T where the torch composition rounds), so they
 // agree to T's precision.
 //

@@ -252,8 +252,8 @@ __device__ __forceinline__ void rope_write_pair(const RopeWrite<T>& to, int row,
 
 // A RoPE layer's decode-step QKV output into attention, one launch for three (RopeWrite's
 // arguments after qkv's). qkv: [rows, (q_heads + 2 kv_heads) * head_dim] with a row stride of
-// its own. Grid (rows,
-// ceil((q_heads + 2 kv_heads) * head_dim / 2 / blockDim.x)): a thread per (head, pair).
+// its own. Grid (rows, ceil((q_heads + 2 kv_heads) * head_dim / 2 / blockDim.x)): a thread per
+// (head, pair).
 template <typename T, bool VLLM>
 __global__ void rope_write(const T* __restrict__ qkv, long long qkv_row_stride,
                            ROPE_WRITE_PARAMS) {

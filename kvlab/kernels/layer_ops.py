@@ -477,6 +477,16 @@ def _norm_args(norm: RmsNorm | None) -> tuple:
     return (NULL, np.float32(0)) if norm is None else (ptr(norm.weight), np.float32(norm.eps))
 
 
+def _linear_ahead_args(name: str, grid: int, device: torch.device, ahead: torch.Tensor | None,
+                       ahead_bytes: int, kv_ahead: PagedAhead | None) -> tuple:
+    """A linear kernel's cross-kernel prefetch arguments (its LINEAR_AHEAD_PARAMS): the bytes
+    ahead, how many CTAs at the grid's end prefetch (its last wave, none without a prefetch),
+    and the K/V blocks."""
+    prefetching = ahead_span(ahead, ahead_bytes) or (kv_ahead is not None and kv_ahead.pairs)
+    tail = min(grid, _wave(name, device.index)) if prefetching else 0
+    return *_ahead_args(ahead, ahead_bytes), np.int32(tail), *_paged_args(kv_ahead)
+
+
 @functools.cache
 def _wave(name: str, device_index: int) -> int:
     """CTAs of `linear` instantiation `name` that the whole GPU holds at once."""
@@ -516,13 +526,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         cols = LINEAR_COLS // 2 if swiglu else LINEAR_COLS  # output columns a CTA writes
         name = linear_name(CUDA_TYPES[x.dtype], rows, epilogue, norm is not None)
         grid = ceil_div(width, cols)
-        prefetching = ahead_span(ahead, ahead_bytes) or (kv_ahead is not None and kv_ahead.pairs)
-        tail = min(grid, _wave(name, x.device.index)) if prefetching else 0
         launch(_kernel(name, x.device), (grid,), (32 * LINEAR_WARPS,),
                (ptr(out), ptr(x), ptr(weight), ptr(bias), ptr(residual), np.int32(n),
                 np.int32(k), np.int64(x.stride(0)), *_norm_args(norm),
-                *_ahead_args(ahead, ahead_bytes),
-                np.int32(tail), *_paged_args(kv_ahead)), x.device)
+                *_linear_ahead_args(name, grid, x.device, ahead, ahead_bytes, kv_ahead)),
+               x.device)
     return out
 
 
@@ -556,11 +564,9 @@ def linear_rope_write(x: torch.Tensor, norm: RmsNorm, weight: torch.Tensor,
     q = torch.empty(n, num_qo_heads, cache.head_dim, dtype=x.dtype, device=x.device)
     name = linear_rope_write_name(CUDA_TYPES[x.dtype], n, cache.layout)
     grid = ceil_div(width // 2, LINEAR_COLS // 2)  # pairs of rows RoPE rotates together
-    prefetching = ahead_span(ahead, ahead_bytes) or (kv_ahead is not None and kv_ahead.pairs)
-    tail = min(grid, _wave(name, x.device.index)) if prefetching else 0
     launch(_kernel(name, x.device), (grid,), (32 * LINEAR_WARPS,),
            (ptr(x), ptr(weight), ptr(bias), np.int32(x.shape[1]), np.int64(x.stride(0)),
             *_norm_args(norm), *_rope_write_args(q, num_qo_heads, cos, sin, positions, cache,
                                                  slots),
-            *_ahead_args(ahead, ahead_bytes), np.int32(tail), *_paged_args(kv_ahead)), x.device)
+            *_linear_ahead_args(name, grid, x.device, ahead, ahead_bytes, kv_ahead)), x.device)
     return q

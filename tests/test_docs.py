@@ -217,3 +217,32 @@ def test_a_dashboard_median_above_its_target_is_marked_missed():
     rows = cpu.dashboard_table(result)[2:]
     assert [row.rsplit("|", 2)[1].strip() for row in rows] == ["2 s", "8 s", "0.3 s, missed", "-",
                                                                 "-"]
+
+
+def _traced_step(model: str, batch: int, names: list[str]) -> dict:
+    return {"model": model, "batch": batch, "prompt": 512, "new_tokens": 32, "steps": [0] * 8,
+            "kernels": [{"name": n, "start_us": 0.0, "dur_us": 1.0} for n in names]}
+
+
+def test_linear_times_give_a_traces_gemms_to_the_step_linears_and_a_reduce_to_its_gemm():
+    from figures import e2e
+
+    from kvlab.bench.steptrace import mean_context
+    from kvlab.config import MODELS
+    from kvlab.predict.step import step_kernels
+
+    layers = MODELS["llama3-8b"].num_layers
+    layer = ["rms_norm", "nvjet_qkv", "rope_write", "gqa_decode", "nvjet_o", "splitKreduce_kernel",
+             "rms_norm", "nvjet_gate_up", "silu_mul", "nvjet_down", "splitKreduce_kernel"]
+    row = _traced_step("llama3-8b", 16, layer * layers + ["rms_norm", "nvjet_lm"])
+    times = e2e.linear_times(row, folded=False)
+    assert {k: us for k, (us, _) in times.items()} == {
+        "qkv": layers, "w_o": 2 * layers, "gate + up": layers, "down": 2 * layers, "lm head": 1}
+    modelled = dict(step_kernels("llama3-8b", 16, mean_context(512, 32, 8), folded=False))
+    assert times["qkv"][1] == pytest.approx(layers * modelled["qkv"])
+    assert times["lm head"][1] == pytest.approx(modelled["lm head"])
+    with pytest.raises(ValueError, match="128 GEMM kernels traced, the step has 129"):
+        e2e.linear_times(_traced_step("llama3-8b", 16, layer * layers), folded=False)
+    with pytest.raises(ValueError, match="a split-K reduce traced before any GEMM"):
+        e2e.linear_times(_traced_step("llama3-8b", 16, ["splitKreduce_kernel", *layer[1:]]
+                                      * layers + ["nvjet_lm"]), folded=False)

@@ -461,6 +461,108 @@ def target_cut_summary() -> str:
     return "; ".join(parts)
 
 
+LINEARS = ("qkv", "w_o", "gate + up", "down", "lm head")  # the step's GEMMs, by their step_kernels
+# name; a trace's GEMM kernels are theirs in step order, a split-K reduce its GEMM's
+SPLIT_K_REDUCE = "splitkreduce"
+# the traces the GEMM table reads: per GPU, the one context (a GEMM reads no K/V, so the other
+# contexts repeat its GEMMs)
+GEMM_TRACES = {"h100": ("steptrace",), "h200": ("steptrace_4k",)}
+
+
+def linear_times(row: dict, folded: bool) -> dict[str, tuple[float, float]]:
+    """{linear of LINEARS: (its kernels' time in one traced step, us; their bytes, the step
+    model's)} of a traced step (`bench steptrace`'s row), its GEMM kernels (TRACE_GROUPS') given
+    to the step's linears in step order, a split-K reduce kernel to the GEMM before it. Raises
+    ValueError where the trace's GEMMs are not the step's."""
+    from kvlab.bench.steptrace import mean_context
+    from kvlab.predict.step import step_kernels
+    from kvlab.viz.e2e import TRACE_GROUPS
+
+    keys = TRACE_GROUPS[0][1]
+    context = mean_context(row["prompt"], row["new_tokens"], len(row["steps"]))
+    linears = [(name, nbytes) for name, nbytes in
+               step_kernels(row["model"], row["batch"], context, folded) if name in LINEARS]
+    traced = [k for k in row["kernels"] if any(key in k["name"].lower() for key in keys)]
+    gemms = sum(SPLIT_K_REDUCE not in k["name"].lower() for k in traced)
+    where = f"{row['model']} batch {row['batch']}"
+    if gemms != len(linears):
+        raise ValueError(f"{where}: {gemms} GEMM kernels traced, the step has {len(linears)} "
+                         "linears")
+    if SPLIT_K_REDUCE in traced[0]["name"].lower():
+        raise ValueError(f"{where}: a split-K reduce traced before any GEMM")
+    found = {name: [0.0, 0.0] for name in LINEARS}
+    done = 0
+    for kernel in traced:
+        if SPLIT_K_REDUCE not in kernel["name"].lower():
+            found[linears[done][0]][1] += linears[done][1]
+            done += 1
+        found[linears[done - 1][0]][0] += kernel["dur_us"]
+    return {name: (us, nbytes) for name, (us, nbytes) in found.items()}
+
+
+@functools.cache
+def _linear_shares() -> tuple[dict, ...]:
+    """Per traced step without the prefetch of GEMM_TRACES: {"gpu", "row", "ratio": {linear:
+    its time over its bytes at the copy roofline}, "beyond": {linear: that time beyond its
+    bytes, us a layer}, "reduce": cuBLAS's split-K reduce kernels, us a layer}."""
+    from kvlab.config import MODELS
+    from kvlab.predict.step import recorded_folded
+
+    found = []
+    for machine, names in GEMM_TRACES.items():
+        for name in names:
+            result = load_result(machine, name)
+            gbps, folded = result["roofline_copy_gbps"], recorded_folded(result)
+            for row in result["rows"]:
+                if row["ahead_bytes"] or row.get("ahead_kv_bytes"):
+                    continue
+                layers = MODELS[row["model"]].num_layers
+                times = linear_times(row, folded)
+                at_roofline = {k: nbytes / gbps * 1e-3 for k, (_, nbytes) in times.items()}
+                reduce_us = sum(k["dur_us"] for k in row["kernels"]
+                                if SPLIT_K_REDUCE in k["name"].lower())
+                found.append({
+                    "gpu": machine, "row": row,
+                    "ratio": {k: us / at_roofline[k] for k, (us, _) in times.items()},
+                    "beyond": {k: (us - at_roofline[k]) / (1 if k == "lm head" else layers)
+                               for k, (us, _) in times.items()},
+                    "reduce": reduce_us / layers})
+    return tuple(found)
+
+
+def linear_table() -> list[str]:
+    """`_linear_shares` as a table: each linear's time over its bytes, and the reduce kernels."""
+    return ["| GPU | model | prompt | batch | QKV | W_O | gate + up | down | LM head | "
+            "split-K reduce, a layer |", "|---|---|---|---|---|---|---|---|---|---|"] + [
+        f"| {s['gpu'].upper()} | {s['row']['model']} | {s['row']['prompt']:,} | "
+        f"{s['row']['batch']} | " + " | ".join(f"{s['ratio'][k]:.2f}x" for k in LINEARS)
+        + f" | {s['reduce']:.1f} us |" for s in _linear_shares()]
+
+
+def linear_summary() -> str:
+    """Per kind of GEMM kernel (kvlab's streaming linear at batches up to STREAMING_ROWS,
+    cuBLAS's above): the range of each layer GEMM's time over its bytes, and the share of the
+    layer GEMMs' time beyond their bytes that QKV and W_O hold."""
+    from kvlab.predict.step import GEMMS, STREAMING_ROWS
+
+    labels = {"qkv": "QKV", "w_o": "W_O", "gate + up": "gate and up", "down": "down"}
+    parts = []
+    for kind, keep in (("kvlab's streaming linear", lambda b: b <= STREAMING_ROWS),
+                       ("cuBLAS", lambda b: b > STREAMING_ROWS)):
+        shares = [s for s in _linear_shares() if keep(s["row"]["batch"])]
+        if not shares:
+            continue
+        batches = sorted({s["row"]["batch"] for s in shares})
+        ratios = ", ".join(f"{labels[k]} {value_range([s['ratio'][k] for s in shares], unit='x')}"
+                           for k in GEMMS)
+        small = [100 * sum(s["beyond"][k] for k in ("qkv", "w_o"))
+                 / sum(max(s["beyond"][k], 0.0) for k in GEMMS) for s in shares]
+        parts.append(f"{kind} (batch {value_range(batches, '{:d}', '')}) took {ratios} of its "
+                     f"bytes' time; QKV and W_O held {pct_range(small)} of the layer GEMMs' "
+                     "time beyond their bytes")
+    return "; ".join(parts)
+
+
 # the step counters of the cross-kernel prefetch (bench steptrace --ahead-bytes 0 N --counters)
 COUNTERS = AHEAD_RECORDED["h100-sxm"]["counters"]
 
@@ -724,6 +826,10 @@ BLOCKS = {
     "e2e.kv-prefetch-room": kv_prefetch_room,
     "e2e.target-cut": target_cut_table,
     "e2e.target-cut-summary": target_cut_summary,
+    "e2e.source-linears": lambda: "; ".join(source(machine, name) for machine, names
+                                            in GEMM_TRACES.items() for name in names),
+    "e2e.linears": linear_table,
+    "e2e.linears-summary": linear_summary,
     "e2e.window-bound": window_bound,
     "e2e.source-step-counters": lambda: "; ".join(source(COUNTERS[0], name)
                                                   for name in COUNTERS[1]),

@@ -555,8 +555,9 @@ def linear_summary() -> str:
         batches = sorted({s["row"]["batch"] for s in shares})
         ratios = ", ".join(f"{labels[k]} {value_range([s['ratio'][k] for s in shares], unit='x')}"
                            for k in GEMMS)
-        small = [100 * sum(s["beyond"][k] for k in ("qkv", "w_o"))
-                 / sum(max(s["beyond"][k], 0.0) for k in GEMMS) for s in shares]
+        beyond = [{k: max(s["beyond"][k], 0.0) for k in GEMMS} for s in shares]  # (a GEMM
+        # under its bytes' time, the copy rate counting writes too, holds none)
+        small = [100 * (b["qkv"] + b["w_o"]) / sum(b.values()) for b in beyond]
         parts.append(f"{kind} (batch {value_range(batches, '{:d}', '')}) took {ratios} of its "
                      f"bytes' time; QKV and W_O held {pct_range(small)} of the layer GEMMs' "
                      "time beyond their bytes")

@@ -503,10 +503,10 @@ def linear_times(row: dict, folded: bool) -> dict[str, tuple[float, float]]:
 @functools.cache
 def _linear_shares() -> tuple[dict, ...]:
     """Per traced step without the prefetch of GEMM_TRACES: {"gpu", "row", "ratio": {linear:
-    its time over its bytes at the copy roofline}, "beyond": {linear: that time beyond its
-    bytes, us a layer}, "reduce": cuBLAS's split-K reduce kernels, us a layer}."""
+    its time over its bytes at the copy roofline}, "beyond": {layer linear (GEMMS): that time
+    beyond its bytes, us a layer}, "reduce": cuBLAS's split-K reduce kernels, us a layer}."""
     from kvlab.config import MODELS
-    from kvlab.predict.step import recorded_folded
+    from kvlab.predict.step import GEMMS, recorded_folded
 
     found = []
     for machine, names in GEMM_TRACES.items():
@@ -524,8 +524,7 @@ def _linear_shares() -> tuple[dict, ...]:
                 found.append({
                     "gpu": machine, "row": row,
                     "ratio": {k: us / at_roofline[k] for k, (us, _) in times.items()},
-                    "beyond": {k: (us - at_roofline[k]) / (1 if k == "lm head" else layers)
-                               for k, (us, _) in times.items()},
+                    "beyond": {k: (times[k][0] - at_roofline[k]) / layers for k in GEMMS},
                     "reduce": reduce_us / layers})
     return tuple(found)
 

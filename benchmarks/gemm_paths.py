@@ -1,0 +1,137 @@
+"""Which of torch's BLAS paths runs a decode step's linears faster: `python benchmarks/gemm_paths.py
+[--models llama3-8b ...] [--rows 16 64 128] [--layers 8] [--runs 21] [--json PATH]` (a GPU).
+
+For each model, each of the engine's four layer linears (QKV with its bias where the model has
+one, W_O, gate+up, down) at each row count (the batch of a decode step) runs in bf16 as
+`torch.nn.functional.linear` on `--layers` copies of its weight (each layer its own, as in a
+step: none of them is in L2 from the one before), captured in one CUDA graph per path with
+`torch.backends.cuda.preferred_blas_library` set to "cublas" or "cublaslt" before the warm-up
+and the capture. The two graphs are timed in turn (kvlab.timing.Timer: L2 flushed by a read,
+median of --runs), and each time is set against the linears' bytes (weights, bias, input and
+output) at the copy roofline measured in the same run. The paths' outputs are compared after a
+replay of each. Prints one JSON line per point and writes them all, with the run's provenance,
+to --json where given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from kvlab.config import MODELS  # noqa: E402
+
+PATHS = ("cublas", "cublaslt")  # torch.backends.cuda.preferred_blas_library's choices
+DEFAULT_MODELS = ("llama3-8b", "qwen2.5-7b", "llama2-7b", "qwen2.5-14b")
+
+
+def linears(name: str) -> dict[str, tuple[int, int, bool]]:
+    """{linear: (in_features, out_features, has_bias)} of one layer of model `name`."""
+    m = MODELS[name]
+    return {"qkv": (m.hidden_size, m.q_size + 2 * m.kv_size, m.qkv_bias),
+            "o": (m.q_size, m.hidden_size, False),
+            "gate_up": (m.hidden_size, 2 * m.intermediate_size, False),
+            "down": (m.intermediate_size, m.hidden_size, False)}
+
+
+def linear_bytes(k: int, n: int, bias: bool, rows: int, layers: int) -> int:
+    """Bytes a bf16 linear reads and writes over `layers` copies: weight, bias, input, output."""
+    return layers * (n * k + (n if bias else 0) + rows * (n + k)) * 2
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The options, checked: ValueError naming the option, the value and what is allowed."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS))
+    parser.add_argument("--rows", nargs="+", type=int, default=[16, 64, 128])
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--runs", type=int, default=21)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    unknown = [m for m in args.models if m not in MODELS]
+    if unknown:
+        raise ValueError(f"--models {' '.join(unknown)}: not a preset; one of {sorted(MODELS)}")
+    for option, values in (("--rows", args.rows), ("--layers", [args.layers]),
+                           ("--runs", [args.runs])):
+        if any(v < 1 for v in values):
+            raise ValueError(f"{option} {' '.join(map(str, values))}: each must be >= 1")
+    return args
+
+
+def time_point(torch, timer, x, weights, biases) -> tuple[dict[str, float], float]:
+    """({path: median ms of the graph of every layer's linear}, the largest difference between
+    the paths' last outputs)."""
+    graphs = {}
+    for path in PATHS:
+        torch.backends.cuda.preferred_blas_library(path)  # read when each GEMM is enqueued
+        outs: list = []
+
+        def step(outs=outs):
+            outs.clear()
+            outs.extend(torch.nn.functional.linear(x, w, b)
+                        for w, b in zip(weights, biases, strict=True))
+
+        side = torch.cuda.Stream()  # warm-up off the capture stream, as torch's docs ask
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        graphs[path] = (graph, outs)
+    ms = timer.medians_ms({path: graph.replay for path, (graph, _) in graphs.items()})
+    for graph, _ in graphs.values():
+        graph.replay()
+    torch.cuda.synchronize()
+    first, second = (graphs[path][1][-1].float() for path in PATHS)
+    return ms, (first - second).abs().max().item()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    import torch
+
+    from kvlab.bench.env import gpu_info, run_info, write_json
+    from kvlab.timing import Timer, copy_roofline_gbps
+
+    if not torch.cuda.is_available():
+        raise SystemExit("gemm_paths.py times cuBLAS on a GPU: torch sees none here")
+    device = torch.device("cuda")
+    timer = Timer(device, num_runs=args.runs)
+    roofline_gbps = copy_roofline_gbps(timer)
+    result = {"benchmark": "gemm_paths", **run_info(), **gpu_info(),
+              "command": "python benchmarks/gemm_paths.py " + " ".join(sys.argv[1:]),
+              "layers": args.layers, "roofline_copy_gbps": roofline_gbps, "rows": []}
+    try:
+        for name in args.models:
+            for linear, (k, n, bias) in linears(name).items():
+                weights = [torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02
+                           for _ in range(args.layers)]
+                biases = [torch.randn(n, device=device, dtype=torch.bfloat16) if bias else None
+                          for _ in range(args.layers)]
+                for rows in args.rows:
+                    x = torch.randn(rows, k, device=device, dtype=torch.bfloat16)
+                    ms, diff = time_point(torch, timer, x, weights, biases)
+                    floor_ms = linear_bytes(k, n, bias, rows, args.layers) / roofline_gbps / 1e6
+                    row = {"model": name, "linear": linear, "rows": rows, "k": k, "n": n,
+                           "us_per_layer": {p: t * 1e3 / args.layers for p, t in ms.items()},
+                           "over_bytes": {p: t / floor_ms for p, t in ms.items()},
+                           "max_abs_diff": diff}
+                    print(json.dumps(row), flush=True)
+                    result["rows"].append(row)
+                del weights, biases
+                torch.cuda.empty_cache()
+    finally:
+        torch.backends.cuda.preferred_blas_library("cublas")
+    if args.json is not None:
+        write_json(args.json, result, indent=1)
+
+
+if __name__ == "__main__":
+    main()

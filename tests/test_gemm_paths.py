@@ -1,0 +1,41 @@
+"""benchmarks/gemm_paths.py on the CPU: its options checked before torch is touched, and the
+linears and bytes it times."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import gemm_paths  # noqa: E402
+
+from kvlab.config import MODELS  # noqa: E402
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--models", "llama3-8b", "gpt-9"], r"--models gpt-9: not a preset"),
+    (["--rows", "16", "0"], r"--rows 16 0: each must be >= 1"),
+    (["--layers", "0"], r"--layers 0: each must be >= 1"),
+    (["--runs", "-1"], r"--runs -1: each must be >= 1"),
+])
+def test_bad_options_raise_naming_the_option_and_value(argv, message):
+    with pytest.raises(ValueError, match=message):
+        gemm_paths.parse_args(argv)
+
+
+def test_a_models_linears_are_the_engines_four_with_the_qkv_bias_where_it_has_one():
+    qwen, llama = gemm_paths.linears("qwen2.5-7b"), gemm_paths.linears("llama3-8b")
+    assert list(qwen) == ["qkv", "o", "gate_up", "down"]
+    m = MODELS["qwen2.5-7b"]
+    assert qwen["qkv"] == (3584, (28 + 2 * 4) * 128, True) and qwen["o"] == (3584, 3584, False)
+    assert qwen["gate_up"] == (3584, 2 * 18944, False)
+    assert qwen["down"] == (m.intermediate_size, m.hidden_size, False)
+    assert llama["qkv"] == (4096, (32 + 2 * 8) * 128, False)
+
+
+def test_bytes_count_weight_bias_input_and_output_of_every_layer_in_bf16():
+    # 2 layers of a 4 -> 3 linear with a bias at 5 rows: (12 + 3 + 5 * (3 + 4)) * 2 B each
+    assert gemm_paths.linear_bytes(4, 3, True, 5, 2) == 2 * (12 + 3 + 35) * 2
+    assert gemm_paths.linear_bytes(4, 3, False, 5, 2) == 2 * (12 + 35) * 2

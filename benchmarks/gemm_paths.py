@@ -105,6 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device("cuda")
     timer = Timer(device, num_runs=args.runs)
     roofline_gbps = copy_roofline_gbps(timer)
+    preferred = torch.backends.cuda.preferred_blas_library()  # restored at the end
     result = {"benchmark": "gemm_paths", **run_info(), **gpu_info(),
               "command": "python benchmarks/gemm_paths.py " + " ".join(sys.argv[1:]),
               "layers": args.layers, "roofline_copy_gbps": roofline_gbps, "rows": []}
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
                     x = torch.randn(rows, k, device=device, dtype=torch.bfloat16)
                     ms, diff = time_point(torch, timer, x, weights, biases)
                     floor_ms = linear_bytes(k, n, bias, rows, args.layers) / roofline_gbps / 1e6
-                    row = {"model": name, "linear": linear, "rows": rows, "k": k, "n": n,
+                    row = {"model": name, "linear": linear, "num_rows": rows, "k": k, "n": n,
                            "us_per_layer": {p: t * 1e3 / args.layers for p, t in ms.items()},
                            "over_bytes": {p: t / floor_ms for p, t in ms.items()},
                            "max_abs_diff": diff}
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
                 del weights, biases
                 torch.cuda.empty_cache()
     finally:
-        torch.backends.cuda.preferred_blas_library("cublas")
+        torch.backends.cuda.preferred_blas_library(preferred)
     if args.json is not None:
         write_json(args.json, result, indent=1)
 

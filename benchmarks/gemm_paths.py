@@ -1,12 +1,12 @@
 """Which of torch's BLAS paths runs a decode step's linears faster: `python benchmarks/gemm_paths.py
 [--models llama3-8b ...] [--rows 16 64 128] [--layers 8] [--runs 21] [--json PATH]` (a GPU).
 
-For each model, each of the engine's four layer linears (QKV with its bias where the model has
-one, W_O, gate+up, down) at each row count (the batch of a decode step) runs in bf16 as
-`torch.nn.functional.linear` on `--layers` copies of its weight (each layer its own, as in a
-step: none of them is in L2 from the one before), captured in one CUDA graph per path with
-`torch.backends.cuda.preferred_blas_library` set to "cublas" or "cublaslt" before the warm-up
-and the capture. The two graphs are timed in turn (kvlab.timing.Timer: L2 flushed by a read,
+For each model, each of the engine's four layer linears (`linears`: QKV, W_O, gate+up, down,
+with their biases where the family has them) at each row count (the batch of a decode step)
+runs in bf16 as `torch.nn.functional.linear` on `--layers` copies of its weight (each layer its
+own, as in a step: none of them is in L2 from the one before), captured in one CUDA graph per
+path with `torch.backends.cuda.preferred_blas_library` set to "cublas" or "cublaslt" before the
+warm-up and the capture. The two graphs are timed in turn (kvlab.timing.Timer: L2 flushed by a read,
 median of --runs), and each time is set against the linears' bytes (weights, bias, input and
 output) at the copy roofline measured in the same run. The paths' outputs are compared after a
 replay of each. Prints one JSON line per point and writes them all, with the run's provenance,
@@ -30,12 +30,21 @@ DEFAULT_MODELS = ("llama3-8b", "qwen2.5-7b", "llama2-7b", "qwen2.5-14b")
 
 
 def linears(name: str) -> dict[str, tuple[int, int, bool]]:
-    """{linear: (in_features, out_features, has_bias)} of one layer of model `name`."""
-    m = MODELS[name]
-    return {"qkv": (m.hidden_size, m.q_size + 2 * m.kv_size, m.qkv_bias),
-            "o": (m.q_size, m.hidden_size, False),
-            "gate_up": (m.hidden_size, 2 * m.intermediate_size, False),
-            "down": (m.intermediate_size, m.hidden_size, False)}
+    """{linear: (in_features, out_features, has_bias)} of one layer of model `name`, read off
+    the engine's own weights (kvlab.model.weights on the meta device: shapes, no data), stacked
+    as the engine runs them: QKV, W_O, gate+up ("up" alone in a family without a gate: OPT),
+    down."""
+    import torch
+
+    from kvlab.model.weights import LayerWeights, fuse
+
+    w = LayerWeights.random(MODELS[name], 0, torch.bfloat16, "meta")
+    fused = fuse(w)
+    mlp_in = ("up", w.w_up, w.b_up) if fused.gate_up is None else ("gate_up", fused.gate_up, None)
+    found = {"qkv": (fused.qkv, fused.b_qkv), "o": (w.attn.w_o, w.b_o),
+             mlp_in[0]: mlp_in[1:], "down": (w.w_down, w.b_down)}
+    return {key: (weight.shape[1], weight.shape[0], bias is not None)
+            for key, (weight, bias) in found.items()}
 
 
 def linear_bytes(k: int, n: int, bias: bool, rows: int, layers: int) -> int:

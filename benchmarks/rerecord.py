@@ -50,6 +50,7 @@ import json
 import math
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -101,10 +102,14 @@ ADOPT = {"h200": dict.fromkeys(("steptrace", "steptrace_4k", "steptrace_32k", "s
 LIST_OPTIONS = ("--kernels", "--lengths", "--models", "--batches", "--contexts", "--points",
                 "--variants")
 SHARDABLE = ("models", "batches")  # what a part may be split by (`sharded`)
-SHARED = ("benchmark", "gpu", "git_revision", "git_dirty", "components")  # shards' alike
+# what shards must share to be merged: the code they measured (its components, not the
+# revision: shards held from calls at different commits join when their code is alike), its
+# state, the GPU's kind and the software stack
+SHARED = ("benchmark", "gpu", "git_dirty", "components", "versions", "torch_cuda")
 MEASURED = ("rows", "skipped", "serving", "timelines")  # what every shard adds to a merge
-SHARD_RUN = ("date", "host", "git_revision", "clocks_start", "clocks_end", "roofline_copy_gbps",
-             "gpu_checks")  # what a merged result keeps of every shard's run
+SHARD_RUN = ("date", "host", "git_revision", "driver", "gpu_uuid", "clocks_start", "clocks_end",
+             "roofline_copy_gbps", "gpu_checks")  # what a merged result keeps of every shard's run
+HELD = "shards"  # results/<machine>/shards/: shards committed until their part is covered
 
 
 def parts(machine: str) -> dict[str, list[str]]:
@@ -252,17 +257,57 @@ def sharded(name: str, known: dict) -> list[str]:
     return [*_without(known[part], f"--{option}"), f"--{option}", *values]
 
 
+def shown(path: Path) -> str:
+    """A path under RESULTS as the repository names it."""
+    return f"benchmarks/results/{path.relative_to(RESULTS)}"
+
+
+def held(machine: str) -> dict[str, dict]:
+    """{shard name: result} of the shards committed in results/<machine>/shards/ (HELD) whose
+    code is current (`kvlab.results.changed_since` names nothing)."""
+    from kvlab.results import changed_since
+
+    found = {path.stem: json.loads(path.read_text())
+             for path in sorted((RESULTS / machine / HELD).glob("*@*.json"))}
+    return {name: result for name, result in found.items() if changed_since(result) == []}
+
+
+def stale_held(machine: str) -> list[Path]:
+    """The shards in results/<machine>/shards/ older than the code they measured: they can
+    no longer join their part (`held` leaves them out)."""
+    current = held(machine)
+    return [path for path in sorted((RESULTS / machine / HELD).glob("*@*.json"))
+            if path.stem not in current]
+
+
+def held_cover(machine: str, known: dict[str, list[str]]) -> dict[str, tuple[str, list[str]]]:
+    """{part: (option, values)}: the values of each part of `machine` that its `held` shards
+    cover, by the option that covers most where they split it by more than one."""
+    by = {}
+    for name in held(machine):
+        part, option, values = shard_of(name)
+        if part in known:
+            by.setdefault(part, {}).setdefault(option, []).extend(values)
+    return {part: max(options.items(), key=lambda item: len(item[1]))
+            for part, options in by.items()}
+
+
 def merge(machine: str, part: str, out: Path) -> Path:
-    """Join the shards of `part` in `out` into out/<part>.json (the module's docstring says
-    how) and return its path. Raises ValueError where the shards do not cover the part's
-    values once each, split it by more than one option, or differ in SHARED."""
+    """Join the shards of `part` in `out`, and those `held` in results/<machine>/shards/
+    (out's where both have one of the same name), into out/<part>.json (the module's docstring
+    says how) and return its path; where out is results/<machine>/, the held shards joined are
+    removed. Raises ValueError where the shards do not cover the part's values once each,
+    split it by more than one option, or differ in SHARED."""
     known = parts(machine)
     if part not in known:
         raise ValueError(f"--merge {part}: no such part of {machine}")
-    found = {path.stem: json.loads(path.read_text()) for path in out.glob(f"{part}@*.json")
-             if not path.stem.endswith(CHECKPOINT)}
+    kept = {name: result for name, result in held(machine).items()
+            if name.partition("@")[0] == part}
+    found = kept | {path.stem: json.loads(path.read_text())
+                    for path in out.glob(f"{part}@*.json") if not path.stem.endswith(CHECKPOINT)}
     if not found:
-        raise ValueError(f"--merge {part}: no shard {part}@OPTION=V,... in {out}")
+        raise ValueError(f"--merge {part}: no shard {part}@OPTION=V,... in {out} or held in "
+                         f"results/{machine}/{HELD}/")
     split = {name: shard_of(name) for name in found}
     options = {option for _, option, _ in split.values()}
     if len(options) > 1:
@@ -296,7 +341,70 @@ def merge(machine: str, part: str, out: Path) -> Path:
                                           if k in found[name]}} for name in names]
     path = out / f"{part}.json"
     path.write_text(json.dumps(merged, indent=2) + "\n")
+    if out.resolve() == (RESULTS / machine).resolve():
+        for name in kept:
+            (RESULTS / machine / HELD / f"{name}.json").unlink()
     return path
+
+
+def take(machine: str, found: Path) -> list[str]:
+    """Bring a device call's run (its --out folder, unpacked from rr.tgz) into the
+    repository: each part's result into results/<machine>/ and each shard's into
+    results/<machine>/shards/ (HELD), the run's times (its rerecord.json) into TIMES; then
+    every part whose held shards cover it is merged (`merge`). A part's file, or a shard,
+    replaces the held shards it takes the values of again (or splits the part otherwise), and
+    held shards older than the code are removed. Checkpoints stay behind. Returns a line per
+    thing done. Raises ValueError, before anything is moved, for a file that is no part or
+    shard of `machine`, recorded on a GPU its results were not, or on a tree with
+    uncommitted changes, and for a log of another machine."""
+    known = parts(machine)
+    gpus = recorded_gpus(machine)
+    results = {}
+    for path in sorted(found.glob("*.json")):
+        if path.name == "rerecord.json" or path.stem.endswith(CHECKPOINT):
+            continue
+        name, result = path.stem, json.loads(path.read_text())
+        if name.partition("@")[0] not in known:
+            raise ValueError(f"--take {found}: {path.name} is no part of {machine}")
+        if "@" in name:
+            sharded(name, known)
+        if result.get("gpu") not in gpus:
+            raise ValueError(f"--take {found}: {path.name} was recorded on {result.get('gpu')}; "
+                             f"results/{machine}/ on {', '.join(sorted(gpus))}")
+        if result.get("git_dirty") is not False:
+            raise ValueError(f"--take {found}: {path.name} records git_dirty "
+                             f"{result.get('git_dirty')}: record it on a committed tree")
+        results[name] = path
+    log = found / "rerecord.json"
+    log = json.loads(log.read_text()) if log.is_file() else None
+    if log is not None and log.get("machine") != machine:
+        raise ValueError(f"--take {found}: its rerecord.json is a run of {log.get('machine')}, "
+                         f"not {machine}")
+    lines = add_times([log]) if log is not None else []
+    folder = RESULTS / machine / HELD
+    gone = stale_held(machine)
+    for name, path in results.items():
+        part, _, _ = name.partition("@")
+        option, values = shard_of(name)[1:] if "@" in name else (None, [])
+        for other in sorted(folder.glob(f"{part}@*.json")):
+            _, its_option, its_values = shard_of(other.stem)
+            if other.stem != name and (option is None or its_option != option
+                                       or set(its_values) & set(values)):
+                gone.append(other)
+        target = folder / path.name if option else RESULTS / machine / path.name
+        target.parent.mkdir(exist_ok=True)
+        shutil.copyfile(path, target)
+        lines.append(f"{path} -> {shown(target)}")
+    for path in dict.fromkeys(gone):
+        if path.is_file():
+            path.unlink()
+            lines.append(f"removed {shown(path)} (older code, or its values taken again)")
+    cover = held_cover(machine, known)
+    for part in sorted({name.partition("@")[0] for name in results if "@" in name}):
+        option, values = cover.get(part, (None, []))
+        if option and sorted(values) == sorted(option_values(known[part], option) or []):
+            lines.append(f"merged {shown(merge(machine, part, RESULTS / machine))}")
+    return lines
 
 
 def run(names: list[str], known: dict, out: Path, budget_s: float | None,
@@ -471,23 +579,31 @@ def plan(machine: str, known: dict[str, list[str]], names: list[str],
     packed into device calls of at most `budget_s` seconds each by their `estimates`, longest
     first, each into the first call it fits; a part longer than the budget as the fewest shards
     by --models (or else --batches) that each fit, its time shared evenly among its values.
-    Each call is a list of (name, seconds, where from). `untimed`: the parts timed nowhere, in
-    `names`' order."""
+    A part with shards held (`held_cover`) is planned as a shard of the values they leave, by
+    their option, and not at all where they leave none (it awaits `--merge`). Each call is a
+    list of (name, seconds, where from). `untimed`: the parts timed nowhere, in `names`'
+    order."""
     found = estimates(machine, names)
+    cover = held_cover(machine, known)
     items = []
     for name in names:
         if name not in found:
             continue
         seconds, source = found[name]
-        option = next((o for o in SHARDABLE if len(option_values(known[name], o) or []) > 1
-                       and not (o == "batches" and "--points" in known[name])), None)
+        option, done = cover.get(name, (None, []))
+        option = option or next((o for o in SHARDABLE
+                                 if len(option_values(known[name], o) or []) > 1
+                                 and not (o == "batches" and "--points" in known[name])), None)
         values = option_values(known[name], option) if option else []
-        if seconds <= budget_s or not values:
+        left = [value for value in values if value not in done]
+        if done and not left:
+            continue
+        if not done and (seconds <= budget_s or not values):
             items.append((name, seconds, source))
             continue
         size = max(1, math.floor(budget_s * len(values) / seconds))  # values a shard takes
-        for at in range(0, len(values), size):
-            share = values[at:at + size]
+        for at in range(0, len(left), size):
+            share = left[at:at + size]
             items.append((f"{name}@{option}={','.join(share)}",
                           round(seconds * len(share) / len(values), 1), f"{source}, shared"))
     calls: list[list[tuple]] = []
@@ -505,9 +621,20 @@ def print_plan(machine: str, known: dict[str, list[str]], budget_s: float) -> No
     takes them (RERECORD_<MACHINE>), with their times and where those come from."""
     names = to_rerecord(machine, known)
     calls, untimed = plan(machine, known, names, budget_s)
+    cover = held_cover(machine, known)
     print(f"{machine}: {len(names)} of {len(known)} parts to re-record (older than the code they "
           f"measured, or not recorded here yet); {len(calls)} calls of at most {budget_s:.0f} s "
           f"by their times, and {len(untimed)} parts timed nowhere")
+    for name in names:
+        if name in cover:
+            option, values = cover[name]
+            whole = option_values(known[name], option) or []
+            print(f"{name}: shards held for --{option} {' '.join(v for v in whole if v in values)}"
+                  + ("" if set(whole) - set(values) else
+                     f"; they cover it: python benchmarks/rerecord.py --machine {machine} "
+                     f"--merge {name} --out benchmarks/results/{machine}"))
+    for path in stale_held(machine):
+        print(f"{shown(path)}: older than the code it measured; remove it")
     for number, call in enumerate(calls, 1):
         total = sum(seconds for _, seconds, _ in call)
         over = " (one part over the budget: shard it further)" if total > budget_s else ""
@@ -553,6 +680,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--merge", metavar="PART",
                         help="join the shards of PART (NAME@OPTION=V,...) in --out into one "
                              "result")
+    parser.add_argument("--take", type=Path, metavar="DIR",
+                        help="bring a run's --out folder into results/<machine>/ (shards into "
+                             "its shards/, times into rerecord_times.json) and merge the "
+                             "parts its shards cover")
     parser.add_argument("--pack", type=Path, metavar="TGZ",
                         help="after every part, pack --out into this file (e.g. $OUT/rr.tgz)")
     parser.add_argument("--plan", action="store_true",
@@ -570,6 +701,9 @@ def main(argv: list[str] | None = None) -> int:
         known = parts(args.machine)
         if args.merge:
             print(merge(args.machine, args.merge, args.out))
+            return 0
+        if args.take:
+            print("\n".join(take(args.machine, args.take)))
             return 0
         selected = chosen(args.run, known) if args.run else {}
     except ValueError as err:

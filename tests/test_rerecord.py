@@ -4,6 +4,7 @@ within a budget, on the CPU with a fake runner."""
 import json
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -425,7 +426,14 @@ def _shard(out: Path, name: str, rows: list[dict], **run) -> None:
         "skipped": [], "tp": 1, "command": "as run"}))
 
 
-def test_merging_shards_gives_the_parts_rows_in_its_order_and_every_runs_provenance(tmp_path):
+@pytest.fixture
+def nothing_held(monkeypatch):
+    """No shards held in the committed results/ (whatever the tree holds)."""
+    monkeypatch.setattr(rerecord, "held", lambda machine: {})
+
+
+def test_merging_shards_gives_the_parts_rows_in_its_order_and_every_runs_provenance(
+        tmp_path, nothing_held):
     """e2e_qwen14b split by batches, the shards given out of order and a checkpoint beside
     one: rows come back in the part's batch order, the first shard's run-level fields with
     every shard's under shards, the checkpoint ignored."""
@@ -447,17 +455,19 @@ def test_merging_shards_gives_the_parts_rows_in_its_order_and_every_runs_provena
         "h200", "e2e_qwen14b", rerecord.parts("h200")["e2e_qwen14b"])
 
 
-def test_shards_that_miss_a_value_or_differ_in_code_are_not_merged(tmp_path, capsys):
+def test_shards_that_miss_a_value_or_differ_in_code_are_not_merged(tmp_path, capsys,
+                                                                     nothing_held):
     _shard(tmp_path, "e2e@models=llama2-7b", [])
     with pytest.raises(ValueError, match="cover --models llama2-7b; the part's are llama3-8b "
                                          "llama2-7b, each once"):
         rerecord.merge("h200", "e2e", tmp_path)
     _shard(tmp_path, "e2e@models=llama3-8b", [])
     other = json.loads((tmp_path / "e2e@models=llama3-8b.json").read_text())
-    (tmp_path / "e2e@models=llama3-8b.json").write_text(json.dumps(
-        {**other, "git_revision": "d" * 40}))
-    with pytest.raises(ValueError, match="its shards differ in git_revision"):
-        rerecord.merge("h200", "e2e", tmp_path)
+    for key, value in (("components", {"engine": "2"}), ("git_dirty", True),
+                       ("gpu", "NVIDIA H100 80GB HBM3")):
+        (tmp_path / "e2e@models=llama3-8b.json").write_text(json.dumps({**other, key: value}))
+        with pytest.raises(ValueError, match=f"its shards differ in {key}"):
+            rerecord.merge("h200", "e2e", tmp_path)
     _shard(tmp_path, "e2e@models=llama3-8b", [])
     _shard(tmp_path, "e2e@batches=1", [])
     with pytest.raises(ValueError, match="split it by batches, models; one option only"):
@@ -465,6 +475,166 @@ def test_shards_that_miss_a_value_or_differ_in_code_are_not_merged(tmp_path, cap
     with pytest.raises(SystemExit):
         rerecord.main(["--machine", "h200", "--merge", "e2e_2048", "--out", str(tmp_path)])
     assert "--merge e2e_2048: no shard e2e_2048@OPTION=V,... in" in capsys.readouterr().err
+
+
+E2E4 = "python -m kvlab bench e2e --models llama3-8b qwen2.5-7b llama2-7b qwen2.5-14b"
+
+
+def _held(tmp_path, monkeypatch, names: dict[str, str], current: bool = True) -> Path:
+    """results/h200/ in tmp_path with the stale part `big` (E2E4) and `small` (one model),
+    and, in its shards/, a shard of each of `names` ({name: revision}), of the code as it
+    stands (or not); TIMES empty and no part adopted. Returns results/h200/shards/."""
+    from kvlab.components import versions
+
+    _machine_with(tmp_path, monkeypatch, {
+        "big": {"command": E2E4, "benchmark": "e2e", "components": {}, "gpu": "NVIDIA H200"},
+        "small": {"command": "python -m kvlab bench e2e --models llama3-8b", "benchmark": "e2e",
+                  "components": {}, "gpu": "NVIDIA H200"}}, {})
+    folder = tmp_path / "h200" / rerecord.HELD
+    folder.mkdir()
+    for name, revision in names.items():
+        model = name.partition("=")[2].split(",")
+        _shard(folder, name, [{"model": m, "batch": 1, "variant": "gqa"} for m in model])
+        result = json.loads((folder / f"{name}.json").read_text())
+        result.update(git_revision=revision, components=versions() if current else {})
+        (folder / f"{name}.json").write_text(json.dumps(result))
+    return folder
+
+
+def test_held_shards_of_other_commits_join_a_merge_and_leave_once_merged(tmp_path,
+                                                                        monkeypatch):
+    """Shards committed in results/<machine>/shards/ from calls at different revisions, of the
+    code as it stands, merge with a shard just run; merged into results/<machine>/, they
+    leave shards/, each with its revision kept under "shards"."""
+    folder = _held(tmp_path, monkeypatch, {"big@models=llama3-8b,qwen2.5-7b": "a" * 40,
+                                           "big@models=qwen2.5-14b": "b" * 40})
+    (tmp_path / "run").mkdir()
+    _shard(tmp_path / "run", "big@models=llama2-7b", [{"model": "llama2-7b", "batch": 1}])
+    with pytest.raises(ValueError, match="its shards differ in components"):
+        rerecord.merge("h200", "big", tmp_path / "run")  # the run's fixture code is not current
+    fresh = json.loads((folder / "big@models=qwen2.5-14b.json").read_text())
+    (tmp_path / "run" / "big@models=llama2-7b.json").write_text(json.dumps(
+        {**fresh, "git_revision": "c" * 40, "rows": [{"model": "llama2-7b", "batch": 1}]}))
+    shutil.copy(tmp_path / "run" / "big@models=llama2-7b.json", folder)
+    path = rerecord.merge("h200", "big", tmp_path / "h200")
+    merged = json.loads(path.read_text())
+    assert path == tmp_path / "h200" / "big.json" and list(folder.iterdir()) == []
+    assert [r["model"] for r in merged["rows"]] == ["llama3-8b", "qwen2.5-7b", "llama2-7b",
+                                                    "qwen2.5-14b"]
+    assert [(s["name"], s["git_revision"][0]) for s in merged["shards"]] == [
+        ("big@models=llama3-8b,qwen2.5-7b", "a"), ("big@models=llama2-7b", "c"),
+        ("big@models=qwen2.5-14b", "b")]
+
+
+def test_the_plan_runs_only_what_held_shards_leave(tmp_path, monkeypatch, capsys):
+    """A part with shards held is planned as a shard of the values they leave; one they cover
+    is not planned but named for --merge; a held shard of older code does not count and is
+    named for removal."""
+    _held(tmp_path, monkeypatch, {"big@models=qwen2.5-7b": "a" * 40,
+                                  "small@models=llama3-8b": "a" * 40})
+    _shard(tmp_path / "h200" / rerecord.HELD, "big@models=llama2-7b", [])  # old code
+    (tmp_path / "times.json").write_text(json.dumps(
+        {"h200": {"big": _timed(400.0), "small": _timed(50.0)}}))
+    known = rerecord.parts("h200")
+    assert rerecord.held_cover("h200", known) == {"big": ("models", ["qwen2.5-7b"]),
+                                                  "small": ("models", ["llama3-8b"])}
+    assert rerecord.plan("h200", known, ["big", "small"], 540.0) == (
+        [[("big@models=llama3-8b,llama2-7b,qwen2.5-14b", 300.0, "here, shared")]], [])
+    assert rerecord.plan("h200", known, ["big"], 200.0)[0] == [
+        [("big@models=llama3-8b,llama2-7b", 200.0, "here, shared")],
+        [("big@models=qwen2.5-14b", 100.0, "here, shared")]]
+    assert rerecord.main(["--machine", "h200", "--plan"]) == 0
+    out = capsys.readouterr().out
+    assert "big: shards held for --models qwen2.5-7b\n" in out
+    assert ("small: shards held for --models llama3-8b; they cover it: python "
+            "benchmarks/rerecord.py --machine h200 --merge small --out benchmarks/results/h200"
+            in out)
+    assert "benchmarks/results/h200/shards/big@models=llama2-7b.json: older than the code" in out
+
+
+def _run_out(tmp_path: Path, files: dict[str, dict], log: dict | None = None) -> Path:
+    """A device call's --out, unpacked: `files` ({name: changes to a current shard's result})
+    and its rerecord.json (`log`)."""
+    from kvlab.components import versions
+
+    out = tmp_path / "rerecorded"
+    out.mkdir()
+    for name, changes in files.items():
+        models = name.removesuffix(rerecord.CHECKPOINT).partition("=")[2] or "llama3-8b"
+        _shard(out, name, [{"model": model, "batch": 1} for model in models.split(",")])
+        result = json.loads((out / f"{name}.json").read_text())
+        (out / f"{name}.json").write_text(json.dumps(
+            {**result, "components": versions(), **changes}))
+    if log is not None:
+        (out / "rerecord.json").write_text(json.dumps(log))
+    return out
+
+
+def test_taking_a_run_files_its_parts_and_shards_and_merges_what_they_cover(tmp_path,
+                                                                          monkeypatch):
+    """--take: a part's file into results/<machine>/, a shard's into its shards/ (replacing
+    a held shard it takes the values of again, and dropping one of older code), the run's
+    times into TIMES, the checkpoint left; then the part the held shards cover merged."""
+    folder = _held(tmp_path, monkeypatch, {"big@models=llama3-8b,qwen2.5-7b": "a" * 40,
+                                           "big@models=llama2-7b": "a" * 40})
+    _shard(folder, "small@models=llama3-8b", [])  # of older code
+    log = {"machine": "h200", "gpu": "NVIDIA H200", "revision": "c" * 40, "dirty": False,
+           "date": "2026-12-08", "parts": [
+               {"name": "small", "returncode": 0, "seconds": 40.0, "wrote": True},
+               {"name": "big@models=llama2-7b,qwen2.5-14b", "returncode": 0, "seconds": 90.0,
+                "wrote": True}]}
+    out = _run_out(tmp_path, {"small": {}, "big@models=llama2-7b,qwen2.5-14b": {},
+                              f"big@models=qwen2.5-14b{rerecord.CHECKPOINT}": {}}, log)
+    lines = rerecord.take("h200", out)
+    assert (tmp_path / "h200" / "small.json").read_text() == (out / "small.json").read_text()
+    assert list(folder.iterdir()) == [] and (tmp_path / "h200" / "big.json").is_file()
+    assert [r["model"] for r in json.loads((tmp_path / "h200" / "big.json").read_text())[
+        "rows"]] == ["llama3-8b", "qwen2.5-7b", "llama2-7b", "qwen2.5-14b"]
+    assert rerecord.times("h200")["small"]["seconds"] == 40.0
+    assert lines[-1] == "merged benchmarks/results/h200/big.json" and sum(
+        line.startswith("removed benchmarks/results/h200/shards/") for line in lines) == 2
+
+
+def test_a_run_is_not_taken_in_part(tmp_path, monkeypatch):
+    """A file of another machine's GPU, of a tree with changes, of no part, or a log of another
+    machine: refused by name, and nothing moved."""
+    _held(tmp_path, monkeypatch, {})
+    for files, log, why in (
+            ({"small": {}, "big@models=llama2-7b": {"gpu": "NVIDIA H100 80GB HBM3"}}, None,
+             "big@models=llama2-7b.json was recorded on NVIDIA H100 80GB HBM3; results/h200/ "
+             "on NVIDIA H200"),
+            ({"small": {"git_dirty": True}}, None, "small.json records git_dirty True"),
+            ({"nope": {}}, None, "nope.json is no part of h200"),
+            ({"big@models=opt-13b": {}}, None, "big runs --models llama3-8b"),
+            ({"small": {}}, {"machine": "h100"}, "its rerecord.json is a run of h100, not h200")):
+        out = _run_out(tmp_path, files, log)
+        with pytest.raises(ValueError, match=re.escape(why)):
+            rerecord.take("h200", out)
+        assert sorted(p.name for p in (tmp_path / "h200").iterdir()) == [
+            "big.json", "shards", "small.json"]
+        assert not any((tmp_path / "h200" / "shards").iterdir())
+        shutil.rmtree(out)
+
+
+def test_the_committed_held_shards_can_join_their_parts():
+    """Each shard in results/<machine>/shards/ is a shard of one of the machine's parts, of a
+    committed tree on its GPU; a part's held shards split it by one option, take each value
+    once, and leave some (else they would have been merged)."""
+    for folder in sorted(rerecord.RESULTS.glob(f"*/{rerecord.HELD}")):
+        machine = folder.parent.name
+        known, gpus = rerecord.parts(machine), rerecord.recorded_gpus(machine)
+        by_part = {}
+        for path in sorted(folder.glob("*.json")):
+            result = json.loads(path.read_text())
+            rerecord.sharded(path.stem, known)
+            assert result["gpu"] in gpus and result["git_dirty"] is False, path
+            part, option, values = rerecord.shard_of(path.stem)
+            by_part.setdefault(part, []).append((option, values))
+        for part, shards in by_part.items():
+            options = {option for option, _ in shards}
+            taken = [value for _, values in shards for value in values]
+            assert len(options) == 1 and len(taken) == len(set(taken)), (machine, part)
+            assert set(taken) < set(rerecord.option_values(known[part], options.pop())), part
 
 
 def test_a_run_of_shards_hands_their_commands_on(tmp_path, monkeypatch):

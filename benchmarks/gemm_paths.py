@@ -1,16 +1,21 @@
-"""Which of torch's BLAS paths runs a decode step's linears faster: `python benchmarks/gemm_paths.py
-[--models llama3-8b ...] [--rows 16 64 128] [--layers 8] [--runs 21] [--json PATH]` (a GPU).
+"""Which of torch's BLAS paths runs a decode step's linears faster, and whether the residual can
+ride in the down projection's GEMM: `python benchmarks/gemm_paths.py [--models llama3-8b ...]
+[--rows 16 64 128] [--layers 8] [--runs 21] [--json PATH]` (a GPU).
 
 For each model, each of the engine's four layer linears (`linears`: QKV, W_O, gate+up, down,
 with their biases where the family has them) at each row count (the batch of a decode step)
-runs in bf16 as `torch.nn.functional.linear` on `--layers` copies of its weight (each layer its
-own, as in a step: none of them is in L2 from the one before), captured in one CUDA graph per
-path with `torch.backends.cuda.preferred_blas_library` set to "cublas" or "cublaslt" before the
-warm-up and the capture. The two graphs are timed in turn (kvlab.timing.Timer: L2 flushed by a read,
-median of --runs), and each time is set against the linears' bytes (weights, bias, input and
-output) at the copy roofline measured in the same run. The paths' outputs are compared after a
-replay of each. Prints one JSON line per point and writes them all, with the run's provenance,
-to --json where given.
+runs in bf16 on `--layers` copies of its weight (each layer its own, as in a step: none of them
+is in L2 from the one before), in each of its `variants`: `torch.nn.functional.linear` with
+`torch.backends.cuda.preferred_blas_library` set to "cublas" or "cublaslt" before the warm-up
+and the capture; and, for the down projection (without a bias), its residual added as the
+engine adds it beyond layer_ops' rows ("+add": the GEMM, then an add kernel) or by the GEMM
+itself ("+addmm_": the residual updated in place, beta 1), under each path. Each variant is
+captured in one CUDA graph and the graphs are timed in turn (kvlab.timing.Timer: L2 flushed by
+a read, median of --runs); each time is set against the bytes the variant must move (weights,
+bias, input and output, and the residual it reads) at the copy roofline measured in the same
+run. Each variant's output, run once outside the graphs, is compared with cuBLAS's of its form.
+Prints one JSON line per point and writes them all, with the run's provenance, to --json where
+given.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ sys.path.insert(0, str(ROOT))
 from kvlab.config import MODELS  # noqa: E402
 
 PATHS = ("cublas", "cublaslt")  # torch.backends.cuda.preferred_blas_library's choices
+RESIDUAL = ("down",)  # the linear whose output the engine adds to the residual by a kernel of
+# its own beyond layer_ops.LINEAR_ROWS rows (W_O's residual rides in add_norm)
 DEFAULT_MODELS = ("llama3-8b", "qwen2.5-7b", "llama2-7b", "qwen2.5-14b")
 
 
@@ -47,9 +54,28 @@ def linears(name: str) -> dict[str, tuple[int, int, bool]]:
             for key, (weight, bias) in found.items()}
 
 
-def linear_bytes(k: int, n: int, bias: bool, rows: int, layers: int) -> int:
-    """Bytes a bf16 linear reads and writes over `layers` copies: weight, bias, input, output."""
-    return layers * (n * k + (n if bias else 0) + rows * (n + k)) * 2
+def variants(linear: str, bias: bool) -> dict[str, tuple[str, str]]:
+    """{variant: (BLAS path, form)} timed for `linear`: each path's "linear"
+    (F.linear); for the down projection without a bias, also its "add" (F.linear, then
+    residual + its output) and its "addmm_" (residual.addmm_: the GEMM adds it, beta 1)."""
+    forms = ("linear", "add", "addmm_") if linear in RESIDUAL and not bias else ("linear",)
+    return {path + ("" if form == "linear" else f"+{form}"): (path, form)
+            for form in forms for path in PATHS}
+
+
+def apply(torch, form: str, x, weight, bias, residual):
+    """One layer's linear in `form` (`variants`)."""
+    if form == "addmm_":
+        return residual.addmm_(x, weight.t())
+    y = torch.nn.functional.linear(x, weight, bias)
+    return y if form == "linear" else residual + y
+
+
+def linear_bytes(k: int, n: int, bias: bool, rows: int, layers: int,
+                 residual: bool = False) -> int:
+    """Bytes a bf16 linear reads and writes over `layers` copies: weight, bias, input, output,
+    and with `residual` the residual it adds."""
+    return layers * (n * k + (n if bias else 0) + rows * (n + k + (n if residual else 0))) * 2
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -71,18 +97,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def time_point(torch, timer, x, weights, biases) -> tuple[dict[str, float], float]:
-    """({path: median ms of the graph of every layer's linear}, the largest difference between
-    the paths' last outputs)."""
+def time_point(torch, timer, x, weights, biases, residuals,
+               chosen: dict[str, tuple[str, str]]) -> tuple[dict[str, float], dict[str, float]]:
+    """({variant: median ms of the graph of every layer's linear}, {variant: the largest
+    difference of its output from cuBLAS's of its form, on the first layer, outside the
+    graphs}) for the variants `chosen` (`variants`)."""
     graphs = {}
-    for path in PATHS:
+    for variant, (path, form) in chosen.items():
         torch.backends.cuda.preferred_blas_library(path)  # read when each GEMM is enqueued
-        outs: list = []
 
-        def step(outs=outs):
-            outs.clear()
-            outs.extend(torch.nn.functional.linear(x, w, b)
-                        for w, b in zip(weights, biases, strict=True))
+        def step(form=form):
+            for w, b, r in zip(weights, biases, residuals, strict=True):
+                apply(torch, form, x, w, b, r)
 
         side = torch.cuda.Stream()  # warm-up off the capture stream, as torch's docs ask
         side.wait_stream(torch.cuda.current_stream())
@@ -93,13 +119,18 @@ def time_point(torch, timer, x, weights, biases) -> tuple[dict[str, float], floa
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             step()
-        graphs[path] = (graph, outs)
-    ms = timer.medians_ms({path: graph.replay for path, (graph, _) in graphs.items()})
-    for graph, _ in graphs.values():
-        graph.replay()
-    torch.cuda.synchronize()
-    first, second = (graphs[path][1][-1].float() for path in PATHS)
-    return ms, (first - second).abs().max().item()
+        graphs[variant] = graph
+    ms = timer.medians_ms({variant: graph.replay for variant, graph in graphs.items()})
+    outputs = {}
+    for variant, (path, form) in chosen.items():
+        torch.backends.cuda.preferred_blas_library(path)
+        outputs[variant] = apply(torch, form, x, weights[0], biases[0],
+                                 residuals[0].clone()).float()
+    reference = {form: outputs[variant] for variant, (path, form) in chosen.items()
+                 if path == PATHS[0] and form != "addmm_"}
+    reference["addmm_"] = reference.get("add")
+    return ms, {variant: (outputs[variant] - reference[form]).abs().max().item()
+                for variant, (_, form) in chosen.items()}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -125,13 +156,17 @@ def main(argv: list[str] | None = None) -> None:
                            for _ in range(args.layers)]
                 biases = [torch.randn(n, device=device, dtype=torch.bfloat16) if bias else None
                           for _ in range(args.layers)]
+                chosen = variants(linear, bias)
                 for rows in args.rows:
                     x = torch.randn(rows, k, device=device, dtype=torch.bfloat16)
-                    ms, diff = time_point(torch, timer, x, weights, biases)
-                    floor_ms = linear_bytes(k, n, bias, rows, args.layers) / roofline_gbps / 1e6
+                    residuals = [torch.randn(rows, n, device=device, dtype=torch.bfloat16)
+                                 for _ in range(args.layers)]
+                    ms, diff = time_point(torch, timer, x, weights, biases, residuals, chosen)
+                    floor_ms = {v: linear_bytes(k, n, bias, rows, args.layers, form != "linear")
+                                / roofline_gbps / 1e6 for v, (_, form) in chosen.items()}
                     row = {"model": name, "linear": linear, "num_rows": rows, "k": k, "n": n,
-                           "us_per_layer": {p: t * 1e3 / args.layers for p, t in ms.items()},
-                           "over_bytes": {p: t / floor_ms for p, t in ms.items()},
+                           "us_per_layer": {v: t * 1e3 / args.layers for v, t in ms.items()},
+                           "over_bytes": {v: t / floor_ms[v] for v, t in ms.items()},
                            "max_abs_diff": diff}
                     print(json.dumps(row), flush=True)
                     result["rows"].append(row)

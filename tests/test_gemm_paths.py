@@ -39,3 +39,27 @@ def test_bytes_count_weight_bias_input_and_output_of_every_layer_in_bf16():
     # 2 layers of a 4 -> 3 linear with a bias at 5 rows: (12 + 3 + 5 * (3 + 4)) * 2 B each
     assert gemm_paths.linear_bytes(4, 3, True, 5, 2) == 2 * (12 + 3 + 35) * 2
     assert gemm_paths.linear_bytes(4, 3, False, 5, 2) == 2 * (12 + 35) * 2
+    # with the residual it adds: read once more, as large as the output
+    assert gemm_paths.linear_bytes(4, 3, False, 5, 2, residual=True) == 2 * (12 + 5 * 10) * 2
+
+
+def test_only_the_down_projection_without_a_bias_gains_the_residual_forms():
+    assert gemm_paths.variants("down", False) == {
+        "cublas": ("cublas", "linear"), "cublaslt": ("cublaslt", "linear"),
+        "cublas+add": ("cublas", "add"), "cublaslt+add": ("cublaslt", "add"),
+        "cublas+addmm_": ("cublas", "addmm_"), "cublaslt+addmm_": ("cublaslt", "addmm_")}
+    assert list(gemm_paths.variants("down", True)) == ["cublas", "cublaslt"]
+    assert list(gemm_paths.variants("o", False)) == ["cublas", "cublaslt"]
+
+
+def test_the_forms_compute_the_same_and_addmm_updates_the_residual_in_place():
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    x, w, r = (torch.randn(shape, generator=gen, dtype=torch.float64)
+               for shape in ((5, 7), (3, 7), (5, 3)))
+    expected = r + x @ w.t()
+    assert torch.allclose(gemm_paths.apply(torch, "add", x, w, None, r), expected)
+    assert torch.allclose(gemm_paths.apply(torch, "linear", x, w, None, r), x @ w.t())
+    updated = gemm_paths.apply(torch, "addmm_", x, w, None, r)
+    assert updated is r and torch.allclose(r, expected)

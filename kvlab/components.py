@@ -112,6 +112,8 @@ BENCHMARKS: dict[str, tuple[str, ...]] = {
     "l2sim": ("base", "decode_plan", "l2_model", "cli", "bench_l2sim"),
     "l2_validation": ("base", "decode_plan", "l2_model"),
     "predict_fit": ("base", "decode_plan", "l2_model", "profile", "predict"),
+    # (benchmarks/gemm_paths.py: the layer linears' shapes from the model's weights, timed)
+    "gemm_paths": ("base", "model", "timing"),
     # the dashboard's tabs reach every benchmark (their run buttons) but those of other drivers
     "dashboard": tuple(c for c in COMPONENTS if c not in (
         "numba", "bench_cache", "bench_l2sim")),

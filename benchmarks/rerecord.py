@@ -39,9 +39,10 @@ run-level fields (its roofline among them), every shard's date, host, clocks, ro
 checks under "shards". Each row was timed, and set against the roofline, in its own shard's
 run; shards of different code (its components, not the commit: SHARED) or of another kind of
 GPU are refused. A shard can wait in the repository for the rest of its part:
-`--take DIR` brings a call's --out (unpacked) into results/<machine>/, each shard into its
-shards/ (HELD), the times into TIMES, and merges every part its held shards then cover;
-`--plan` runs only the values held shards leave, while their code is current.
+`--take DIR` brings a call's --out (unpacked) into results/<machine>/, each shard into
+benchmarks/shards/<machine>/ (HELD), the times into TIMES, and merges every part its held
+shards then cover; `--plan` runs only the values held shards leave, while their code is
+current.
 The device returns few files from $OUT, and nothing a command left unpacked when the call's
 limit stopped it: point --out elsewhere and give `--pack $OUT/rr.tgz`, which rewrites
 rerecord.json and packs --out into that one file after every part.
@@ -113,7 +114,8 @@ SHARED = ("benchmark", "gpu", "git_dirty", "components", "versions", "torch_cuda
 MEASURED = ("rows", "skipped", "serving", "timelines")  # what every shard adds to a merge
 SHARD_RUN = ("date", "host", "git_revision", "driver", "gpu_uuid", "clocks_start", "clocks_end",
              "roofline_copy_gbps", "gpu_checks")  # what a merged result keeps of every shard's run
-HELD = "shards"  # results/<machine>/shards/: shards committed until their part is covered
+HELD = ROOT / "benchmarks" / "shards"  # <machine>/: shards committed until their part is
+# covered (outside results/, which the wheel ships and the lab reads)
 
 
 def parts(machine: str) -> dict[str, list[str]]:
@@ -262,25 +264,26 @@ def sharded(name: str, known: dict) -> list[str]:
 
 
 def shown(path: Path) -> str:
-    """A path under RESULTS as the repository names it."""
-    return f"benchmarks/results/{path.relative_to(RESULTS)}"
+    """A path under RESULTS or HELD as the repository names it."""
+    top, name = (HELD, "shards") if path.is_relative_to(HELD) else (RESULTS, "results")
+    return f"benchmarks/{name}/{path.relative_to(top)}"
 
 
 def held(machine: str) -> dict[str, dict]:
-    """{shard name: result} of the shards committed in results/<machine>/shards/ (HELD) whose
-    code is current (`kvlab.results.changed_since` names nothing)."""
+    """{shard name: result} of the shards committed in benchmarks/shards/<machine>/ (HELD)
+    whose code is current (`kvlab.results.changed_since` names nothing)."""
     from kvlab.results import changed_since
 
     found = {path.stem: json.loads(path.read_text())
-             for path in sorted((RESULTS / machine / HELD).glob("*@*.json"))}
+             for path in sorted((HELD / machine).glob("*@*.json"))}
     return {name: result for name, result in found.items() if changed_since(result) == []}
 
 
 def stale_held(machine: str) -> list[Path]:
-    """The shards in results/<machine>/shards/ older than the code they measured: they can
+    """The shards in benchmarks/shards/<machine>/ older than the code they measured: they can
     no longer join their part (`held` leaves them out)."""
     current = held(machine)
-    return [path for path in sorted((RESULTS / machine / HELD).glob("*@*.json"))
+    return [path for path in sorted((HELD / machine).glob("*@*.json"))
             if path.stem not in current]
 
 
@@ -297,7 +300,7 @@ def held_cover(machine: str, known: dict[str, list[str]]) -> dict[str, tuple[str
 
 
 def merge(machine: str, part: str, out: Path) -> Path:
-    """Join the shards of `part` in `out`, and those `held` in results/<machine>/shards/
+    """Join the shards of `part` in `out`, and those `held` in benchmarks/shards/<machine>/
     (out's where both have one of the same name), into out/<part>.json (the module's docstring
     says how) and return its path; where out is results/<machine>/, the held shards joined are
     removed. Raises ValueError where the shards do not cover the part's values once each,
@@ -311,7 +314,7 @@ def merge(machine: str, part: str, out: Path) -> Path:
                     for path in out.glob(f"{part}@*.json") if not path.stem.endswith(CHECKPOINT)}
     if not found:
         raise ValueError(f"--merge {part}: no shard {part}@OPTION=V,... in {out} or held in "
-                         f"results/{machine}/{HELD}/")
+                         f"{shown(HELD / machine)}/")
     split = {name: shard_of(name) for name in found}
     options = {option for _, option, _ in split.values()}
     if len(options) > 1:
@@ -347,14 +350,14 @@ def merge(machine: str, part: str, out: Path) -> Path:
     path.write_text(json.dumps(merged, indent=2) + "\n")
     if out.resolve() == (RESULTS / machine).resolve():
         for name in kept:
-            (RESULTS / machine / HELD / f"{name}.json").unlink()
+            (HELD / machine / f"{name}.json").unlink()
     return path
 
 
 def take(machine: str, found: Path) -> list[str]:
     """Bring a device call's run (its --out folder, unpacked from rr.tgz) into the
     repository: each part's result into results/<machine>/ and each shard's into
-    results/<machine>/shards/ (HELD), the run's times (its rerecord.json) into TIMES; then
+    benchmarks/shards/<machine>/ (HELD), the run's times (its rerecord.json) into TIMES; then
     every part whose held shards cover it is merged (`merge`). A part's file, or a shard,
     replaces the held shards it takes the values of again (or splits the part otherwise), and
     held shards older than the code are removed. Checkpoints stay behind. Returns a line per
@@ -385,7 +388,7 @@ def take(machine: str, found: Path) -> list[str]:
         raise ValueError(f"--take {found}: its rerecord.json is a run of {log.get('machine')}, "
                          f"not {machine}")
     lines = add_times([log]) if log is not None else []
-    folder = RESULTS / machine / HELD
+    folder = HELD / machine
     gone = stale_held(machine)
     for name, path in results.items():
         part, _, _ = name.partition("@")
@@ -686,8 +689,8 @@ def main(argv: list[str] | None = None) -> int:
                              "result")
     parser.add_argument("--take", type=Path, metavar="DIR",
                         help="bring a run's --out folder into results/<machine>/ (shards into "
-                             "its shards/, times into rerecord_times.json) and merge the "
-                             "parts its shards cover")
+                             "benchmarks/shards/<machine>/, times into rerecord_times.json) "
+                             "and merge the parts its shards cover")
     parser.add_argument("--pack", type=Path, metavar="TGZ",
                         help="after every part, pack --out into this file (e.g. $OUT/rr.tgz)")
     parser.add_argument("--plan", action="store_true",

@@ -482,16 +482,17 @@ E2E4 = "python -m kvlab bench e2e --models llama3-8b qwen2.5-7b llama2-7b qwen2.
 
 def _held(tmp_path, monkeypatch, names: dict[str, str], current: bool = True) -> Path:
     """results/h200/ in tmp_path with the stale part `big` (E2E4) and `small` (one model),
-    and, in its shards/, a shard of each of `names` ({name: revision}), of the code as it
-    stands (or not); TIMES empty and no part adopted. Returns results/h200/shards/."""
+    and, in shards/h200/ (HELD), a shard of each of `names` ({name: revision}), of the code as
+    it stands (or not); TIMES empty and no part adopted. Returns shards/h200/."""
     from kvlab.components import versions
 
     _machine_with(tmp_path, monkeypatch, {
         "big": {"command": E2E4, "benchmark": "e2e", "components": {}, "gpu": "NVIDIA H200"},
         "small": {"command": "python -m kvlab bench e2e --models llama3-8b", "benchmark": "e2e",
                   "components": {}, "gpu": "NVIDIA H200"}}, {})
-    folder = tmp_path / "h200" / rerecord.HELD
-    folder.mkdir()
+    monkeypatch.setattr(rerecord, "HELD", tmp_path / "shards")
+    folder = tmp_path / "shards" / "h200"
+    folder.mkdir(parents=True)
     for name, revision in names.items():
         model = name.partition("=")[2].split(",")
         _shard(folder, name, [{"model": m, "batch": 1, "variant": "gqa"} for m in model])
@@ -503,8 +504,8 @@ def _held(tmp_path, monkeypatch, names: dict[str, str], current: bool = True) ->
 
 def test_held_shards_of_other_commits_join_a_merge_and_leave_once_merged(tmp_path,
                                                                         monkeypatch):
-    """Shards committed in results/<machine>/shards/ from calls at different revisions, of the
-    code as it stands, merge with a shard just run; merged into results/<machine>/, they
+    """Shards committed in benchmarks/shards/<machine>/ from calls at different revisions, of
+    the code as it stands, merge with a shard just run; merged into results/<machine>/, they
     leave shards/, each with its revision kept under "shards"."""
     folder = _held(tmp_path, monkeypatch, {"big@models=llama3-8b,qwen2.5-7b": "a" * 40,
                                            "big@models=qwen2.5-14b": "b" * 40})
@@ -532,7 +533,7 @@ def test_the_plan_runs_only_what_held_shards_leave(tmp_path, monkeypatch, capsys
     named for removal."""
     _held(tmp_path, monkeypatch, {"big@models=qwen2.5-7b": "a" * 40,
                                   "small@models=llama3-8b": "a" * 40})
-    _shard(tmp_path / "h200" / rerecord.HELD, "big@models=llama2-7b", [])  # old code
+    _shard(tmp_path / "shards" / "h200", "big@models=llama2-7b", [])  # old code
     (tmp_path / "times.json").write_text(json.dumps(
         {"h200": {"big": _timed(400.0), "small": _timed(50.0)}}))
     known = rerecord.parts("h200")
@@ -549,7 +550,7 @@ def test_the_plan_runs_only_what_held_shards_leave(tmp_path, monkeypatch, capsys
     assert ("small: shards held for --models llama3-8b; they cover it: python "
             "benchmarks/rerecord.py --machine h200 --merge small --out benchmarks/results/h200"
             in out)
-    assert "benchmarks/results/h200/shards/big@models=llama2-7b.json: older than the code" in out
+    assert "benchmarks/shards/h200/big@models=llama2-7b.json: older than the code" in out
 
 
 def _run_out(tmp_path: Path, files: dict[str, dict], log: dict | None = None) -> Path:
@@ -572,7 +573,7 @@ def _run_out(tmp_path: Path, files: dict[str, dict], log: dict | None = None) ->
 
 def test_taking_a_run_files_its_parts_and_shards_and_merges_what_they_cover(tmp_path,
                                                                           monkeypatch):
-    """--take: a part's file into results/<machine>/, a shard's into its shards/ (replacing
+    """--take: a part's file into results/<machine>/, a shard's into shards/ (replacing
     a held shard it takes the values of again, and dropping one of older code), the run's
     times into TIMES, the checkpoint left; then the part the held shards cover merged."""
     folder = _held(tmp_path, monkeypatch, {"big@models=llama3-8b,qwen2.5-7b": "a" * 40,
@@ -592,7 +593,7 @@ def test_taking_a_run_files_its_parts_and_shards_and_merges_what_they_cover(tmp_
         "rows"]] == ["llama3-8b", "qwen2.5-7b", "llama2-7b", "qwen2.5-14b"]
     assert rerecord.times("h200")["small"]["seconds"] == 40.0
     assert lines[-1] == "merged benchmarks/results/h200/big.json" and sum(
-        line.startswith("removed benchmarks/results/h200/shards/") for line in lines) == 2
+        line.startswith("removed benchmarks/shards/h200/") for line in lines) == 2
 
 
 def test_a_run_is_not_taken_in_part(tmp_path, monkeypatch):
@@ -611,17 +612,17 @@ def test_a_run_is_not_taken_in_part(tmp_path, monkeypatch):
         with pytest.raises(ValueError, match=re.escape(why)):
             rerecord.take("h200", out)
         assert sorted(p.name for p in (tmp_path / "h200").iterdir()) == [
-            "big.json", "shards", "small.json"]
-        assert not any((tmp_path / "h200" / "shards").iterdir())
+            "big.json", "small.json"]
+        assert not any((tmp_path / "shards" / "h200").iterdir())
         shutil.rmtree(out)
 
 
 def test_the_committed_held_shards_can_join_their_parts():
-    """Each shard in results/<machine>/shards/ is a shard of one of the machine's parts, of a
+    """Each shard in benchmarks/shards/<machine>/ is a shard of one of the machine's parts, of a
     committed tree on its GPU; a part's held shards split it by one option, take each value
     once, and leave some (else they would have been merged)."""
-    for folder in sorted(rerecord.RESULTS.glob(f"*/{rerecord.HELD}")):
-        machine = folder.parent.name
+    for folder in sorted(p for p in rerecord.HELD.glob("*") if p.is_dir()):
+        machine = folder.name
         known, gpus = rerecord.parts(machine), rerecord.recorded_gpus(machine)
         by_part = {}
         for path in sorted(folder.glob("*.json")):

@@ -360,10 +360,13 @@ def take(machine: str, found: Path) -> list[str]:
     benchmarks/shards/<machine>/ (HELD), the run's times (its rerecord.json) into TIMES; then
     every part whose held shards cover it is merged (`merge`). A part's file, or a shard,
     replaces the held shards it takes the values of again (or splits the part otherwise), and
-    held shards older than the code are removed. Checkpoints stay behind. Returns a line per
-    thing done. Raises ValueError, before anything is moved, for a file that is no part or
-    shard of `machine`, recorded on a GPU its results were not, or on a tree with
-    uncommitted changes, and for a log of another machine."""
+    held shards older than the code are removed; a shard of older code is not kept (it could
+    not join its part). Checkpoints stay behind. Returns a line per thing done. Raises
+    ValueError, before anything is moved, for a file that is no part or shard of `machine`,
+    recorded on a GPU its results were not, or on a tree with uncommitted changes, and for a
+    log of another machine."""
+    from kvlab.results import changed_since
+
     known = parts(machine)
     gpus = recorded_gpus(machine)
     results = {}
@@ -381,7 +384,7 @@ def take(machine: str, found: Path) -> list[str]:
         if result.get("git_dirty") is not False:
             raise ValueError(f"--take {found}: {path.name} records git_dirty "
                              f"{result.get('git_dirty')}: record it on a committed tree")
-        results[name] = path
+        results[name] = path, result
     log = found / "rerecord.json"
     log = json.loads(log.read_text()) if log.is_file() else None
     if log is not None and log.get("machine") != machine:
@@ -390,16 +393,19 @@ def take(machine: str, found: Path) -> list[str]:
     lines = add_times([log]) if log is not None else []
     folder = HELD / machine
     gone = stale_held(machine)
-    for name, path in results.items():
+    for name, (path, result) in results.items():
         part, _, _ = name.partition("@")
         option, values = shard_of(name)[1:] if "@" in name else (None, [])
+        if option and changed_since(result) != []:
+            lines.append(f"{path}: not kept, older than the code it measured")
+            continue
         for other in sorted(folder.glob(f"{part}@*.json")):
             _, its_option, its_values = shard_of(other.stem)
             if other.stem != name and (option is None or its_option != option
                                        or set(its_values) & set(values)):
                 gone.append(other)
         target = folder / path.name if option else RESULTS / machine / path.name
-        target.parent.mkdir(exist_ok=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, target)
         lines.append(f"{path} -> {shown(target)}")
     for path in dict.fromkeys(gone):

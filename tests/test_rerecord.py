@@ -585,8 +585,11 @@ def test_taking_a_run_files_its_parts_and_shards_and_merges_what_they_cover(tmp_
                {"name": "big@models=llama2-7b,qwen2.5-14b", "returncode": 0, "seconds": 90.0,
                 "wrote": True}]}
     out = _run_out(tmp_path, {"small": {}, "big@models=llama2-7b,qwen2.5-14b": {},
-                              f"big@models=qwen2.5-14b{rerecord.CHECKPOINT}": {}}, log)
+                              f"big@models=qwen2.5-14b{rerecord.CHECKPOINT}": {},
+                              "small@models=llama3-8b": {"components": {}}}, log)
     lines = rerecord.take("h200", out)
+    assert f"{out}/small@models=llama3-8b.json: not kept, older than the code it measured" in (
+        lines)
     assert (tmp_path / "h200" / "small.json").read_text() == (out / "small.json").read_text()
     assert list(folder.iterdir()) == [] and (tmp_path / "h200" / "big.json").is_file()
     assert [r["model"] for r in json.loads((tmp_path / "h200" / "big.json").read_text())[
@@ -594,6 +597,15 @@ def test_taking_a_run_files_its_parts_and_shards_and_merges_what_they_cover(tmp_
     assert rerecord.times("h200")["small"]["seconds"] == 40.0
     assert lines[-1] == "merged benchmarks/results/h200/big.json" and sum(
         line.startswith("removed benchmarks/shards/h200/") for line in lines) == 2
+
+
+def test_the_first_shard_taken_makes_the_machines_shards_folder(tmp_path, monkeypatch):
+    folder = _held(tmp_path, monkeypatch, {})
+    shutil.rmtree(tmp_path / "shards")
+    out = _run_out(tmp_path, {"big@models=llama2-7b": {}})
+    assert rerecord.take("h200", out) == [
+        f"{out}/big@models=llama2-7b.json -> benchmarks/shards/h200/big@models=llama2-7b.json"]
+    assert [p.name for p in folder.iterdir()] == ["big@models=llama2-7b.json"]
 
 
 def test_a_run_is_not_taken_in_part(tmp_path, monkeypatch):

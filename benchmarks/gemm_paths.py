@@ -13,7 +13,8 @@ itself ("+addmm_": the residual updated in place, beta 1), under each path. Each
 captured in one CUDA graph and the graphs are timed in turn (kvlab.timing.Timer: L2 flushed by
 a read, median of --runs); each time is set against the bytes the variant must move (weights,
 bias, input and output, and the residual it reads) at the copy roofline measured in the same
-run. Each variant's output, run once outside the graphs, is compared with cuBLAS's of its form.
+run. Each variant's output, run once outside the graphs on the inputs as they were before any
+run, is compared with cuBLAS's of the same sum (F.linear's; "+add"'s for both residual forms).
 Prints one JSON line per point and writes them all, with the run's provenance, to --json where
 given.
 """
@@ -100,8 +101,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def time_point(torch, timer, x, weights, biases, residuals,
                chosen: dict[str, tuple[str, str]]) -> tuple[dict[str, float], dict[str, float]]:
     """({variant: median ms of the graph of every layer's linear}, {variant: the largest
-    difference of its output from cuBLAS's of its form, on the first layer, outside the
-    graphs}) for the variants `chosen` (`variants`)."""
+    difference of its output from cuBLAS's of the same sum ("+addmm_" from "cublas+add"), on
+    the first layer, outside the graphs, from the residual as it was before any run: the
+    "+addmm_" graphs add into theirs at every replay}) for the variants `chosen`
+    (`variants`)."""
+    residual = residuals[0].clone()
     graphs = {}
     for variant, (path, form) in chosen.items():
         torch.backends.cuda.preferred_blas_library(path)  # read when each GEMM is enqueued
@@ -121,16 +125,24 @@ def time_point(torch, timer, x, weights, biases, residuals,
             step()
         graphs[variant] = graph
     ms = timer.medians_ms({variant: graph.replay for variant, graph in graphs.items()})
+    return ms, differences(torch, chosen, x, weights[0], biases[0], residual,
+                           torch.backends.cuda.preferred_blas_library)
+
+
+def differences(torch, chosen: dict[str, tuple[str, str]], x, weight, bias, residual,
+                prefer) -> dict[str, float]:
+    """{variant: the largest difference of its output from cuBLAS's of the same sum ("+addmm_"
+    from "cublas+add")} for one layer, each variant run once with prefer(its path) (the BLAS
+    preference's setter) on a copy of `residual`, which stays as it is."""
     outputs = {}
     for variant, (path, form) in chosen.items():
-        torch.backends.cuda.preferred_blas_library(path)
-        outputs[variant] = apply(torch, form, x, weights[0], biases[0],
-                                 residuals[0].clone()).float()
+        prefer(path)
+        outputs[variant] = apply(torch, form, x, weight, bias, residual.clone()).float()
     reference = {form: outputs[variant] for variant, (path, form) in chosen.items()
                  if path == PATHS[0] and form != "addmm_"}
     reference["addmm_"] = reference.get("add")
-    return ms, {variant: (outputs[variant] - reference[form]).abs().max().item()
-                for variant, (_, form) in chosen.items()}
+    return {variant: (outputs[variant] - reference[form]).abs().max().item()
+            for variant, (_, form) in chosen.items()}
 
 
 def main(argv: list[str] | None = None) -> None:

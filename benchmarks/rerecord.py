@@ -37,8 +37,8 @@ loop), into NAME@OPTION=V,V....json; once shards cover the part's values, `--mer
 joins them in --out into NAME.json: their rows in the part's order, the first shard's
 run-level fields (its roofline among them), every shard's date, host, clocks, roofline and
 checks under "shards". Each row was timed, and set against the roofline, in its own shard's
-run; shards of different code (its components, not the commit: SHARED) or of another kind of
-GPU are refused. A shard can wait in the repository for the rest of its part:
+run; shards that differ in SHARED (`shared`: the components their benchmark measures, not the
+commit; the software; the kind of GPU) are refused. A shard can wait in the repository for the rest of its part:
 `--take DIR` brings a call's --out (unpacked) into results/<machine>/, each shard into
 benchmarks/shards/<machine>/ (HELD), the times into TIMES, and merges every part its held
 shards then cover; `--plan` runs only the values held shards leave, while their code is
@@ -289,14 +289,64 @@ def stale_held(machine: str) -> list[Path]:
 
 def held_cover(machine: str, known: dict[str, list[str]]) -> dict[str, tuple[str, list[str]]]:
     """{part: (option, values)}: the values of each part of `machine` that its `held` shards
-    cover, by the option that covers most where they split it by more than one."""
+    cover (those among the part's own), by the option that covers most where they split it by
+    more than one."""
     by = {}
     for name in held(machine):
         part, option, values = shard_of(name)
-        if part in known:
-            by.setdefault(part, {}).setdefault(option, []).extend(values)
+        whole = (option_values(known[part], option) or []) if part in known else []
+        by.setdefault(part, {}).setdefault(option, []).extend(v for v in values if v in whole)
     return {part: max(options.items(), key=lambda item: len(item[1]))
-            for part, options in by.items()}
+            for part, options in by.items() if any(options.values())}
+
+
+def shared(result: dict) -> dict:
+    """What of `result` a shard must share with its part's other shards (SHARED), its
+    components only those its benchmark measures (`kvlab.components.BENCHMARKS`: a result
+    records every component's version, and the others may change between calls)."""
+    from kvlab.components import BENCHMARKS
+
+    found = {key: result.get(key) for key in SHARED}
+    if isinstance(found["components"], dict) and result.get("benchmark") in BENCHMARKS:
+        found["components"] = {name: found["components"].get(name)
+                               for name in BENCHMARKS[result["benchmark"]]}
+    return found
+
+
+def held_problems(machine: str) -> list[str]:
+    """Why the shards in benchmarks/shards/<machine>/ could not join their parts, a line each
+    (none: they can): a file that is no shard of a part of `machine`, recorded on a GPU its
+    results were not or on a tree with uncommitted changes; a part's shards that split it by
+    more than one option, take a value twice, differ in `shared`, or cover it whole (it should
+    have been merged)."""
+    known, gpus = parts(machine), recorded_gpus(machine)
+    problems, by_part = [], {}
+    for path in sorted((HELD / machine).glob("*.json")):
+        result = json.loads(path.read_text())
+        try:
+            if path.stem.partition("@")[0] not in known or "@" not in path.stem:
+                raise ValueError(f"no shard of a part of {machine}")
+            sharded(path.stem, known)
+        except ValueError as err:
+            problems.append(f"{shown(path)}: {err}")
+            continue
+        if result.get("gpu") not in gpus or result.get("git_dirty") is not False:
+            problems.append(f"{shown(path)}: recorded on {result.get('gpu')} with git_dirty "
+                            f"{result.get('git_dirty')}; results/{machine}/ are of "
+                            f"{', '.join(sorted(gpus))}, on committed trees")
+        by_part.setdefault(path.stem.partition("@")[0], []).append((path.stem, result))
+    for part, found in by_part.items():
+        split = [shard_of(name) for name, _ in found]
+        options = {option for _, option, _ in split}
+        taken = [value for _, _, values in split for value in values]
+        if len(options) > 1 or len(taken) > len(set(taken)):
+            problems.append(f"{part}: its shards split it by {', '.join(sorted(options))} and "
+                            f"take {' '.join(taken)}; one option, each value once")
+        elif set(taken) >= set(option_values(known[part], options.pop()) or []):
+            problems.append(f"{part}: its shards cover it; merge them (--merge {part})")
+        if len({json.dumps(shared(result), sort_keys=True) for _, result in found}) > 1:
+            problems.append(f"{part}: its shards differ in {', '.join(SHARED)} (`shared`)")
+    return problems
 
 
 def merge(machine: str, part: str, out: Path) -> Path:
@@ -326,8 +376,9 @@ def merge(machine: str, part: str, out: Path) -> Path:
     if sorted(covered) != sorted(whole):
         raise ValueError(f"--merge {part}: its shards cover --{option} {' '.join(covered)}; "
                          f"the part's are {' '.join(whole)}, each once")
+    alike = [shared(result) for result in found.values()]
     for key in SHARED:
-        if len({json.dumps(r.get(key), sort_keys=True) for r in found.values()}) > 1:
+        if len({json.dumps(a[key], sort_keys=True) for a in alike}) > 1:
             raise ValueError(f"--merge {part}: its shards differ in {key}")
     names = sorted(found, key=lambda name: whole.index(split[name][2][0]))
     models = option_values(known[part], "models") or []
@@ -358,13 +409,14 @@ def take(machine: str, found: Path) -> list[str]:
     """Bring a device call's run (its --out folder, unpacked from rr.tgz) into the
     repository: each part's result into results/<machine>/ and each shard's into
     benchmarks/shards/<machine>/ (HELD), the run's times (its rerecord.json) into TIMES; then
-    every part whose held shards cover it is merged (`merge`). A part's file, or a shard,
-    replaces the held shards it takes the values of again (or splits the part otherwise), and
-    held shards older than the code are removed; a shard of older code is not kept (it could
-    not join its part). Checkpoints stay behind. Returns a line per thing done. Raises
-    ValueError, before anything is moved, for a file that is no part or shard of `machine`,
-    recorded on a GPU its results were not, or on a tree with uncommitted changes, and for a
-    log of another machine."""
+    every part with a shard in the run whose held shards cover it is merged (`merge`; one
+    that cannot be is named, not raised). A part's file, or a shard, replaces the held shards
+    of its part that it takes the values of again, that split the part otherwise, or that
+    differ from it in `shared`; held shards older than the code are removed; a shard of older
+    code is not kept (it could not join its part). Checkpoints stay behind. Returns a line
+    per thing done. Raises ValueError, before anything is moved, for a file that is no part or
+    shard of `machine`, recorded on a GPU its results were not, or on a tree with uncommitted
+    changes, and for a log of another machine."""
     from kvlab.results import changed_since
 
     known = parts(machine)
@@ -392,7 +444,7 @@ def take(machine: str, found: Path) -> list[str]:
                          f"not {machine}")
     lines = add_times([log]) if log is not None else []
     folder = HELD / machine
-    gone = stale_held(machine)
+    gone, kept = stale_held(machine), set()
     for name, (path, result) in results.items():
         part, _, _ = name.partition("@")
         option, values = shard_of(name)[1:] if "@" in name else (None, [])
@@ -401,22 +453,27 @@ def take(machine: str, found: Path) -> list[str]:
             continue
         for other in sorted(folder.glob(f"{part}@*.json")):
             _, its_option, its_values = shard_of(other.stem)
-            if other.stem != name and (option is None or its_option != option
-                                       or set(its_values) & set(values)):
+            if other.stem != name and (
+                    option is None or its_option != option or set(its_values) & set(values)
+                    or shared(json.loads(other.read_text())) != shared(result)):
                 gone.append(other)
         target = folder / path.name if option else RESULTS / machine / path.name
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, target)
+        kept.add(target)
         lines.append(f"{path} -> {shown(target)}")
     for path in dict.fromkeys(gone):
-        if path.is_file():
+        if path.is_file() and path not in kept:
             path.unlink()
-            lines.append(f"removed {shown(path)} (older code, or its values taken again)")
+            lines.append(f"removed {shown(path)} (older code, or replaced by the run's)")
     cover = held_cover(machine, known)
     for part in sorted({name.partition("@")[0] for name in results if "@" in name}):
         option, values = cover.get(part, (None, []))
         if option and sorted(values) == sorted(option_values(known[part], option) or []):
-            lines.append(f"merged {shown(merge(machine, part, RESULTS / machine))}")
+            try:
+                lines.append(f"merged {shown(merge(machine, part, RESULTS / machine))}")
+            except ValueError as err:
+                lines.append(f"not merged: {err}")
     return lines
 
 

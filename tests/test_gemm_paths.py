@@ -63,3 +63,17 @@ def test_the_forms_compute_the_same_and_addmm_updates_the_residual_in_place():
     assert torch.allclose(gemm_paths.apply(torch, "linear", x, w, None, r), x @ w.t())
     updated = gemm_paths.apply(torch, "addmm_", x, w, None, r)
     assert updated is r and torch.allclose(r, expected)
+
+
+def test_each_variant_is_compared_with_cublas_of_the_same_sum_on_the_untouched_residual():
+    import torch
+
+    gen = torch.Generator().manual_seed(1)
+    x, w, r = (torch.randn(shape, generator=gen, dtype=torch.float64)
+               for shape in ((4, 6), (5, 6), (4, 5)))
+    before, asked = r.clone(), []
+    found = gemm_paths.differences(torch, gemm_paths.variants("down", False), x, w, None, r,
+                                   asked.append)
+    assert torch.equal(r, before) and asked == [p for _ in range(3) for p in gemm_paths.PATHS]
+    assert set(found) == set(gemm_paths.variants("down", False))
+    assert max(found.values()) < 1e-12  # the same sums: linear against linear, the rest r + xW

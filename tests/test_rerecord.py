@@ -527,6 +527,23 @@ def test_held_shards_of_other_commits_join_a_merge_and_leave_once_merged(tmp_pat
         ("big@models=qwen2.5-14b", "b")]
 
 
+def test_shards_differing_only_in_code_their_benchmark_does_not_run_merge(tmp_path,
+                                                                           monkeypatch):
+    """A result records every component's version; shards join where those their benchmark
+    measures agree (kvlab.components.BENCHMARKS), not where another changed between calls."""
+    from kvlab.components import BENCHMARKS, COMPONENTS
+
+    folder = _held(tmp_path, monkeypatch, {"big@models=llama3-8b,qwen2.5-7b": "a" * 40,
+                                           "big@models=llama2-7b,qwen2.5-14b": "b" * 40})
+    unrun = next(c for c in COMPONENTS if c not in BENCHMARKS["e2e"])
+    path = folder / "big@models=llama2-7b,qwen2.5-14b.json"
+    result = json.loads(path.read_text())
+    path.write_text(json.dumps({**result, "components": {**result["components"],
+                                                         unrun: "other"}}))
+    assert rerecord.merge("h200", "big", tmp_path / "h200") == tmp_path / "h200" / "big.json"
+    assert list(folder.iterdir()) == []
+
+
 def test_the_plan_runs_only_what_held_shards_leave(tmp_path, monkeypatch, capsys):
     """A part with shards held is planned as a shard of the values they leave; one they cover
     is not planned but named for --merge; a held shard of older code does not count and is
@@ -539,6 +556,9 @@ def test_the_plan_runs_only_what_held_shards_leave(tmp_path, monkeypatch, capsys
     known = rerecord.parts("h200")
     assert rerecord.held_cover("h200", known) == {"big": ("models", ["qwen2.5-7b"]),
                                                   "small": ("models", ["llama3-8b"])}
+    other = json.loads((tmp_path / "shards" / "h200" / "big@models=qwen2.5-7b.json").read_text())
+    (tmp_path / "shards" / "h200" / "small@models=opt-13b.json").write_text(json.dumps(other))
+    assert rerecord.held_cover("h200", known)["small"] == ("models", ["llama3-8b"])  # its own
     assert rerecord.plan("h200", known, ["big", "small"], 540.0) == (
         [[("big@models=llama3-8b,llama2-7b,qwen2.5-14b", 300.0, "here, shared")]], [])
     assert rerecord.plan("h200", known, ["big"], 200.0)[0] == [
@@ -559,7 +579,7 @@ def _run_out(tmp_path: Path, files: dict[str, dict], log: dict | None = None) ->
     from kvlab.components import versions
 
     out = tmp_path / "rerecorded"
-    out.mkdir()
+    out.mkdir(parents=True)
     for name, changes in files.items():
         models = name.removesuffix(rerecord.CHECKPOINT).partition("=")[2] or "llama3-8b"
         _shard(out, name, [{"model": model, "batch": 1} for model in models.split(",")])
@@ -599,6 +619,26 @@ def test_taking_a_run_files_its_parts_and_shards_and_merges_what_they_cover(tmp_
         line.startswith("removed benchmarks/shards/h200/") for line in lines) == 2
 
 
+def test_a_shard_taken_again_replaces_its_older_self_and_siblings_of_other_software(
+        tmp_path, monkeypatch):
+    """A held shard of older code run again under its name is kept (not removed as old); a
+    held sibling recorded under other package versions is replaced, not left to refuse the
+    merge; what the run's shards then cover is merged."""
+    folder = _held(tmp_path, monkeypatch, {"big@models=llama2-7b": "a" * 40}, current=False)
+    older = json.loads((folder / "big@models=llama2-7b.json").read_text())
+    from kvlab.components import versions
+
+    (folder / "big@models=llama3-8b,qwen2.5-7b.json").write_text(json.dumps(
+        {**older, "components": versions(), "versions": {"torch": "0.1"}}))
+    out = _run_out(tmp_path, {"big@models=llama2-7b": {}})
+    lines = rerecord.take("h200", out)
+    assert sorted(p.name for p in folder.iterdir()) == ["big@models=llama2-7b.json"]
+    assert lines[-1] == ("removed benchmarks/shards/h200/big@models=llama3-8b,qwen2.5-7b.json "
+                         "(older code, or replaced by the run's)")
+    out = _run_out(tmp_path / "again", {"big@models=llama3-8b,qwen2.5-7b,qwen2.5-14b": {}})
+    assert rerecord.take("h200", out)[-1] == "merged benchmarks/results/h200/big.json"
+
+
 def test_the_first_shard_taken_makes_the_machines_shards_folder(tmp_path, monkeypatch):
     folder = _held(tmp_path, monkeypatch, {})
     shutil.rmtree(tmp_path / "shards")
@@ -630,24 +670,32 @@ def test_a_run_is_not_taken_in_part(tmp_path, monkeypatch):
 
 
 def test_the_committed_held_shards_can_join_their_parts():
-    """Each shard in benchmarks/shards/<machine>/ is a shard of one of the machine's parts, of a
-    committed tree on its GPU; a part's held shards split it by one option, take each value
-    once, and leave some (else they would have been merged)."""
     for folder in sorted(p for p in rerecord.HELD.glob("*") if p.is_dir()):
-        machine = folder.name
-        known, gpus = rerecord.parts(machine), rerecord.recorded_gpus(machine)
-        by_part = {}
-        for path in sorted(folder.glob("*.json")):
-            result = json.loads(path.read_text())
-            rerecord.sharded(path.stem, known)
-            assert result["gpu"] in gpus and result["git_dirty"] is False, path
-            part, option, values = rerecord.shard_of(path.stem)
-            by_part.setdefault(part, []).append((option, values))
-        for part, shards in by_part.items():
-            options = {option for option, _ in shards}
-            taken = [value for _, values in shards for value in values]
-            assert len(options) == 1 and len(taken) == len(set(taken)), (machine, part)
-            assert set(taken) < set(rerecord.option_values(known[part], options.pop())), part
+        assert rerecord.held_problems(folder.name) == []
+
+
+def test_held_shards_that_could_not_join_their_part_are_named(tmp_path, monkeypatch):
+    """held_problems: no shard of a part, another GPU or a dirty tree, two options, a value
+    twice, shards of other code, and shards that cover their part whole."""
+    folder = _held(tmp_path, monkeypatch, {"big@models=llama3-8b": "a" * 40,
+                                           "big@batches=1": "a" * 40,
+                                           "small@models=llama3-8b": "a" * 40})
+    assert rerecord.held_problems("h200") == [
+        "big: its shards split it by batches, models and take 1 llama3-8b; one option, each "
+        "value once",
+        "small: its shards cover it; merge them (--merge small)"]
+    (folder / "big@batches=1.json").unlink()
+    (folder / "small@models=llama3-8b.json").unlink()
+    other = json.loads((folder / "big@models=llama3-8b.json").read_text())
+    (folder / "big@models=qwen2.5-7b.json").write_text(json.dumps(
+        {**other, "gpu": "NVIDIA H100 80GB HBM3", "versions": {"torch": "9"}}))
+    (folder / "nope.json").write_text("{}")
+    problems = rerecord.held_problems("h200")
+    assert problems[0] == ("benchmarks/shards/h200/big@models=qwen2.5-7b.json: recorded on "
+                           "NVIDIA H100 80GB HBM3 with git_dirty False; results/h200/ are of "
+                           "NVIDIA H200, on committed trees")
+    assert problems[1] == "benchmarks/shards/h200/nope.json: no shard of a part of h200"
+    assert problems[2].startswith("big: its shards differ in benchmark, gpu")
 
 
 def test_a_run_of_shards_hands_their_commands_on(tmp_path, monkeypatch):

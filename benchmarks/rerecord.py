@@ -38,11 +38,11 @@ joins them in --out into NAME.json: their rows in the part's order, the first sh
 run-level fields (its roofline among them), every shard's date, host, clocks, roofline and
 checks under "shards". Each row was timed, and set against the roofline, in its own shard's
 run; shards that differ in SHARED (`shared`: the components their benchmark measures, not the
-commit; the software; the kind of GPU) are refused. A shard can wait in the repository for the rest of its part:
-`--take DIR` brings a call's --out (unpacked) into results/<machine>/, each shard into
-benchmarks/shards/<machine>/ (HELD), the times into TIMES, and merges every part its held
-shards then cover; `--plan` runs only the values held shards leave, while their code is
-current.
+commit; the software; the kind of GPU) are refused. A shard can wait in the repository for the
+rest of its part: `--take DIR` brings a call's --out (unpacked) into results/<machine>/, each
+shard into benchmarks/shards/<machine>/ (HELD), the times into TIMES, and merges every part
+its held shards then cover; `--plan` runs only the values held shards leave, while their code
+is current.
 The device returns few files from $OUT, and nothing a command left unpacked when the call's
 limit stopped it: point --out elsewhere and give `--pack $OUT/rr.tgz`, which rewrites
 rerecord.json and packs --out into that one file after every part.

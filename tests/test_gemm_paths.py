@@ -77,3 +77,22 @@ def test_each_variant_is_compared_with_cublas_of_the_same_sum_on_the_untouched_r
     assert torch.equal(r, before) and asked == [p for _ in range(3) for p in gemm_paths.PATHS]
     assert set(found) == set(gemm_paths.variants("down", False))
     assert max(found.values()) < 1e-12  # the same sums: linear against linear, the rest r + xW
+
+
+def test_the_docs_table_gives_each_variant_a_layers_time_and_its_multiple_of_its_bytes():
+    from figures.e2e import gemm_paths_table
+
+    def row(linear, variants):
+        return {"model": "llama3-8b", "linear": linear, "num_rows": 64,
+                "us_per_layer": {v: 40.0 + i for i, v in enumerate(variants)},
+                "over_bytes": {v: 1.1 + i / 100 for i, v in enumerate(variants)}}
+
+    table = gemm_paths_table({"h100": {"rows": [
+        row("qkv", gemm_paths.variants("qkv", False)),
+        row("down", gemm_paths.variants("down", False))]}})
+    assert table[2] == "| H100 | llama3-8b | qkv | 64 | 40.0 us (1.10x) | 41.0 us (1.11x) | " \
+                       "- | - | - | - |"
+    # the columns in the table's order: cuBLAS, Lt, then each path's add and in-GEMM forms
+    assert table[3] == ("| H100 | llama3-8b | down | 64 | 40.0 us (1.10x) | 41.0 us (1.11x) | "
+                        "42.0 us (1.12x) | 44.0 us (1.14x) | 43.0 us (1.13x) | 45.0 us (1.15x) |")
+    assert gemm_paths_table({}) == ["No result of `benchmarks/gemm_paths.py` is committed yet."]

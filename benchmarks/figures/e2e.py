@@ -797,6 +797,37 @@ def kv_counters_table() -> list[str]:
     return lines
 
 
+GEMM_PATHS = "gemm_paths"  # benchmarks/gemm_paths.py's result, one per GPU (results/<gpu>/)
+# its columns: (the variant, the heading); the residual forms only the down projection has
+GEMM_COLUMNS = (("cublas", "cuBLAS"), ("cublaslt", "cuBLASLt"),
+                ("cublas+add", "cuBLAS, then an add"),
+                ("cublas+addmm_", "cuBLAS, the residual in the GEMM"),
+                ("cublaslt+add", "cuBLASLt, then an add"),
+                ("cublaslt+addmm_", "cuBLASLt, the residual in the GEMM"))
+
+
+def gemm_machines() -> list[str]:
+    """The GPUs (results folders) with a gemm_paths result."""
+    return sorted(p.parent.name for p in results_dir().glob(f"*/{GEMM_PATHS}.json"))
+
+
+def gemm_paths_table(results: dict[str, dict]) -> list[str]:
+    """`results` ({GPU: its gemm_paths result}) as a table: each linear's time a layer under
+    each variant (and as a multiple of its bytes' time at the run's copy roofline), per model
+    and row count; a sentence where there is none."""
+    if not results:
+        return ["No result of `benchmarks/gemm_paths.py` is committed yet."]
+    lines = ["| GPU | model | linear | rows | " + " | ".join(h for _, h in GEMM_COLUMNS) + " |",
+             "|---|---|---|---|" + "---|" * len(GEMM_COLUMNS)]
+    for machine, result in results.items():
+        for r in result["rows"]:
+            cells = [f"{r['us_per_layer'][v]:.1f} us ({r['over_bytes'][v]:.2f}x)"
+                     if v in r["us_per_layer"] else "-" for v, _ in GEMM_COLUMNS]
+            lines.append(f"| {machine.upper()} | {r['model']} | {r['linear']} | "
+                         f"{r['num_rows']} | " + " | ".join(cells) + " |")
+    return lines
+
+
 BLOCKS = {
     "e2e.source": lambda: [f"- {source('h200', name)}" for name in E2E_RESULTS],
     "e2e.rounds": lambda: ", ".join(sorted({str(load_result("h200", name)["rounds"])
@@ -830,6 +861,13 @@ BLOCKS = {
                                             in GEMM_TRACES.items() for name in names),
     "e2e.linears": linear_table,
     "e2e.linears-summary": linear_summary,
+    "e2e.gemm-paths-files": lambda: (", ".join(f"`{m}/{GEMM_PATHS}.json`"
+                                               for m in gemm_machines()) or "none committed yet"),
+    "e2e.source-gemm-paths": lambda: ("; ".join(source(m, GEMM_PATHS) for m in gemm_machines())
+                                      or "none yet"),
+    "e2e.gemm-paths": lambda: gemm_paths_table({m: load_result(m, GEMM_PATHS, {
+        "rows": ("model", "linear", "num_rows", "us_per_layer", "over_bytes")})
+        for m in gemm_machines()}),
     "e2e.window-bound": window_bound,
     "e2e.source-step-counters": lambda: "; ".join(source(COUNTERS[0], name)
                                                   for name in COUNTERS[1]),

@@ -14,6 +14,8 @@
 # those parts of the machine whose GPU this is (a call for one kind may lend the other), each
 # recording the checks, within RERECORD_BUDGET seconds (default 300; the call's limit less the
 # tests and sanitizers), packed into $OUT/rr.tgz after every part, its progress in rerecord.log.
+# Back on the development machine, `tar xzf rr.tgz` gives rerecorded/, and
+# `python benchmarks/rerecord.py --machine M --take rerecorded` files it into the repository.
 # Provenance: where the tree travelled without .git, set KVLAB_GIT_REVISION and KVLAB_GIT_DIRTY
 # (kvlab/bench/env.py).
 # NOTE: the device returns at most 8 files from $OUT. This script leaves up to seven: device.log
